@@ -1,0 +1,3 @@
+from splitedge.cli import main
+
+raise SystemExit(main())
