@@ -1,0 +1,53 @@
+"""Sample-weighted averaging of weight maps (FedAvg and H-SFP slow-scale averaging).
+
+numpy only, so edges and the cloud can average weights received from the wire without
+torch. A weight map is `dict[str, np.ndarray]` in insertion order (see docs/internals.md).
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+WeightMap = Mapping[str, np.ndarray]
+
+
+def _check_parts(parts: Sequence[tuple[WeightMap, int]]) -> None:
+    """Raise ValueError unless all maps share names and shapes and the counts are usable."""
+    if not parts:
+        raise ValueError("average_states needs at least one (weights, count) pair")
+    names = list(parts[0][0])
+    for i, (weights, count) in enumerate(parts):
+        if int(count) < 0:
+            raise ValueError(f"part {i}: sample count {count} is negative")
+        if list(weights) != names:
+            diff = sorted(set(weights) ^ set(names))
+            raise ValueError(f"part {i}: names differ from part 0 (e.g. {diff[:5]})")
+        for name in names:
+            if np.shape(weights[name]) != np.shape(parts[0][0][name]):
+                raise ValueError(f"part {i}: {name!r} has shape {np.shape(weights[name])}, "
+                                 f"part 0 has {np.shape(parts[0][0][name])}")
+    if sum(int(c) for _, c in parts) <= 0:
+        raise ValueError("total sample count is 0; nothing to weight by")
+
+
+def _average_one(arrays: list[np.ndarray], counts: np.ndarray) -> np.ndarray:
+    """Weighted mean for floats (computed in float64, returned in the input dtype);
+    max for integers, because counters such as BN's num_batches_tracked are not averages."""
+    first = np.asarray(arrays[0])
+    if np.issubdtype(first.dtype, np.integer) or first.dtype == np.bool_:
+        return np.max(np.stack(arrays), axis=0).astype(first.dtype)
+    stacked = np.stack([np.asarray(a, dtype=np.float64) for a in arrays])
+    mean = np.tensordot(counts / counts.sum(), stacked, axes=1)
+    return mean.astype(first.dtype)
+
+
+def average_states(parts: Sequence[tuple[WeightMap, int]]) -> dict[str, np.ndarray]:
+    """Average weight maps weighted by their sample counts.
+
+    Float arrays: sum_k n_k w_k / sum_k n_k. Integer arrays: element-wise max. Names keep
+    the order of the first map. Raises ValueError on mismatched names/shapes or bad counts.
+    """
+    _check_parts(parts)
+    counts = np.array([float(c) for _, c in parts], dtype=np.float64)
+    return {name: _average_one([w[name] for w, _ in parts], counts) for name in parts[0][0]}

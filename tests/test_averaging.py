@@ -1,0 +1,56 @@
+"""methods.averaging: exact sample-weighted averages, numpy only."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from methods.averaging import average_states
+
+
+def test_weighted_average_exact():
+    a = {"w": np.array([1.0, 2.0], np.float32), "b": np.array([[0.0]], np.float32)}
+    b = {"w": np.array([4.0, 8.0], np.float32), "b": np.array([[3.0]], np.float32)}
+    out = average_states([(a, 1), (b, 2)])        # weights 1/3, 2/3
+    np.testing.assert_array_equal(out["w"], np.array([3.0, 6.0], np.float32))
+    np.testing.assert_array_equal(out["b"], np.array([[2.0]], np.float32))
+    assert list(out) == ["w", "b"] and out["w"].dtype == np.float32
+
+
+def test_integer_buffers_take_max_and_zero_count_part_ignored():
+    a = {"bn.num_batches_tracked": np.array(5, np.int64), "w": np.array([1.0])}
+    b = {"bn.num_batches_tracked": np.array(9, np.int64), "w": np.array([100.0])}
+    c = {"bn.num_batches_tracked": np.array(2, np.int64), "w": np.array([7.0])}
+    out = average_states([(a, 3), (b, 0), (c, 1)])
+    assert out["bn.num_batches_tracked"] == 9
+    assert out["bn.num_batches_tracked"].dtype == np.int64
+    np.testing.assert_allclose(out["w"], [(3 * 1.0 + 7.0) / 4])
+
+
+def test_equal_counts_is_plain_mean_and_single_part_is_identity():
+    rng = np.random.default_rng(0)
+    parts = [{"w": rng.normal(size=(3, 4))} for _ in range(3)]
+    out = average_states([(p, 10) for p in parts])
+    np.testing.assert_allclose(out["w"], np.mean([p["w"] for p in parts], axis=0), rtol=1e-12)
+    np.testing.assert_array_equal(average_states([(parts[0], 4)])["w"], parts[0]["w"])
+
+
+@pytest.mark.parametrize("parts, match", [
+    ([], "at least one"),
+    ([({"w": np.zeros(2)}, 1), ({"v": np.zeros(2)}, 1)], "names differ"),
+    ([({"w": np.zeros(2)}, 1), ({"w": np.zeros(3)}, 1)], "'w'"),
+    ([({"w": np.zeros(2)}, -1)], "negative"),
+    ([({"w": np.zeros(2)}, 0)], "total sample count"),
+])
+def test_bad_input_raises(parts, match):
+    with pytest.raises(ValueError, match=match):
+        average_states(parts)
+
+
+def test_module_does_not_import_torch():
+    code = "import sys, methods.averaging; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   cwd=Path(__file__).resolve().parents[1])
