@@ -1,0 +1,14 @@
+"""Torch networks and their split points (W_c, W_e, W_g).
+
+Importing the package registers the built-in models ("cnn", "resnet18"); registration only
+fills the in-process name table (no seeds, no downloads).
+"""
+from models.registry import create_split, list_models, register_model
+from models.split import PART_NAMES, SplitModel, pool
+from models.state import average_states, load_numpy_state, state_to_numpy
+from models import cnn as _cnn, resnet as _resnet  # noqa: F401  (register the models)
+
+__all__ = [
+    "PART_NAMES", "SplitModel", "average_states", "create_split", "list_models",
+    "load_numpy_state", "pool", "register_model", "state_to_numpy",
+]

@@ -1,0 +1,68 @@
+"""The split model: three parts (W_c, W_e, W_g) that together form an ordinary network.
+
+Each tier trains only its own part, but evaluation and export need the assembled model, so
+`SplitModel` is a plain `nn.Module` whose forward is `wg(we(wc(x)))`. The per-sample output
+shapes of W_c and W_e are recorded because moments and wire messages are sized by them.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+PART_NAMES = ("wc", "we", "wg")
+
+
+def pool(feat: torch.Tensor) -> torch.Tensor:
+    """Global-average-pool a feature map to [B, C] (SupCon works on pooled features).
+
+    4-d maps [B, C, H, W] are averaged over H and W; anything else is returned unchanged,
+    so the same call works on W_c/W_e maps and on already-flat features.
+    """
+    return feat.mean(dim=(2, 3)) if feat.dim() == 4 else feat
+
+
+@torch.no_grad()
+def infer_shape(module: nn.Module, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Per-sample output shape of `module` for per-sample input shape `in_shape`.
+
+    Runs one zero sample in eval mode (BatchNorm cannot train on a single 1x1 sample) and
+    restores the previous train/eval mode, so building a model has no lasting effect.
+    """
+    was_training = module.training
+    module.eval()
+    try:
+        out = module(torch.zeros((1, *in_shape)))
+    finally:
+        module.train(was_training)
+    return tuple(int(s) for s in out.shape[1:])
+
+
+class SplitModel(nn.Module):
+    """W_c (device) -> W_e (edge) -> W_g (cloud), assembled as one module.
+
+    State-dict names are prefixed by the part ("wc.", "we.", "wg."), and each part can be
+    taken alone with `part(name)` to send or average it independently.
+    """
+
+    def __init__(self, wc: nn.Module, we: nn.Module, wg: nn.Module,
+                 in_shape: tuple[int, int, int], num_classes: int) -> None:
+        super().__init__()
+        self.wc = wc
+        self.we = we
+        self.wg = wg
+        self.in_shape = tuple(in_shape)
+        self.num_classes = int(num_classes)
+        self.wc_shape = infer_shape(wc, self.in_shape)
+        self.we_shape = infer_shape(we, self.wc_shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.wg(self.we(self.wc(x)))
+
+    def part(self, name: str) -> nn.Module:
+        """The part called "wc", "we" or "wg" (the names used in `weights` messages)."""
+        if name not in PART_NAMES:
+            raise ValueError(f"unknown part {name!r}; expected one of {PART_NAMES}")
+        return getattr(self, name)
+
+    def extra_repr(self) -> str:
+        return f"in_shape={self.in_shape}, wc_shape={self.wc_shape}, we_shape={self.we_shape}"
