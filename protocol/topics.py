@@ -1,0 +1,131 @@
+"""Topic strings: ``splitedge/<run>/<tier>/<id>/<direction>/<kind>``.
+
+One module builds, parses and matches topics so that no role ever formats a topic by hand:
+a typo in a hand-made topic is a silent black hole on a broker. Bad segments raise
+:class:`~protocol.errors.ProtocolError` (a ``ValueError``) naming the rule broken.
+
+The tier/id pair names the PUBLISHER (see docs/internals.md).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from protocol.errors import ProtocolError
+
+PREFIX = "splitedge"
+TIERS = ("device", "edge", "cloud")
+DIRECTIONS = ("up", "down")
+MAX_TOPIC_BYTES = 65535  # MQTT strings carry a 2-byte length
+_FORBIDDEN = ("/", "+", "#", "\x00")
+
+
+class Topic(NamedTuple):
+    """The five variable parts of a splitedge topic."""
+
+    run: str
+    tier: str
+    node_id: str
+    direction: str
+    kind: str
+
+
+def _check_segment(name: str, value: object) -> str:
+    """Reject a segment that would change the topic's shape or act as a wildcard."""
+    if not isinstance(value, str) or not value:
+        raise ProtocolError("topic.segment", f"{name} must be a non-empty string, got {value!r}")
+    bad = [c for c in _FORBIDDEN if c in value]
+    if bad:
+        raise ProtocolError("topic.segment", f"{name} {value!r} contains forbidden character(s) {bad!r}")
+    if value.startswith("$"):
+        raise ProtocolError("topic.segment", f"{name} {value!r} must not start with '$' (broker-reserved)")
+    return value
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ProtocolError(f"topic.{name}", f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def topic(run: str, tier: str, node_id: str, direction: str, kind: str) -> str:
+    """Build the topic a node publishes on; every segment is validated."""
+    _check_segment("run", run)
+    _check_choice("tier", tier, TIERS)
+    _check_segment("node_id", node_id)
+    _check_choice("direction", direction, DIRECTIONS)
+    _check_segment("kind", kind)
+    return "/".join((PREFIX, run, tier, node_id, direction, kind))
+
+
+def parse(value: str) -> Topic:
+    """Split a received topic into its parts; ProtocolError when it is not a splitedge topic."""
+    if not isinstance(value, str):
+        raise ProtocolError("topic.format", f"topic must be a string, got {type(value).__name__}")
+    parts = value.split("/")
+    if len(parts) != 6 or parts[0] != PREFIX:
+        raise ProtocolError("topic.format", f"expected {PREFIX}/<run>/<tier>/<id>/<direction>/<kind>, got {value!r}")
+    _, run, tier, node_id, direction, kind = parts
+    topic(run, tier, node_id, direction, kind)  # same validation as when building
+    return Topic(run, tier, node_id, direction, kind)
+
+
+def pattern(run: str, tier: str = "+", node_id: str = "+", direction: str = "+", kind: str = "+") -> str:
+    """Build a subscription filter; any segment may be the single-level wildcard ``+``.
+
+    ``kind`` may also be ``#`` (everything below). ``run`` must be concrete: runs never share
+    subscriptions, which keeps a stale run's retained messages out of a new one.
+    """
+    _check_segment("run", run)
+    if tier != "+":
+        _check_choice("tier", tier, TIERS)
+    if node_id != "+":
+        _check_segment("node_id", node_id)
+    if direction != "+":
+        _check_choice("direction", direction, DIRECTIONS)
+    if kind not in ("+", "#"):
+        _check_segment("kind", kind)
+    return "/".join((PREFIX, run, tier, node_id, direction, kind))
+
+
+def validate_topic_name(value: str) -> str:
+    """Check a concrete MQTT topic name (what one publishes to): no wildcards, bounded length."""
+    if not isinstance(value, str) or not value:
+        raise ProtocolError("topic.format", f"topic must be a non-empty string, got {value!r}")
+    if "+" in value or "#" in value or "\x00" in value:
+        raise ProtocolError("topic.wildcard", f"cannot publish to a filter: {value!r}")
+    if len(value.encode("utf-8")) > MAX_TOPIC_BYTES:
+        raise ProtocolError("topic.length", "topic longer than 65535 bytes")
+    return value
+
+
+def validate_filter(value: str) -> str:
+    """Check an MQTT subscription filter per MQTT 3.1.1 section 4.7."""
+    if not isinstance(value, str) or not value:
+        raise ProtocolError("topic.format", f"filter must be a non-empty string, got {value!r}")
+    if "\x00" in value or len(value.encode("utf-8")) > MAX_TOPIC_BYTES:
+        raise ProtocolError("topic.format", f"invalid filter {value!r}")
+    levels = value.split("/")
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            raise ProtocolError("topic.wildcard", f"'#' must be a whole last level in {value!r}")
+        if "+" in level and level != "+":
+            raise ProtocolError("topic.wildcard", f"'+' must be a whole level in {value!r}")
+    return value
+
+
+def matches(filter_: str, topic_name: str) -> bool:
+    """MQTT 3.1.1 filter matching, including the rule that wildcards at the first level do not
+    match topics starting with ``$`` (so ``#`` never sees ``$SYS``)."""
+    if topic_name.startswith("$") and filter_[:1] in ("+", "#"):
+        return False
+    f_levels = filter_.split("/")
+    t_levels = topic_name.split("/")
+    for i, f in enumerate(f_levels):
+        if f == "#":
+            return True
+        if i >= len(t_levels):
+            return False
+        if f != "+" and f != t_levels[i]:
+            return False
+    return len(f_levels) == len(t_levels)
