@@ -1,0 +1,260 @@
+"""Brokers for simulation and tests: an embedded amqtt broker and a Mosquitto subprocess.
+
+``splitedge sim`` needs a broker without asking the user to install one, so
+:class:`EmbeddedBroker` runs amqtt (pure Python) on its own asyncio loop in a background
+thread. Integration tests and the byte-agreement check use :class:`MosquittoBroker`, the
+broker we deploy on edge sites, started on a free port with a throw-away config so tests
+never touch a system broker.
+
+amqtt notes (0.12.1): it has no maximum-packet-size setting (payloads are read with
+``readexactly``), so 8+ MiB messages pass; its default plugins include a per-packet logger
+and an event logger, which we leave out; ``Broker()`` must be created inside the running
+loop (it calls ``asyncio.get_running_loop()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind to 0, read it, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def wait_port(host: str, port: int, timeout: float = 10.0) -> bool:
+    """True once something accepts TCP connections on host:port."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.02)
+    return False
+
+
+class EmbeddedBroker:
+    """amqtt broker in a daemon thread; a context manager. ``url`` is ``mqtt://host:port``."""
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", *, sys_interval: int | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.sys_interval = sys_interval
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://{self.host}:{self.port}"
+
+    def config(self) -> dict[str, Any]:
+        """amqtt 0.12 config: one TCP listener, anonymous clients, no packet/event loggers."""
+        plugins: dict[str, Any] = {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}}
+        if self.sys_interval:
+            plugins["amqtt.plugins.sys.broker.BrokerSysPlugin"] = {"sys_interval": self.sys_interval}
+        return {"listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
+                "plugins": plugins}
+
+    def start(self, timeout: float = 10.0) -> EmbeddedBroker:
+        """Start and wait until the listener accepts connections; a busy port gets one retry."""
+        chosen = self.port
+        for attempt in range(3):
+            self.port = chosen or free_port(self.host)
+            self._ready.clear()
+            self._error = None
+            self._thread = threading.Thread(target=self._run, name=f"amqtt-{self.port}", daemon=True)
+            self._thread.start()
+            if not self._ready.wait(timeout):
+                raise RuntimeError(f"embedded broker did not start within {timeout:g}s on port {self.port}")
+            if self._error is None and wait_port(self.host, self.port, timeout):
+                logger.info("embedded amqtt broker listening on %s", self.url)
+                return self
+            self._thread.join(timeout)
+            if chosen:  # the caller asked for this port: do not silently move
+                break
+            logger.debug("embedded broker attempt %d on port %d failed: %s", attempt, self.port, self._error)
+        raise RuntimeError(f"embedded broker failed to start on {self.host}:{self.port}: {self._error!r}")
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - reported to start()
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        from amqtt.broker import Broker  # optional dependency, imported only when needed
+
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        broker = Broker(self.config())
+        await broker.start()
+        self._ready.set()
+        await self._stop_event.wait()
+        await broker.shutdown()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Shut the broker down (disconnects clients) and join its thread; idempotent."""
+        thread, loop, event = self._thread, self._loop, self._stop_event
+        if thread is None:
+            return
+        if loop is not None and event is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # loop already closed
+                pass
+        thread.join(timeout)
+        if thread.is_alive():
+            logger.warning("embedded broker thread did not stop within %gs", timeout)
+        self._thread = None
+        logger.info("embedded amqtt broker on port %d stopped", self.port)
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class MosquittoBroker:
+    """The ``mosquitto`` binary on a free port with a temporary config; a context manager.
+
+    ``$SYS`` is published every ``sys_interval`` seconds so tests can read the broker's own
+    byte counters. ``restart()`` keeps the port, to test client reconnects.
+    """
+
+    def __init__(self, port: int = 0, extra_conf: str = "", *, host: str = "127.0.0.1", sys_interval: int = 1,
+                 binary: str = "mosquitto") -> None:
+        self.host = host
+        self.port = port
+        self.extra_conf = extra_conf
+        self.sys_interval = sys_interval
+        self.binary = binary
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://{self.host}:{self.port}"
+
+    def config_text(self) -> str:
+        return (f"listener {self.port} {self.host}\n"
+                "allow_anonymous true\n"
+                f"sys_interval {self.sys_interval}\n"
+                "persistence false\n"
+                "log_dest stderr\n"
+                "log_type error\nlog_type warning\nlog_type notice\n"
+                f"{self.extra_conf}\n")
+
+    def start(self, timeout: float = 10.0) -> MosquittoBroker:
+        """Write the config, spawn mosquitto, wait for the port; RuntimeError with its log if not."""
+        exe = shutil.which(self.binary)
+        if exe is None:
+            raise RuntimeError(f"{self.binary!r} not found on PATH (apt install mosquitto)")
+        self.port = self.port or free_port(self.host)
+        self._dir = self._dir or Path(tempfile.mkdtemp(prefix="splitedge-mosquitto-"))
+        conf = self._dir / "mosquitto.conf"
+        conf.write_text(self.config_text())
+        log = open(self._dir / "mosquitto.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self._proc = subprocess.Popen([exe, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL)
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                break
+            if wait_port(self.host, self.port, 0.2):
+                logger.info("mosquitto (pid %d) listening on %s", self._proc.pid, self.url)
+                return self
+        self._terminate()
+        raise RuntimeError(f"mosquitto did not start on port {self.port}: {self.log_tail()}")
+
+    def log_tail(self, n: int = 20) -> str:
+        """Last lines of the broker's log, for error messages."""
+        if self._dir is None or not (self._dir / "mosquitto.log").exists():
+            return ""
+        return "\n".join((self._dir / "mosquitto.log").read_text(errors="replace").splitlines()[-n:])
+
+    def _terminate(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    def stop(self) -> None:
+        """Terminate the broker and delete its temp directory; idempotent."""
+        self._terminate()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def restart(self, down_for: float = 0.0) -> None:
+        """Stop and start again on the same port (clients must reconnect and resubscribe)."""
+        self._terminate()
+        if down_for:
+            time.sleep(down_for)
+        self.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def __enter__(self) -> MosquittoBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_embedded_broker(port: int = 1883, host: str = "127.0.0.1") -> EmbeddedBroker:
+    """Start an embedded broker and return it running (caller stops it)."""
+    return EmbeddedBroker(port=port, host=host).start()
+
+
+def serve_forever(port: int = 1883, host: str = "127.0.0.1") -> None:
+    """Blocking entry point for ``splitedge broker``: run until Ctrl-C (or SIGTERM).
+
+    ``host="0.0.0.0"`` exposes the broker to the network; it accepts anonymous clients.
+    """
+    broker = start_embedded_broker(port, host)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    logger.info("broker at %s; press Ctrl-C to stop", broker.url)
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.stop()
+
+
+__all__ = ["EmbeddedBroker", "MosquittoBroker", "free_port", "wait_port", "serve_forever",
+           "start_embedded_broker"]

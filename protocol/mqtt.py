@@ -1,0 +1,248 @@
+"""MqttTransport: the Transport interface on paho-mqtt 2.x (MQTT 3.1.1).
+
+Design choices, and why:
+
+* Connect blocks in ``__init__`` until CONNACK (or raises ``ConnectionError``) so a role
+  either runs connected or fails loudly at start; after that paho's network thread
+  (``loop_start``) reconnects on its own with back-off, and ``on_connect`` re-sends every
+  subscription, because with a clean session a broker forgets them on disconnect.
+* The last will (a retained, QoS 1 encoded Envelope, typically ``status: offline``) is set
+  before connecting, so the broker announces a crashed node without any help from it.
+* Handlers run on paho's network thread. The inbound path (in ``Transport._on_inbound``)
+  never raises: bad messages and failing handlers are logged and counted.
+* Byte accounting: PUBLISH sizes come from the MQTT 3.1.1 framing; control packets are
+  counted from paho's own "Sending X"/"Received X" log events (CONNECT, SUBACK, PUBACK,
+  PINGREQ, ...), which fire once per packet actually written or read. Re-sends of in-flight
+  messages after a reconnect are not counted (paho does not expose them).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+
+from protocol.accounting import (
+    CONNACK_BYTES,
+    DISCONNECT_BYTES,
+    PINGREQ_BYTES,
+    PINGRESP_BYTES,
+    PUBACK_BYTES,
+    UNSUBACK_BYTES,
+    connect_packet_bytes,
+    suback_packet_bytes,
+    subscribe_packet_bytes,
+    unsubscribe_packet_bytes,
+)
+from protocol.codec import Envelope, encode
+from protocol.transport import DEFAULT_MAX_BYTES, Transport, kind_of, wait_for
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORTS = {"mqtt": 1883, "tcp": 1883, "mqtts": 8883, "ssl": 8883}
+TLS_SCHEMES = ("mqtts", "ssl")
+
+# Control packets recognised in paho's log lines -> (direction, size or None if computed).
+_LOGGED_CONTROL: dict[str, tuple[str, int | None]] = {
+    "Sending CONNECT": ("out", None),
+    "Sending PUBACK": ("out", PUBACK_BYTES),
+    "Sending PINGREQ": ("out", PINGREQ_BYTES),
+    "Sending DISCONNECT": ("out", DISCONNECT_BYTES),
+    "Received CONNACK": ("in", CONNACK_BYTES),
+    "Received SUBACK": ("in", suback_packet_bytes(1)),  # we always subscribe one filter per packet
+    "Received UNSUBACK": ("in", UNSUBACK_BYTES),
+    "Received PUBACK": ("in", PUBACK_BYTES),
+    "Received PINGRESP": ("in", PINGRESP_BYTES),
+}
+
+
+def parse_url(url: str) -> tuple[str, str, int, str | None, str | None]:
+    """``mqtt[s]://[user[:pass]@]host[:port]`` -> (scheme, host, port, user, password)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        raise ValueError(f"broker URL must start with mqtt:// or mqtts://, got {url!r}")
+    if not parts.hostname:
+        raise ValueError(f"broker URL has no host: {url!r}")
+    user = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    return scheme, parts.hostname, parts.port or DEFAULT_PORTS[scheme], user, password
+
+
+class MqttTransport(Transport):
+    """A connected MQTT client with splitedge semantics (see module docstring)."""
+
+    def __init__(self, url: str, *, client_id: str, role: str, will: tuple[str, Envelope] | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES, username: str | None = None, password: str | None = None,
+                 ca_certs: str | None = None, certfile: str | None = None, keyfile: str | None = None,
+                 connect_timeout: float = 10.0, keepalive: int = 30,
+                 reconnect_min: float = 0.5, reconnect_max: float = 10.0) -> None:
+        super().__init__(role=role, client_id=client_id, max_bytes=max_bytes)
+        scheme, self.host, self.port, url_user, url_password = parse_url(url)
+        self.url = f"{scheme}://{self.host}:{self.port}"  # never keep the password in the URL
+        self._username = username if username is not None else url_user
+        self._password = password if password is not None else url_password
+        self._will = (will[0], encode(will[1])) if will else None
+        self._connected = threading.Event()
+        self._connect_error: str | None = None
+        self._closed = False
+        self._sent = 0  # publishes handed to paho; compared with acks in flush()
+        self._acked = 0
+        self._count_lock = threading.Lock()
+        self.reconnects = 0
+        self._had_connection = False
+        self._client = self._make_client(scheme, keepalive, ca_certs, certfile, keyfile, reconnect_min, reconnect_max)
+        self._connect(keepalive, connect_timeout)
+
+    # -- setup ----------------------------------------------------------------------------
+    def _make_client(self, scheme: str, keepalive: int, ca_certs: str | None, certfile: str | None,
+                     keyfile: str | None, reconnect_min: float, reconnect_max: float) -> paho.Client:
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                             protocol=paho.MQTTv311, clean_session=True)
+        if scheme in TLS_SCHEMES:
+            client.tls_set(ca_certs=ca_certs, certfile=certfile, keyfile=keyfile)
+        if self._username is not None:
+            client.username_pw_set(self._username, self._password)
+        if self._will:
+            client.will_set(self._will[0], self._will[1], qos=1, retain=True)
+        client.reconnect_delay_set(reconnect_min, reconnect_max)  # type: ignore[arg-type]
+        client.max_inflight_messages_set(100)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        client.on_log = self._on_log
+        return client
+
+    def _connect(self, keepalive: int, timeout: float) -> None:
+        """Block until CONNACK; paho retries refused TCP connects until the deadline."""
+        self._client.connect_async(self.host, self.port, keepalive=keepalive)
+        self._client.loop_start()
+        ok = wait_for(lambda: self._connected.is_set() or self._connect_error is not None, timeout)
+        if ok and self._connect_error is None:
+            logger.info("%s (%s) connected to %s", self.client_id, self.role, self.url)
+            return
+        self._closed = True
+        self._client.disconnect()
+        self._client.loop_stop()
+        reason = self._connect_error or self._diagnose(timeout)
+        raise ConnectionError(f"{self.client_id}: cannot connect to MQTT broker {self.url}: {reason}")
+
+    def _diagnose(self, timeout: float) -> str:
+        """Explain a connect timeout: is anything listening at all?"""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1.0):
+                return f"TCP connects but no CONNACK within {timeout:g}s (TLS/port mismatch?)"
+        except OSError as exc:
+            return f"no broker reachable within {timeout:g}s ({exc})"
+
+    # -- paho callbacks (network thread: must never raise) ------------------------------
+    def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        if reason_code.is_failure:
+            self._connect_error = f"broker refused the connection: {reason_code}"
+            logger.warning("%s: connection refused by %s: %s", self.client_id, self.url, reason_code)
+            return
+        patterns = self._subscriptions()
+        for pattern, qos in patterns:  # clean session: the broker forgot them
+            self._send_subscribe(pattern, qos)
+        if self._had_connection:
+            self.reconnects += 1
+            logger.info("%s: reconnected to %s, resubscribed %d pattern(s)", self.client_id, self.url, len(patterns))
+        self._had_connection = True
+        self._connected.set()
+
+    def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason_code: Any,
+                       properties: Any) -> None:
+        self._connected.clear()
+        if not self._closed:
+            logger.warning("%s: lost connection to %s (%s); reconnecting", self.client_id, self.url, reason_code)
+
+    def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
+        try:
+            topic = msg.topic
+        except UnicodeDecodeError:
+            self._reject(repr(msg._topic), "topic.encoding", "topic is not valid UTF-8")
+            return
+        self._on_inbound(topic, msg.payload, msg.qos)
+
+    def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+        with self._count_lock:
+            self._acked += 1
+
+    def _on_log(self, client: paho.Client, userdata: Any, level: int, buf: str) -> None:
+        head = " ".join(buf.split(" ", 2)[:2])
+        entry = _LOGGED_CONTROL.get(head)
+        if entry is not None:
+            direction, size = entry
+            if size is None:  # CONNECT: depends on our id, will and credentials
+                size = connect_packet_bytes(self.client_id, will_topic=self._will and self._will[0],
+                                            will_payload_len=len(self._will[1]) if self._will else 0,
+                                            username=self._username, password=self._password)
+            self.counters.record_control(direction, size, head.split(" ")[1])
+        elif level in (paho.MQTT_LOG_WARNING, paho.MQTT_LOG_ERR):
+            logger.warning("%s: paho: %s", self.client_id, buf)
+
+    # -- Transport ------------------------------------------------------------------------
+    def _send(self, topic: str, payload: bytes, *, qos: int, retain: bool, wait: float | None) -> None:
+        if self._closed:
+            raise ConnectionError(f"{self.client_id}: transport is closed")
+        info = self._client.publish(topic, payload, qos=qos, retain=retain)
+        if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
+            raise ConnectionError(f"{self.client_id}: paho outgoing queue full, message to {topic} dropped")
+        with self._count_lock:
+            self._sent += 1
+        if wait is not None:
+            # paho leaves rc=NO_CONN on messages queued while offline even after they are
+            # delivered on reconnect, so is_published()/wait_for_publish() would raise: poll the flag.
+            if not wait_for(lambda: info._published, wait):  # noqa: SLF001
+                raise TimeoutError(f"{self.client_id}: no PUBACK for {topic} within {wait:g}s")
+
+    def _send_subscribe(self, pattern: str, qos: int) -> None:
+        rc, _ = self._client.subscribe(pattern, qos=qos)
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+            self.counters.record_control("out", subscribe_packet_bytes([pattern]), "SUBSCRIBE")
+        else:  # offline: on_connect re-sends every pattern after the reconnect
+            logger.debug("%s: subscribe %s deferred (%s)", self.client_id, pattern, paho.error_string(rc))
+
+    def _send_unsubscribe(self, pattern: str) -> None:
+        rc, _ = self._client.unsubscribe(pattern)
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+            self.counters.record_control("out", unsubscribe_packet_bytes([pattern]), "UNSUBSCRIBE")
+
+    @property
+    def connected(self) -> bool:
+        """True while a CONNACK'd session is up."""
+        return self._connected.is_set()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every publish so far is acknowledged (QoS 1) or written (QoS 0)."""
+        def done() -> bool:
+            with self._count_lock:
+                return self._acked >= self._sent
+        return wait_for(done, timeout)
+
+    def close(self, *, offline: bool = False, timeout: float = 2.0) -> None:
+        """Flush, then disconnect cleanly (the broker then discards the will).
+
+        ``offline=True`` first publishes the will message itself, so peers see the node
+        leave even though a clean disconnect suppresses the will.
+        """
+        if self._closed:
+            return
+        if offline and self._will and self.connected:
+            topic, payload = self._will
+            try:
+                self._publish_bytes(topic, payload, qos=1, retain=True, kind=kind_of(topic), wait=timeout)
+            except (TimeoutError, ConnectionError) as exc:
+                logger.warning("%s: offline status not confirmed: %s", self.client_id, exc)
+        if not self.flush(timeout):
+            logger.warning("%s: closing with unacknowledged messages", self.client_id)
+        self._closed = True
+        self._client.disconnect()
+        self._client.loop_stop()
+        logger.info("%s: disconnected from %s", self.client_id, self.url)
