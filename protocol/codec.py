@@ -1,0 +1,160 @@
+"""Envelope dataclass and the one encode/decode pair of the wire format.
+
+On the wire an envelope is a msgpack map with short keys
+``{"v": version, "k": kind, "r": run, "n": round, "s": sender, "i": msg_id, "b": body}``;
+arrays anywhere in the body are msgpack ext type 1 (arrays.py).
+
+``decode`` treats its input as hostile: it checks the size first, bounds every length msgpack
+reads, caps the number of decoded containers/elements, and turns every failure into
+ProtocolError, so a transport can count and drop a bad frame without a try/except zoo.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import msgpack
+
+from .arrays import ext_default, ext_hook
+from .errors import ProtocolError
+from .schema import validate_body
+
+__all__ = ["PROTOCOL_VERSION", "DEFAULT_MAX_BYTES", "MAX_ELEMENTS", "Envelope", "encode", "decode"]
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+# Upper bound on list items + map entries per frame. Bodies carry their bulk in array ext
+# payloads, so this only stops a small frame from inflating into millions of Python objects.
+MAX_ELEMENTS = 1 << 17
+_MAX_ARRAY_LEN = 4096  # msgpack preallocates lists: bounds (depth 1024) x len x 8 B
+_MAX_STR_LEN = 1 << 20
+_MAX_ID_LEN = 128
+_KEYS = ("v", "k", "r", "n", "s", "i", "b")
+
+
+def _new_msg_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One message: routing metadata plus a body validated against ``kind``'s schema."""
+
+    kind: str
+    run: str
+    round: int
+    sender: str
+    body: Mapping[str, Any]
+    msg_id: str = field(default_factory=_new_msg_id)
+    version: int = PROTOCOL_VERSION
+
+
+def _check_id(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= _MAX_ID_LEN:
+        raise ProtocolError("envelope.field", f"{name} must be a str of 1..{_MAX_ID_LEN} chars")
+    return value
+
+
+def _check_envelope(version: Any, kind: Any, run: Any, rnd: Any, sender: Any, msg_id: Any) -> None:
+    """Header checks shared by encode and decode; version first, since it governs the rest."""
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise ProtocolError("envelope.version", f"version {version!r:.40} != {PROTOCOL_VERSION}")
+    if not isinstance(kind, str):
+        raise ProtocolError("envelope.kind_unknown", f"kind {kind!r:.80} is not a str")
+    _check_id("run", run)
+    _check_id("sender", sender)
+    _check_id("msg_id", msg_id)
+    if type(rnd) is not int or not 0 <= rnd < 2**63:
+        raise ProtocolError("envelope.field", f"round must be an int in [0, 2**63), got {rnd!r:.40}")
+
+
+def encode(env: Envelope, *, validate: bool = True) -> bytes:
+    """Serialise ``env``; with ``validate`` a bad envelope/body raises ProtocolError (a ValueError)."""
+    body = env.body
+    if validate:
+        _check_envelope(env.version, env.kind, env.run, env.round, env.sender, env.msg_id)
+        body = validate_body(env.kind, body)
+    doc = {"v": env.version, "k": env.kind, "r": env.run, "n": env.round,
+           "s": env.sender, "i": env.msg_id, "b": body}
+    try:
+        return msgpack.packb(doc, default=ext_default, use_bin_type=True)
+    except ProtocolError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError("encode.type", f"cannot encode envelope: {exc}") from exc
+
+
+class _Budget:
+    """list_hook/object_hook pair counting decoded elements against MAX_ELEMENTS."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def _spend(self, n: int) -> None:
+        self.used += n + 1
+        if self.used > MAX_ELEMENTS:
+            raise ProtocolError("frame.too_many_elements", f"more than {MAX_ELEMENTS} elements")
+
+    def on_list(self, value: list) -> list:
+        self._spend(len(value))
+        return value
+
+    def on_map(self, value: dict) -> dict:
+        self._spend(len(value))
+        return value
+
+
+def _unpack(data: bytes, max_bytes: int) -> Any:
+    """One msgpack object from ``data`` with every length bounded; ProtocolError on anything."""
+    budget = _Budget()
+    unpacker = msgpack.Unpacker(
+        None, max_buffer_size=max(max_bytes, 1), raw=False, strict_map_key=True,
+        use_list=True, ext_hook=ext_hook, list_hook=budget.on_list, object_hook=budget.on_map,
+        max_str_len=min(_MAX_STR_LEN, max_bytes), max_bin_len=max_bytes, max_ext_len=max_bytes,
+        max_array_len=_MAX_ARRAY_LEN, max_map_len=MAX_ELEMENTS,
+    )
+    try:
+        unpacker.feed(data)
+        obj = unpacker.unpack()
+    except ProtocolError:
+        raise
+    except msgpack.OutOfData as exc:
+        raise ProtocolError("frame.truncated", "frame ends inside a msgpack object") from exc
+    except msgpack.StackError as exc:
+        raise ProtocolError("frame.depth", "msgpack nesting too deep") from exc
+    except UnicodeDecodeError as exc:
+        raise ProtocolError("frame.utf8", f"invalid UTF-8 in a str: {exc.reason}") from exc
+    except Exception as exc:  # noqa: BLE001 - FormatError, ValueError (limits, map keys), ...
+        raise ProtocolError("frame.invalid", f"malformed msgpack: {exc}") from exc
+    if unpacker.tell() != len(data):
+        raise ProtocolError("frame.trailing", f"{len(data) - unpacker.tell()} bytes after the envelope")
+    return obj
+
+
+def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Envelope:
+    """Parse and validate one frame from an untrusted peer. Raises ProtocolError only."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError("frame.type", f"expected bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise ProtocolError("frame.too_large", f"{len(data)} bytes > cap of {max_bytes}")
+    if len(data) == 0:
+        raise ProtocolError("frame.truncated", "empty frame")
+    doc = _unpack(bytes(data), max_bytes)
+    if not isinstance(doc, dict):
+        raise ProtocolError("envelope.type", f"envelope must be a map, got {type(doc).__name__}")
+    _check_version(doc)
+    if set(doc) != set(_KEYS):
+        raise ProtocolError("envelope.keys", f"envelope keys {sorted(map(str, doc))} != {sorted(_KEYS)}")
+    _check_envelope(doc["v"], doc["k"], doc["r"], doc["n"], doc["s"], doc["i"])
+    body = validate_body(doc["k"], doc["b"])
+    return Envelope(kind=doc["k"], run=doc["r"], round=doc["n"], sender=doc["s"],
+                    body=body, msg_id=doc["i"], version=doc["v"])
+
+
+def _check_version(doc: dict) -> None:
+    """A frame from another protocol version is refused before its other keys are judged."""
+    version = doc.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise ProtocolError("envelope.version", f"version {version!r:.40} != {PROTOCOL_VERSION}")
