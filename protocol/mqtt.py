@@ -81,7 +81,7 @@ class MqttTransport(Transport):
                  max_bytes: int = DEFAULT_MAX_BYTES, username: str | None = None, password: str | None = None,
                  ca_certs: str | None = None, certfile: str | None = None, keyfile: str | None = None,
                  connect_timeout: float = 10.0, keepalive: int = 30,
-                 reconnect_min: float = 0.5, reconnect_max: float = 10.0) -> None:
+                 reconnect_min: float = 0.5, reconnect_max: float = 10.0, subscribe_timeout: float = 5.0) -> None:
         super().__init__(role=role, client_id=client_id, max_bytes=max_bytes)
         scheme, self.host, self.port, url_user, url_password = parse_url(url)
         self.url = f"{scheme}://{self.host}:{self.port}"  # never keep the password in the URL
@@ -96,6 +96,9 @@ class MqttTransport(Transport):
         self._count_lock = threading.Lock()
         self.reconnects = 0
         self._had_connection = False
+        self._net_thread: int | None = None
+        self._subacks: set[int] = set()
+        self.subscribe_timeout = subscribe_timeout
         self._client = self._make_client(scheme, keepalive, ca_certs, certfile, keyfile, reconnect_min, reconnect_max)
         self._connect(keepalive, connect_timeout)
 
@@ -116,6 +119,7 @@ class MqttTransport(Transport):
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_publish = self._on_publish
+        client.on_subscribe = self._on_subscribe
         client.on_log = self._on_log
         return client
 
@@ -147,9 +151,12 @@ class MqttTransport(Transport):
             self._connect_error = f"broker refused the connection: {reason_code}"
             logger.warning("%s: connection refused by %s: %s", self.client_id, self.url, reason_code)
             return
+        self._net_thread = threading.get_ident()
+        with self._count_lock:
+            self._subacks.clear()
         patterns = self._subscriptions()
         for pattern, qos in patterns:  # clean session: the broker forgot them
-            self._send_subscribe(pattern, qos)
+            self._subscribe_now(pattern, qos)
         if self._had_connection:
             self.reconnects += 1
             logger.info("%s: reconnected to %s, resubscribed %d pattern(s)", self.client_id, self.url, len(patterns))
@@ -170,6 +177,12 @@ class MqttTransport(Transport):
             return
         self._on_inbound(topic, msg.payload, msg.qos)
 
+    def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        if any(rc.is_failure for rc in reason_codes):
+            logger.warning("%s: broker refused subscription (mid %d): %s", self.client_id, mid, reason_codes)
+        with self._count_lock:
+            self._subacks.add(mid)
+
     def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
         with self._count_lock:
             self._acked += 1
@@ -184,7 +197,8 @@ class MqttTransport(Transport):
                                             will_payload_len=len(self._will[1]) if self._will else 0,
                                             username=self._username, password=self._password)
             self.counters.record_control(direction, size, head.split(" ")[1])
-        elif level in (paho.MQTT_LOG_WARNING, paho.MQTT_LOG_ERR):
+        elif level in (paho.MQTT_LOG_WARNING, paho.MQTT_LOG_ERR) and not self._closed:
+            # (paho 2.2 logs "Client is not connected" at ERR once after a clean disconnect)
             logger.warning("%s: paho: %s", self.client_id, buf)
 
     # -- Transport ------------------------------------------------------------------------
@@ -196,18 +210,35 @@ class MqttTransport(Transport):
             raise ConnectionError(f"{self.client_id}: paho outgoing queue full, message to {topic} dropped")
         with self._count_lock:
             self._sent += 1
-        if wait is not None:
+        if wait is not None and threading.get_ident() != self._net_thread:
             # paho leaves rc=NO_CONN on messages queued while offline even after they are
             # delivered on reconnect, so is_published()/wait_for_publish() would raise: poll the flag.
             if not wait_for(lambda: info._published, wait):  # noqa: SLF001
                 raise TimeoutError(f"{self.client_id}: no PUBACK for {topic} within {wait:g}s")
 
     def _send_subscribe(self, pattern: str, qos: int) -> None:
-        rc, _ = self._client.subscribe(pattern, qos=qos)
-        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
-            self.counters.record_control("out", subscribe_packet_bytes([pattern]), "SUBSCRIBE")
-        else:  # offline: on_connect re-sends every pattern after the reconnect
+        """Subscribe and, from a caller's thread, wait for the SUBACK so that a publish made
+        right after ``subscribe()`` returns cannot overtake the subscription on the broker."""
+        mid = self._subscribe_now(pattern, qos)
+        if mid is None or threading.get_ident() == self._net_thread:
+            return  # offline (on_connect will resubscribe) or inside a handler (would deadlock)
+        if not wait_for(lambda: self._take_suback(mid), self.subscribe_timeout):
+            logger.warning("%s: no SUBACK for %s within %gs", self.client_id, pattern, self.subscribe_timeout)
+
+    def _subscribe_now(self, pattern: str, qos: int) -> int | None:
+        rc, mid = self._client.subscribe(pattern, qos=qos)
+        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             logger.debug("%s: subscribe %s deferred (%s)", self.client_id, pattern, paho.error_string(rc))
+            return None
+        self.counters.record_control("out", subscribe_packet_bytes([pattern]), "SUBSCRIBE")
+        return mid
+
+    def _take_suback(self, mid: int) -> bool:
+        with self._count_lock:
+            if mid in self._subacks:
+                self._subacks.discard(mid)
+                return True
+            return False
 
     def _send_unsubscribe(self, pattern: str) -> None:
         rc, _ = self._client.unsubscribe(pattern)

@@ -16,7 +16,7 @@ import abc
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +35,7 @@ from protocol.topics import matches, parse, validate_filter, validate_topic_name
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[str, Envelope], None]
+SEEN_CACHE = 4096  # recent (topic, msg_id) pairs remembered to drop duplicate copies
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.01) -> bool:
@@ -74,6 +75,8 @@ class Transport(abc.ABC):
         self.rejected: dict[str, int] = {}
         self.handler_errors = 0
         self._subs: dict[str, tuple[Handler, int]] = {}
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.duplicates = 0
         self._state_lock = threading.Lock()
 
     # -- outbound -------------------------------------------------------------------------
@@ -109,6 +112,9 @@ class Transport(abc.ABC):
         validate_filter(pattern)
         with self._state_lock:
             self._subs[pattern] = (handler, qos)
+            # retained messages re-sent for this new subscription are not duplicates
+            for key in [k for k in self._seen if matches(pattern, k[0])]:
+                del self._seen[key]
         self._send_subscribe(pattern, qos)
 
     def unsubscribe(self, pattern: str) -> None:
@@ -158,6 +164,8 @@ class Transport(abc.ABC):
             self._reject(topic, "decode.internal", repr(exc))
             return
         self.counters.record("in", env.kind, len(payload), packet)
+        if self._is_duplicate(topic, env.msg_id):
+            return
         for handler in self._handlers_for(topic):
             try:
                 handler(topic, env)
@@ -165,6 +173,19 @@ class Transport(abc.ABC):
                 with self._state_lock:
                     self.handler_errors += 1
                 logger.exception("%s: handler for %s (kind %s) raised", self.client_id, topic, env.kind)
+
+    def _is_duplicate(self, topic: str, msg_id: str) -> bool:
+        """True for a copy already routed: MQTT 3.1.1 lets a broker (amqtt does) send one copy per
+        overlapping subscription, and QoS 1 may redeliver; handlers run once per message."""
+        key = (topic, msg_id)
+        with self._state_lock:
+            if key in self._seen:
+                self.duplicates += 1
+                return True
+            self._seen[key] = None
+            if len(self._seen) > SEEN_CACHE:
+                self._seen.popitem(last=False)
+            return False
 
     def _reject(self, topic: str, rule: str, reason: str) -> None:
         with self._state_lock:
