@@ -28,7 +28,7 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 # Upper bound on list items + map entries per frame. Bodies carry their bulk in array ext
 # payloads, so this only stops a small frame from inflating into millions of Python objects.
 MAX_ELEMENTS = 1 << 17
-_MAX_ARRAY_LEN = 4096  # msgpack preallocates lists: bounds (depth 1024) x len x 8 B
+_MAX_ARRAY_LEN = 1024  # msgpack preallocates lists: peak <= 1024 levels x 1024 x 8 B = 8 MiB
 _MAX_STR_LEN = 1 << 20
 _MAX_ID_LEN = 128
 _KEYS = ("v", "k", "r", "n", "s", "i", "b")
