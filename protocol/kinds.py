@@ -30,8 +30,8 @@ def _sha256_matches(body: dict[str, Any]) -> None:
 BUILTIN_KINDS: dict[str, Schema] = {
     "hello": Schema({
         "role": Str(), "parent": Str(), "samples": Int(ge=0), "backend": Str(),
-        "classes": _CLASSES,
-    }, doc="any -> up (retained)"),
+        "classes": _CLASSES, "members": Int(ge=0, optional=True, default=0),
+    }, doc="any -> up (retained); an edge reports how many devices joined it in `members`"),
     "status": Schema({
         "state": Str(choices=("online", "offline")), "role": Str(),
     }, doc="any (retained, last will)"),
