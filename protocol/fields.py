@@ -6,7 +6,6 @@ fields name their dimensions symbolically (``shape=("K", "D")``); one validation
 symbol once, so ``mean[K,D]``, ``var[K,D]`` and ``classes[K]`` must agree.
 """
 
-
 from __future__ import annotations
 
 import copy
