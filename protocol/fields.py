@@ -110,7 +110,10 @@ class Float(Field):
     def check(self, path: str, value: Any, dims: Dims) -> float:
         if not _is_real(value):
             raise _fail("schema.type", path, f"expected float, got {type(value).__name__}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise _fail("schema.bounds", path, "integer too large for a float") from None
         if self.finite and not math.isfinite(value):
             raise _fail("schema.finite", path, f"{value} is not finite")
         _check_bounds(path, value, self.ge, self.gt, self.le)
@@ -130,7 +133,7 @@ class Number(Field):
     def check(self, path: str, value: Any, dims: Dims) -> int | float:
         if not _is_real(value):
             raise _fail("schema.type", path, f"expected number, got {type(value).__name__}")
-        if self.finite and not math.isfinite(value):
+        if self.finite and not _is_int(value) and not math.isfinite(value):
             raise _fail("schema.finite", path, f"{value} is not finite")
         return value.item() if isinstance(value, np.generic) else value
 
