@@ -1,0 +1,173 @@
+"""Brokers and MQTT-only behaviour: start/stop, connect errors, reconnect + resubscribe, and the
+byte-agreement acceptance test against Mosquitto's own $SYS counters."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from protocol.broker import EmbeddedBroker, MosquittoBroker, free_port, wait_port
+from protocol.codec import Envelope
+from protocol.mqtt import MqttTransport, parse_url
+from protocol.topics import pattern, topic
+from protocol.transport import wait_for
+
+logger = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[1]
+RUN = "brk"
+needs_mosquitto = pytest.mark.skipif(
+    subprocess.run(["which", "mosquitto"], capture_output=True).returncode != 0, reason="no mosquitto")
+
+
+def status(state: str, rnd: int = 0) -> Envelope:
+    return Envelope("status", RUN, rnd, "d1", {"state": state, "role": "device"})
+
+
+def test_embedded_broker_starts_on_a_free_port_and_stops() -> None:
+    pytest.importorskip("amqtt")
+    with EmbeddedBroker() as broker:
+        assert broker.url == f"mqtt://127.0.0.1:{broker.port}" and broker.port != 1883
+        with MqttTransport(broker.url, client_id="probe", role="device") as t:
+            assert t.connected
+    assert not wait_port("127.0.0.1", broker.port, 0.2)  # the listener is closed
+
+
+@needs_mosquitto
+def test_mosquitto_broker_reports_a_bad_config() -> None:
+    with pytest.raises(RuntimeError, match="mosquitto did not start"):
+        MosquittoBroker(extra_conf="no_such_option 1").start(timeout=3)
+
+
+def test_connect_timeout_raises_connection_error_with_url() -> None:
+    port = free_port()
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"mqtt://127.0.0.1:{port}.*no broker reachable"):
+        MqttTransport(f"mqtt://127.0.0.1:{port}", client_id="nobody", role="device", connect_timeout=0.5)
+    assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("mqtt://h:1234", ("mqtt", "h", 1234, None, None)),
+    ("mqtts://broker.example", ("mqtts", "broker.example", 8883, None, None)),
+    ("mqtt://al%40ice:p%3Ass@10.0.0.2", ("mqtt", "10.0.0.2", 1883, "al@ice", "p:ss")),
+])
+def test_parse_url(url: str, expected: tuple) -> None:
+    assert parse_url(url) == expected
+
+
+def test_parse_url_rejects_other_schemes() -> None:
+    with pytest.raises(ValueError, match="mqtt://"):
+        parse_url("http://h:1883")
+
+
+@needs_mosquitto
+def test_reconnect_and_resubscribe_after_broker_restart() -> None:
+    with MosquittoBroker() as broker:
+        sub = MqttTransport(broker.url, client_id="resub", role="edge", keepalive=2,
+                            reconnect_min=0.1, reconnect_max=0.5)
+        got: list[int] = []
+        sub.subscribe(pattern(RUN, kind="status"), lambda t, e: got.append(e.round))
+
+        broker.restart()
+        assert wait_for(lambda: sub.reconnects == 1 and sub.connected, 10)
+        pub = MqttTransport(broker.url, client_id="resub-pub", role="device")
+        pub.publish(topic(RUN, "device", "d1", "up", "status"), status("online", rnd=7), wait=5)
+
+        assert wait_for(lambda: got == [7], 5)
+        pub.close()
+        sub.close()
+
+
+def test_serve_forever_runs_until_ctrl_c() -> None:
+    pytest.importorskip("amqtt")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", f"from protocol.broker import serve_forever; serve_forever({port})"],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_port("127.0.0.1", port, 15)
+        with MqttTransport(f"mqtt://127.0.0.1:{port}", client_id="cli", role="device") as t:
+            t.publish(topic(RUN, "device", "d1", "up", "status"), status("online"), wait=5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+class SysMonitor:
+    """A plain paho client following $SYS/broker/bytes/received (QoS 0, no PUBACKs, no pings)."""
+
+    def __init__(self, url: str) -> None:
+        _, host, port, _, _ = parse_url(url)
+        self.values: list[tuple[float, int]] = []
+        self.lock = threading.Lock()
+        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id="sys-monitor", protocol=paho.MQTTv311)
+        self.client.on_message = self._on_message
+        self.client.connect(host, port, keepalive=60)
+        self.client.subscribe("$SYS/broker/bytes/received", qos=0)
+        self.client.loop_start()
+
+    def _on_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
+        if msg.retain:  # the stale value handed over on subscribe, from before we connected
+            return
+        with self.lock:
+            self.values.append((time.monotonic(), int(msg.payload)))
+
+    def next_value(self, after: float, timeout: float = 5.0) -> int:
+        """First value published after monotonic time ``after``.
+
+        Mosquitto 2.0 republishes $SYS only when a value changed, at most every
+        sys_interval (in practice every 2 s at sys_interval 1: it compares whole seconds with >).
+        A live (non-retained) value is computed after our SUBSCRIBE was processed, so it
+        includes the monitor's own CONNECT and SUBSCRIBE.
+        """
+        def find() -> int | None:
+            with self.lock:
+                return next((v for ts, v in self.values if ts > after), None)
+        assert wait_for(lambda: find() is not None, timeout), "no $SYS/broker/bytes/received update"
+        value = find()
+        assert value is not None
+        return value
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@needs_mosquitto
+def test_byte_agreement_with_mosquitto_sys_counters(record_property: pytest.RecordProperty) -> None:
+    """Acceptance: bytes the transport counts OUT (PUBLISH + control) match the broker's view."""
+    with MosquittoBroker(sys_interval=1) as broker:
+        monitor = SysMonitor(broker.url)
+        try:
+            before = monitor.next_value(after=0.0)
+            t = MqttTransport(broker.url, client_id="bytes-d1", role="device")
+            x = np.random.default_rng(0).standard_normal(2048).astype("f4")  # ~8 KiB arrays
+            for rnd in range(200):
+                env = Envelope("weights", RUN, rnd, "d1", {"part": "wc", "version": rnd, "samples": 1,
+                                                           "weights": {"x": x}})
+                t.publish(topic(RUN, "device", "d1", "up", "weights"), env)
+            assert t.flush(10)
+            t.close()
+            closed_at = time.monotonic()
+            counted = t.counters.total("out", "wire")
+            delta = monitor.next_value(after=closed_at) - before
+        finally:
+            monitor.close()
+    diff = abs(counted - delta) / delta
+    record_property("bytes_counted_out", counted)
+    record_property("bytes_broker_delta", delta)
+    print(f"\nbyte agreement: transport counted {counted} B out, Mosquitto received {delta} B "
+          f"(diff {counted - delta:+d} B, {100 * diff:.4f} %)")
+    assert diff < 0.02
