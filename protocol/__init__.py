@@ -14,3 +14,9 @@ from .schema import (
 from . import kinds  # noqa: F401 - registers the built-in kinds
 
 # Transport-side exports (topics, accounting, transport, mqtt, broker) are added below.
+from . import topics  # noqa: E402 - topics.topic/parse/pattern/matches
+from .topics import Topic, pattern, topic  # noqa: E402
+from .accounting import ByteCounters, publish_packet_bytes  # noqa: E402
+from .transport import Handler, LoopbackBus, LoopbackTransport, Transport, wait_for  # noqa: E402
+from .mqtt import MqttTransport  # noqa: E402
+from .broker import EmbeddedBroker, MosquittoBroker, serve_forever, start_embedded_broker  # noqa: E402
