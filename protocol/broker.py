@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -159,7 +160,11 @@ class MosquittoBroker:
         return f"mqtt://{self.host}:{self.port}"
 
     def config_text(self) -> str:
+        # Started as root, mosquitto switches to user "mosquitto", which cannot read the
+        # caller's temp files (TLS keys, password files): stay the caller's user instead.
+        user = "user root\n" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""
         return (f"listener {self.port} {self.host}\n"
+                f"{user}"
                 "allow_anonymous true\n"
                 f"sys_interval {self.sys_interval}\n"
                 "persistence false\n"

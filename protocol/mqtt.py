@@ -166,7 +166,7 @@ class MqttTransport(Transport):
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason_code: Any,
                        properties: Any) -> None:
         self._connected.clear()
-        if not self._closed:
+        if not self._closed and self._had_connection:
             logger.warning("%s: lost connection to %s (%s); reconnecting", self.client_id, self.url, reason_code)
 
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
@@ -198,8 +198,10 @@ class MqttTransport(Transport):
                                             username=self._username, password=self._password)
             self.counters.record_control(direction, size, head.split(" ")[1])
         elif level in (paho.MQTT_LOG_WARNING, paho.MQTT_LOG_ERR) and not self._closed:
-            # (paho 2.2 logs "Client is not connected" at ERR once after a clean disconnect)
-            logger.warning("%s: paho: %s", self.client_id, buf)
+            # paho 2.2 logs "Client is not connected" at ERR once after a clean disconnect (hence
+            # not when closed); failures before the first CONNACK end up in ConnectionError.
+            logger.log(logging.WARNING if self._had_connection else logging.DEBUG, "%s: paho: %s",
+                       self.client_id, buf)
 
     # -- Transport ------------------------------------------------------------------------
     def _send(self, topic: str, payload: bytes, *, qos: int, retain: bool, wait: float | None) -> None:

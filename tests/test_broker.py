@@ -171,3 +171,36 @@ def test_byte_agreement_with_mosquitto_sys_counters(record_property: pytest.Reco
     print(f"\nbyte agreement: transport counted {counted} B out, Mosquitto received {delta} B "
           f"(diff {counted - delta:+d} B, {100 * diff:.4f} %)")
     assert diff < 0.02
+
+
+def make_test_pki(directory: Path) -> dict[str, str]:
+    """A throw-away CA and a server certificate for 127.0.0.1 (openssl CLI)."""
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+        "-subj", "/CN=splitedge-test-ca")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+        "-subj", "/CN=127.0.0.1")
+    (directory / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.crt", "-days", "1", "-extfile", "ext.cnf")
+    return {"ca": str(directory / "ca.crt"), "server": str(directory / "server.crt"),
+            "server_key": str(directory / "server.key")}
+
+
+@needs_mosquitto
+def test_mqtts_with_ca_certificate(tmp_path: Path) -> None:
+    if subprocess.run(["which", "openssl"], capture_output=True).returncode != 0:
+        pytest.skip("openssl CLI not installed")
+    pki = make_test_pki(tmp_path)
+    tls = f"cafile {pki['ca']}\ncertfile {pki['server']}\nkeyfile {pki['server_key']}\n"
+    with MosquittoBroker(extra_conf=tls) as broker:
+        url = f"mqtts://127.0.0.1:{broker.port}"
+        with MqttTransport(url, client_id="tls-d1", role="device", ca_certs=pki["ca"], connect_timeout=5) as t:
+            got: list[Envelope] = []
+            t.subscribe(pattern(RUN, kind="status"), lambda _t, e: got.append(e))
+            t.publish(topic(RUN, "device", "d1", "up", "status"), status("online"))
+            assert wait_for(lambda: got, 5)
+        with pytest.raises(ConnectionError, match="no CONNACK"):  # plain MQTT on a TLS port
+            MqttTransport(broker.url, client_id="plain", role="device", connect_timeout=1)
