@@ -40,6 +40,7 @@ from protocol.accounting import (
     unsubscribe_packet_bytes,
 )
 from protocol.codec import Envelope, encode
+from protocol.topics import validate_topic_name
 from protocol.transport import DEFAULT_MAX_BYTES, Transport, kind_of, wait_for
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class MqttTransport(Transport):
         self.url = f"{scheme}://{self.host}:{self.port}"  # never keep the password in the URL
         self._username = username if username is not None else url_user
         self._password = password if password is not None else url_password
-        self._will = (will[0], encode(will[1])) if will else None
+        self._will = (validate_topic_name(will[0]), encode(will[1])) if will else None
         self._connected = threading.Event()
         self._connect_error: str | None = None
         self._closed = False
