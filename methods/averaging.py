@@ -36,10 +36,10 @@ def _average_one(arrays: list[np.ndarray], counts: np.ndarray) -> np.ndarray:
     max for integers, because counters such as BN's num_batches_tracked are not averages."""
     first = np.asarray(arrays[0])
     if np.issubdtype(first.dtype, np.integer) or first.dtype == np.bool_:
-        return np.max(np.stack(arrays), axis=0).astype(first.dtype)
+        return np.asarray(np.max(np.stack(arrays), axis=0), dtype=first.dtype)
     stacked = np.stack([np.asarray(a, dtype=np.float64) for a in arrays])
     mean = np.tensordot(counts / counts.sum(), stacked, axes=1)
-    return mean.astype(first.dtype)
+    return np.asarray(mean, dtype=first.dtype)  # 0-d stays an array, not a numpy scalar
 
 
 def average_states(parts: Sequence[tuple[WeightMap, int]]) -> dict[str, np.ndarray]:

@@ -54,3 +54,14 @@ def test_module_does_not_import_torch():
     code = "import sys, methods.averaging; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True,
                    cwd=Path(__file__).resolve().parents[1])
+
+
+def test_zero_d_entries_stay_arrays():
+    # Prepare: BN's num_batches_tracked is a 0-d int64 array; a float scalar parameter too
+    parts = [({"n": np.array(3, dtype=np.int64), "s": np.array(1.0, dtype=np.float32)}, 1),
+             ({"n": np.array(5, dtype=np.int64), "s": np.array(3.0, dtype=np.float32)}, 1)]
+    # Execute
+    avg = average_states(parts)
+    # Assert: still ndarrays (the wire codec only carries arrays), values right
+    assert isinstance(avg["n"], np.ndarray) and avg["n"].shape == () and int(avg["n"]) == 5
+    assert isinstance(avg["s"], np.ndarray) and float(avg["s"]) == 2.0
