@@ -1,0 +1,75 @@
+"""What every role runtime shares: an inbox fed by transport handlers, and addressed publishing.
+
+Transport handlers run on the network thread and must stay short, so they only enqueue; the
+runtime's own thread takes events off the inbox and does the work (training may take minutes).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from typing import Any, Mapping
+
+from protocol.codec import Envelope
+from protocol.topics import parse, topic
+from protocol.transport import Transport
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    """A named participant of a run, publishing under `splitedge/<run>/<tier>/<id>/...`."""
+
+    def __init__(self, *, run: str, tier: str, node_id: str) -> None:
+        self.run_id, self.tier, self.node_id = run, tier, node_id
+        self.inbox: "queue.Queue[tuple[str, Envelope]]" = queue.Queue()
+        self.round = 0
+        self.errors = 0  # events whose handling raised; logged, counted, the loop goes on
+
+    def handle(self, topic_: str, env: Envelope) -> None:
+        raise NotImplementedError
+
+    def dispatch(self, event: tuple[str, Envelope] | None) -> None:
+        """Handle one inbox event; an exception is logged and counted, never kills the runtime."""
+        if event is None:
+            return
+        try:
+            self.handle(*event)
+        except Exception:
+            self.errors += 1
+            log.exception("%s %s: handling %s from %s failed", self.tier, self.node_id, event[1].kind,
+                          event[1].sender)
+
+    def topic(self, direction: str, kind: str) -> str:
+        return topic(self.run_id, self.tier, self.node_id, direction, kind)
+
+    def enqueue(self, topic_: str, env: Envelope) -> None:
+        """Transport handler: hand the message to the runtime thread."""
+        self.inbox.put((topic_, env))
+
+    def next_event(self, timeout: float) -> tuple[str, Envelope] | None:
+        try:
+            return self.inbox.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+
+    def send(self, transport: Transport, direction: str, kind: str, body: Mapping[str, Any], *,
+             round_: int | None = None, retain: bool = False, topic_kind: str | None = None) -> Envelope:
+        """Wrap `body` in an envelope from this node and publish it (QoS 1)."""
+        env = Envelope(kind=kind, run=self.run_id, round=self.round if round_ is None else round_,
+                       sender=self.node_id, body=body)
+        transport.publish(self.topic(direction, topic_kind or kind), env, qos=1, retain=retain)
+        return env
+
+
+def sender_tier(topic_: str) -> str:
+    return parse(topic_).tier
+
+
+def connect(url: str, *, run: str, tier: str, node_id: str, **kwargs: Any) -> "Transport":
+    """An MQTT transport for a node, with its last will (`status` offline, retained) set."""
+    from protocol.mqtt import MqttTransport
+
+    will_env = Envelope(kind="status", run=run, round=0, sender=node_id, body={"state": "offline", "role": tier})
+    will = (topic(run, tier, node_id, "up", "status"), will_env)
+    return MqttTransport(url, client_id=f"{run}-{tier}-{node_id}", role=tier, will=will, **kwargs)

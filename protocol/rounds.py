@@ -1,0 +1,93 @@
+"""Round bookkeeping shared by the edge and the cloud: who must report, quorum, deadline.
+
+A round opens with the set of live children expected to report. Messages for another round
+are stale and dropped; a message id seen before is a duplicate and dropped; both are counted.
+A round closes when every live child has sent `done` (quorum) or its deadline passes; the
+caller then gets one report per child with its messages grouped by kind.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+SEEN_IDS = 4096  # remember this many message ids for duplicate detection
+
+
+@dataclass
+class RoundReport:
+    """Everything one child sent in a round, in arrival order, grouped by kind."""
+
+    sender: str
+    messages: dict[str, list[Any]] = field(default_factory=dict)
+
+    def get(self, kind: str) -> Any:
+        """The last message of `kind`, or None."""
+        found = self.messages.get(kind)
+        return found[-1] if found else None
+
+    def all(self, kind: str) -> list[Any]:
+        """Every message of `kind` (e.g. one `weights` message per model part)."""
+        return list(self.messages.get(kind, ()))
+
+
+class RoundCollector:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.round: int | None = None
+        self.deadline = 0.0
+        self.expected: set[str] = set()
+        self.reports: dict[str, RoundReport] = {}
+        self.done: set[str] = set()
+        self.counts = collections.Counter()
+        self._seen: collections.deque[str] = collections.deque(maxlen=SEEN_IDS)
+        self._seen_set: set[str] = set()
+
+    @property
+    def is_open(self) -> bool:
+        return self.round is not None
+
+    def open(self, round_: int, deadline_s: float, expected: set[str]) -> None:
+        self.round, self.deadline = round_, self.clock() + deadline_s
+        self.expected, self.reports, self.done = set(expected), {}, set()
+
+    def add(self, env: Any) -> bool:
+        """Record a child's message; False (and counted) when stale or a duplicate."""
+        if self._is_duplicate(env.msg_id):
+            self.counts["duplicate"] += 1
+            return False
+        if self.round is None or env.round != self.round:
+            self.counts["stale"] += 1
+            return False
+        self.reports.setdefault(env.sender, RoundReport(env.sender)).messages.setdefault(env.kind, []).append(env)
+        if env.kind == "done":
+            self.done.add(env.sender)
+        self.expected.add(env.sender)
+        return True
+
+    def _is_duplicate(self, msg_id: str) -> bool:
+        if msg_id in self._seen_set:
+            return True
+        if len(self._seen) == self._seen.maxlen:
+            self._seen_set.discard(self._seen[0])
+        self._seen.append(msg_id)
+        self._seen_set.add(msg_id)
+        return False
+
+    def complete(self, live: set[str]) -> bool:
+        """Every expected child that is still alive has finished."""
+        waiting = (self.expected & live) - self.done
+        return self.is_open and not waiting and bool(self.done or not (self.expected & live))
+
+    def expired(self) -> bool:
+        return self.is_open and self.clock() >= self.deadline
+
+    def close(self) -> list[RoundReport]:
+        missing = self.expected - self.done
+        if missing:
+            self.counts["missed"] += len(missing)
+        reports = [self.reports[s] for s in sorted(self.reports)]
+        self.round = None
+        return reports
