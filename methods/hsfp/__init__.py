@@ -1,0 +1,1 @@
+"""H-SFP: hierarchical split learning with decoupled Gaussian prototypes (METHODS.md)."""

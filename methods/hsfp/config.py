@@ -1,0 +1,48 @@
+"""H-SFP settings with METHODS.md defaults; all scalars so they travel in the round message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HSFPConfig:
+    # device: SupCon on two augmented views through a device-only projection head
+    local_epochs: int = 1
+    tau: float = 0.5
+    device_lr: float = 0.05
+    device_batch: int = 64
+    proj_dim: int = 64
+    # slow time scale: W_c averaged every ic rounds, W_e every ie rounds
+    ic: int = 5
+    ie: int = 10
+    slow_averaging: bool = True
+    # wire
+    feature_dtype: str = "f4"
+    resend_moments: str = "on-change"  # or "every-round"
+    # edge: SupCon on synthetic W_c features
+    edge_samples: int = 2048
+    edge_epochs: int = 1
+    edge_lr: float = 0.05
+    edge_batch: int = 128
+    # cloud: cross-entropy on synthetic W_e features
+    cloud_samples: int = 4096
+    cloud_epochs: int = 2
+    cloud_lr: float = 0.001
+    cloud_batch: int = 128
+    # Gaussian sampling
+    mean_only: bool = False
+    sample_floor: int = 8
+    eps: float = 1e-5
+    # moments of W_e outputs with the global W_e (consistency rule extended to the edge tier)
+    we_moments: str = "global"  # or "local"
+
+    def __post_init__(self) -> None:
+        if self.feature_dtype not in ("f2", "f4"):
+            raise ValueError(f"feature_dtype must be f2 or f4, got {self.feature_dtype!r}")
+        if self.resend_moments not in ("on-change", "every-round"):
+            raise ValueError(f"resend_moments must be on-change or every-round, got {self.resend_moments!r}")
+        if self.we_moments not in ("global", "local"):
+            raise ValueError(f"we_moments must be global or local, got {self.we_moments!r}")
+        if self.ic < 1 or self.ie < 1 or self.local_epochs < 0:
+            raise ValueError("ic and ie must be >= 1 and local_epochs >= 0")

@@ -1,0 +1,81 @@
+"""H-SFP device part without torch: moments of the current global W_c, resent on change.
+
+The extractor is whatever runs W_c here (onnxruntime on a thin device). The torch device in
+`device_torch.py` extends this part with local SupCon training of its own W_c copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping, Protocol
+
+import numpy as np
+
+from methods.config import ModelSpec, from_config
+from methods.hsfp.config import HSFPConfig
+from methods.moments import ClassMoments, MomentAccumulator, moments_to_body
+from methods.preprocess import batches, to_input
+from methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+
+MOMENT_BATCH = 256
+
+
+class Extractor(Protocol):
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """Normalised float32 images [N, C, H, W] -> W_c output [N, ...] as numpy."""
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Swap in a new global W_c (atomically: on error the old one stays)."""
+
+
+class HSFPDevice(DevicePart):
+    """Publishes per-class moments of the global W_c; sends nothing when they have not changed."""
+
+    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+        super().__init__(ctx, data, backend)
+        self.spec = from_config(ModelSpec, ctx.config)
+        self.cfg = from_config(HSFPConfig, ctx.config)
+        self.extractor: Extractor = backend
+        self.wc_version = -1
+        self.sent_version = -1
+
+    @property
+    def num_samples(self) -> int:
+        return int(len(self.data[1]))
+
+    def ready(self, plan: RoundPlan) -> bool:
+        return self.wc_version >= plan.wc_version and self.wc_version >= 0
+
+    def on_message(self, env: Any) -> None:
+        body = env.body
+        if env.kind == "weights" and body["part"] == "wc" and body["version"] > self.wc_version:
+            self.load_global(body["weights"])
+            self.wc_version = int(body["version"])
+
+    def load_global(self, weights: Mapping[str, np.ndarray]) -> None:
+        self.extractor.load_weights(weights)
+
+    def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
+        if self.cfg.resend_moments == "every-round" or self.sent_version != self.wc_version:
+            body = moments_to_body(self.compute_moments(), dtype=self.cfg.feature_dtype,
+                                   wc_version=self.wc_version, we_version=0, space="wc")
+            yield Message("moments", body)
+            self.sent_version = self.wc_version
+        yield from self.train_round(plan)
+        yield DONE
+
+    def train_round(self, plan: RoundPlan) -> Iterator[Message]:
+        """A thin device cannot train; the torch device overrides this."""
+        return iter(())
+
+    def compute_moments(self) -> ClassMoments:
+        """Per-class moments of the flattened global-W_c features, accumulated in float64."""
+        x, y = self.data
+        acc: MomentAccumulator | None = None
+        for sl in batches(len(y), MOMENT_BATCH):
+            feats = self.extractor.features(to_input(x[sl], self.spec.mean, self.spec.std))
+            feats = feats.reshape(len(feats), -1)
+            acc = acc or MomentAccumulator(feats.shape[1])
+            acc.add(feats, y[sl])
+        if acc is None:
+            raise ValueError("device has no local data")
+        return acc.result()

@@ -1,0 +1,79 @@
+"""H-SFP device part with torch: trains its own W_c copy with SupCon, sends it on slow rounds.
+
+Consistency rule (METHODS.md): moments always come from the global W_c (the last average);
+the local copy keeps training and only reaches the others through the next average.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from methods.augment import two_views
+from methods.hsfp.device import HSFPDevice
+from methods.losses import supcon_loss
+from methods.preprocess import to_input
+from methods.strategy import Message, NodeContext, RoundPlan
+from models import create_split, load_numpy_state, pool, state_to_numpy
+
+
+class HSFPTorchDevice(HSFPDevice):
+    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+        super().__init__(ctx, data, backend)
+        torch.manual_seed(int(ctx.rng.integers(2**31)))
+        split = create_split(self.spec.model, num_classes=self.spec.num_classes,
+                             in_channels=self.spec.channels, image_size=self.spec.image_size)
+        self.wc_global = split.wc.eval()
+        self.wc_local = copy.deepcopy(split.wc)
+        width = split.wc_shape[0]
+        self.head = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, self.cfg.proj_dim))
+        self.extractor = self
+        self._inputs = torch.from_numpy(to_input(self.data[0], self.spec.mean, self.spec.std))
+        self._labels = torch.from_numpy(np.asarray(self.data[1], dtype=np.int64))
+        self.opt = self._new_optimizer()
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        params = list(self.wc_local.parameters()) + list(self.head.parameters())
+        return torch.optim.SGD(params, lr=self.cfg.device_lr, momentum=0.9, weight_decay=5e-4)
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return self.wc_global(torch.from_numpy(x)).numpy()
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        load_numpy_state(self.wc_global, weights)
+        load_numpy_state(self.wc_local, weights)
+        self.opt = self._new_optimizer()
+
+    def train_round(self, plan: RoundPlan) -> Iterator[Message]:
+        for _ in range(self.cfg.local_epochs):
+            self.train_epoch()
+        if plan.slow_wc:
+            body = {"part": "wc", "version": self.wc_version, "samples": self.num_samples,
+                    "weights": state_to_numpy(self.wc_local)}
+            yield Message("weights", body)
+
+    def train_epoch(self) -> float:
+        """One epoch of SupCon on two augmented views; returns the mean loss."""
+        self.wc_local.train()
+        gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
+        order = torch.randperm(len(self._labels), generator=gen)
+        losses = []
+        for start in range(0, len(order), self.cfg.device_batch):
+            idx = order[start:start + self.cfg.device_batch]
+            if len(idx) < 2:
+                continue
+            x, y = self._inputs[idx], self._labels[idx]
+            views = two_views(x, generator=gen)
+            z = self.head(pool(self.wc_local(views)))
+            loss = supcon_loss(z, torch.cat([y, y]), tau=self.cfg.tau)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            losses.append(float(loss.detach()))
+        self.wc_local.eval()
+        return float(np.mean(losses)) if losses else 0.0

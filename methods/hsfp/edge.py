@@ -1,0 +1,101 @@
+"""H-SFP edge part: merge device moments exactly, sample, train W_e with SupCon, report moments up."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Sequence
+
+import torch
+
+from methods.averaging import average_states
+from methods.config import ModelSpec, from_config
+from methods.hsfp.config import HSFPConfig
+from methods.hsfp.torch_ops import output_moments, train_on_samples, with_counts
+from methods.losses import supcon_loss
+from methods.moments import ClassMoments, merge_moments, moments_from_body, moments_to_body
+from methods.sampling import sample_features
+from methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
+from models import create_split, load_numpy_state, pool, state_to_numpy
+
+log = logging.getLogger(__name__)
+
+
+class HSFPEdge(EdgePart):
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.spec = from_config(ModelSpec, ctx.config)
+        self.cfg = from_config(HSFPConfig, ctx.config)
+        split = create_split(self.spec.model, num_classes=self.spec.num_classes,
+                             in_channels=self.spec.channels, image_size=self.spec.image_size)
+        self.wc_shape, self.we_shape = split.wc_shape, split.we_shape
+        self.we_global = split.we.eval()
+        self.we_local = copy.deepcopy(split.we)
+        self.we_version = -1
+        self.opt = self._new_optimizer()
+        self.cache: dict[str, tuple[int, ClassMoments]] = {}  # device -> (wc_version, moments)
+        self.last_loss = float("nan")
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.we_local.parameters(), lr=self.cfg.edge_lr, momentum=0.9, weight_decay=5e-4)
+
+    def ready(self, plan: RoundPlan) -> bool:
+        return self.we_version >= plan.we_version and self.we_version >= 0
+
+    def on_message(self, env: Any) -> list[Message]:
+        """Global W_c goes down to the devices; global W_e replaces both our copies."""
+        if env.kind != "weights":
+            return []
+        part, version = env.body["part"], int(env.body["version"])
+        if part == "wc":
+            return [Message("weights", dict(env.body), retain=True, topic_kind="weights-wc")]
+        if part == "we" and version > self.we_version:
+            load_numpy_state(self.we_global, env.body["weights"])
+            load_numpy_state(self.we_local, env.body["weights"])
+            self.opt = self._new_optimizer()
+            self.we_version = version
+        return []
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
+        for report in reports:
+            env = report.get("moments")
+            if env is not None:
+                self.cache[report.sender] = (int(env.body["wc_version"]), moments_from_body(env.body))
+        current = [m for v, m in self.cache.values() if v == plan.wc_version]
+        out: list[Message] = []
+        if current:
+            out.append(self._train_and_report(plan, merge_moments(current)))
+        if plan.slow_wc:
+            out.extend(self._average_wc(plan, reports))
+        if plan.slow_we:
+            total = sum(int(m.counts.sum()) for _, m in self.cache.values())
+            out.append(Message("weights", {"part": "we", "version": self.we_version, "samples": total,
+                                           "weights": state_to_numpy(self.we_local)}))
+        return out
+
+    def _train_and_report(self, plan: RoundPlan, merged: ClassMoments) -> Message:
+        seed = int(self.ctx.rng.integers(2**31))
+        x, y = self._sample(merged, self.cfg.edge_samples)
+        loss_fn = lambda out, labels: supcon_loss(pool(out), labels, tau=self.cfg.tau)  # noqa: E731
+        self.last_loss = train_on_samples(self.we_local, self.opt, x, y, self.wc_shape, loss_fn,
+                                          epochs=self.cfg.edge_epochs, batch=self.cfg.edge_batch, seed=seed)
+        module = self.we_global if self.cfg.we_moments == "global" else self.we_local
+        x2, y2 = self._sample(merged, self.cfg.edge_samples)
+        moments = with_counts(output_moments(module, x2, y2, self.wc_shape), merged)
+        body = moments_to_body(moments, dtype=self.cfg.feature_dtype, wc_version=plan.wc_version,
+                               we_version=self.we_version, space="we")
+        return Message("moments", body)
+
+    def _sample(self, merged: ClassMoments, total: int):
+        return sample_features(merged, total, self.ctx.rng, eps=self.cfg.eps, floor=self.cfg.sample_floor,
+                               mean_only=self.cfg.mean_only)
+
+    def _average_wc(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
+        parts = [(env.body["weights"], int(env.body["samples"])) for r in reports for env in r.all("weights")
+                 if env.body["part"] == "wc"]
+        if not parts:
+            log.warning("edge %s: slow round %d without any W_c from devices", self.ctx.node_id, plan.round)
+            return []
+        body = {"part": "wc", "version": plan.wc_version, "samples": sum(n for _, n in parts),
+                "weights": average_states(parts)}
+        return [Message("weights", body)]
