@@ -1,0 +1,74 @@
+"""Run options shared by `splitedge cloud` and `splitedge sim`, turned into the typed run config.
+
+The result is the flat map that travels in every round announcement, so devices and edges
+started with only a broker URL build the same model and method settings as the cloud.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from methods.config import ModelSpec, to_config
+from methods.registry import get_method, list_methods
+
+DEFAULT_MODEL = {"digits": "cnn", "cifar10": "cnn"}
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", default="hsfp", choices=list_methods())
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--dataset", default="digits", choices=("digits", "cifar10"))
+    p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")
+    p.add_argument("--model", default=None, help="network split (cnn | resnet18); default by data set")
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds before a round closes without stragglers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-train", type=int, default=None, help="use at most this many training images")
+    p.add_argument("--max-test", type=int, default=None, help="evaluate on at most this many test images")
+    g = p.add_argument_group("H-SFP")
+    g.add_argument("--mean-only", action="store_true", help="ablation: prototypes without variance")
+    g.add_argument("--no-slow-averaging", action="store_true", help="ablation: never average W_c / W_e")
+    g.add_argument("--resend-moments", choices=("on-change", "every-round"), default=None)
+    g.add_argument("--feature-dtype", choices=("f2", "f4"), default=None, help="moments on the wire")
+    g.add_argument("--ic", type=int, default=None, help="rounds between W_c averages")
+    g.add_argument("--ie", type=int, default=None, help="rounds between W_e averages")
+    g.add_argument("--local-epochs", type=int, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any method setting by name (repeatable), e.g. --set edge_samples=4096")
+
+
+def method_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Method settings given on the command line, checked against the method's config class."""
+    out: dict[str, Any] = {}
+    if args.mean_only:
+        out["mean_only"] = True
+    if args.no_slow_averaging:
+        out["slow_averaging"] = False
+    for flag, key in (("resend_moments", "resend_moments"), ("feature_dtype", "feature_dtype"),
+                      ("ic", "ic"), ("ie", "ie"), ("local_epochs", "local_epochs")):
+        if getattr(args, flag) is not None:
+            out[key] = getattr(args, flag)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def build_run_config(method: str, info: Any, model: str | None, seed: int, deadline_s: float,
+                     overrides: dict[str, Any]) -> dict[str, Any]:
+    """Model spec + the method's typed config (validated by constructing it) as one flat map."""
+    spec = ModelSpec(model=model or DEFAULT_MODEL.get(info.name, "cnn"), num_classes=info.num_classes,
+                     channels=info.channels, image_size=info.image_size, mean=tuple(info.mean),
+                     std=tuple(info.std), seed=seed)
+    config_cls = get_method(method).Config
+    names = {f.name: f for f in dataclasses.fields(config_cls)}
+    unknown = set(overrides) - set(names)
+    if unknown:
+        raise ValueError(f"unknown {method} settings {sorted(unknown)}; known: {sorted(names)}")
+    from methods.config import from_config
+
+    cfg = from_config(config_cls, overrides)
+    return {**to_config(spec), **to_config(cfg), "deadline_s": float(deadline_s)}

@@ -1,0 +1,52 @@
+"""`splitedge device`: run one device agent against a broker (works in the thin base install)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--broker", required=True, help="broker URL, e.g. mqtt://edge-site:1883 or mqtts://...")
+    p.add_argument("--id", required=True, help="this device's id (unique in the run)")
+    p.add_argument("--edge", required=True, help="id of the edge aggregator this device reports to")
+    p.add_argument("--data", required=True, type=Path,
+                   help="local data: an .npz shard (x uint8 [N,H,W,C], y) or an image folder <class>/*.jpg")
+    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
+                   help="torch trains W_c locally; onnx only computes statistics (no torch in the process)")
+    p.add_argument("--run", default="default", help="run id (topic namespace)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch backend)")
+
+
+def load_local_data(path: Path):
+    """The device's own data, with numpy/PIL only."""
+    from methods.datasets import load_image_folder, load_shard
+
+    if path.is_dir():
+        return load_image_folder(path)
+    return load_shard(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from device.agent import DeviceAgent
+    from protocol.node import connect
+
+    data = load_local_data(args.data)
+    backend = args.backend
+    if backend == "torch":
+        import torch
+
+        torch.set_num_threads(args.threads)
+    transport = connect(args.broker, run=args.run, tier="device", node_id=args.id)
+    agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
+                        backend=backend, seed=args.seed)
+    try:
+        agent.start()
+        agent.run_forever()
+    finally:
+        transport.close(offline=True)
+    return 0

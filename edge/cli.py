@@ -1,0 +1,34 @@
+"""`splitedge edge`: run one edge aggregator (optionally bridging a site broker to the cloud's)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--broker", required=True, help="broker the devices use, e.g. mqtt://127.0.0.1:1883")
+    p.add_argument("--id", required=True, help="this edge's id")
+    p.add_argument("--upstream", default=None, help="the cloud's broker URL, when it differs from --broker")
+    p.add_argument("--cloud", default="cloud", help="id of the cloud coordinator")
+    p.add_argument("--run", default="default", help="run id (topic namespace)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from edge.aggregator import EdgeAggregator
+    from protocol.node import connect
+
+    torch.set_num_threads(args.threads)
+    down = connect(args.broker, run=args.run, tier="edge", node_id=args.id)
+    up = connect(args.upstream, run=args.run, tier="edge", node_id=args.id) if args.upstream else down
+    edge = EdgeAggregator(down, up, run=args.run, node_id=args.id, cloud=args.cloud, seed=args.seed)
+    try:
+        edge.start()
+        edge.run_forever()
+    finally:
+        for t in {id(down): down, id(up): up}.values():
+            t.close(offline=True)
+    return 0

@@ -1,0 +1,47 @@
+"""The `splitedge` command. Subcommands import their role lazily, so `splitedge device --help`
+(and the device itself with the onnx backend) work in the thin install without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+# subcommand -> (module with add_arguments/run, one-line help)
+COMMANDS = {
+    "sim": ("splitedge.sim_cli", "run cloud, edges and devices through one broker (embedded by default)"),
+    "device": ("device.cli", "run a device agent"),
+    "edge": ("edge.cli", "run an edge aggregator"),
+    "cloud": ("cloud.cli", "run the cloud coordinator"),
+    "broker": ("splitedge.broker_cli", "run the embedded MQTT broker (amqtt)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="splitedge", description="Edge-device split learning over MQTT.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        importlib.import_module(module).add_arguments(p)
+        p.set_defaults(module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(importlib.import_module(args.module).run(args) or 0)
+    except ModuleNotFoundError as exc:
+        if exc.name in ("torch", "torchvision", "amqtt", "sklearn", "matplotlib", "safetensors"):
+            print(f"splitedge {args.command} needs {exc.name}: pip install 'splitedge[all]'", file=sys.stderr)
+            return 2
+        raise
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,178 @@
+"""`splitedge sim`: one command that runs a whole federation through a real MQTT broker.
+
+An embedded broker (or `--broker`), one cloud, the edges and the devices, each with its own
+MQTT connection, run as threads in this process: every message crosses the broker, so the
+byte counters are the same as in a deployment. Devices get disjoint shards of the data set
+(IID or Dirichlet(alpha)); the cloud keeps the test split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SimSettings:
+    rounds: int = 10
+    devices: int = 4
+    edges: int = 2
+    method: str = "hsfp"
+    dataset: str = "digits"
+    data: str | None = None
+    model: str | None = None
+    alpha: float | None = None  # None: IID
+    seed: int = 0
+    deadline_s: float = 300.0
+    broker: str | None = None
+    out: Path = Path("runs/sim")
+    run: str = ""
+    threads: int = 1
+    max_train: int | None = None
+    max_test: int | None = None
+    backends: tuple[str, ...] = ("torch",)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def partition(labels: np.ndarray, settings: SimSettings) -> list[np.ndarray]:
+    from methods.partition import dirichlet, iid
+
+    rng = np.random.default_rng(settings.seed)
+    if settings.alpha is None:
+        return iid(labels, settings.devices, rng)
+    return dirichlet(labels, settings.devices, settings.alpha, rng)
+
+
+@contextlib.contextmanager
+def broker_url(url: str | None) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    from protocol.broker import EmbeddedBroker
+
+    with EmbeddedBroker() as broker:
+        yield broker.url
+
+
+def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Run the federation; writes metrics.jsonl, summary.json and plot.png into s.out."""
+    import torch
+
+    from cloud.coordinator import CloudCoordinator, CloudSettings
+    from cloud.options import build_run_config
+    from methods.datasets import load_dataset
+
+    torch.set_num_threads(s.threads)
+    started = time.monotonic()
+    train, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
+    config = build_run_config(s.method, info, s.model, s.seed, s.deadline_s, s.overrides)
+    shards = partition(train[1], s)
+    run = s.run or f"sim-{int(time.time())}"
+    s.out.mkdir(parents=True, exist_ok=True)
+    (s.out / "metrics.jsonl").unlink(missing_ok=True)
+    with broker_url(s.broker) as url, Federation(url, run, s, train, shards) as fed:
+        settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, min_edges=s.edges,
+                                 min_devices=s.devices, out_dir=s.out, seed=s.seed, on_round=on_round)
+        cloud_transport = fed.connect("cloud", "cloud")
+        cloud = CloudCoordinator(cloud_transport, settings, run=run, test=test)
+        history = cloud.run()
+        fed.wait_stopped(timeout=30)
+        summary = summarise(history, fed, config, s, time.monotonic() - started, info)
+    (s.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    from splitedge.plots import plot_run
+
+    plot_run(history, s.out / "plot.png", title=f"{s.method} on {s.dataset}")
+    return summary
+
+
+class Federation:
+    """The edges and devices of a simulated run, each a thread with its own MQTT client."""
+
+    def __init__(self, url: str, run: str, s: SimSettings, train: tuple[np.ndarray, np.ndarray],
+                 shards: list[np.ndarray]) -> None:
+        self.url, self.run, self.s, self.train, self.shards = url, run, s, train, shards
+        self.transports: dict[str, list[Any]] = {"device": [], "edge": [], "cloud": []}
+        self.nodes: list[Any] = []
+        self.threads: list[threading.Thread] = []
+
+    def connect(self, tier: str, node_id: str) -> Any:
+        from protocol.node import connect
+
+        transport = connect(self.url, run=self.run, tier=tier, node_id=node_id)
+        self.transports[tier].append(transport)
+        return transport
+
+    def __enter__(self) -> "Federation":
+        from device.agent import DeviceAgent
+        from edge.aggregator import EdgeAggregator
+
+        for e in range(self.s.edges):
+            edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed)
+            self._start(edge)
+        for d, idx in enumerate(self.shards):
+            backend = self.s.backends[d % len(self.s.backends)]
+            data = (self.train[0][idx], self.train[1][idx])
+            agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
+                                edge=f"e{d % self.s.edges}", data=data, backend=backend, seed=self.s.seed)
+            self._start(agent)
+        return self
+
+    def _start(self, node: Any) -> None:
+        node.start()
+        thread = threading.Thread(target=node.run_forever, name=node.node_id, daemon=True)
+        thread.start()
+        self.nodes.append(node)
+        self.threads.append(thread)
+
+    def wait_stopped(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def __exit__(self, *exc: object) -> None:
+        for node in self.nodes:
+            node.stop()
+        self.wait_stopped(timeout=10)
+        for transports in self.transports.values():
+            for t in transports:
+                t.close()
+
+    def bytes_by_tier(self) -> dict[str, dict[str, int]]:
+        """Payload and packet bytes sent (out) and received (in) by each tier, summed over nodes."""
+        out: dict[str, dict[str, int]] = {}
+        for tier, transports in self.transports.items():
+            row = {}
+            for direction in ("out", "in"):
+                for fld in ("payload", "packet"):
+                    row[f"{direction}_{fld}"] = sum(t.counters.total(direction, fld) for t in transports)
+            out[tier] = row
+        return out
+
+
+def summarise(history: list[dict], fed: Federation, config: dict, s: SimSettings, seconds: float,
+              info: Any) -> dict[str, Any]:
+    acc = [h["accuracy"] for h in history]
+    by_tier = fed.bytes_by_tier()
+    rounds = max(1, len(history))
+    return {
+        "final_accuracy": acc[-1] if acc else None,
+        "best_accuracy": max((a for a in acc if a == a), default=None),
+        "accuracy_per_round": acc,
+        "round_seconds": [h["round_seconds"] for h in history],
+        "wall_seconds": seconds,
+        "bytes": by_tier,
+        "device_up_bytes_per_device_per_round": by_tier["device"]["out_payload"] / max(1, s.devices) / rounds,
+        "chance": 1.0 / info.num_classes,
+        "config": {**config, "devices": s.devices, "edges": s.edges, "rounds": s.rounds, "alpha": s.alpha,
+                   "dataset": s.dataset, "method": s.method, "run": fed.run},
+    }
