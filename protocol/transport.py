@@ -153,6 +153,9 @@ class Transport(abc.ABC):
         ``handler_errors``. Neither may kill the network thread.
         """
         packet = publish_packet_bytes(topic, len(payload), qos)
+        if not payload:  # MQTT's "retained message cleared" notice, not a message
+            self.counters.record("in", kind_of(topic), 0, packet)
+            return
         try:
             env = decode(payload, max_bytes=self.max_bytes)
         except ProtocolError as exc:
