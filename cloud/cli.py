@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from cloud.coordinator import CloudCoordinator, CloudSettings
     from cloud.options import build_run_config, method_overrides
     from methods.datasets import load_dataset
-    from protocol.node import connect
+    from protocol.node import connect, write_counters
 
     torch.set_num_threads(args.threads)
     _, test, info = load_dataset(args.dataset, args.data, max_test=args.max_test, seed=args.seed)
@@ -43,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
         history = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id).run()
     finally:
         transport.close(offline=True)
-    if args.out:
-        (args.out / "counters-cloud.json").write_text(json.dumps(transport.counters.snapshot(), indent=1))
+        write_counters(args.out, args.id, [transport])
     print(json.dumps({"final_accuracy": history[-1]["accuracy"] if history else None}))
     return 0
 

@@ -3,12 +3,18 @@
 Subscribes to its edge's downlink (round announcements, global models) and to its own
 per-device topic; publishes `hello` (retained) and a last-will `status` so the edge knows who
 is alive. All learning happens in the method's device part; this loop only sequences it.
+
+A part that must wait for its edge in the middle of a round (SplitFed: activations up,
+gradients back) finds `request` in `ctx.extra["request"]`; events that arrive meanwhile are
+deferred and handled, in order, after the round.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -21,6 +27,8 @@ from protocol.topics import pattern
 from protocol.transport import Transport
 
 log = logging.getLogger(__name__)
+
+REQUEST_POLL_S = 0.5  # how often a waiting `request` checks whether the agent was stopped
 
 
 class DeviceAgent(Node):
@@ -35,6 +43,8 @@ class DeviceAgent(Node):
         self.early: list[Envelope] = []  # models that arrived before the first round created the part
         self.last_round = 0
         self.stopped = threading.Event()
+        self.deferred: collections.deque[tuple[str, Envelope]] = collections.deque()
+        self.stale_replies = 0
 
     def start(self) -> None:
         self.transport.subscribe(pattern(self.run_id, "edge", self.edge, "down"), self.enqueue)
@@ -53,6 +63,39 @@ class DeviceAgent(Node):
 
     def stop(self) -> None:
         self.stopped.set()
+
+    def next_event(self, timeout: float) -> tuple[str, Envelope] | None:
+        """Events deferred during a round's `request` calls come first, in arrival order."""
+        if self.deferred:
+            return self.deferred.popleft()
+        return super().next_event(timeout)
+
+    def request(self, msg: Message, reply_kind: str, timeout: float) -> Envelope:
+        """Publish `msg` and block until the edge's `reply_kind` for this round (and the same
+        `batch`, when the body has one) arrives; TimeoutError otherwise, which fails the round.
+
+        Runs on the agent thread inside `run_round`, so it reads the inbox itself: any other
+        event is deferred for after the round, and a reply to an earlier (timed-out) request
+        is dropped and counted.
+        """
+        self._publish(msg)
+        batch = msg.body.get("batch")
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self.stopped.is_set():
+                raise TimeoutError(f"device {self.node_id}: stopped while waiting for {reply_kind}")
+            event = super().next_event(min(remaining, REQUEST_POLL_S))
+            if event is None:
+                continue
+            env = event[1]
+            if env.kind != reply_kind:
+                self.deferred.append(event)
+            elif env.round == self.round and env.body.get("batch") == batch:
+                return env
+            else:
+                self.stale_replies += 1
+        raise TimeoutError(f"device {self.node_id}: no {reply_kind} for round {self.round} batch {batch} "
+                           f"within {timeout:.1f} s")
 
     def handle(self, topic: str, env: Envelope) -> None:
         if env.kind == "round":
@@ -75,7 +118,8 @@ class DeviceAgent(Node):
         if plan.round <= self.last_round:
             return  # a retained announcement seen again after a reconnect
         if self.part is None or self.method != plan.method:
-            ctx = NodeContext(node_id=self.node_id, config=plan.config, rng=self.rng)
+            ctx = NodeContext(node_id=self.node_id, config=plan.config, rng=self.rng,
+                              extra={"request": self.request})
             self.part = get_method(plan.method).device_part(ctx, self.data, self.backend)
             self.method = plan.method
             for env in self.early:
@@ -89,7 +133,7 @@ class DeviceAgent(Node):
         try:
             for item in self.part.run_round(plan):
                 if item is DONE and not sent_done:
-                    self.send(self.transport, "up", "done", {"phase": "round", "info": {}})
+                    self.send(self.transport, "up", "done", {"phase": "round", "info": self.part.round_info()})
                     sent_done = True
                 elif item is not DONE:
                     self._publish(item)

@@ -19,6 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch trains W_c locally; onnx only computes statistics (no torch in the process)")
     p.add_argument("--run", default="default", help="run id (topic namespace)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="write this node's byte counters here at exit")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch backend)")
 
 
@@ -33,7 +34,7 @@ def load_local_data(path: Path):
 
 def run(args: argparse.Namespace) -> int:
     from device.agent import DeviceAgent
-    from protocol.node import connect
+    from protocol.node import connect, write_counters
 
     data = load_local_data(args.data)
     backend = args.backend
@@ -49,4 +50,5 @@ def run(args: argparse.Namespace) -> int:
         agent.run_forever()
     finally:
         transport.close(offline=True)
+        write_counters(args.out, args.id, [transport])
     return 0

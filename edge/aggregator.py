@@ -148,7 +148,8 @@ class EdgeAggregator(Node):
         except Exception:  # the cloud still hears that this edge is done, so the run goes on
             self.errors += 1
             log.exception("edge %s: aggregating round %d failed", self.node_id, self.plan.round)
-        info = {"devices": len(reports), "seconds": round(time.monotonic() - started, 3), "errors": self.errors}
+        info = {**self.part.round_info(), "devices": len(reports),
+                "seconds": round(time.monotonic() - started, 3), "errors": self.errors}
         self.send(self.up, "up", "done", {"phase": "round", "info": info})
 
     def _relay(self, messages: list[Message]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -12,6 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cloud", default="cloud", help="id of the cloud coordinator")
     p.add_argument("--run", default="default", help="run id (topic namespace)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="write this node's byte counters here at exit")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
 
 
@@ -19,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from edge.aggregator import EdgeAggregator
-    from protocol.node import connect
+    from protocol.node import connect, write_counters
 
     torch.set_num_threads(args.threads)
     down = connect(args.broker, run=args.run, tier="edge", node_id=args.id)
@@ -29,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
         edge.start()
         edge.run_forever()
     finally:
-        for t in {id(down): down, id(up): up}.values():
+        transports = list({id(down): down, id(up): up}.values())
+        for t in transports:
             t.close(offline=True)
+        write_counters(args.out, args.id, transports)
     return 0

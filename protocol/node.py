@@ -7,7 +7,9 @@ runtime's own thread takes events off the inbox and does the work (training may 
 from __future__ import annotations
 
 import logging
+import json
 import queue
+from pathlib import Path
 from typing import Any, Mapping
 
 from protocol.codec import Envelope
@@ -73,3 +75,13 @@ def connect(url: str, *, run: str, tier: str, node_id: str, **kwargs: Any) -> "T
     will_env = Envelope(kind="status", run=run, round=0, sender=node_id, body={"state": "offline", "role": tier})
     will = (topic(run, tier, node_id, "up", "status"), will_env)
     return MqttTransport(url, client_id=f"{run}-{tier}-{node_id}", role=tier, will=will, **kwargs)
+
+
+def write_counters(out: Path | None, node_id: str, transports: list[Transport]) -> None:
+    """Leave this node's byte counters (and rejection counts) for the bench and the tests."""
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"node": node_id, "transports": [{"role": t.role, "bytes": t.counters.snapshot(),
+                                             "rejected": dict(t.rejected)} for t in transports]}
+    (out / f"counters-{node_id}.json").write_text(json.dumps(data, indent=1))

@@ -27,8 +27,8 @@ class HSFPConfig:
     edge_batch: int = 128
     # cloud: cross-entropy on synthetic W_e features
     cloud_samples: int = 4096
-    cloud_epochs: int = 2
-    cloud_lr: float = 0.001
+    cloud_epochs: int = 5
+    cloud_lr: float = 0.01
     cloud_batch: int = 128
     # Gaussian sampling
     mean_only: bool = False

@@ -1,0 +1,158 @@
+"""The three roles as separate OS processes against a private Mosquitto, on digits.
+
+This is the deployment shape: each process holds only its own data (devices read an .npz
+shard), nothing is shared but the broker. Checks that accuracy rises, that the byte counters
+of the tiers agree with each other, and that a device killed mid-run does not stall it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from methods.datasets import load_dataset, save_shard
+from methods.partition import iid
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    fh = open(log, "w")
+    return subprocess.Popen([sys.executable, "-m", "splitedge", *args], stdout=fh, stderr=subprocess.STDOUT,
+                            env=env, cwd=ROOT)
+
+
+def _shards(tmp: Path, n: int, seed: int = 0) -> list[Path]:
+    (x, y), _, _ = load_dataset("digits")
+    paths = []
+    for d, idx in enumerate(iid(y, n, np.random.default_rng(seed))):
+        paths.append(tmp / f"d{d}.npz")
+        save_shard(paths[-1], x[idx], y[idx])
+    return paths
+
+
+class Federation:
+    """Cloud + edges + devices as processes; `kill()` one, `wait()` for the cloud."""
+
+    def __init__(self, tmp: Path, url: str, *, edges: int, devices: int, rounds: int, extra: list[str]) -> None:
+        self.tmp, self.out = tmp, tmp / "out"
+        shards = _shards(tmp, devices)
+        common = ["--broker", url, "--run", "itest"]
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs["cloud"] = _spawn(["cloud", *common, "--edges", str(edges), "--devices", str(devices),
+                                      "--rounds", str(rounds), "--out", str(self.out), "--join-timeout", "90",
+                                      *extra], tmp / "cloud.log")
+        for e in range(edges):
+            self.procs[f"e{e}"] = _spawn(["edge", *common, "--id", f"e{e}", "--out", str(self.out)],
+                                         tmp / f"e{e}.log")
+        for d, shard in enumerate(shards):
+            self.procs[f"d{d}"] = _spawn(["device", *common, "--id", f"d{d}", "--edge", f"e{d % edges}",
+                                          "--data", str(shard), "--out", str(self.out)], tmp / f"d{d}.log")
+
+    def metrics(self) -> list[dict]:
+        path = self.out / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def wait_for_round(self, r: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(self.metrics()) < r:
+            self._check_alive("cloud")
+            time.sleep(0.2)
+        assert len(self.metrics()) >= r, f"round {r} not reached\n{self.log('cloud')}"
+
+    def kill(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait(10)
+
+    def wait(self, timeout: float) -> None:
+        """Every process exits by itself once the cloud announces the end of the run."""
+        deadline = time.monotonic() + timeout
+        for name, proc in self.procs.items():
+            try:
+                proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{name} did not exit\n{self.log(name)}")
+
+    def _check_alive(self, name: str) -> None:
+        if self.procs[name].poll() is not None:
+            pytest.fail(f"{name} exited with {self.procs[name].returncode}\n{self.log(name)}")
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text()[-3000:]
+
+    def counters(self, node: str) -> list[dict]:
+        return json.loads((self.out / f"counters-{node}.json").read_text())["transports"]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def _payload(counters: list[dict], direction: str, kind: str) -> int:
+    return sum(t["bytes"][direction].get(kind, {}).get("payload", 0) for t in counters)
+
+
+def test_three_rounds_as_processes(tmp_path: Path, mosquitto) -> None:
+    # Prepare: 1 cloud, 2 edges, 4 devices, each its own process; W_c averaged in round 2
+    fed = Federation(tmp_path, mosquitto.url, edges=2, devices=4, rounds=3,
+                     extra=["--ic", "2", "--ie", "2", "--deadline", "120"])
+    try:
+        # Execute
+        fed.wait(timeout=240)
+        metrics = fed.metrics()
+    finally:
+        fed.close()
+    # Assert: all rounds ran, accuracy rose above chance
+    assert [m["round"] for m in metrics] == [1, 2, 3], fed.log("cloud")
+    acc = [m["accuracy"] for m in metrics]
+    assert acc[-1] > acc[0] and acc[-1] > 0.3, acc
+    assert (fed.out / "model.safetensors").exists()
+    # Assert: what devices sent up is what their edges received (per data kind, exactly)
+    devices = [fed.counters(f"d{d}") for d in range(4)]
+    edges = [fed.counters(f"e{e}") for e in range(2)]
+    cloud = fed.counters("cloud")
+    for kind in ("moments", "done"):
+        sent = sum(_payload(c, "out", kind) for c in devices)
+        assert sent > 0 and sent == sum(_payload(c, "in", kind) for c in edges), kind
+    # weights into edges = devices' W_c uploads + every cloud weights message, once per edge
+    cloud_weights = sum(_payload(cloud, "out", k) for k in ("weights-wc", "weights-we", "weights"))
+    dev_weights = sum(_payload(c, "out", "weights") for c in devices)
+    edge_in = sum(_payload(c, "in", k) for c in edges for k in ("weights", "weights-wc", "weights-we"))
+    assert dev_weights > 0 and edge_in == dev_weights + 2 * cloud_weights
+    # what edges sent up is what the cloud received
+    for kind in ("moments", "done"):
+        sent = sum(_payload(c, "out", kind) for c in edges)
+        assert sent > 0 and sent == _payload(cloud, "in", kind), kind
+    assert all(not t["rejected"] for c in devices + edges + [cloud] for t in c)
+
+
+def test_killed_device_does_not_stall_the_run(tmp_path: Path, mosquitto) -> None:
+    # Prepare: a short deadline so the round with the dead device closes without it
+    fed = Federation(tmp_path, mosquitto.url, edges=1, devices=3, rounds=3,
+                     extra=["--deadline", "8", "--ic", "10", "--ie", "10"])
+    try:
+        fed.wait_for_round(1, timeout=120)
+        # Execute: kill a device between rounds, without a clean disconnect
+        fed.kill("d2")
+        started = time.monotonic()
+        for name in ("cloud", "e0", "d0", "d1"):
+            fed.procs[name].wait(120)
+        elapsed = time.monotonic() - started
+        metrics = fed.metrics()
+    finally:
+        fed.close()
+    # Assert: the remaining rounds closed (at the latest at their deadlines) and learning went on
+    assert [m["round"] for m in metrics] == [1, 2, 3], fed.log("cloud")
+    assert elapsed < 2 * 8 + 30
+    assert metrics[-1]["accuracy"] > 0.2
