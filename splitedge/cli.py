@@ -18,6 +18,7 @@ COMMANDS = {
     "edge": ("edge.cli", "run an edge aggregator"),
     "cloud": ("cloud.cli", "run the cloud coordinator"),
     "broker": ("splitedge.broker_cli", "run the embedded MQTT broker (amqtt)"),
+    "bench": ("bench.cli", "run a bench suite (bandwidth, ram, throughput, accuracy) into JSON, markdown, plots"),
 }
 
 

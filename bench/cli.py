@@ -1,0 +1,97 @@
+"""`splitedge bench SUITE`: run a suite, write JSON + markdown + plots into --out.
+
+Each suite module exposes ``Settings.from_args(args)``, ``run(settings) -> (config, results)``,
+``markdown(results)`` and ``plot(results, out_dir)``; this file only sequences them, so a new
+suite is one module and one line in SUITES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from pathlib import Path
+
+SUITES = {
+    "bandwidth": "bench.bandwidth",
+    "ram": "bench.ram",
+    "throughput": "bench.throughput",
+    "accuracy": "bench.accuracy",
+}
+DEFAULT_OUT = Path("bench/results")
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("suite", choices=(*SUITES, "all"))
+    p.add_argument("--quick", action="store_true", help="small settings that finish in well under a minute")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default bench/results/<suite>/; with 'all', one subfolder per suite)")
+    p.add_argument("--no-plots", action="store_true", help="skip the matplotlib figures")
+    g = p.add_argument_group("federation (bandwidth, accuracy, ram)")
+    g.add_argument("--methods", type=_csv, default=(), help="comma-separated; default: every registered method")
+    g.add_argument("--dataset", default="digits", choices=("digits", "cifar10"))
+    g.add_argument("--data", default=None, help="CIFAR-10 archive / folder (see splitedge sim --help)")
+    g.add_argument("--model", default=None, help="cnn | resnet18; default by data set")
+    g.add_argument("--devices", type=int, default=None)
+    g.add_argument("--edges", type=int, default=None)
+    g.add_argument("--rounds", type=int, default=None)
+    g.add_argument("--alpha", type=float, default=None, help="bandwidth: Dirichlet(alpha) split; IID if omitted")
+    g.add_argument("--alphas", default=None, help="accuracy: comma-separated splits, 'iid' or a Dirichlet alpha")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-train", type=int, default=None)
+    g.add_argument("--max-test", type=int, default=None)
+    g.add_argument("--target", type=float, default=None,
+                   help="bandwidth: target accuracy when fedavg did not run")
+    g = p.add_argument_group("ram")
+    g.add_argument("--images", type=int, default=None, help="images on the measured device")
+    g.add_argument("--backends", type=_csv, default=("torch", "onnx"), help="device backends to measure")
+    g = p.add_argument_group("throughput")
+    g.add_argument("--counts", type=_csv, default=None, help="devices' worth of messages, e.g. 10,100,1000")
+    g.add_argument("--dims", type=_csv, default=None, help="moment feature dims, e.g. 512,8192")
+    g.add_argument("--grow", type=_csv, default=None, help="device counts for round wall time, e.g. 4,8,16")
+
+
+def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str]) -> Path:
+    """Run one suite and write its files; returns the JSON path."""
+    from bench import report
+
+    module = importlib.import_module(SUITES[name])
+    settings = module.Settings.from_args(args)
+    started = time.monotonic()
+    config, results = module.run(settings)
+    doc = report.document(name, argv, config, results, time.monotonic() - started)
+    json_path, md_path = report.write(out_dir, doc, module.markdown(results))
+    plots = [] if args.no_plots else module.plot(results, out_dir)
+    print(f"bench {name}: wrote {json_path}, {md_path}" + "".join(f", {p}" for p in plots), flush=True)
+    return json_path
+
+
+def command_line(args: argparse.Namespace) -> list[str]:
+    """The options in effect, rendered back as a command line (works for main(argv) from tests
+    too, where sys.argv is the test runner's)."""
+    out = ["bench", args.suite]
+    for key, value in vars(args).items():
+        if key in ("suite", "command", "module", "verbose") or value in (None, False, (), []):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        else:
+            out += [flag, ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = command_line(args)
+    names = list(SUITES) if args.suite == "all" else [args.suite]
+    for name in names:
+        if args.out is None:
+            out_dir = DEFAULT_OUT / name
+        else:
+            out_dir = args.out / name if args.suite == "all" else args.out
+        run_suite(name, args, out_dir, argv)
+    return 0

@@ -1,0 +1,77 @@
+"""Realistic device `moments` messages, and a publisher process that floods a broker with them.
+
+The end-to-end throughput bench needs the sender in another OS process: on a 2-core box a
+publisher thread would share the receiver's GIL and the measurement would be of Python's
+scheduler, not of the edge. ``python -m bench.mqtt_load --url ... --count N`` encodes its
+messages first, prints ``ready``, waits for one line on stdin, then publishes them all (QoS 1,
+as devices do) and prints ``sent``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from protocol.codec import Envelope, encode
+from protocol.topics import topic
+
+DISTINCT = 16  # distinct payloads cycled: realistic content without N x 650 KB of RAM
+
+
+def moments_payloads(count: int, dim: int, classes: int = 10, dtype: str = "f4", run: str = "bench",
+                     seed: int = 0) -> list[tuple[str, bytes]]:
+    """``count`` (topic, encoded moments envelope) pairs from ``count`` device ids.
+
+    Each envelope has its own sender and msg_id (receivers drop duplicate ids); the array
+    content repeats every DISTINCT messages to bound memory.
+    """
+    from methods.moments import ClassMoments, moments_to_body
+
+    rng = np.random.default_rng(seed)
+    bodies = []
+    for _ in range(min(count, DISTINCT)):
+        m = ClassMoments(np.arange(classes), rng.integers(5, 60, classes), rng.normal(size=(classes, dim)),
+                         rng.random((classes, dim)) + 0.1)
+        bodies.append(moments_to_body(m, dtype=dtype, wc_version=1))
+    out = []
+    for i in range(count):
+        device = f"d{i:04d}"
+        env = Envelope(kind="moments", run=run, round=1, sender=device, body=bodies[i % len(bodies)])
+        out.append((topic(run, "device", device, "up", "moments"), encode(env)))
+    return out
+
+
+def publish_all(url: str, payloads: list[tuple[str, bytes]], timeout: float = 300.0) -> None:
+    """Publish every payload at QoS 1 through one connection and wait for all PUBACKs."""
+    from protocol.mqtt import MqttTransport
+
+    with MqttTransport(url, client_id=f"bench-load-{id(payloads):x}", role="device") as t:
+        for topic_, payload in payloads:
+            t.publish_raw(topic_, payload, qos=1)
+        if not t.flush(timeout):
+            raise TimeoutError(f"not every message was acknowledged within {timeout:g}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--url", required=True)
+    p.add_argument("--run", default="bench")
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--dim", type=int, required=True)
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--dtype", default="f4")
+    args = p.parse_args(argv)
+    payloads = moments_payloads(args.count, args.dim, args.classes, args.dtype, args.run)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
+    publish_all(args.url, payloads)
+    sys.stdout.write("sent\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

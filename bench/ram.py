@@ -1,0 +1,164 @@
+"""Peak RSS of each role as its own OS process, during real rounds.
+
+Per device backend (torch; onnx when ``device.onnx_backend`` imports), a private Mosquitto,
+one ``splitedge cloud``, one ``splitedge edge`` and one ``splitedge device`` reading an .npz
+shard run a few rounds while :class:`bench.procmem.PeakSampler` watches every pid. The goals
+come from the issue: with CIFAR-10 W_c and 5,000 local images a thin (onnx) device stays
+within 80 MB and a torch device within 300 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.procmem import PeakSampler, REPO, spawn_splitedge, wait_all
+from bench.report import pyplot, table
+
+log = logging.getLogger(__name__)
+
+MB = 1024 * 1024
+GOALS_MB = {"onnx": 80, "torch": 300}  # device only; defined for cifar10 with 5,000 images
+GOAL_DATASET, GOAL_IMAGES = "cifar10", 5000
+
+
+@dataclass
+class RamSettings:
+    dataset: str = "digits"
+    data: str | None = None
+    model: str | None = None
+    images: int = 1000
+    rounds: int = 2
+    backends: tuple[str, ...] = ("torch", "onnx")
+    max_test: int | None = 500
+    seed: int = 0
+    timeout_s: float = 600.0
+    interval_s: float = 0.05
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> RamSettings:
+        images = a.images or (300 if a.quick else (GOAL_IMAGES if a.dataset == GOAL_DATASET else 1000))
+        return cls(dataset=a.dataset, data=a.data, model=a.model, images=images,
+                   rounds=a.rounds or (1 if a.quick else 2), backends=tuple(a.backends),
+                   max_test=a.max_test or (200 if a.quick else 500), seed=a.seed,
+                   timeout_s=120.0 if a.quick else 900.0)
+
+
+def onnx_available() -> bool:
+    """The onnx backend exists in this checkout (a separate interpreter, so this one stays clean)."""
+    probe = subprocess.run([sys.executable, "-c", "import device.onnx_backend"], cwd=REPO, capture_output=True)
+    return probe.returncode == 0
+
+
+def write_shard(s: RamSettings, path: Path) -> int:
+    """The device's local data: the first ``images`` training images (fewer if the set is smaller)."""
+    from methods.datasets import load_dataset, save_shard
+
+    (x, y), _, _ = load_dataset(s.dataset, s.data, seed=s.seed)
+    n = min(s.images, len(y))
+    save_shard(path, x[:n], y[:n])
+    return n
+
+
+def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path) -> dict[str, Any]:
+    """One federation (cloud, edge, device) on its own broker; peaks per role."""
+    from protocol.broker import MosquittoBroker
+
+    run_id = f"bench-ram-{backend}"
+    common = ["--run", run_id]
+    data = ["--dataset", s.dataset] + (["--data", s.data] if s.data else []) + (["--model", s.model] if s.model else [])
+    with MosquittoBroker(sys_interval=10) as broker:
+        url = ["--broker", broker.url]
+        sampler = PeakSampler(s.interval_s)
+        if broker.pid:
+            sampler.watch("broker", broker.pid)
+        procs = {"cloud": spawn_splitedge(["cloud", *url, *common, "--edges", "1", "--devices", "1", "--rounds",
+                                           str(s.rounds), "--max-test", str(s.max_test), "--join-timeout", "300",
+                                           *data], tmp / f"{backend}-cloud.log")}
+        procs["edge"] = spawn_splitedge(["edge", *url, *common, "--id", "e0"], tmp / f"{backend}-edge.log")
+        procs["device"] = spawn_splitedge(["device", *url, *common, "--id", "d0", "--edge", "e0",
+                                           "--data", str(shard), "--backend", backend], tmp / f"{backend}-device.log")
+        for name, proc in procs.items():
+            sampler.watch(name, proc.pid)
+        sampler.start()
+        codes = wait_all(procs, "cloud", s.timeout_s)
+        peaks = sampler.stop()
+    rows = []
+    for role, peak in peaks.items():
+        rss, hwm = peak["peak_rss_bytes"], peak["vm_hwm_bytes"]
+        row = {"role": role, "backend": backend, "peak_rss_mb": rss / MB, "vm_hwm_mb": hwm / MB if hwm else None,
+               "peak_mb": max(rss, hwm or 0) / MB, "samples": peak["samples"], "exit_code": codes.get(role)}
+        row.update(goal(role, backend, row["peak_mb"], s))
+        rows.append(row)
+    result = {"backend": backend, "rows": rows, "completed": codes.get("cloud") == 0}
+    if not result["completed"]:  # keep the evidence: the temp folder goes away
+        result["log_tails"] = {role: (tmp / f"{backend}-{role}.log").read_text(errors="replace")[-1500:]
+                               for role in procs}
+        log.warning("ram: %s run did not complete (exit codes %s)", backend, codes)
+    return result
+
+
+def goal(role: str, backend: str, peak_mb: float, s: RamSettings) -> dict[str, Any]:
+    """The issue's goal for a device; ``goal_applies`` only for CIFAR-10 with >= 5,000 images."""
+    if role != "device" or backend not in GOALS_MB:
+        return {"goal_mb": None, "goal_applies": False, "within_goal": None}
+    applies = s.dataset == GOAL_DATASET and s.images >= GOAL_IMAGES
+    return {"goal_mb": GOALS_MB[backend], "goal_applies": applies, "within_goal": peak_mb <= GOALS_MB[backend]}
+
+
+def run(s: RamSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    skipped: dict[str, str] = {}
+    backends = list(s.backends)
+    if "onnx" in backends and not onnx_available():
+        backends.remove("onnx")
+        skipped["onnx"] = "device.onnx_backend does not import in this checkout"
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench-ram-") as tmp_name:
+        tmp = Path(tmp_name)
+        images = write_shard(s, tmp / "shard.npz")
+        for backend in backends:
+            log.info("ram: %s device, %d images", backend, images)
+            runs.append(measure_backend(s, backend, tmp / "shard.npz", tmp))
+    config = {**vars(s), "backends": list(s.backends), "images_written": images}
+    return config, {"runs": runs, "skipped": skipped, "goals_mb": GOALS_MB,
+                    "goal_condition": f"{GOAL_DATASET} W_c with {GOAL_IMAGES} local images"}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    rows = [(r["backend"], r["role"], r["peak_rss_mb"], r["vm_hwm_mb"], r["goal_mb"],
+             ("yes" if r["within_goal"] else "NO") if r["goal_mb"] else None,
+             "yes" if r["goal_applies"] else ("no" if r["goal_mb"] else None), r["exit_code"])
+            for run_ in results["runs"] for r in run_["rows"]]
+    out = ["## Peak memory per role (MB; psutil RSS every 50 ms and the kernel's VmHWM)\n",
+           table(["device backend", "role", "peak RSS MB", "VmHWM MB", "goal MB", "within goal",
+                  "goal applies", "exit"], rows),
+           f"\nGoals hold for {results['goal_condition']}; on other settings they are shown for reference."]
+    out += [f"- {b} skipped: {why}" for b, why in results["skipped"].items()]
+    return "\n".join(out)
+
+
+def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels, values = [], []
+    for run_ in results["runs"]:
+        for r in run_["rows"]:
+            labels.append(f"{r['role']}\n({r['backend']})")
+            values.append(r["peak_mb"])
+    ax.bar(range(len(values)), values)
+    ax.set_xticks(range(len(values)), labels, fontsize=7)
+    ax.set_ylabel("peak RSS (MB)")
+    fig.tight_layout()
+    path = out_dir / "ram.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
+Settings = RamSettings

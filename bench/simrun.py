@@ -1,0 +1,76 @@
+"""One `splitedge sim` run through a private Mosquitto, with per-round byte totals.
+
+The bandwidth, accuracy and round-time suites all need the same thing: run_sim on a real
+broker (bytes on the wire are the product), the transports' counters after every round (for
+bytes-to-target-accuracy) and, optionally, Mosquitto's own byte count as a witness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.sysbytes import SysMonitor, agreement, capture_transports, tier_totals
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 0.3  # after the last DISCONNECT, before asking $SYS, so the broker has read it
+
+
+def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]:
+    """Run ``splitedge.sim.run_sim(settings)`` on a fresh Mosquitto.
+
+    Returns ``{"summary", "per_round", "tiers", "sys"}``: the sim summary, per round the
+    accuracy, round seconds and cumulative bytes by tier, the final bytes by tier (payload,
+    packet, wire) and the $SYS cross-check (None when ``check_sys`` is False).
+    """
+    from protocol.broker import MosquittoBroker
+    from splitedge.sim import run_sim
+
+    with MosquittoBroker(sys_interval=1) as broker, tempfile.TemporaryDirectory(prefix="bench-sim-") as tmp:
+        monitor = SysMonitor(broker.url) if check_sys else None
+        try:
+            before = monitor.next_value(after=0.0) if monitor else 0
+            s = dataclasses.replace(settings, broker=broker.url, out=Path(tmp))
+            per_round: list[dict[str, Any]] = []
+            with capture_transports() as opened:
+                def on_round(record: dict[str, Any]) -> None:
+                    per_round.append({"round": record["round"], "accuracy": record.get("accuracy"),
+                                      "round_seconds": record.get("round_seconds"), "bytes": tier_totals(opened)})
+
+                summary = run_sim(s, on_round=on_round)
+            if not opened:
+                raise RuntimeError("no transport was opened through protocol.node.connect; the byte tap saw nothing")
+            time.sleep(SETTLE_S)
+            closed_at = time.monotonic()
+            counted = sum(t.counters.total("out", "wire") for t in opened)
+            sys_check = agreement(counted, monitor.settled_value(closed_at) - before) if monitor else None
+        finally:
+            if monitor:
+                monitor.close()
+    return {"summary": summary, "per_round": per_round, "tiers": tier_totals(opened), "sys": sys_check}
+
+
+def device_bytes(tiers: dict[str, dict[str, int]], field: str = "payload") -> int:
+    """Bytes every device sent plus received, summed over devices."""
+    row = tiers.get("device", {})
+    return row.get(f"out_{field}", 0) + row.get(f"in_{field}", 0)
+
+
+def all_out_wire(tiers: dict[str, dict[str, int]]) -> int:
+    """Every byte any tier wrote to the broker (PUBLISH + control)."""
+    return sum(row.get("out_wire", 0) for row in tiers.values())
+
+
+def bytes_to_target(per_round: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """Cumulative bytes until the first round whose accuracy reaches ``target``; None if never."""
+    for rec in per_round:
+        acc = rec.get("accuracy")
+        if acc is not None and acc >= target:
+            return {"round": rec["round"], "device_payload_bytes": device_bytes(rec["bytes"]),
+                    "all_tiers_out_wire_bytes": all_out_wire(rec["bytes"])}
+    return None

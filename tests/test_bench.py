@@ -1,0 +1,131 @@
+"""`splitedge bench`: each suite's --quick run writes JSON with the expected keys, positive
+numbers and a markdown table; the transports' byte counts agree with Mosquitto's $SYS."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.report import table
+from bench.simrun import bytes_to_target
+from methods.registry import list_methods
+from splitedge.cli import main
+
+needs_mosquitto = pytest.mark.skipif(shutil.which("mosquitto") is None, reason="mosquitto binary not installed")
+ENV_KEYS = {"suite", "command", "config", "machine", "versions", "results", "seconds"}
+
+
+def run_bench(tmp_path: Path, suite: str, *extra: str) -> dict[str, Any]:
+    assert main(["bench", suite, "--quick", "--out", str(tmp_path), *extra]) == 0
+    doc = json.loads((tmp_path / f"{suite}.json").read_text())
+    assert ENV_KEYS <= set(doc)
+    assert doc["machine"]["cpu_count"] >= 1 and doc["machine"]["ram_total_bytes"] > 0
+    assert doc["versions"]["numpy"] and doc["versions"]["paho-mqtt"] and doc["versions"]["msgpack"]
+    assert doc["command"].startswith(f"splitedge bench {suite} --quick")
+    md = (tmp_path / f"{suite}.md").read_text()
+    assert "|---|" in md and "command:" in md
+    return doc
+
+
+def check_bandwidth_row(row: dict[str, Any]) -> None:
+    assert "error" not in row, row.get("error")
+    for key in ("device_up_payload_per_device_per_round", "device_down_payload_per_device_per_round",
+                "edge_up_payload_per_edge_per_round", "all_tiers_out_wire_bytes"):
+        assert row[key] > 0, key
+    assert 0.0 <= row["final_accuracy"] <= 1.0
+    sys_check = row["sys_agreement"]
+    assert sys_check["broker_received_delta"] > 0
+    assert sys_check["diff_pct"] < 2.0, sys_check
+
+
+@needs_mosquitto
+def test_bandwidth_quick_hsfp(tmp_path: Path) -> None:
+    doc = run_bench(tmp_path, "bandwidth", "--methods", "hsfp")
+
+    res = doc["results"]
+    assert [r["method"] for r in res["methods"]] == ["hsfp"]
+    check_bandwidth_row(res["methods"][0])
+    assert res["target_accuracy"] is not None and res["methods"][0]["bytes_to_target"]["device_payload_bytes"] > 0
+    assert all(r["overhead_bytes"] > 0 and r["overhead_pct"] < 2 for r in res["moments_overhead"])
+    assert (tmp_path / "bandwidth.png").exists()
+
+
+@pytest.mark.slow
+@needs_mosquitto
+@pytest.mark.parametrize("method", list_methods())
+def test_bandwidth_quick_every_registered_method(tmp_path: Path, method: str) -> None:
+    doc = run_bench(tmp_path, "bandwidth", "--methods", method, "--no-plots")
+
+    check_bandwidth_row(doc["results"]["methods"][0])
+
+
+@needs_mosquitto
+def test_throughput_quick(tmp_path: Path) -> None:
+    doc = run_bench(tmp_path, "throughput", "--no-plots")
+
+    merge = doc["results"]["merge"]
+    assert {r["mode"] for r in merge} == {"in-process", "end-to-end"}
+    assert {r["devices"] for r in merge} == {10, 100}
+    assert all(r["messages_per_s"] > 0 and r["message_bytes"] > 40_000 for r in merge)
+    assert all(r["complete"] and r["received"] == r["devices"] and not r["rejected"]
+               for r in merge if r["mode"] == "end-to-end")
+    grow = doc["results"]["round_time"]
+    assert [r["devices"] for r in grow] == [2, 4] and all(r["mean_round_seconds"] > 0 for r in grow)
+
+
+@pytest.mark.slow
+@needs_mosquitto
+def test_ram_quick(tmp_path: Path) -> None:
+    doc = run_bench(tmp_path, "ram", "--no-plots")
+
+    runs = doc["results"]["runs"]
+    assert runs and all(r["completed"] for r in runs), [r.get("log_tails") for r in runs]
+    for r in runs:
+        roles = {row["role"]: row for row in r["rows"]}
+        assert {"cloud", "edge", "device", "broker"} <= set(roles)
+        assert all(row["peak_mb"] > 0 and row["vm_hwm_mb"] > 0 for row in roles.values())
+        assert roles["device"]["goal_mb"] == {"torch": 300, "onnx": 80}[r["backend"]]
+
+
+@pytest.mark.slow
+@needs_mosquitto
+def test_accuracy_quick(tmp_path: Path) -> None:
+    doc = run_bench(tmp_path, "accuracy", "--methods", "hsfp", "--no-plots")
+
+    runs = doc["results"]["runs"]
+    assert [r["split"] for r in runs] == ["IID", "Dirichlet(0.3)"]
+    assert all("error" not in r and r["device_payload_per_device_per_round"] > 0 for r in runs)
+
+
+def test_bytes_to_target_is_cumulative_until_the_first_round_reaching_it() -> None:
+    rounds = [{"round": r, "accuracy": a, "bytes": {"device": {"out_payload": 10 * r, "in_payload": r,
+                                                               "out_wire": 11 * r}}}
+              for r, a in ((1, 0.2), (2, 0.6), (3, 0.9))]
+
+    assert bytes_to_target(rounds, 0.5) == {"round": 2, "device_payload_bytes": 22, "all_tiers_out_wire_bytes": 22}
+    assert bytes_to_target(rounds, 0.95) is None
+
+
+def test_streaming_merge_equals_one_merge() -> None:
+    from bench.throughput import CHUNK, StreamingMerge
+    from methods.moments import compute_moments, merge_moments
+
+    rng = np.random.default_rng(0)
+    parts = [compute_moments(rng.normal(size=(30, 4)), rng.integers(0, 3, 30)) for _ in range(CHUNK + 7)]
+    merger = StreamingMerge()
+    for p in parts:
+        merger.add(p)
+
+    got, want = merger.flush(), merge_moments(parts)
+    np.testing.assert_array_equal(got.counts, want.counts)
+    np.testing.assert_allclose(got.mean, want.mean, rtol=1e-12)
+    np.testing.assert_allclose(got.var, want.var, rtol=1e-10)
+
+
+def test_markdown_table_formats_floats_and_missing_values() -> None:
+    assert table(["a", "b"], [(0.123456, None)]) == "| a | b |\n|---|---|\n| 0.1235 | - |"
