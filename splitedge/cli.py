@@ -18,6 +18,7 @@ COMMANDS = {
     "edge": ("edge.cli", "run an edge aggregator"),
     "cloud": ("cloud.cli", "run the cloud coordinator"),
     "broker": ("splitedge.broker_cli", "run the embedded MQTT broker (amqtt)"),
+    "export": ("exporters.cli", "export W_c and the global model to ONNX (fp32/fp16/int8) with parity"),
     "bench": ("bench.cli", "run a bench suite (bandwidth, ram, throughput, accuracy) into JSON, markdown, plots"),
 }
 
@@ -44,5 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"splitedge {args.command} needs {exc.name}: pip install 'splitedge[all]'", file=sys.stderr)
             return 2
         raise
+    except ValueError as exc:  # a caller mistake (bad setting, bad data path): say it, no traceback
+        print(f"splitedge {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
