@@ -98,6 +98,10 @@ class DevicePart(abc.ABC):
     def on_message(self, env: Any) -> None:
         """A message from the edge (e.g. averaged weights)."""
 
+    def round_info(self) -> dict[str, Any]:
+        """Scalars for the info of this round's `done` (e.g. personalised accuracy); read at DONE."""
+        return {}
+
 
 class EdgePart(abc.ABC):
     """Edge side: merge what devices sent, train, report upward."""
@@ -120,6 +124,14 @@ class EdgePart(abc.ABC):
         """A device message the part handles at once (e.g. SplitFed activations); returns replies."""
         return []
 
+    def round_info(self) -> dict[str, Any]:
+        """Scalars merged into the edge's `done` info after `aggregate` (e.g. merged device metrics)."""
+        return {}
+
+    def on_round_open(self, plan: RoundPlan, members: set[str]) -> list[Message]:
+        """Before the round is relayed down: messages for devices (e.g. ask one to resend its state)."""
+        return []
+
 
 class CloudPart(abc.ABC):
     """Cloud side: schedule, merge edge reports, train the head, evaluate, publish models."""
@@ -130,6 +142,10 @@ class CloudPart(abc.ABC):
     def initial_messages(self) -> list[Message]:
         """Models every node needs before round 1 (published retained)."""
         return []
+
+    def on_edge_message(self, env: Any) -> None:
+        """Every message from an edge as it arrives, whatever round it belongs to (state such as
+        moments must not be lost because it came after its round closed)."""
 
     @abc.abstractmethod
     def plan(self, round_: int) -> RoundPlan:

@@ -147,6 +147,19 @@ class Federation:
             for t in transports:
                 t.close()
 
+    def bytes_by_kind(self, tier: str) -> dict[str, dict[str, dict[str, int]]]:
+        """Messages and payload bytes per topic kind, sent (out) and received (in) by a tier's nodes,
+        so per-kind traffic (e.g. SplitFed activations / gradients) can be read off a run."""
+        out: dict[str, dict[str, dict[str, int]]] = {"out": {}, "in": {}}
+        for t in self.transports[tier]:
+            snap = t.counters.snapshot()
+            for direction in ("out", "in"):
+                for kind, row in snap[direction].items():
+                    acc = out[direction].setdefault(kind, {"messages": 0, "payload": 0})
+                    acc["messages"] += row["messages"]
+                    acc["payload"] += row["payload"]
+        return out
+
     def bytes_by_tier(self) -> dict[str, dict[str, int]]:
         """Payload and packet bytes sent (out) and received (in) by each tier, summed over nodes."""
         out: dict[str, dict[str, int]] = {}
@@ -172,6 +185,7 @@ def summarise(history: list[dict], fed: Federation, config: dict, s: SimSettings
         "wall_seconds": seconds,
         "bytes": by_tier,
         "device_up_bytes_per_device_per_round": by_tier["device"]["out_payload"] / max(1, s.devices) / rounds,
+        "device_bytes_by_kind": fed.bytes_by_kind("device"),
         "chance": 1.0 / info.num_classes,
         "config": {**config, "devices": s.devices, "edges": s.edges, "rounds": s.rounds, "alpha": s.alpha,
                    "dataset": s.dataset, "method": s.method, "run": fed.run},

@@ -1,0 +1,1 @@
+"""FedAvg baseline: full SplitModel trained on devices, sample-weighted averages edge then cloud."""

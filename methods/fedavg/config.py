@@ -1,0 +1,22 @@
+"""FedAvg settings; all scalars so they travel in the round message.
+
+Device optimiser settings match the H-SFP device (SGD 0.05, momentum 0.9, wd 5e-4) so the
+baselines differ in what crosses the wire, not in how hard the device trains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FedAvgConfig:
+    local_epochs: int = 1
+    device_lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    device_batch: int = 32
+
+    def __post_init__(self) -> None:
+        if self.local_epochs < 1 or self.device_batch < 2 or self.device_lr <= 0:
+            raise ValueError(f"bad FedAvg config: {self}")

@@ -1,0 +1,48 @@
+"""FedAvg edge: relay the global model down; sample-weighted average of its devices' models up.
+
+numpy only (no torch): an edge that only averages needs no network definition.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from methods.averaging import average_states
+from methods.strategy import EdgePart, Message, Report, RoundPlan
+
+log = logging.getLogger(__name__)
+
+MODEL_TOPIC = "weights-model"
+
+
+def model_updates(reports: Sequence[Report], version: int) -> list[tuple[Any, int]]:
+    """(weights, samples) of every `weights` part "model" trained from `version`; older ones are stale."""
+    parts, stale = [], 0
+    for report in reports:
+        for env in report.all("weights"):
+            if env.body["part"] != "model":
+                continue
+            if int(env.body["version"]) != version:
+                stale += 1
+                continue
+            parts.append((env.body["weights"], int(env.body["samples"])))
+    if stale:
+        log.warning("dropped %d model update(s) trained from a version other than %d", stale, version)
+    return parts
+
+
+class FedAvgEdge(EdgePart):
+    def on_message(self, env: Any) -> list[Message]:
+        if env.kind == "weights" and env.body["part"] == "model":
+            return [Message("weights", dict(env.body), retain=True, topic_kind=MODEL_TOPIC)]
+        return []
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
+        parts = model_updates(reports, plan.wc_version)
+        if not parts:
+            log.warning("edge %s: round %d without model updates", self.ctx.node_id, plan.round)
+            return []
+        body = {"part": "model", "version": plan.wc_version, "samples": sum(n for _, n in parts),
+                "weights": average_states(parts)}
+        return [Message("weights", body)]

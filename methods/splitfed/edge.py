@@ -1,0 +1,137 @@
+"""SplitFed edge: the server side (W_e + W_g) of SFLv1.
+
+Each device's activations are trained through its own copy of the global W_e+W_g (created from
+the global model at its first batch of the round), and the gradient of the activations goes back
+on that device's topic at once. At round close the copies are averaged by the samples they saw
+and sent up with the average of the devices' W_c; the cloud averages the edges.
+`server_model = "shared"` trains one copy per edge instead (SFLv2-like within an edge).
+
+Ordering: the cloud publishes the new global W_e/W_g before announcing the next round, and the
+edge handles both in order on one thread before relaying the round, so a round's first
+activations always meet that round's global server-side model.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from methods.averaging import average_states
+from methods.config import ModelSpec, from_config
+from methods.splitfed.config import SplitFedConfig
+from methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
+from methods.torch_utils import build_split, sgd
+from models import load_numpy_state, state_to_numpy
+
+log = logging.getLogger(__name__)
+
+SERVER_PARTS = ("we", "wg")
+
+
+class ServerSide(nn.Module):
+    """W_e then W_g, keeping their state-dict names separate so each part averages on its own."""
+
+    def __init__(self, we: nn.Module, wg: nn.Module) -> None:
+        super().__init__()
+        self.we, self.wg = we, wg
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.wg(self.we(x))
+
+
+@dataclass
+class Copy:
+    model: ServerSide
+    opt: torch.optim.Optimizer
+    samples: int = 0
+
+
+def wc_updates(reports: Sequence[Report], version: int) -> list[tuple[Any, int]]:
+    return [(env.body["weights"], int(env.body["samples"])) for r in reports for env in r.all("weights")
+            if env.body["part"] == "wc" and int(env.body["version"]) == version]
+
+
+class SplitFedEdge(EdgePart):
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.spec = from_config(ModelSpec, ctx.config)
+        self.cfg = from_config(SplitFedConfig, ctx.config)
+        split = build_split(self.spec)
+        self.server = ServerSide(split.we, split.wg).eval()
+        self.versions = {part: -1 for part in SERVER_PARTS}
+        self.copies: dict[str, Copy] = {}
+        self.losses: list[float] = []
+
+    @property
+    def version(self) -> int:
+        return min(self.versions.values())
+
+    def ready(self, plan: RoundPlan) -> bool:
+        return self.version >= plan.we_version and self.version >= 0
+
+    def on_message(self, env: Any) -> list[Message]:
+        """Global W_c goes down to the devices; global W_e / W_g replace the server side."""
+        if env.kind != "weights":
+            return []
+        part, version = env.body["part"], int(env.body["version"])
+        if part == "wc":
+            return [Message("weights", dict(env.body), retain=True, topic_kind="weights-wc")]
+        if part in SERVER_PARTS and version > self.versions[part]:
+            load_numpy_state(getattr(self.server, part), env.body["weights"])
+            self.versions[part] = version
+        return []
+
+    def on_device_message(self, env: Any) -> list[Message]:
+        if env.kind != "activations":
+            return []
+        if self.version < 0:
+            log.warning("edge %s: activations from %s before the global W_e/W_g arrived", self.ctx.node_id, env.sender)
+            return []
+        entry = self._copy_for(env.sender)
+        x = torch.tensor(np.asarray(env.body["x"], dtype=np.float32), requires_grad=True)
+        y = torch.from_numpy(np.array(env.body["y"], dtype=np.int64))  # writable copy
+        entry.model.train()
+        loss = F.cross_entropy(entry.model(x), y)
+        entry.opt.zero_grad()
+        loss.backward()
+        entry.opt.step()
+        entry.samples += len(y)
+        self.losses.append(float(loss.detach()))
+        body = {"batch": int(env.body["batch"]), "grad": x.grad.numpy()}
+        return [Message("gradients", body, target=env.sender)]
+
+    def _copy_for(self, device: str) -> Copy:
+        key = device if self.cfg.server_model == "per-device" else "shared"
+        if key not in self.copies:
+            model = copy.deepcopy(self.server)
+            opt = sgd(model.parameters(), self.cfg.edge_lr, self.cfg.momentum, self.cfg.weight_decay)
+            self.copies[key] = Copy(model, opt)
+        return self.copies[key]
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
+        out: list[Message] = []
+        wc = wc_updates(reports, plan.wc_version)
+        if wc:
+            out.append(Message("weights", {"part": "wc", "version": plan.wc_version,
+                                           "samples": sum(n for _, n in wc), "weights": average_states(wc)}))
+        copies = [c for c in self.copies.values() if c.samples > 0]
+        for part in SERVER_PARTS:
+            if copies:
+                parts = [(state_to_numpy(getattr(c.model, part)), c.samples) for c in copies]
+                out.append(Message("weights", {"part": part, "version": plan.we_version,
+                                               "samples": sum(n for _, n in parts),
+                                               "weights": average_states(parts)}))
+        self.copies.clear()
+        return out
+
+    def round_info(self) -> dict[str, Any]:
+        info = {"server_loss": float(np.mean(self.losses))} if self.losses else {}
+        self.losses = []
+        return info

@@ -1,0 +1,82 @@
+"""Torch steps the baselines share: local tensors, shuffled minibatches, test accuracy.
+
+FedAvg, SplitFed and FedProto all train on a device's own uint8 images and evaluate a full
+model on images; keeping these few lines in one place keeps the three strategies comparable
+(same normalisation, same batching, same accuracy definition as the H-SFP cloud).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from methods.config import ModelSpec
+from methods.preprocess import batches, to_input
+from models import SplitModel, create_split
+
+
+def build_split(spec: ModelSpec) -> SplitModel:
+    """The run's network, initialised from the spec's seed (reproducible runs) without
+    touching the process's global torch RNG (sim runs every node in one process)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        return create_split(spec.model, num_classes=spec.num_classes, in_channels=spec.channels,
+                            image_size=spec.image_size)
+
+
+def local_tensors(data: tuple[np.ndarray, np.ndarray], spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """A device's uint8 images and labels as normalised float32 [N,C,H,W] and int64 [N] tensors."""
+    x = torch.from_numpy(to_input(data[0], spec.mean, spec.std))
+    y = torch.from_numpy(np.asarray(data[1], dtype=np.int64))
+    return x, y
+
+
+def shuffled_batches(n: int, size: int, gen: torch.Generator, min_size: int = 2) -> list[torch.Tensor]:
+    """Index tensors of one shuffled epoch; batches smaller than `min_size` are dropped
+    because BatchNorm cannot train on a single sample."""
+    order = torch.randperm(n, generator=gen)
+    return [order[i:i + size] for i in range(0, n, size) if len(order[i:i + size]) >= min_size]
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> float:
+    """Top-1 accuracy of `model` on prepared tensors (eval mode; the mode is restored)."""
+    was_training = model.training
+    model.eval()
+    correct = 0
+    for sl in batches(len(y), batch):
+        correct += int((model(x[sl]).argmax(1) == y[sl]).sum())
+    model.train(was_training)
+    return correct / max(1, len(y))
+
+
+def test_accuracy(model: nn.Module, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec) -> float:
+    """Accuracy on a uint8 test split (the cloud's evaluation of a global model)."""
+    x, y = local_tensors(test, spec)
+    return accuracy(model, x, y)
+
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *,
+                batch: int, gen: torch.Generator, loss_fn: LossFn) -> float:
+    """One shuffled epoch of `loss_fn(model, xb, yb)`; returns the mean loss, leaves eval mode."""
+    model.train()
+    losses = []
+    for idx in shuffled_batches(len(y), batch, gen):
+        loss = loss_fn(model, x[idx], y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return float(np.mean(losses)) if losses else 0.0
+
+
+def sgd(params: Iterable[nn.Parameter], lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
+    """The device optimiser of every baseline (the H-SFP device uses the same SGD settings)."""
+    return torch.optim.SGD(list(params), lr=lr, momentum=momentum, weight_decay=weight_decay)
