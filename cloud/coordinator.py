@@ -69,6 +69,7 @@ class CloudCoordinator(Node):
         elif env.kind == "status":
             (self.live.add if env.body["state"] == "online" else self.live.discard)(env.sender)
         elif env.sender in self.edges:
+            self.part.on_edge_message(env)
             self.rounds.add(env)
 
     def wait_for_edges(self) -> None:

@@ -102,17 +102,17 @@ class EdgeAggregator(Node):
                 self._relay(self.part.on_message(env))
             return
         plan = RoundPlan.from_body(env.round, env.body)
-        if plan.stop and self.plan is None:
-            return  # a retained stop left over from an earlier run with this run id
-        self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
         if plan.stop:
-            self.stopped.set()
+            if self.plan is not None:  # else: a retained stop left over from an earlier run
+                self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
+                self.stopped.set()
             return
         if self.plan is not None and plan.round <= self.plan.round:
-            return
+            return  # seen already (a retained announcement delivered again)
         self._ensure_part(plan)
-        self.plan = plan
-        self.round = plan.round
+        self.plan, self.round = plan, plan.round
+        self._relay(self.part.on_round_open(plan, set(self.live)))
+        self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
         self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, set(self.live))
 
     def _ensure_part(self, plan: RoundPlan) -> None:

@@ -54,6 +54,7 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
     "onnx_model": lambda: {"part": "wc", "version": 1, "model": _MODEL,
                            "sha256": hashlib.sha256(_MODEL).hexdigest()},
     "metrics": lambda: {"accuracy": 0.5, "loss": 1.25, "round": 3},
+    "request": lambda: {"what": "moments"},
     "done": lambda: {"phase": "train", "info": {"steps": 12, "seconds": 1.5}},
 }
 

@@ -70,6 +70,9 @@ BUILTIN_KINDS: dict[str, Schema] = {
         "sha256": Str(pattern="[0-9a-f]{64}"),
     }, checks=(_sha256_matches,), doc="down"),
     "metrics": Schema({}, extra=Number(), doc="cloud -> down/out; the body is the metrics map"),
+    "request": Schema({
+        "what": Str(choices=("moments",)),
+    }, doc="edge -> one device: resend state the edge lost or never got (e.g. after a restart)"),
     "done": Schema({
         "phase": Str(), "info": Data(optional=True, default={}),
     }, doc="any -> up; round-completion marker"),

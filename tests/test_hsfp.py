@@ -175,3 +175,24 @@ def test_edge_merges_cached_moments_and_reports_we_moments(digits):
         (msg,) = [m for m in up if m.kind == "moments"]
         assert msg.body["space"] == "we" and int(msg.body["counts"].sum()) == 400
         assert msg.body["mean"].shape[1] == int(np.prod(edge.we_shape))
+
+
+def test_edge_that_lost_moments_asks_devices_to_resend(digits):
+    # Prepare: a fresh edge (as after a restart) in a steady W_c version, one device it never heard from
+    (x, y), test, _ = digits
+    cloud = HSFP.cloud_part(NodeContext("cloud", _config(), np.random.default_rng(0), {"test": test}))
+    edge = HSFP.edge_part(NodeContext("e0", _config(edge_samples=128), np.random.default_rng(0)))
+    dev = _device((x[:100], y[:100]), "d0", local_epochs=0)
+    _give_model(dev, cloud)
+    assert [m.kind for m in dev.run_round(_plan(1)) if isinstance(m, Message)] == ["moments"]  # lost on the way
+    # Execute: the edge's first round asks nobody (a new version: devices send anyway), its second asks d0
+    first = edge.on_round_open(_plan(2), {"d0"})
+    second = edge.on_round_open(_plan(3), {"d0"})
+    for msg in second:
+        dev.on_message(_wire(msg.kind, msg.body, "e0", 3))
+    resent = [m.kind for m in dev.run_round(_plan(3)) if isinstance(m, Message)]
+    # Assert
+    assert first == [] and [(m.kind, m.target) for m in second] == [("request", "d0")]
+    assert resent == ["moments"]
+    edge.on_device_message(_wire("moments", moments_to_body(dev.compute_moments()), "d0", 3))
+    assert edge.on_round_open(_plan(4), {"d0"}) == []

@@ -15,7 +15,7 @@ from protocol.examples import EXAMPLES, example_body
 from protocol.kinds import BUILTIN_KINDS
 
 DOCUMENTED_KINDS = {"hello", "status", "round", "moments", "weights", "logits", "activations",
-                    "gradients", "onnx_model", "metrics", "done"}
+                    "gradients", "onnx_model", "metrics", "request", "done"}
 
 
 def _rule(kind: str, body: dict) -> str:

@@ -7,6 +7,7 @@ evaluated and exported until W_g has trained on moments computed with the new ve
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 from typing import Any, Sequence
 
@@ -42,7 +43,20 @@ class HSFPCloud(CloudPart):
         self.cache: dict[str, tuple[int, int, ClassMoments]] = {}  # edge -> (wc_v, we_v, moments)
 
     def initial_messages(self) -> list[Message]:
-        return [self._weights_message("wc", 0, self.model.wc), self._weights_message("we", 0, self.model.we)]
+        return [self._weights_message("wc", 0, self.model.wc), self._weights_message("we", 0, self.model.we),
+                *self._onnx_message()]
+
+    def _onnx_message(self) -> list[Message]:
+        """W_c as an ONNX graph for thin devices (later averages reach them as weight maps)."""
+        try:
+            from exporters.onnx_export import export_wc_bytes  # needs onnx; only the cloud exports
+
+            data = export_wc_bytes(self.model)
+        except (ImportError, ValueError) as exc:
+            log.warning("cloud: no onnx_model for thin devices (%s)", exc)
+            return []
+        body = {"part": "wc", "version": self.wc_version, "model": data, "sha256": hashlib.sha256(data).hexdigest()}
+        return [Message("onnx_model", body, retain=True, topic_kind="onnx_model-wc")]
 
     def _weights_message(self, part: str, version: int, module: torch.nn.Module, samples: int = 0) -> Message:
         body = {"part": part, "version": version, "samples": samples, "weights": state_to_numpy(module)}
@@ -56,12 +70,16 @@ class HSFPCloud(CloudPart):
                          deadline_s=float(config.get("deadline_s", 120.0)),
                          wc_version=self.wc_version, we_version=self.we_version, config=config)
 
+    def on_edge_message(self, env: Any) -> None:
+        """Edge moments are state: kept whenever they arrive, even after their round closed."""
+        if env.kind == "moments":
+            b = env.body
+            self.cache[env.sender] = (int(b["wc_version"]), int(b["we_version"]), moments_from_body(b))
+
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
         for report in reports:
-            env = report.get("moments")
-            if env is not None:
-                b = env.body
-                self.cache[report.sender] = (int(b["wc_version"]), int(b["we_version"]), moments_from_body(b))
+            for env in report.all("moments"):
+                self.on_edge_message(env)
         metrics: dict[str, float] = {}
         current = [m for wc, we, m in self.cache.values() if (wc, we) == (self.wc_version, self.we_version)]
         if current:

@@ -30,6 +30,8 @@ class Extractor(Protocol):
 class HSFPDevice(DevicePart):
     """Publishes per-class moments of the global W_c; sends nothing when they have not changed."""
 
+    moment_batch = MOMENT_BATCH  # images per extractor call while computing moments
+
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.spec = from_config(ModelSpec, ctx.config)
@@ -47,6 +49,8 @@ class HSFPDevice(DevicePart):
 
     def on_message(self, env: Any) -> None:
         body = env.body
+        if env.kind == "request" and body["what"] == "moments":
+            self.sent_version = -1  # the edge lost them: send again next round
         if env.kind == "weights" and body["part"] == "wc" and body["version"] > self.wc_version:
             self.load_global(body["weights"])
             self.wc_version = int(body["version"])
@@ -71,7 +75,7 @@ class HSFPDevice(DevicePart):
         """Per-class moments of the flattened global-W_c features, accumulated in float64."""
         x, y = self.data
         acc: MomentAccumulator | None = None
-        for sl in batches(len(y), MOMENT_BATCH):
+        for sl in batches(len(y), self.moment_batch):
             feats = self.extractor.features(to_input(x[sl], self.spec.mean, self.spec.std))
             feats = feats.reshape(len(feats), -1)
             acc = acc or MomentAccumulator(feats.shape[1])

@@ -35,6 +35,7 @@ class HSFPEdge(EdgePart):
         self.opt = self._new_optimizer()
         self.cache: dict[str, tuple[int, ClassMoments]] = {}  # device -> (wc_version, moments)
         self.last_loss = float("nan")
+        self.last_wc_version: int | None = None
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.we_local.parameters(), lr=self.cfg.edge_lr, momentum=0.9, weight_decay=5e-4)
@@ -43,7 +44,9 @@ class HSFPEdge(EdgePart):
         return self.we_version >= plan.we_version and self.we_version >= 0
 
     def on_message(self, env: Any) -> list[Message]:
-        """Global W_c goes down to the devices; global W_e replaces both our copies."""
+        """Global W_c (weights or ONNX graph) goes down to the devices; global W_e replaces both our copies."""
+        if env.kind == "onnx_model":
+            return [Message("onnx_model", dict(env.body), retain=True, topic_kind=f"onnx_model-{env.body['part']}")]
         if env.kind != "weights":
             return []
         part, version = env.body["part"], int(env.body["version"])
@@ -56,11 +59,29 @@ class HSFPEdge(EdgePart):
             self.we_version = version
         return []
 
+    def on_device_message(self, env: Any) -> list[Message]:
+        """Moments are state, kept whenever they arrive: a device sends them only when they change."""
+        if env.kind == "moments":
+            self._remember(env)
+        return []
+
+    def _remember(self, env: Any) -> None:
+        self.cache[env.sender] = (int(env.body["wc_version"]), moments_from_body(env.body))
+
+    def on_round_open(self, plan: RoundPlan, members: set[str]) -> list[Message]:
+        """Ask devices for moments this edge lacks (e.g. it restarted), unless a new W_c version
+        just started, when every device sends them anyway."""
+        steady = self.last_wc_version == plan.wc_version
+        self.last_wc_version = plan.wc_version
+        if not steady:
+            return []
+        missing = sorted(d for d in members if self.cache.get(d, (-1,))[0] != plan.wc_version)
+        return [Message("request", {"what": "moments"}, target=d) for d in missing]
+
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
         for report in reports:
-            env = report.get("moments")
-            if env is not None:
-                self.cache[report.sender] = (int(env.body["wc_version"]), moments_from_body(env.body))
+            for env in report.all("moments"):
+                self._remember(env)
         current = [m for v, m in self.cache.values() if v == plan.wc_version]
         out: list[Message] = []
         if current:
