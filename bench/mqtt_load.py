@@ -3,7 +3,7 @@
 The end-to-end throughput bench needs the sender in another OS process: on a 2-core box a
 publisher thread would share the receiver's GIL and the measurement would be of Python's
 scheduler, not of the edge. ``python -m bench.mqtt_load --url ... --count N`` encodes its
-messages first, prints ``ready``, waits for one line on stdin, then publishes them all (QoS 1,
+messages and connects first, prints ``ready``, waits for one line on stdin, then publishes them all (QoS 1,
 as devices do) and prints ``sent``.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -43,15 +44,12 @@ def moments_payloads(count: int, dim: int, classes: int = 10, dtype: str = "f4",
     return out
 
 
-def publish_all(url: str, payloads: list[tuple[str, bytes]], timeout: float = 300.0) -> None:
+def publish_all(transport: Any, payloads: list[tuple[str, bytes]], timeout: float = 300.0) -> None:
     """Publish every payload at QoS 1 through one connection and wait for all PUBACKs."""
-    from protocol.mqtt import MqttTransport
-
-    with MqttTransport(url, client_id=f"bench-load-{id(payloads):x}", role="device") as t:
-        for topic_, payload in payloads:
-            t.publish_raw(topic_, payload, qos=1)
-        if not t.flush(timeout):
-            raise TimeoutError(f"not every message was acknowledged within {timeout:g}s")
+    for topic_, payload in payloads:
+        transport.publish_raw(topic_, payload, qos=1)
+    if not transport.flush(timeout):
+        raise TimeoutError(f"not every message was acknowledged within {timeout:g}s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,11 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--dtype", default="f4")
     args = p.parse_args(argv)
+    from protocol.mqtt import MqttTransport
+
     payloads = moments_payloads(args.count, args.dim, args.classes, args.dtype, args.run)
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    sys.stdin.readline()
-    publish_all(args.url, payloads)
+    with MqttTransport(args.url, client_id=f"bench-load-{args.run}", role="device") as transport:
+        sys.stdout.write("ready\n")  # connected and encoded: the clock starts at "go"
+        sys.stdout.flush()
+        sys.stdin.readline()
+        publish_all(transport, payloads)
     sys.stdout.write("sent\n")
     sys.stdout.flush()
     return 0

@@ -2,7 +2,9 @@
 
 Sampling every ~50 ms can miss a short spike, so each sample also reads VmHWM from
 /proc/<pid>/status (the kernel's peak RSS of the process, monotonic); the larger of the two
-is the number to trust. Processes are watched until they exit.
+is the number to trust. RSS counts the shared library pages a process touched (``import torch``
+alone is ~500 MB of mostly file-backed libtorch pages), so the peak USS (memory only this
+process holds) is sampled too, less often because reading smaps is slow.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def vm_hwm_bytes(pid: int) -> int | None:
 class PeakSampler:
     """A thread sampling RSS and VmHWM of named pids every ``interval`` seconds."""
 
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, interval: float = 0.05, uss_every: int = 10) -> None:
         self.interval = interval
+        self.uss_every = uss_every
         self.peaks: dict[str, dict[str, Any]] = {}
         self._procs: dict[str, psutil.Process] = {}
         self._lock = threading.Lock()
@@ -45,7 +48,8 @@ class PeakSampler:
     def watch(self, name: str, pid: int) -> None:
         with self._lock:
             self._procs[name] = psutil.Process(pid)
-            self.peaks[name] = {"pid": pid, "peak_rss_bytes": 0, "vm_hwm_bytes": None, "samples": 0}
+            self.peaks[name] = {"pid": pid, "peak_rss_bytes": 0, "vm_hwm_bytes": None, "peak_uss_bytes": None,
+                               "samples": 0}
 
     def start(self) -> PeakSampler:
         self._thread.start()
@@ -65,8 +69,16 @@ class PeakSampler:
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             return
         hwm = vm_hwm_bytes(proc.pid)
+        uss = None
+        if self.peaks[name]["samples"] % self.uss_every == 0:
+            try:
+                uss = proc.memory_full_info().uss
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                pass
         with self._lock:
             peak = self.peaks[name]
+            if uss is not None:
+                peak["peak_uss_bytes"] = max(peak["peak_uss_bytes"] or 0, uss)
             peak["peak_rss_bytes"] = max(peak["peak_rss_bytes"], rss)
             if hwm is not None:
                 peak["vm_hwm_bytes"] = max(peak["vm_hwm_bytes"] or 0, hwm)
