@@ -8,6 +8,7 @@ snippet here for every module that promises to stay torch-free (e.g. the onnx de
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,19 +28,58 @@ out = protocol.decode(protocol.encode(env))
 assert out.body["weights"]["w"].shape == (2, 3)
 """
 
+# The whole `splitedge device --backend onnx` path: CLI, agent, backend and the H-SFP thin part
+# running features and moments on a W_c exported by the parent (path in SPLITEDGE_TEST_ONNX).
+_ONNX_DEVICE = """
+import hashlib, os, sys
+from types import SimpleNamespace
+import numpy as np
+import device.cli, device.agent, device.onnx_backend, methods.hsfp.method
+from methods.hsfp.method import HSFP
+from methods.strategy import NodeContext
+data = open(os.environ["SPLITEDGE_TEST_ONNX"], "rb").read()
+spec = {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": "0.5", "std": "0.25"}
+rng = np.random.default_rng(0)
+x, y = rng.integers(0, 256, (20, 8, 8, 1), dtype=np.uint8), np.arange(20) % 3
+dev = HSFP.device_part(NodeContext("d0", spec, rng), (x, y), backend="onnx")
+dev.on_message(SimpleNamespace(kind="onnx_model", body={"part": "wc", "version": 0, "model": data,
+                                                        "sha256": hashlib.sha256(data).hexdigest()}))
+assert dev.extractor.features(np.zeros((2, 1, 8, 8), np.float32)).shape == (2, 32, 4, 4)
+assert dev.compute_moments().mean.shape == (3, 512)
+assert "onnx" not in sys.modules  # the device reads the graph with onnxruntime alone
+"""
+
 SNIPPETS = {
     "protocol": _PROTOCOL_ROUND_TRIP,
+    "onnx_device": _ONNX_DEVICE,
 }
 
 
+@pytest.fixture(scope="module")
+def onnx_wc_file(tmp_path_factory) -> Path:
+    """A small random W_c exported here, in the parent, where torch may be imported."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    from exporters.onnx_export import export_wc_bytes
+    from models import create_split
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("thin") / "wc.onnx"
+    path.write_bytes(export_wc_bytes(create_split("cnn", num_classes=10, in_channels=1, image_size=8)))
+    return path
+
+
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
-def test_snippet_does_not_import_torch(name):
+def test_snippet_does_not_import_torch(name, request):
     # Prepare
     report = f"\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
     code = SNIPPETS[name] + report
+    env = dict(os.environ)
+    if "SPLITEDGE_TEST_ONNX" in code:
+        env["SPLITEDGE_TEST_ONNX"] = str(request.getfixturevalue("onnx_wc_file"))
     # Execute
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=env)
     # Assert
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

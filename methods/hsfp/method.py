@@ -20,6 +20,10 @@ class HSFP(Method):
             from methods.hsfp.device_torch import HSFPTorchDevice
 
             return HSFPTorchDevice(ctx, data, backend)
+        if backend == "onnx":
+            from methods.hsfp.device_onnx import HSFPOnnxDevice
+
+            return HSFPOnnxDevice(ctx, data, backend)
         from methods.hsfp.device import HSFPDevice
 
         return HSFPDevice(ctx, data, backend)

@@ -1,0 +1,49 @@
+"""A mixed federation on a real broker: torch devices train W_c, onnx devices only send moments.
+
+The onnx devices get W_c as the cloud's retained `onnx_model` (relayed by their edge) and must
+swap in the slow-scale average: their moments after it carry the new wc_version.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from protocol.mqtt import MqttTransport
+from protocol.topics import pattern
+from splitedge.sim import SimSettings, run_sim
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def test_mixed_torch_onnx_sim_on_digits(mosquitto, tmp_path):
+    # Prepare: d0, d2 torch on e0; d1, d3 onnx on e1 (round-robin backends and edges)
+    run = "mixed-onnx-test"
+    seen: list[tuple[str, int, int]] = []  # (device, round, wc_version) of every moments message
+    lock = threading.Lock()
+
+    def record(topic, env):
+        with lock:
+            seen.append((env.sender, env.round, int(env.body["wc_version"])))
+
+    observer = MqttTransport(mosquitto.url, client_id="observer", role="observer")
+    observer.subscribe(pattern(run, "device", "+", "up", "moments"), record)
+    s = SimSettings(rounds=3, devices=4, edges=2, broker=mosquitto.url, run=run, out=tmp_path,
+                    backends=("torch", "onnx"), max_train=600, max_test=300, deadline_s=60.0,
+                    overrides={"ic": 2, "edge_samples": 1024, "cloud_samples": 2048})
+    # Execute
+    try:
+        summary = run_sim(s)
+    finally:
+        observer.close()
+    # Assert
+    assert summary["final_accuracy"] > summary["chance"] + 0.2
+    with lock:
+        onnx_moments = [(d, r, v) for d, r, v in seen if d in ("d1", "d3")]
+    assert {(d, 1, 0) for d in ("d1", "d3")} <= set(onnx_moments)
+    assert {(d, 3, 1) for d in ("d1", "d3")} <= set(onnx_moments)  # after the round-2 W_c average

@@ -1,0 +1,204 @@
+"""The thin device backend: OnnxExtractor (features, weight swaps, model swaps) and the H-SFP
+thin device part, checked against torch; corrupt models and weights are rejected."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from device.onnx_backend import OnnxExtractor
+from device.onnx_graph import initializer_specs
+from exporters.onnx_export import export_module, export_wc_bytes, run_torch
+from exporters.variants import to_fp16
+from methods.hsfp.method import HSFP
+from methods.moments import MomentAccumulator
+from methods.preprocess import to_input
+from methods.strategy import NodeContext, RoundPlan
+from models import create_split, state_to_numpy
+from protocol import Envelope, ProtocolError, decode, encode
+
+SPEC = {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": "0.5", "std": "0.25"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def make_split(seed: int):
+    torch.manual_seed(seed)
+    split = create_split("cnn", num_classes=10, in_channels=1, image_size=8).eval()
+    with torch.no_grad():
+        for m in split.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return split
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return make_split(0), make_split(1)  # global v0, and the "averaged" v1
+
+
+@pytest.fixture(scope="module")
+def model_bytes(splits):
+    return export_wc_bytes(splits[0])
+
+
+@pytest.fixture(scope="module")
+def images():
+    x = np.random.default_rng(0).integers(0, 256, (40, 8, 8, 1), dtype=np.uint8)
+    y = np.arange(40) % 4
+    return x, y
+
+
+def test_initializer_table_matches_onnx(model_bytes):
+    for data in (model_bytes, to_fp16(onnx.load_from_string(model_bytes)).SerializeToString()):
+        ours = {n: (s.shape, s.dtype) for n, s in initializer_specs(data).items()}
+        ref = {i.name: (tuple(i.dims), onnx.helper.tensor_dtype_to_np_dtype(i.data_type))
+               for i in onnx.load_from_string(data).graph.initializer}
+        assert ours == ref
+
+
+def test_features_match_torch(splits, model_bytes, images):
+    x = to_input(images[0], (0.5,), (0.25,))
+    got = OnnxExtractor(model_bytes, sha256=hashlib.sha256(model_bytes).hexdigest()).features(x)
+    assert np.abs(got - run_torch(splits[0].wc, x)).max() < 1e-5
+
+
+@pytest.mark.parametrize("swap", ["patch", "initializer"])
+def test_load_weights_swaps_by_name_with_torch_parity(splits, model_bytes, images, swap):
+    # Prepare
+    x = to_input(images[0], (0.5,), (0.25,))
+    ext = OnnxExtractor(model_bytes, swap=swap)
+    # Execute: the averaged W_c arrives as a state dict (incl. BN counters the graph does not use)
+    ext.load_weights(state_to_numpy(splits[1].wc))
+    # Assert
+    assert np.abs(ext.features(x) - run_torch(splits[1].wc, x)).max() < 1e-5
+    assert np.abs(ext.features(x) - run_torch(splits[0].wc, x)).max() > 1e-2
+
+
+def bad_maps(good: dict) -> dict[str, dict]:
+    missing = dict(good)
+    missing.pop("block2.conv.weight")
+    unknown = {**good, "block9.conv.weight": good["block1.conv.weight"]}
+    shape = {**good, "block1.bn.bias": np.zeros(7, np.float32)}
+    dtype = {**good, "block1.conv.weight": good["block1.conv.weight"].astype(np.int64)}
+    return {"missing": missing, "unknown": unknown, "shape": shape, "dtype": dtype}
+
+
+@pytest.mark.parametrize("case", ["missing", "unknown", "shape", "dtype"])
+def test_mismatched_weights_rejected_and_old_session_kept(splits, model_bytes, images, case):
+    # Prepare
+    x = to_input(images[0], (0.5,), (0.25,))
+    ext = OnnxExtractor(model_bytes)
+    before = ext.features(x)
+    # Execute / Assert
+    with pytest.raises(ValueError):
+        ext.load_weights(bad_maps(state_to_numpy(splits[1].wc))[case])
+    assert np.array_equal(ext.features(x), before)
+
+
+def test_load_model_checks_sha_and_bytes(splits, model_bytes, images):
+    x = to_input(images[0], (0.5,), (0.25,))
+    ext = OnnxExtractor(model_bytes)
+    before = ext.features(x)
+    with pytest.raises(ValueError, match="sha256"):
+        ext.load_model(model_bytes, "0" * 64)
+    junk = b"\x08\x07garbage" * 10
+    with pytest.raises(ValueError):
+        ext.load_model(junk, hashlib.sha256(junk).hexdigest())
+    assert np.array_equal(ext.features(x), before)
+    other = export_wc_bytes(splits[1])
+    ext.load_model(other, hashlib.sha256(other).hexdigest())
+    assert np.abs(ext.features(x) - run_torch(splits[1].wc, x)).max() < 1e-5
+
+
+def test_corrupt_onnx_model_rejected_at_decode(model_bytes):
+    body = {"part": "wc", "version": 0, "model": model_bytes[:-1] + b"\x00",
+            "sha256": hashlib.sha256(model_bytes).hexdigest()}
+    data = encode(Envelope(kind="onnx_model", run="r", round=0, sender="e0", body=body), validate=False)
+    with pytest.raises(ProtocolError) as err:
+        decode(data)
+    assert err.value.rule == "schema.check"
+
+
+def model_env(data: bytes, version: int = 0, sha: str | None = None) -> SimpleNamespace:
+    body = {"part": "wc", "version": version, "model": data, "sha256": sha or hashlib.sha256(data).hexdigest()}
+    return SimpleNamespace(kind="onnx_model", body=body)
+
+
+def weights_env(weights: dict, version: int) -> SimpleNamespace:
+    return SimpleNamespace(kind="weights", body={"part": "wc", "version": version, "samples": 1, "weights": weights})
+
+
+def torch_moments(module, images):
+    feats = run_torch(module, to_input(images[0], (0.5,), (0.25,)))
+    acc = MomentAccumulator(int(np.prod(feats.shape[1:])))
+    acc.add(feats.reshape(len(feats), -1), images[1])
+    return acc.result()
+
+
+def test_thin_device_waits_for_model_then_swaps_between_rounds(splits, model_bytes, images):
+    # Prepare
+    ctx = NodeContext("d1", SPEC, np.random.default_rng(0))
+    dev = HSFP.device_part(ctx, images, "onnx")
+    plan = RoundPlan(1, "hsfp", False, False, 10.0, 0, 0, SPEC)
+    # Execute / Assert: weights alone do not make it ready; the model does
+    dev.on_message(weights_env(state_to_numpy(splits[0].wc), 0))
+    assert not dev.ready(plan)
+    dev.on_message(model_env(model_bytes))
+    assert dev.ready(plan) and dev.wc_version == 0
+    # the average v1 is swapped in; moments match torch's W_c v1
+    dev.on_message(weights_env(state_to_numpy(splits[1].wc), 1))
+    assert dev.wc_version == 1
+    np.testing.assert_allclose(dev.compute_moments().mean, torch_moments(splits[1].wc, images).mean, atol=1e-5)
+    # a mismatched v2 is rejected with the v1 graph kept
+    dev.on_message(weights_env(bad_maps(state_to_numpy(splits[1].wc))["shape"], 2))
+    assert dev.wc_version == 1
+    msgs = list(dev.run_round(RoundPlan(2, "hsfp", False, False, 10.0, 1, 0, SPEC)))
+    assert msgs[0].kind == "moments" and msgs[0].body["wc_version"] == 1
+
+
+def test_thin_device_keeps_model_when_a_new_one_is_corrupt(model_bytes, images):
+    dev = HSFP.device_part(NodeContext("d1", SPEC, np.random.default_rng(0)), images, "onnx")
+    dev.on_message(model_env(model_bytes))
+    extractor = dev.extractor
+    before = extractor.features(to_input(images[0], (0.5,), (0.25,)))
+    dev.on_message(model_env(b"\x08\x07not onnx", version=3))
+    assert dev.extractor is extractor and dev.model_version == 0
+    assert np.array_equal(extractor.features(to_input(images[0], (0.5,), (0.25,))), before)
+
+
+def test_late_model_applies_newer_weights_seen_before(splits, model_bytes, images):
+    dev = HSFP.device_part(NodeContext("d1", SPEC, np.random.default_rng(0)), images, "onnx")
+    dev.on_message(weights_env(state_to_numpy(splits[1].wc), 2))  # joined late: retained v2 first
+    dev.on_message(model_env(model_bytes))
+    assert dev.wc_version == 2
+    np.testing.assert_allclose(dev.compute_moments().mean, torch_moments(splits[1].wc, images).mean, atol=1e-5)
+
+
+def test_fp16_graph_accepts_f4_weights_by_name(splits, model_bytes, images):
+    fp16 = to_fp16(export_module(copy.deepcopy(splits[0].wc), (1, 8, 8))).SerializeToString()
+    ext = OnnxExtractor(fp16)
+    ext.load_weights(state_to_numpy(splits[1].wc))
+    x = to_input(images[0], (0.5,), (0.25,))
+    ref = run_torch(splits[1].wc, x)
+    assert np.abs(ext.features(x) - ref).max() < 1e-2 * np.abs(ref).max()
+
+
+def test_thin_device_resends_moments_when_the_edge_asks(model_bytes, images):
+    dev = HSFP.device_part(NodeContext("d1", SPEC, np.random.default_rng(0)), images, "onnx")
+    dev.on_message(model_env(model_bytes))
+    plan = RoundPlan(1, "hsfp", False, False, 10.0, 0, 0, SPEC)
+    assert [m.kind for m in dev.run_round(plan) if hasattr(m, "kind")] == ["moments"]
+    assert [m for m in dev.run_round(plan) if hasattr(m, "kind")] == []
+    dev.on_message(SimpleNamespace(kind="request", body={"what": "moments"}))
+    assert [m.kind for m in dev.run_round(plan) if hasattr(m, "kind")] == ["moments"]
