@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -17,7 +18,7 @@ import numpy as np
 from methods.registry import get_method
 from methods.strategy import CloudPart, NodeContext, RoundPlan
 from protocol.codec import Envelope
-from protocol.node import Node
+from protocol.node import Node, clear_retained
 from protocol.rounds import RoundCollector
 from protocol.topics import parse, pattern
 from protocol.transport import Transport
@@ -42,19 +43,21 @@ class CloudCoordinator(Node):
     def __init__(self, transport: Transport, settings: CloudSettings, *, run: str,
                  test: tuple[np.ndarray, np.ndarray], node_id: str = "cloud") -> None:
         super().__init__(run=run, tier="cloud", node_id=node_id)
+        self.session = uuid.uuid4().hex[:16]
+        settings.config = {**settings.config, "session": self.session}
         self.transport, self.settings = transport, settings
         ctx = NodeContext(node_id=node_id, config=settings.config,
                           rng=np.random.default_rng(settings.seed), extra={"test": test})
         self.part: CloudPart = get_method(settings.method).cloud_part(ctx)
         self.edges: dict[str, int] = {}  # edge -> devices it reports
-        self.live: set[str] = set()
+        self.online: set[str] = set()
         self.rounds = RoundCollector()
         self.history: list[dict[str, Any]] = []
         self.stopped = threading.Event()
 
     def start(self) -> None:
+        clear_retained(self.transport, pattern(self.run_id, "cloud", self.node_id, "down"))
         self.transport.subscribe(pattern(self.run_id, "edge", "+", "up"), self.enqueue)
-        self.transport.publish_raw(self.topic("down", "round"), b"", retain=True)  # forget an old run's stop
         for msg in self.part.initial_messages():
             self.send(self.transport, "down", msg.kind, msg.body, round_=0, retain=msg.retain,
                       topic_kind=msg.topic_kind)
@@ -65,18 +68,22 @@ class CloudCoordinator(Node):
             return
         if env.kind == "hello" and env.body["parent"] == self.node_id:
             self.edges[env.sender] = int(env.body.get("members", 0))
-            self.live.add(env.sender)
         elif env.kind == "status":
-            (self.live.add if env.body["state"] == "online" else self.live.discard)(env.sender)
-        elif env.sender in self.edges:
+            (self.online.add if env.body["state"] == "online" else self.online.discard)(env.sender)
+        elif env.sender in self.edges and self.current(env):
             self.part.on_edge_message(env)
             self.rounds.add(env)
+
+    @property
+    def live(self) -> set[str]:
+        """Edges that said hello to this cloud and whose last status is online."""
+        return {e for e in self.edges if e in self.online}
 
     def wait_for_edges(self) -> None:
         """Block until enough edges (and devices behind them) joined, or the join timeout."""
         deadline = time.monotonic() + self.settings.join_timeout_s
         while time.monotonic() < deadline:
-            devices = sum(self.edges[e] for e in self.live if e in self.edges)
+            devices = sum(self.edges[e] for e in self.live)
             if len(self.live) >= self.settings.min_edges and devices >= self.settings.min_devices:
                 return
             self.dispatch(self.next_event(deadline - time.monotonic()))
@@ -140,5 +147,5 @@ def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, 
     from safetensors.numpy import save_file
 
     tmp = path.with_suffix(".tmp")
-    save_file({k: np.ascontiguousarray(v) for k, v in weights.items()}, str(tmp), metadata=meta)
+    save_file({k: np.array(v, order="C") for k, v in weights.items()}, str(tmp), metadata=meta)  # keeps 0-d
     tmp.replace(path)

@@ -100,6 +100,8 @@ class DeviceAgent(Node):
     def handle(self, topic: str, env: Envelope) -> None:
         if env.kind == "round":
             self._on_round(RoundPlan.from_body(env.round, env.body))
+        elif not self.current(env):
+            pass
         elif self.part is None:
             self.early.append(env)
         else:
@@ -109,6 +111,9 @@ class DeviceAgent(Node):
             self._run(plan)
 
     def _on_round(self, plan: RoundPlan) -> None:
+        session = str(plan.config.get("session", ""))
+        if session and session != self.session and not plan.stop:
+            self._new_session(session)
         if plan.stop:
             if self.last_round == 0 and self.pending is None:
                 return  # a retained stop left over from an earlier run with this run id
@@ -126,6 +131,13 @@ class DeviceAgent(Node):
                 self.part.on_message(env)
             self.early.clear()
         self.pending = plan
+
+    def _new_session(self, session: str) -> None:
+        """A (re)started cloud: forget the old incarnation's part, rounds and models."""
+        if self.session:
+            log.info("device %s: new session %s (was %s)", self.node_id, session, self.session)
+        self.session, self.part, self.method, self.pending, self.last_round = session, None, None, None, 0
+        self.early = [env for env in self.early if self.current(env)]
 
     def _run(self, plan: RoundPlan) -> None:
         self.round = self.last_round = plan.round

@@ -18,7 +18,7 @@ import numpy as np
 from methods.registry import get_method
 from methods.strategy import EdgePart, Message, NodeContext, RoundPlan
 from protocol.codec import Envelope
-from protocol.node import Node
+from protocol.node import Node, clear_retained
 from protocol.rounds import RoundCollector
 from protocol.topics import parse, pattern, topic
 from protocol.transport import Transport
@@ -38,13 +38,14 @@ class EdgeAggregator(Node):
         self.method: str | None = None
         self.plan: RoundPlan | None = None
         self.members: dict[str, int] = {}  # device -> samples
-        self.live: set[str] = set()
+        self.online: set[str] = set()
         self.early: list[Envelope] = []
         self.rounds = RoundCollector()
         self.stopped = threading.Event()
 
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
+        clear_retained(self.down, pattern(self.run_id, "edge", self.node_id, "down"))
         self.up.subscribe(pattern(self.run_id, "cloud", self.cloud, "down"), self.enqueue)
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello"), self.enqueue)
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "status"), self.enqueue)
@@ -52,7 +53,7 @@ class EdgeAggregator(Node):
 
     def _announce(self) -> None:
         hello = {"role": "edge", "parent": self.cloud, "samples": sum(self.members.values()),
-                 "backend": "torch", "classes": np.zeros(0, dtype=np.int64), "members": len(self.members)}
+                 "backend": "torch", "classes": np.zeros(0, dtype=np.int64), "members": len(self.live)}
         self.send(self.up, "up", "hello", hello, round_=0, retain=True)
         self.send(self.up, "up", "status", {"state": "online", "role": "edge"}, round_=0, retain=True)
 
@@ -80,28 +81,39 @@ class EdgeAggregator(Node):
         if env.body["parent"] != self.node_id or env.sender in self.members:
             return
         self.members[env.sender] = int(env.body["samples"])
-        self.live.add(env.sender)
         self.down.subscribe(pattern(self.run_id, "device", env.sender, "up"), self.enqueue)
         log.info("edge %s: device %s joined (%d samples)", self.node_id, env.sender, env.body["samples"])
         self._announce()
 
     def _on_status(self, env: Envelope) -> None:
-        if env.sender not in self.members:
-            return
-        if env.body["state"] == "offline":
-            self.live.discard(env.sender)
-            log.warning("edge %s: device %s went offline", self.node_id, env.sender)
-        else:
-            self.live.add(env.sender)
+        """Kept for every device: a status may arrive before the hello that makes it a member."""
+        was = env.sender in self.online
+        (self.online.add if env.body["state"] == "online" else self.online.discard)(env.sender)
+        if env.sender in self.members and was != (env.sender in self.online):
+            if not was:
+                log.info("edge %s: device %s is online", self.node_id, env.sender)
+            else:
+                log.warning("edge %s: device %s went offline", self.node_id, env.sender)
+            self._announce()  # the cloud waits for live devices before round 1
+
+    @property
+    def live(self) -> set[str]:
+        """Members whose last status is online."""
+        return {d for d in self.members if d in self.online}
 
     def _from_cloud(self, env: Envelope) -> None:
         if env.kind != "round":
+            if not self.current(env):
+                return
             if self.part is None:
                 self.early.append(env)
             else:
                 self._relay(self.part.on_message(env))
             return
         plan = RoundPlan.from_body(env.round, env.body)
+        session = str(plan.config.get("session", ""))
+        if session and session != self.session and not plan.stop:
+            self._new_session(session)
         if plan.stop:
             if self.plan is not None:  # else: a retained stop left over from an earlier run
                 self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
@@ -115,6 +127,15 @@ class EdgeAggregator(Node):
         self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
         self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, set(self.live))
 
+    def _new_session(self, session: str) -> None:
+        """A (re)started cloud: forget the old incarnation's part, round and cached state."""
+        if self.session:
+            log.info("edge %s: new session %s (was %s)", self.node_id, session, self.session)
+        self.session, self.part, self.method, self.plan = session, None, None, None
+        self.early = [env for env in self.early if self.current(env)]
+        if self.rounds.is_open:
+            self.rounds.close()
+
     def _ensure_part(self, plan: RoundPlan) -> None:
         if self.part is not None and self.method == plan.method:
             return
@@ -126,6 +147,8 @@ class EdgeAggregator(Node):
         self.early.clear()
 
     def _from_device(self, env: Envelope) -> None:
+        if not self.current(env):
+            return
         if self.part is not None:
             replies = self.part.on_device_message(env)
             if replies:

@@ -18,6 +18,9 @@ from .schema import (
 __all__ = ["BUILTIN_KINDS", "kinds_markdown"]
 
 _VERSION = Int(ge=0)
+# The cloud's run incarnation: a run id is reused when a cloud restarts, so retained models and
+# cached moments of an earlier incarnation must be told apart from the current one.
+_SESSION = Str(optional=True, default="", pattern="[0-9a-f]{0,32}")
 _CLASSES = Array(dtypes="i8", shape=("K",), ge=0, unique=True)
 
 
@@ -45,11 +48,11 @@ BUILTIN_KINDS: dict[str, Schema] = {
         "mean": Array(dtypes=FLOAT_DTYPES, shape=("K", "D"), finite=True),
         "var": Array(dtypes=FLOAT_DTYPES, shape=("K", "D"), finite=True, ge=0),
         "wc_version": _VERSION, "we_version": _VERSION,
-        "space": Str(choices=("wc", "we")),
+        "space": Str(choices=("wc", "we")), "session": _SESSION,
     }, doc="device -> edge, edge -> cloud"),
     "weights": Schema({
         "part": Str(choices=("wc", "we", "wg", "model")), "version": _VERSION,
-        "samples": Int(ge=0), "weights": Map(values=Array(dtypes=ALL_DTYPES, finite=True)),
+        "samples": Int(ge=0), "weights": Map(values=Array(dtypes=ALL_DTYPES, finite=True)), "session": _SESSION,
     }, doc="any; float arrays must be finite (int buffers such as num_batches_tracked allowed)"),
     "logits": Schema({
         "classes": _CLASSES,
@@ -67,7 +70,7 @@ BUILTIN_KINDS: dict[str, Schema] = {
     }, doc="edge -> device (SplitFed)"),
     "onnx_model": Schema({
         "part": Str(), "version": _VERSION, "model": Bytes(),
-        "sha256": Str(pattern="[0-9a-f]{64}"),
+        "sha256": Str(pattern="[0-9a-f]{64}"), "session": _SESSION,
     }, checks=(_sha256_matches,), doc="down"),
     "metrics": Schema({}, extra=Number(), doc="cloud -> down/out; the body is the metrics map"),
     "request": Schema({

@@ -18,6 +18,10 @@ from protocol.transport import Transport
 
 log = logging.getLogger(__name__)
 
+SESSION_KINDS = frozenset({"weights", "onnx_model", "moments"})
+"""Kinds that carry state of one run incarnation; stamped with the session on the way out and
+dropped on the way in when they belong to another incarnation."""
+
 
 class Node:
     """A named participant of a run, publishing under `splitedge/<run>/<tier>/<id>/...`."""
@@ -27,6 +31,18 @@ class Node:
         self.inbox: "queue.Queue[tuple[str, Envelope]]" = queue.Queue()
         self.round = 0
         self.errors = 0  # events whose handling raised; logged, counted, the loop goes on
+        self.session = ""  # the cloud's run incarnation, learnt from the round announcement
+        self.foreign = 0  # messages of another incarnation, dropped
+
+    def current(self, env: Envelope) -> bool:
+        """False (and counted) for stateful messages of another incarnation of this run."""
+        session = env.body.get("session", "") if env.kind in SESSION_KINDS else ""
+        if session and self.session and session != self.session:
+            self.foreign += 1
+            log.info("%s %s: dropped %s of session %s (current %s)", self.tier, self.node_id, env.kind,
+                     session, self.session)
+            return False
+        return True
 
     def handle(self, topic_: str, env: Envelope) -> None:
         raise NotImplementedError
@@ -58,6 +74,8 @@ class Node:
     def send(self, transport: Transport, direction: str, kind: str, body: Mapping[str, Any], *,
              round_: int | None = None, retain: bool = False, topic_kind: str | None = None) -> Envelope:
         """Wrap `body` in an envelope from this node and publish it (QoS 1)."""
+        if kind in SESSION_KINDS and self.session and "session" not in body:
+            body = {**body, "session": self.session}
         env = Envelope(kind=kind, run=self.run_id, round=self.round if round_ is None else round_,
                        sender=self.node_id, body=body)
         transport.publish(self.topic(direction, topic_kind or kind), env, qos=1, retain=retain)
@@ -75,6 +93,33 @@ def connect(url: str, *, run: str, tier: str, node_id: str, **kwargs: Any) -> "T
     will_env = Envelope(kind="status", run=run, round=0, sender=node_id, body={"state": "offline", "role": tier})
     will = (topic(run, tier, node_id, "up", "status"), will_env)
     return MqttTransport(url, client_id=f"{run}-{tier}-{node_id}", role=tier, will=will, **kwargs)
+
+
+def clear_retained(transport: "Transport", filter_: str, settle_s: float = 0.5) -> int:
+    """Remove every retained message under `filter_` (a node's own downlink) left by an earlier
+    incarnation of the run, so nobody mistakes an old model version or stop for a current one.
+    Returns how many were cleared."""
+    import threading
+    import time
+
+    from protocol.transport import kind_of
+
+    seen: set[str] = set()
+    lock = threading.Lock()
+
+    def collect(topic_: str, env: Envelope) -> None:
+        with lock:
+            seen.add(topic_)
+
+    transport.subscribe(filter_, collect)
+    time.sleep(settle_s)  # retained messages arrive right after SUBACK; nothing to wait on but time
+    transport.unsubscribe(filter_)
+    with lock:
+        topics = sorted(seen)
+    for t in topics:
+        transport.publish_raw(t, b"", retain=True)
+        log.info("cleared retained %s (%s)", t, kind_of(t))
+    return len(topics)
 
 
 def write_counters(out: Path | None, node_id: str, transports: list[Transport]) -> None:

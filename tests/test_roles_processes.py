@@ -46,7 +46,7 @@ class Federation:
     def __init__(self, tmp: Path, url: str, *, edges: int, devices: int, rounds: int, extra: list[str]) -> None:
         self.tmp, self.out = tmp, tmp / "out"
         shards = _shards(tmp, devices)
-        common = ["--broker", url, "--run", "itest"]
+        common = ["--broker", url, "--run", "itest"]  # same run id on purpose: leftovers of earlier tests must not leak in
         self.procs: dict[str, subprocess.Popen] = {}
         self.procs["cloud"] = _spawn(["cloud", *common, "--edges", str(edges), "--devices", str(devices),
                                       "--rounds", str(rounds), "--out", str(self.out), "--join-timeout", "90",

@@ -75,3 +75,15 @@ def test_help_works_without_importing_torch(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("CLEAN")
+
+
+def test_restarted_cloud_with_the_same_run_id_ignores_the_old_incarnation(tmp_path: Path, mosquitto) -> None:
+    # Prepare: a first run leaves retained models at W_c version 2 on the broker
+    first = SimSettings(rounds=2, devices=2, edges=1, run="reused", broker=mosquitto.url, out=tmp_path / "a",
+                        overrides={"ic": 1, "ie": 1})
+    run_sim(first)
+    # Execute: a new cloud and new nodes, same run id, same broker
+    second = run_sim(SimSettings(rounds=2, devices=2, edges=1, run="reused", broker=mosquitto.url,
+                                 out=tmp_path / "b", overrides={"ic": 1, "ie": 1}))
+    # Assert: the new incarnation trained on its own moments (old versions would leave accuracy NaN)
+    assert second["accuracy_per_round"][0] > 3 * second["chance"], second["accuracy_per_round"]
