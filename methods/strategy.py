@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -161,23 +162,34 @@ class CloudPart(abc.ABC):
 
 
 class Method:
-    """A registered learning method: a typed config and a factory for each tier's part.
+    """A registered learning method: a typed config and, per tier, where its part lives.
 
-    Subclasses import their torch modules inside the factories, so that looking a method up
-    (and running its thin device part) never imports torch.
+    `parts` maps "device:<backend>" (or "device" for any backend), "edge" and "cloud" to
+    "module:Class". A part's module is imported only when that part is built, so looking a
+    method up (and running its thin device part) never imports torch.
     """
 
     name: str = ""
     Config: type = object
+    parts: Mapping[str, str] = {}
+
+    @classmethod
+    def _part_class(cls, key: str) -> Any:
+        module, attr = cls.parts[key].split(":")
+        return getattr(importlib.import_module(module), attr)
 
     @classmethod
     def device_part(cls, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> DevicePart:
-        raise NotImplementedError
+        key = f"device:{backend}" if f"device:{backend}" in cls.parts else "device"
+        if key not in cls.parts:
+            backends = sorted(k.split(":", 1)[1] for k in cls.parts if k.startswith("device:"))
+            raise ValueError(f"{cls.name} has no device part for backend {backend!r}; it runs on {backends}")
+        return cls._part_class(key)(ctx, data, backend)
 
     @classmethod
     def edge_part(cls, ctx: NodeContext) -> EdgePart:
-        raise NotImplementedError
+        return cls._part_class("edge")(ctx)
 
     @classmethod
     def cloud_part(cls, ctx: NodeContext) -> CloudPart:
-        raise NotImplementedError
+        return cls._part_class("cloud")(ctx)
