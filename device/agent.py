@@ -36,7 +36,7 @@ class DeviceAgent(Node):
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
         self.transport, self.edge, self.data, self.backend = transport, edge, data, backend
-        self.rng = np.random.default_rng([seed, abs(hash(node_id)) % (2**31)])
+        self.rng = self.seeded_rng(seed)
         self.part: DevicePart | None = None
         self.method: str | None = None
         self.pending: RoundPlan | None = None

@@ -33,7 +33,7 @@ class EdgeAggregator(Node):
                  cloud: str = "cloud", seed: int = 0) -> None:
         super().__init__(run=run, tier="edge", node_id=node_id)
         self.down, self.up, self.cloud = down, up or down, cloud
-        self.rng = np.random.default_rng([seed, abs(hash(node_id)) % (2**31)])
+        self.rng = self.seeded_rng(seed)
         self.part: EdgePart | None = None
         self.method: str | None = None
         self.plan: RoundPlan | None = None

@@ -9,8 +9,11 @@ from __future__ import annotations
 import logging
 import json
 import queue
+import zlib
 from pathlib import Path
 from typing import Any, Mapping
+
+import numpy as np
 
 from protocol.codec import Envelope
 from protocol.topics import parse, topic
@@ -57,6 +60,10 @@ class Node:
             self.errors += 1
             log.exception("%s %s: handling %s from %s failed", self.tier, self.node_id, event[1].kind,
                           event[1].sender)
+
+    def seeded_rng(self, seed: int) -> np.random.Generator:
+        """Per-node randomness that is the same in every process (str hash() is salted per process)."""
+        return np.random.default_rng([seed, zlib.crc32(self.node_id.encode())])
 
     def topic(self, direction: str, kind: str) -> str:
         return topic(self.run_id, self.tier, self.node_id, direction, kind)
