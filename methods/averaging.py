@@ -5,11 +5,32 @@ torch. A weight map is `dict[str, np.ndarray]` in insertion order (see docs/inte
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import logging
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 WeightMap = Mapping[str, np.ndarray]
+log = logging.getLogger(__name__)
+
+
+def weight_updates(reports: Sequence[Any], part: str, version: int | None = None) -> list[tuple[WeightMap, int]]:
+    """(weights, samples) of every `weights` message for model `part` in a round's reports.
+
+    With `version`, updates trained from another version are stale: dropped and logged.
+    """
+    parts, stale = [], 0
+    for report in reports:
+        for env in report.all("weights"):
+            if env.body["part"] != part:
+                continue
+            if version is not None and int(env.body["version"]) != version:
+                stale += 1
+                continue
+            parts.append((env.body["weights"], int(env.body["samples"])))
+    if stale:
+        log.warning("dropped %d %s update(s) trained from a version other than %d", stale, part, version)
+    return parts
 
 
 def _check_parts(parts: Sequence[tuple[WeightMap, int]]) -> None:

@@ -8,7 +8,6 @@ import argparse
 import importlib
 import logging
 import sys
-from pathlib import Path
 from typing import Sequence
 
 # subcommand -> (module with add_arguments/run, one-line help)

@@ -65,3 +65,23 @@ def test_zero_d_entries_stay_arrays():
     # Assert: still ndarrays (the wire codec only carries arrays), values right
     assert isinstance(avg["n"], np.ndarray) and avg["n"].shape == () and int(avg["n"]) == 5
     assert isinstance(avg["s"], np.ndarray) and float(avg["s"]) == 2.0
+
+
+def test_weight_updates_pick_one_part_and_drop_stale_versions():
+    # Prepare: reports holding two parts and an update trained from an old version
+    from protocol.rounds import RoundReport
+
+    class Env:
+        def __init__(self, part, version, samples):
+            self.body = {"part": part, "version": version, "samples": samples, "weights": {"w": np.zeros(1)}}
+
+    a, b = RoundReport("d0"), RoundReport("d1")
+    a.messages["weights"] = [Env("wc", 2, 10), Env("we", 2, 99)]
+    b.messages["weights"] = [Env("wc", 1, 5)]
+    # Execute
+    from methods.averaging import weight_updates
+
+    current = weight_updates([a, b], "wc", 2)
+    any_version = weight_updates([a, b], "wc")
+    # Assert
+    assert [n for _, n in current] == [10] and [n for _, n in any_version] == [10, 5]

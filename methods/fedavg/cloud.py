@@ -7,10 +7,10 @@ from typing import Sequence
 
 import numpy as np
 
-from methods.averaging import average_states
+from methods.averaging import average_states, weight_updates
 from methods.config import ModelSpec, from_config
 from methods.fedavg.config import FedAvgConfig
-from methods.fedavg.edge import MODEL_TOPIC, model_updates
+from methods.fedavg.edge import MODEL_TOPIC
 from methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
 from methods.torch_utils import build_split, test_accuracy
 from models import load_numpy_state, state_to_numpy
@@ -45,7 +45,7 @@ class FedAvgCloud(CloudPart):
                          we_version=0, config=config)
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
-        parts = model_updates(reports, plan.wc_version)
+        parts = weight_updates(reports, "model", plan.wc_version)
         out: list[Message] = []
         if parts:
             load_numpy_state(self.model, average_states(parts))

@@ -8,28 +8,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from methods.averaging import average_states
+from methods.averaging import average_states, weight_updates
 from methods.strategy import EdgePart, Message, Report, RoundPlan
 
 log = logging.getLogger(__name__)
 
 MODEL_TOPIC = "weights-model"
-
-
-def model_updates(reports: Sequence[Report], version: int) -> list[tuple[Any, int]]:
-    """(weights, samples) of every `weights` part "model" trained from `version`; older ones are stale."""
-    parts, stale = [], 0
-    for report in reports:
-        for env in report.all("weights"):
-            if env.body["part"] != "model":
-                continue
-            if int(env.body["version"]) != version:
-                stale += 1
-                continue
-            parts.append((env.body["weights"], int(env.body["samples"])))
-    if stale:
-        log.warning("dropped %d model update(s) trained from a version other than %d", stale, version)
-    return parts
 
 
 class FedAvgEdge(EdgePart):
@@ -39,7 +23,7 @@ class FedAvgEdge(EdgePart):
         return []
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
-        parts = model_updates(reports, plan.wc_version)
+        parts = weight_updates(reports, "model", plan.wc_version)
         if not parts:
             log.warning("edge %s: round %d without model updates", self.ctx.node_id, plan.round)
             return []

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from methods.averaging import average_states
+from methods.averaging import average_states, weight_updates
 from methods.config import ModelSpec, from_config, to_config
 from methods.hsfp.config import HSFPConfig
 from methods.hsfp.torch_ops import train_on_samples
@@ -103,8 +103,7 @@ class HSFPCloud(CloudPart):
                                 seed=int(self.ctx.rng.integers(2**31)))
 
     def _average(self, part: str, module: torch.nn.Module, reports: Sequence[Report]) -> list[Message]:
-        parts = [(env.body["weights"], int(env.body["samples"])) for r in reports for env in r.all("weights")
-                 if env.body["part"] == part]
+        parts = weight_updates(reports, part, self.wc_version if part == "wc" else self.we_version)
         if not parts:
             log.warning("cloud: slow round without any %s weights from edges", part)
             return []

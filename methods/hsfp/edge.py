@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import torch
 
-from methods.averaging import average_states
+from methods.averaging import average_states, weight_updates
 from methods.config import ModelSpec, from_config
 from methods.hsfp.config import HSFPConfig
 from methods.hsfp.torch_ops import output_moments, train_on_samples, with_counts
@@ -112,8 +112,7 @@ class HSFPEdge(EdgePart):
                                mean_only=self.cfg.mean_only)
 
     def _average_wc(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
-        parts = [(env.body["weights"], int(env.body["samples"])) for r in reports for env in r.all("weights")
-                 if env.body["part"] == "wc"]
+        parts = weight_updates(reports, "wc", plan.wc_version)
         if not parts:
             log.warning("edge %s: slow round %d without any W_c from devices", self.ctx.node_id, plan.round)
             return []

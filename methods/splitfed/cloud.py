@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from methods.averaging import average_states
+from methods.averaging import average_states, weight_updates
 from methods.config import ModelSpec, from_config
 from methods.splitfed.config import SplitFedConfig
 from methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
@@ -15,11 +15,6 @@ from methods.torch_utils import build_split, test_accuracy
 from models import PART_NAMES, load_numpy_state, state_to_numpy
 
 log = logging.getLogger(__name__)
-
-
-def part_updates(reports: Sequence[Report], part: str, version: int) -> list[tuple[Any, int]]:
-    return [(env.body["weights"], int(env.body["samples"])) for r in reports for env in r.all("weights")
-            if env.body["part"] == part and int(env.body["version"]) == version]
 
 
 class SplitFedCloud(CloudPart):
@@ -47,7 +42,7 @@ class SplitFedCloud(CloudPart):
                          we_version=self.version, config=config)
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
-        updates = {part: part_updates(reports, part, self.version) for part in PART_NAMES}
+        updates = {part: weight_updates(reports, part, self.version) for part in PART_NAMES}
         samples = {part: sum(n for _, n in parts) for part, parts in updates.items()}
         out: list[Message] = []
         if any(updates.values()):

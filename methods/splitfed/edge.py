@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.averaging import average_states
+from methods.averaging import average_states, weight_updates
 from methods.config import ModelSpec, from_config
 from methods.splitfed.config import SplitFedConfig
 from methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
@@ -51,11 +51,6 @@ class Copy:
     model: ServerSide
     opt: torch.optim.Optimizer
     samples: int = 0
-
-
-def wc_updates(reports: Sequence[Report], version: int) -> list[tuple[Any, int]]:
-    return [(env.body["weights"], int(env.body["samples"])) for r in reports for env in r.all("weights")
-            if env.body["part"] == "wc" and int(env.body["version"]) == version]
 
 
 class SplitFedEdge(EdgePart):
@@ -117,7 +112,7 @@ class SplitFedEdge(EdgePart):
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
         out: list[Message] = []
-        wc = wc_updates(reports, plan.wc_version)
+        wc = weight_updates(reports, "wc", plan.wc_version)
         if wc:
             out.append(Message("weights", {"part": "wc", "version": plan.wc_version,
                                            "samples": sum(n for _, n in wc), "weights": average_states(wc)}))
