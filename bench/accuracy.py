@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bandwidth import selected_methods
-from bench.report import pyplot, table
+from bench.report import pyplot, table, save_figure
 from bench.simrun import device_bytes, run_on_mosquitto
 
 log = logging.getLogger(__name__)
@@ -104,11 +104,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
             ax.plot(range(1, len(acc) + 1), acc, marker="o", label=f"{r['method']} {r['split']}")
     ax.set(xlabel="round", ylabel="test accuracy")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out_dir / "accuracy.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    return save_figure(fig, out_dir / "accuracy.png")
 
 
 Settings = AccuracySettings

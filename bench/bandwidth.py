@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import pyplot, table
+from bench.report import pyplot, table, save_figure
 from bench.simrun import all_out_wire, bytes_to_target, run_on_mosquitto
 
 log = logging.getLogger(__name__)
@@ -173,11 +173,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_xlabel("cumulative device bytes (MB, payload up + down)")
     ax.set_ylabel("test accuracy")
     ax.legend()
-    fig.tight_layout()
-    path = out_dir / "bandwidth.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    return save_figure(fig, out_dir / "bandwidth.png")
 
 
 Settings = BandwidthSettings

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.procmem import PeakSampler, REPO, spawn_splitedge, wait_all
-from bench.report import pyplot, table
+from bench.report import pyplot, table, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -156,11 +156,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.bar(range(len(values)), values)
     ax.set_xticks(range(len(values)), labels, fontsize=7)
     ax.set_ylabel("peak RSS (MB)")
-    fig.tight_layout()
-    path = out_dir / "ram.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    return save_figure(fig, out_dir / "ram.png")
 
 
 Settings = RamSettings

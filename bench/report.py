@@ -140,3 +140,11 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: Path) -> list[Path]:
+    """Lay out, write and close a figure; returns [path] for the suite's list of outputs."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+    return [path]

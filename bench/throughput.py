@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.mqtt_load import moments_payloads
 from bench.procmem import REPO
-from bench.report import pyplot, table
+from bench.report import pyplot, table, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +182,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     grow = results["round_time"]
     ax2.plot([r["devices"] for r in grow], [r["mean_round_seconds"] for r in grow], marker="o")
     ax2.set(xlabel="devices", ylabel="mean round wall time (s)")
-    fig.tight_layout()
-    path = out_dir / "throughput.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    return save_figure(fig, out_dir / "throughput.png")
 
 
 Settings = ThroughputSettings
