@@ -32,7 +32,6 @@ class HSFPTorchDevice(HSFPDevice):
         width = split.wc_shape[0]
         self.head = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, self.cfg.proj_dim))
         self.extractor = self
-        self._inputs = torch.from_numpy(to_input(self.data[0], self.spec.mean, self.spec.std))
         self._labels = torch.from_numpy(np.asarray(self.data[1], dtype=np.int64))
         self.opt = self._new_optimizer()
 
@@ -67,7 +66,9 @@ class HSFPTorchDevice(HSFPDevice):
             idx = order[start:start + self.cfg.device_batch]
             if len(idx) < 2:
                 continue
-            x, y = self._inputs[idx], self._labels[idx]
+            # normalised per batch: a float32 copy of all local images would cost 4x their uint8 size
+            x = torch.from_numpy(to_input(self.data[0][idx.numpy()], self.spec.mean, self.spec.std))
+            y = self._labels[idx]
             views = two_views(x, generator=gen)
             z = self.head(pool(self.wc_local(views)))
             loss = supcon_loss(z, torch.cat([y, y]), tau=self.cfg.tau)
