@@ -49,6 +49,21 @@ def wait_port(host: str, port: int, timeout: float = 10.0) -> bool:
     return False
 
 
+class _SnapshotDict(dict):
+    """amqtt 0.12.1 iterates its subscription table across `await`s (on connect and on every
+    broadcast) while other clients subscribe, which raises "dictionary changed size during
+    iteration" and drops a client under load. Iterating over a snapshot makes those loops safe."""
+
+    def __iter__(self):  # type: ignore[override]
+        return iter(list(super().keys()))
+
+    def items(self):  # type: ignore[override]
+        return list(super().items())
+
+    def keys(self):  # type: ignore[override]
+        return list(super().keys())
+
+
 class EmbeddedBroker:
     """amqtt broker in a daemon thread; a context manager. ``url`` is ``mqtt://host:port``."""
 
@@ -110,6 +125,7 @@ class EmbeddedBroker:
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         broker = Broker(self.config())
+        broker._subscriptions = _SnapshotDict(broker._subscriptions)  # see _SnapshotDict
         await broker.start()
         self._ready.set()
         await self._stop_event.wait()

@@ -204,3 +204,22 @@ def test_mqtts_with_ca_certificate(tmp_path: Path) -> None:
             assert wait_for(lambda: got, 5)
         with pytest.raises(ConnectionError, match="no CONNACK"):  # plain MQTT on a TLS port
             MqttTransport(broker.url, client_id="plain", role="device", connect_timeout=1)
+
+
+
+def test_subscription_table_can_change_while_amqtt_iterates_it() -> None:
+    # Prepare: the table amqtt 0.12.1 iterates across awaits while other clients subscribe
+    from protocol.broker import _SnapshotDict
+
+    table = _SnapshotDict({"a/#": [], "b/+": []})
+    # Execute: add and delete entries during each kind of iteration amqtt uses
+    for key in table:
+        table[key + "/x"] = []
+    for key, _ in table.items():
+        del table[key]
+    # Assert: no "dictionary changed size during iteration"; plain dict would have raised
+    assert sorted(table) == ["a/#/x", "b/+/x"]
+    with pytest.raises(RuntimeError):
+        plain = {"a": 1}
+        for key in plain:
+            plain[key + "x"] = 2
