@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -77,7 +78,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
     train, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
     config = build_run_config(s.method, info, s.model, s.seed, s.deadline_s, s.overrides)
     shards = partition(train[1], s)
-    run = s.run or f"sim-{int(time.time())}"
+    run = s.run or f"sim-{uuid.uuid4().hex[:8]}"  # unique: two sims may share a broker
     s.out.mkdir(parents=True, exist_ok=True)
     (s.out / "metrics.jsonl").unlink(missing_ok=True)
     with broker_url(s.broker) as url, Federation(url, run, s, train, shards) as fed:
