@@ -14,6 +14,12 @@ WeightMap = Mapping[str, np.ndarray]
 log = logging.getLogger(__name__)
 
 
+def averaged_body(parts: Sequence[tuple[WeightMap, int]], part: str, version: int) -> dict[str, Any]:
+    """Body of a `weights` message carrying the sample-weighted average of `parts` (and their total)."""
+    return {"part": part, "version": version, "samples": sum(int(n) for _, n in parts),
+            "weights": average_states(parts)}
+
+
 def weight_updates(reports: Sequence[Any], part: str, version: int | None = None) -> list[tuple[WeightMap, int]]:
     """(weights, samples) of every `weights` message for model `part` in a round's reports.
 

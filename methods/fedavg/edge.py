@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from methods.averaging import average_states, weight_updates
+from methods.averaging import averaged_body, weight_updates
 from methods.strategy import EdgePart, Message, Report, RoundPlan
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,4 @@ class FedAvgEdge(EdgePart):
         if not parts:
             log.warning("edge %s: round %d without model updates", self.ctx.node_id, plan.round)
             return []
-        body = {"part": "model", "version": plan.wc_version, "samples": sum(n for _, n in parts),
-                "weights": average_states(parts)}
-        return [Message("weights", body)]
+        return [Message("weights", averaged_body(parts, "model", plan.wc_version))]

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import torch
 
-from methods.averaging import average_states, weight_updates
+from methods.averaging import averaged_body, weight_updates
 from methods.config import ModelSpec, from_config
 from methods.hsfp.config import HSFPConfig
 from methods.hsfp.torch_ops import output_moments, train_on_samples, with_counts
@@ -116,6 +116,4 @@ class HSFPEdge(EdgePart):
         if not parts:
             log.warning("edge %s: slow round %d without any W_c from devices", self.ctx.node_id, plan.round)
             return []
-        body = {"part": "wc", "version": plan.wc_version, "samples": sum(n for _, n in parts),
-                "weights": average_states(parts)}
-        return [Message("weights", body)]
+        return [Message("weights", averaged_body(parts, "wc", plan.wc_version))]

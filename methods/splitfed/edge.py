@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.averaging import average_states, weight_updates
+from methods.averaging import averaged_body, weight_updates
 from methods.config import ModelSpec, from_config
 from methods.splitfed.config import SplitFedConfig
 from methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
@@ -114,15 +114,12 @@ class SplitFedEdge(EdgePart):
         out: list[Message] = []
         wc = weight_updates(reports, "wc", plan.wc_version)
         if wc:
-            out.append(Message("weights", {"part": "wc", "version": plan.wc_version,
-                                           "samples": sum(n for _, n in wc), "weights": average_states(wc)}))
+            out.append(Message("weights", averaged_body(wc, "wc", plan.wc_version)))
         copies = [c for c in self.copies.values() if c.samples > 0]
         for part in SERVER_PARTS:
             if copies:
                 parts = [(state_to_numpy(getattr(c.model, part)), c.samples) for c in copies]
-                out.append(Message("weights", {"part": part, "version": plan.we_version,
-                                               "samples": sum(n for _, n in parts),
-                                               "weights": average_states(parts)}))
+                out.append(Message("weights", averaged_body(parts, part, plan.we_version)))
         self.copies.clear()
         return out
 
