@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 import numpy as np
 
@@ -183,6 +182,3 @@ class EdgeAggregator(Node):
                                   env, retain=msg.retain)
             else:
                 self.send(self.down, "down", msg.kind, msg.body, retain=msg.retain, topic_kind=msg.topic_kind)
-
-    def counts(self) -> dict[str, Any]:
-        return dict(self.rounds.counts)

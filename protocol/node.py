@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import json
 import queue
+import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any, Mapping
@@ -16,8 +18,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from protocol.codec import Envelope
-from protocol.topics import parse, topic
-from protocol.transport import Transport
+from protocol.topics import topic
+from protocol.transport import Transport, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +91,6 @@ class Node:
         return env
 
 
-def sender_tier(topic_: str) -> str:
-    return parse(topic_).tier
-
-
 def connect(url: str, *, run: str, tier: str, node_id: str, **kwargs: Any) -> "Transport":
     """An MQTT transport for a node, with its last will (`status` offline, retained) set."""
     from protocol.mqtt import MqttTransport
@@ -106,11 +104,6 @@ def clear_retained(transport: "Transport", filter_: str, settle_s: float = 0.5) 
     """Remove every retained message under `filter_` (a node's own downlink) left by an earlier
     incarnation of the run, so nobody mistakes an old model version or stop for a current one.
     Returns how many were cleared."""
-    import threading
-    import time
-
-    from protocol.transport import kind_of
-
     seen: set[str] = set()
     lock = threading.Lock()
 

@@ -78,8 +78,7 @@ class RoundCollector:
 
     def complete(self, live: set[str]) -> bool:
         """Every expected child that is still alive has finished."""
-        waiting = (self.expected & live) - self.done
-        return self.is_open and not waiting and bool(self.done or not (self.expected & live))
+        return self.is_open and not (self.expected & live) - self.done
 
     def expired(self) -> bool:
         return self.is_open and self.clock() >= self.deadline

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from methods.averaging import average_states, weight_updates
-from methods.config import ModelSpec, from_config, to_config
+from methods.config import ModelSpec, from_config
 from methods.hsfp.config import HSFPConfig
 from methods.hsfp.torch_ops import train_on_samples
 from methods.moments import ClassMoments, merge_moments, moments_from_body
@@ -128,6 +128,3 @@ class HSFPCloud(CloudPart):
 
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
         return state_to_numpy(self.served)
-
-    def config_map(self) -> dict[str, Any]:
-        return {**to_config(self.spec), **to_config(self.cfg)}

@@ -34,7 +34,6 @@ class HSFPEdge(EdgePart):
         self.we_version = -1
         self.opt = self._new_optimizer()
         self.cache: dict[str, tuple[int, ClassMoments]] = {}  # device -> (wc_version, moments)
-        self.last_loss = float("nan")
         self.last_wc_version: int | None = None
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
@@ -98,8 +97,8 @@ class HSFPEdge(EdgePart):
         seed = int(self.ctx.rng.integers(2**31))
         x, y = self._sample(merged, self.cfg.edge_samples)
         loss_fn = lambda out, labels: supcon_loss(pool(out), labels, tau=self.cfg.tau)  # noqa: E731
-        self.last_loss = train_on_samples(self.we_local, self.opt, x, y, self.wc_shape, loss_fn,
-                                          epochs=self.cfg.edge_epochs, batch=self.cfg.edge_batch, seed=seed)
+        train_on_samples(self.we_local, self.opt, x, y, self.wc_shape, loss_fn,
+                         epochs=self.cfg.edge_epochs, batch=self.cfg.edge_batch, seed=seed)
         module = self.we_global if self.cfg.we_moments == "global" else self.we_local
         x2, y2 = self._sample(merged, self.cfg.edge_samples)
         moments = with_counts(output_moments(module, x2, y2, self.wc_shape), merged)
