@@ -73,6 +73,18 @@ class Federation:
         self.procs[name].send_signal(signal.SIGKILL)
         self.procs[name].wait(10)
 
+    def kill_after_round_1(self, victim: str, survivors: tuple[str, ...]) -> tuple[list[dict], float]:
+        """SIGKILL `victim` once round 1 is done; returns the metrics and how long the rest took."""
+        try:
+            self.wait_for_round(1, timeout=120)
+            self.kill(victim)
+            started = time.monotonic()
+            for name in survivors:
+                self.procs[name].wait(120)
+            return self.metrics(), time.monotonic() - started
+        finally:
+            self.close()
+
     def wait(self, timeout: float) -> None:
         """Every process exits by itself once the cloud announces the end of the run."""
         deadline = time.monotonic() + timeout
@@ -141,17 +153,8 @@ def test_killed_device_does_not_stall_the_run(tmp_path: Path, mosquitto) -> None
     # Prepare: a short deadline so the round with the dead device closes without it
     fed = Federation(tmp_path, mosquitto.url, edges=1, devices=3, rounds=3,
                      extra=["--deadline", "20", "--ic", "10", "--ie", "10"])
-    try:
-        fed.wait_for_round(1, timeout=120)
-        # Execute: kill a device between rounds, without a clean disconnect
-        fed.kill("d2")
-        started = time.monotonic()
-        for name in ("cloud", "e0", "d0", "d1"):
-            fed.procs[name].wait(120)
-        elapsed = time.monotonic() - started
-        metrics = fed.metrics()
-    finally:
-        fed.close()
+    # Execute: kill a device between rounds, without a clean disconnect
+    metrics, elapsed = fed.kill_after_round_1("d2", ("cloud", "e0", "d0", "d1"))
     # Assert: the remaining rounds closed (at the latest at their deadlines) and learning went on
     assert [m["round"] for m in metrics] == [1, 2, 3], fed.log("cloud")
     assert elapsed < 2 * 20 + 30
@@ -162,15 +165,8 @@ def test_killed_edge_does_not_stall_the_run(tmp_path: Path, mosquitto) -> None:
     # Prepare: two edges with one device each
     fed = Federation(tmp_path, mosquitto.url, edges=2, devices=2, rounds=3,
                      extra=["--deadline", "20", "--ic", "10", "--ie", "10"])
-    try:
-        fed.wait_for_round(1, timeout=120)
-        # Execute: the second edge dies; its device is orphaned
-        fed.kill("e1")
-        for name in ("cloud", "e0", "d0"):
-            fed.procs[name].wait(120)
-        metrics = fed.metrics()
-    finally:
-        fed.close()
+    # Execute: the second edge dies; its device is orphaned
+    metrics, _ = fed.kill_after_round_1("e1", ("cloud", "e0", "d0"))
     # Assert: the cloud finished every round with the edge that is left
     assert [m["round"] for m in metrics] == [1, 2, 3], fed.log("cloud")
     assert metrics[0]["edges"] == 2 and metrics[-1]["edges"] == 1
