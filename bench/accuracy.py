@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.bandwidth import selected_methods
 from bench.report import pyplot, table, save_figure
-from bench.simrun import device_bytes, run_on_mosquitto
+from bench.simrun import FederationSettings, device_bytes, run_on_mosquitto
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +32,8 @@ def split_name(alpha: float | None) -> str:
 
 
 @dataclass
-class AccuracySettings:
-    methods: tuple[str, ...] = ()
+class AccuracySettings(FederationSettings):
     splits: tuple[float | None, ...] = (None, 0.3)
-    dataset: str = "digits"
-    data: str | None = None
-    model: str | None = None
-    devices: int = 4
-    edges: int = 2
-    rounds: int = 5
-    seed: int = 0
-    max_train: int | None = None
-    max_test: int | None = None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> AccuracySettings:
@@ -54,11 +44,7 @@ class AccuracySettings:
 
 
 def one_run(s: AccuracySettings, method: str, alpha: float | None) -> dict[str, Any]:
-    from splitedge.sim import SimSettings
-
-    sim = SimSettings(rounds=s.rounds, devices=s.devices, edges=s.edges, method=method, dataset=s.dataset,
-                      data=s.data, model=s.model, alpha=alpha, seed=s.seed, max_train=s.max_train,
-                      max_test=s.max_test, run=f"bench-acc-{method}")
+    sim = s.sim(method, alpha, run=f"bench-acc-{method}")
     res = run_on_mosquitto(sim, check_sys=False)
     summary, rounds = res["summary"], max(1, len(res["per_round"]))
     return {"method": method, "split": split_name(alpha), "alpha": alpha,

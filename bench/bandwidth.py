@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.report import pyplot, table, save_figure
-from bench.simrun import all_out_wire, bytes_to_target, run_on_mosquitto
+from bench.simrun import FederationSettings, all_out_wire, bytes_to_target, run_on_mosquitto
 
 log = logging.getLogger(__name__)
 
@@ -26,20 +26,9 @@ MOMENT_DIMS = (512, 8192)  # cnn W_c on digits and on CIFAR-10
 
 
 @dataclass
-class BandwidthSettings:
-    methods: tuple[str, ...] = ()  # empty: every method in the registry
-    dataset: str = "digits"
-    data: str | None = None
-    model: str | None = None
-    devices: int = 4
-    edges: int = 2
-    rounds: int = 5
+class BandwidthSettings(FederationSettings):
     alpha: float | None = None
-    seed: int = 0
-    max_train: int | None = None
-    max_test: int | None = None
     target: float | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> BandwidthSettings:
@@ -63,11 +52,7 @@ def selected_methods(methods: tuple[str, ...]) -> list[str]:
 
 
 def sim_settings(s: BandwidthSettings, method: str) -> Any:
-    from splitedge.sim import SimSettings
-
-    return SimSettings(rounds=s.rounds, devices=s.devices, edges=s.edges, method=method, dataset=s.dataset,
-                       data=s.data, model=s.model, alpha=s.alpha, seed=s.seed, max_train=s.max_train,
-                       max_test=s.max_test, run=f"bench-bw-{method}", overrides=dict(s.overrides))
+    return s.sim(method, s.alpha, run=f"bench-bw-{method}")
 
 
 def method_row(method: str, run: dict[str, Any], s: BandwidthSettings) -> dict[str, Any]:

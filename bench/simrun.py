@@ -21,6 +21,31 @@ log = logging.getLogger(__name__)
 SETTLE_S = 0.3  # after the last DISCONNECT, before asking $SYS, so the broker has read it
 
 
+@dataclasses.dataclass
+class FederationSettings:
+    """What every federation suite (bandwidth, accuracy) varies; `sim()` makes one run of it."""
+
+    methods: tuple[str, ...] = ()  # empty: every method in the registry
+    dataset: str = "digits"
+    data: str | None = None
+    model: str | None = None
+    devices: int = 4
+    edges: int = 2
+    rounds: int = 5
+    seed: int = 0
+    max_train: int | None = None
+    max_test: int | None = None
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def sim(self, method: str, alpha: float | None, run: str) -> Any:
+        from splitedge.sim import SimSettings
+
+        return SimSettings(rounds=self.rounds, devices=self.devices, edges=self.edges, method=method,
+                           dataset=self.dataset, data=self.data, model=self.model, alpha=alpha, seed=self.seed,
+                           max_train=self.max_train, max_test=self.max_test, run=run,
+                           overrides=dict(self.overrides))
+
+
 def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]:
     """Run ``splitedge.sim.run_sim(settings)`` on a fresh Mosquitto.
 
