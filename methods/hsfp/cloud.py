@@ -41,6 +41,7 @@ class HSFPCloud(CloudPart):
         self.wc_version, self.we_version = 0, 0
         self.opt = torch.optim.Adam(self.model.wg.parameters(), lr=self.cfg.cloud_lr)
         self.cache: dict[str, tuple[int, int, ClassMoments]] = {}  # edge -> (wc_v, we_v, moments)
+        self.cached_ids: dict[str, str] = {}  # edge -> msg_id of its cached moments
 
     def initial_messages(self) -> list[Message]:
         return [self._weights_message("wc", 0, self.model.wc), self._weights_message("we", 0, self.model.we),
@@ -72,9 +73,10 @@ class HSFPCloud(CloudPart):
 
     def on_edge_message(self, env: Any) -> None:
         """Edge moments are state: kept whenever they arrive, even after their round closed."""
-        if env.kind == "moments":
+        if env.kind == "moments" and self.cached_ids.get(env.sender) != env.msg_id:  # not twice
             b = env.body
             self.cache[env.sender] = (int(b["wc_version"]), int(b["we_version"]), moments_from_body(b))
+            self.cached_ids[env.sender] = env.msg_id
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
         for report in reports:

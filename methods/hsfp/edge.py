@@ -34,6 +34,7 @@ class HSFPEdge(EdgePart):
         self.we_version = -1
         self.opt = self._new_optimizer()
         self.cache: dict[str, tuple[int, ClassMoments]] = {}  # device -> (wc_version, moments)
+        self.cached_ids: dict[str, str] = {}  # device -> msg_id of its cached moments
         self.last_wc_version: int | None = None
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
@@ -65,7 +66,11 @@ class HSFPEdge(EdgePart):
         return []
 
     def _remember(self, env: Any) -> None:
+        """Cache a device's moments; the same message seen again (in the round's reports) is not decoded twice."""
+        if self.cached_ids.get(env.sender) == env.msg_id:
+            return
         self.cache[env.sender] = (int(env.body["wc_version"]), moments_from_body(env.body))
+        self.cached_ids[env.sender] = env.msg_id
 
     def on_round_open(self, plan: RoundPlan, members: set[str]) -> list[Message]:
         """Ask devices for moments this edge lacks (e.g. it restarted), unless a new W_c version
