@@ -1,21 +1,23 @@
 """Final accuracy and bytes per method and label split, for one rounds budget.
 
 Methods come from the registry (or ``--methods``) so a newly registered method is compared
-without bench changes; splits are IID and Dirichlet(0.3) by default (``--alphas``). Every run
-goes through a real Mosquitto, like a deployment.
+without bench changes; ``--variant NAME=METHOD:KEY=VALUE,...`` adds a method with changed
+settings as its own row. Splits are IID and Dirichlet(0.3) by default (``--alphas``). Every run
+goes through a real Mosquitto, like a deployment. Per split, every row also says how many
+rounds and bytes it needed to reach FedAvg's final accuracy (the issue's yardstick).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.bandwidth import selected_methods
+from bench.bandwidth import TARGET_REFERENCE, selected_methods
 from bench.report import pyplot, table, save_figure
-from bench.simrun import FederationSettings, device_bytes, run_on_mosquitto
+from bench.simrun import FederationSettings, bytes_to_target, device_bytes, parse_variant, run_on_mosquitto
 
 log = logging.getLogger(__name__)
 
@@ -34,49 +36,100 @@ def split_name(alpha: float | None) -> str:
 @dataclass
 class AccuracySettings(FederationSettings):
     splits: tuple[float | None, ...] = (None, 0.3)
+    variants: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> AccuracySettings:
         quick = a.quick
+        variants = {}
+        for text in getattr(a, "variant", None) or []:
+            name, method, overrides = parse_variant(text)
+            variants[name] = (method, overrides)
         return cls(methods=a.methods, splits=parse_splits(a.alphas), dataset=a.dataset, data=a.data, model=a.model,
                    devices=a.devices or 4, edges=a.edges or 2, rounds=a.rounds or (1 if quick else 5), seed=a.seed,
-                   max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None))
+                   max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None),
+                   variants=variants)
+
+    def entries(self) -> list[tuple[str, str, dict[str, str]]]:
+        """(row label, registered method, overrides): the methods, then the variants."""
+        out = [(m, m, {}) for m in selected_methods(self.methods)]
+        for name, (method, overrides) in self.variants.items():
+            selected_methods((method,))  # an unknown method fails before any run
+            out.append((name, method, overrides))
+        return out
 
 
-def one_run(s: AccuracySettings, method: str, alpha: float | None) -> dict[str, Any]:
-    sim = s.sim(method, alpha, run=f"bench-acc-{method}")
+def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, str],
+            alpha: float | None) -> dict[str, Any]:
+    sim = s.sim(method, alpha, run=f"bench-acc-{method}", overrides=overrides)
     res = run_on_mosquitto(sim, check_sys=False)
     summary, rounds = res["summary"], max(1, len(res["per_round"]))
-    return {"method": method, "split": split_name(alpha), "alpha": alpha,
-            "final_accuracy": summary["final_accuracy"], "best_accuracy": summary["best_accuracy"],
+    return {"method": label, "base_method": method, "overrides": overrides, "split": split_name(alpha),
+            "alpha": alpha, "final_accuracy": summary["final_accuracy"], "best_accuracy": summary["best_accuracy"],
             "accuracy_per_round": summary["accuracy_per_round"],
             "device_payload_per_device_per_round": device_bytes(res["tiers"]) / s.devices / rounds,
             "total_device_payload_bytes": device_bytes(res["tiers"]),
             "all_tiers_out_payload_bytes": sum(r["out_payload"] for r in res["tiers"].values()),
+            "train_images": summary.get("train_images"), "images_per_device": summary.get("images_per_device"),
+            "per_round": res["per_round"], "round_seconds": summary["round_seconds"],
             "wall_seconds": summary["wall_seconds"]}
+
+
+def add_bytes_to_reference(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Per split, each row's rounds and bytes until it first reached FedAvg's final accuracy."""
+    targets: dict[str, float | None] = {}
+    for split in dict.fromkeys(r["split"] for r in rows):
+        ref = next((r for r in rows if r["split"] == split and r["method"] == TARGET_REFERENCE
+                    and "error" not in r and r["final_accuracy"] is not None), None)
+        targets[split] = None if ref is None else float(ref["final_accuracy"])
+        for r in rows:
+            if r["split"] == split and "error" not in r:
+                target = targets[split]
+                r["to_reference"] = None if target is None else bytes_to_target(r["per_round"], target)
+    return targets
 
 
 def run(s: AccuracySettings) -> tuple[dict[str, Any], dict[str, Any]]:
     rows = []
-    for method in selected_methods(s.methods):
+    for label, method, overrides in s.entries():
         for alpha in s.splits:
-            log.info("accuracy: %s on %s", method, split_name(alpha))
+            log.info("accuracy: %s on %s", label, split_name(alpha))
             try:
-                rows.append(one_run(s, method, alpha))
+                rows.append(one_run(s, label, method, overrides, alpha))
             except Exception as exc:  # report the others even if one method is broken
-                log.exception("accuracy: %s on %s failed", method, split_name(alpha))
-                rows.append({"method": method, "split": split_name(alpha), "alpha": alpha, "error": repr(exc)})
-    config = {**vars(s), "methods": sorted({r["method"] for r in rows}), "splits": [split_name(a) for a in s.splits]}
-    return config, {"runs": rows}
+                log.exception("accuracy: %s on %s failed", label, split_name(alpha))
+                rows.append({"method": label, "base_method": method, "split": split_name(alpha), "alpha": alpha,
+                             "error": repr(exc)})
+    targets = add_bytes_to_reference(rows)
+    config = {**vars(s), "methods": list(dict.fromkeys(r["method"] for r in rows)),
+              "splits": [split_name(a) for a in s.splits]}
+    return config, {"runs": rows, "reference": TARGET_REFERENCE, "reference_accuracy": targets}
 
 
 def markdown(results: dict[str, Any]) -> str:
     ok = [r for r in results["runs"] if "error" not in r]
-    rows = [(r["method"], r["split"], r["final_accuracy"], r["best_accuracy"],
-             round(r["device_payload_per_device_per_round"]), r["all_tiers_out_payload_bytes"]) for r in ok]
-    out = ["## Final accuracy and bytes per method and split\n",
-           table(["method", "split", "final acc", "best acc", "device B/device/round (up+down)",
-                  "all tiers out B"], rows)]
+    ref = results.get("reference", TARGET_REFERENCE)
+    rows = []
+    for r in ok:
+        hit = r.get("to_reference") or {}
+        rows.append((r["method"], r["split"], r["final_accuracy"], r["best_accuracy"],
+                     round(r["device_payload_per_device_per_round"]), hit.get("round", "never"),
+                     hit.get("device_payload_bytes"), hit.get("all_tiers_out_wire_bytes"),
+                     round(r["wall_seconds"])))
+    out = []
+    sized = next((r for r in ok if r.get("images_per_device")), None)
+    if sized:
+        per = sized["images_per_device"]
+        out.append(f"Federation: {sized['train_images']} training images, per device min {per['min']}, "
+                   f"median {per['median']:g}, max {per['max']}.\n")
+    out += ["## Final accuracy and bytes per method and split\n",
+            table(["method", "split", "final acc", "best acc", "device B/device/round (up+down)",
+                   f"round reaching {ref} final", f"device B to {ref} final", f"all tiers wire B to {ref} final",
+                   "wall s"], rows)]
+    targets = results.get("reference_accuracy") or {}
+    out += [f"\n- {split}: {ref} final accuracy {t}" for split, t in targets.items() if t is not None]
+    out += [f"- {r['method']}: settings {r['overrides']}" for r in ok if r.get("overrides")
+            and r["split"] == ok[0]["split"]]
     out += [f"- {r['method']} / {r['split']} failed: {r['error']}" for r in results["runs"] if "error" in r]
     return "\n".join(out)
 

@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--max-train", type=int, default=None)
     g.add_argument("--max-test", type=int, default=None)
+    g.add_argument("--variant", action="append", default=[], metavar="NAME=METHOD:KEY=VALUE,...",
+                   help="accuracy: also run METHOD with these settings as row NAME (repeatable), "
+                        "e.g. hsfp-ic2=hsfp:ic=2,ie=2")
     g.add_argument("--target", type=float, default=None,
                    help="bandwidth: target accuracy when fedavg did not run")
     g = p.add_argument_group("ram")

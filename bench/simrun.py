@@ -37,13 +37,32 @@ class FederationSettings:
     max_test: int | None = None
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def sim(self, method: str, alpha: float | None, run: str) -> Any:
+    def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
         from splitedge.sim import SimSettings
 
         return SimSettings(rounds=self.rounds, devices=self.devices, edges=self.edges, method=method,
                            dataset=self.dataset, data=self.data, model=self.model, alpha=alpha, seed=self.seed,
                            max_train=self.max_train, max_test=self.max_test, run=run,
-                           overrides=dict(self.overrides))
+                           overrides={**self.overrides, **(overrides or {})})
+
+
+def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
+    """'hsfp-ic2=hsfp:ic=2,ie=2' -> ('hsfp-ic2', 'hsfp', {'ic': '2', 'ie': '2'}).
+
+    A variant is a registered method with some settings changed, compared as its own row; the
+    values stay strings here and are typed and checked by the method's config class.
+    """
+    name, sep, rest = text.partition("=")
+    method, _, settings = rest.partition(":")
+    if not sep or not name.strip() or not method.strip():
+        raise ValueError(f"--variant expects NAME=METHOD[:KEY=VALUE,...], got {text!r}")
+    overrides = {}
+    for item in filter(None, (i.strip() for i in settings.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--variant {name}: expected KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = value.strip()
+    return name.strip(), method.strip(), overrides
 
 
 def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]:

@@ -177,6 +177,7 @@ def summarise(history: list[dict], fed: Federation, config: dict, s: SimSettings
               info: Any) -> dict[str, Any]:
     acc = [h["accuracy"] for h in history]
     by_tier = fed.bytes_by_tier()
+    sizes = [len(idx) for idx in fed.shards]
     rounds = max(1, len(history))
     return {
         "final_accuracy": acc[-1] if acc else None,
@@ -188,6 +189,8 @@ def summarise(history: list[dict], fed: Federation, config: dict, s: SimSettings
         "device_up_bytes_per_device_per_round": by_tier["device"]["out_payload"] / max(1, s.devices) / rounds,
         "device_bytes_by_kind": fed.bytes_by_kind("device"),
         "chance": 1.0 / info.num_classes,
+        "train_images": int(sum(len(idx) for idx in fed.shards)),
+        "images_per_device": {"min": int(min(sizes)), "median": float(np.median(sizes)), "max": int(max(sizes))},
         "config": {**config, "devices": s.devices, "edges": s.edges, "rounds": s.rounds, "alpha": s.alpha,
                    "dataset": s.dataset, "method": s.method, "run": fed.run},
     }

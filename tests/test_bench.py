@@ -129,3 +129,32 @@ def test_streaming_merge_equals_one_merge() -> None:
 
 def test_markdown_table_formats_floats_and_missing_values() -> None:
     assert table(["a", "b"], [(0.123456, None)]) == "| a | b |\n|---|---|\n| 0.1235 | - |"
+
+
+def test_variant_parses_name_method_and_settings() -> None:
+    from bench.simrun import parse_variant
+
+    assert parse_variant("hsfp-ic2=hsfp:ic=2, ie=2") == ("hsfp-ic2", "hsfp", {"ic": "2", "ie": "2"})
+    assert parse_variant("plain=fedavg") == ("plain", "fedavg", {})
+    for bad in ("hsfp", "=hsfp:ic=2", "x=hsfp:ic"):
+        with pytest.raises(ValueError):
+            parse_variant(bad)
+
+
+def test_every_row_gets_rounds_and_bytes_to_fedavg_final_accuracy_of_its_split() -> None:
+    from bench.accuracy import add_bytes_to_reference
+
+    def per_round(*acc: float) -> list[dict[str, Any]]:
+        return [{"round": r, "accuracy": a, "bytes": {"device": {"out_payload": 100 * r, "in_payload": 0}}}
+                for r, a in enumerate(acc, 1)]
+
+    rows = [{"method": "fedavg", "split": "IID", "final_accuracy": 0.5, "per_round": per_round(0.3, 0.5)},
+            {"method": "hsfp", "split": "IID", "final_accuracy": 0.6, "per_round": per_round(0.55, 0.6)},
+            {"method": "hsfp", "split": "Dirichlet(0.3)", "final_accuracy": 0.2, "per_round": per_round(0.2)},
+            {"method": "slow", "split": "IID", "final_accuracy": 0.4, "per_round": per_round(0.3, 0.4)}]
+
+    targets = add_bytes_to_reference(rows)
+
+    assert targets == {"IID": 0.5, "Dirichlet(0.3)": None}
+    assert rows[0]["to_reference"]["round"] == 2 and rows[1]["to_reference"]["device_payload_bytes"] == 100
+    assert rows[2]["to_reference"] is None and rows[3]["to_reference"] is None
