@@ -23,20 +23,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch backend)")
 
 
-def load_local_data(path: Path):
-    """The device's own data, with numpy/PIL only."""
-    from methods.datasets import load_image_folder, load_shard
+def load_local_data(path: Path, backend: str = "torch"):
+    """The device's own data, with numpy/PIL only. The thin (onnx) device streams its images
+    from storage a batch at a time (device/local_data.py); the torch device trains on random
+    batches and holds them in memory."""
+    from device.local_data import open_local_data
 
-    if path.is_dir():
-        return load_image_folder(path)
-    return load_shard(path)
+    return open_local_data(path, stream=backend == "onnx")
 
 
 def run(args: argparse.Namespace) -> int:
     from device.agent import DeviceAgent
     from protocol.node import connect, write_counters
 
-    data = load_local_data(args.data)
+    data = load_local_data(args.data, args.backend)
     backend = args.backend
     if backend == "torch":
         import torch

@@ -247,7 +247,7 @@ def load_image_folder(path: str | os.PathLike, classes: list[str] | None = None,
         labels += [label] * len(names)
     if not files:
         raise ValueError(f"{root}: no images found")
-    images = [_read_image(f, mode) for f in files]
+    images = [read_image(f, mode) for f in files]
     if mode is None and any(im.ndim == 3 for im in images):
         images = [np.repeat(im[..., None], 3, axis=2) if im.ndim == 2 else im for im in images]
     shapes = {im.shape for im in images}
@@ -257,7 +257,7 @@ def load_image_folder(path: str | os.PathLike, classes: list[str] | None = None,
     return (x if x.ndim == 4 else x[..., None]), np.asarray(labels, dtype=np.int64), list(classes)
 
 
-def _read_image(path: Path, mode: str | None) -> np.ndarray:
+def read_image(path: Path, mode: str | None) -> np.ndarray:
     with Image.open(path) as im:
         if mode is None:
             mode = "L" if im.mode in ("L", "1", "I;16") else "RGB"
