@@ -34,7 +34,7 @@ _ONNX_DEVICE = """
 import hashlib, os, sys
 from types import SimpleNamespace
 import numpy as np
-import device.cli, device.agent, device.onnx_backend, methods.hsfp.method
+import device.cli, device.agent, device.local_data, device.onnx_backend, methods.hsfp.method
 from methods.hsfp.method import HSFP
 from methods.strategy import NodeContext
 data = open(os.environ["SPLITEDGE_TEST_ONNX"], "rb").read()
