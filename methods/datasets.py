@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-from PIL import Image
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +257,8 @@ def load_image_folder(path: str | os.PathLike, classes: list[str] | None = None,
 
 
 def read_image(path: Path, mode: str | None) -> np.ndarray:
+    from PIL import Image  # only where images are decoded: a thin device reading an .npz never loads it
+
     with Image.open(path) as im:
         if mode is None:
             mode = "L" if im.mode in ("L", "1", "I;16") else "RGB"

@@ -22,22 +22,36 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or with ``only`` the options of that one subcommand (the others are
+    listed but their modules are not imported: a thin device process stays small)."""
     parser = argparse.ArgumentParser(prog="splitedge", description="Edge-device split learning over MQTT.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        importlib.import_module(module).add_arguments(p)
+        if only is None or name == only:
+            importlib.import_module(module).add_arguments(p)
         p.set_defaults(module=module)
     return parser
+
+
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand in argv when one is named (after the global -v flags), else None."""
+    for arg in argv:
+        if arg in COMMANDS:
+            return arg
+        if not (arg.startswith("-v") and set(arg[1:]) == {"v"}) and arg != "--verbose":
+            return None
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from splitedge.malloc import cap_arenas
 
     cap_arenas()  # before any role starts its threads (splitedge/malloc.py says why)
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(_chosen_command(argv)).parse_args(argv)
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

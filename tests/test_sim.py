@@ -87,3 +87,12 @@ def test_restarted_cloud_with_the_same_run_id_ignores_the_old_incarnation(tmp_pa
                                  out=tmp_path / "b", overrides={"ic": 1, "ie": 1}))
     # Assert: the new incarnation trained on its own moments (old versions would leave accuracy NaN)
     assert second["accuracy_per_round"][0] > 3 * second["chance"], second["accuracy_per_round"]
+
+
+def test_the_named_subcommand_is_found_after_global_flags_only() -> None:
+    from splitedge.cli import _chosen_command
+
+    assert _chosen_command(["-vv", "device", "--id", "sim"]) == "device"
+    assert _chosen_command(["--verbose", "bench", "ram"]) == "bench"
+    assert _chosen_command(["--help"]) is None and _chosen_command([]) is None
+    assert build_parser("edge").parse_args(["edge", "--broker", "mqtt://h", "--id", "e1"]).id == "e1"

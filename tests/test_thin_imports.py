@@ -49,9 +49,24 @@ assert dev.compute_moments().mean.shape == (3, 512)
 assert "onnx" not in sys.modules  # the device reads the graph with onnxruntime alone
 """
 
+# `splitedge device ...` parses with the device's options only: no other role's CLI module (nor
+# what they import) is loaded into the device process, and reading an .npz loads no PIL.
+_DEVICE_COMMAND_LINE = """
+import sys
+from splitedge.cli import _chosen_command, build_parser
+argv = ["-v", "device", "--broker", "mqtt://h:1883", "--id", "d0", "--edge", "e0", "--data", "x.npz",
+        "--backend", "onnx"]
+args = build_parser(_chosen_command(argv)).parse_args(argv)
+assert args.command == "device" and args.backend == "onnx", args
+others = [m for m in ("bench.cli", "cloud.cli", "edge.cli", "exporters.cli", "splitedge.sim_cli", "PIL")
+          if m in sys.modules]
+assert not others, others
+"""
+
 SNIPPETS = {
     "protocol": _PROTOCOL_ROUND_TRIP,
     "onnx_device": _ONNX_DEVICE,
+    "device_command_line": _DEVICE_COMMAND_LINE,
 }
 
 
