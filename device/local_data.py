@@ -11,6 +11,7 @@ Labels are small and always loaded.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import zipfile
@@ -21,8 +22,14 @@ import numpy as np
 
 from methods.datasets import IMAGE_SUFFIXES, load_image_folder, load_shard, read_image
 
+log = logging.getLogger(__name__)
+
 LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # zip local file header, 30 bytes
 LOCAL_MAGIC = b"PK\x03\x04"
+
+
+class CompressedMember(ValueError):
+    """The .npz member is deflated, so its rows cannot be read in place."""
 
 
 class _RowImages:
@@ -80,7 +87,7 @@ class NpzImages(_RowImages):
             except KeyError:
                 raise ValueError(f"{self.path}: no array {member!r}") from None
         if info.compress_type != zipfile.ZIP_STORED:
-            raise ValueError(f"{self.path}: {member!r} is compressed; it cannot be read in place")
+            raise CompressedMember(f"{self.path}: {member!r} is compressed; it cannot be read in place")
         with open(self.path, "rb") as f:
             f.seek(info.header_offset)
             head = f.read(LOCAL_HEADER.size)
@@ -179,7 +186,12 @@ def open_local_data(path: str | os.PathLike, *, stream: bool) -> tuple[Any, np.n
         return folder_images(path)
     with np.load(path, allow_pickle=False) as z:
         y = np.asarray(z["y"])
-    x = NpzImages(path)
+    try:
+        x = NpzImages(path)
+    except CompressedMember:  # still works, at the memory cost of holding the images
+        log.warning("%s: images are compressed, so they are loaded into memory instead of read "
+                    "in place (write the shard with np.savez / save_shard to stream it)", path)
+        x, y = load_shard(path)
     if len(x) != len(y) or y.ndim != 1:
         raise ValueError(f"{path}: {len(x)} images but labels of shape {y.shape}")
     return x, y

@@ -38,11 +38,13 @@ def test_npz_rows_equal_the_loaded_array_for_every_index_form(shard) -> None:
         lazy[np.array([0, 40])]
 
 
-def test_compressed_or_non_image_members_are_refused_with_a_reason(tmp_path: Path) -> None:
+def test_compressed_members_load_into_memory_and_non_images_are_refused(tmp_path: Path) -> None:
     x = np.zeros((4, 2, 2, 3), np.uint8)
     np.savez_compressed(tmp_path / "c.npz", x=x, y=np.zeros(4, np.int64))
     with pytest.raises(ValueError, match="compressed"):
         NpzImages(tmp_path / "c.npz")
+    eager, _ = open_local_data(tmp_path / "c.npz", stream=True)  # falls back to memory, still works
+    assert isinstance(eager, np.ndarray) and eager.shape == x.shape
     np.savez(tmp_path / "f.npz", x=x.astype(np.float32), y=np.zeros(4, np.int64))
     with pytest.raises(ValueError, match="uint8"):
         NpzImages(tmp_path / "f.npz")
