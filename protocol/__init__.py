@@ -19,4 +19,15 @@ from .topics import Topic, pattern, topic  # noqa: E402
 from .accounting import ByteCounters, publish_packet_bytes  # noqa: E402
 from .transport import Handler, LoopbackBus, LoopbackTransport, Transport, wait_for  # noqa: E402
 from .mqtt import MqttTransport  # noqa: E402
-from .broker import EmbeddedBroker, MosquittoBroker, serve_forever, start_embedded_broker  # noqa: E402
+
+# The brokers (asyncio, subprocess) load on first use: a device process never runs one, and
+# each module it does not import is memory a Pi-class device keeps (protocol/broker.py).
+_BROKER_NAMES = ("EmbeddedBroker", "MosquittoBroker", "serve_forever", "start_embedded_broker")
+
+
+def __getattr__(name: str):
+    if name in _BROKER_NAMES:
+        from . import broker
+
+        return getattr(broker, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

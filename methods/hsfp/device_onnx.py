@@ -23,9 +23,10 @@ class HSFPOnnxDevice(HSFPDevice):
     """HSFPDevice whose extractor (device.onnx_backend.OnnxExtractor) is built from the first model."""
 
     # Small batches bound peak RSS (onnxruntime's activation buffers and the float64 moment
-    # temporaries scale with the batch). On the CIFAR CNN, 256 costs ~150 MB more than 32, and
-    # 32 ~10 MB more than 8 (87 vs 77 MB for 5,000 streamed images); 8 is no slower.
-    moment_batch = 8
+    # temporaries scale with the batch). On the CIFAR CNN with 5,000 streamed images the peak
+    # over the moments pass is +150 MB at 256 against 32, +10 MB at 32 against 8 and +1.6 MB
+    # at 8 against 4; 4 still takes ~2 s (a batch of 1 takes 6 s for 2.6 MB less).
+    moment_batch = 4
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
