@@ -96,6 +96,11 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
     return summary
 
 
+SIM_CONNECT_TIMEOUT_S = 60.0
+"""One process holds every node's MQTT client (200 devices: 400+ threads on one GIL); a busy
+box then takes longer than a lone device's 10 s to deliver a CONNACK to the waiting client."""
+
+
 class Federation:
     """The edges and devices of a simulated run, each a thread with its own MQTT client."""
 
@@ -109,7 +114,7 @@ class Federation:
     def connect(self, tier: str, node_id: str) -> Any:
         from protocol.node import connect
 
-        transport = connect(self.url, run=self.run, tier=tier, node_id=node_id)
+        transport = connect(self.url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S)
         self.transports[tier].append(transport)
         return transport
 
