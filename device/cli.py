@@ -14,7 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", required=True, help="this device's id (unique in the run)")
     p.add_argument("--edge", required=True, help="id of the edge aggregator this device reports to")
     p.add_argument("--data", required=True, type=Path,
-                   help="local data: an .npz shard (x uint8 [N,H,W,C], y) or an image folder <class>/*.jpg")
+                   help="local data: an .npz shard (x uint8 [N,H,W,C], y) or an image folder <class>/*.jpg; "
+                        "the onnx backend reads images from it a batch at a time")
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="torch trains W_c locally; onnx only computes statistics (no torch in the process)")
     p.add_argument("--run", default="default", help="run id (topic namespace)")
