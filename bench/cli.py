@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ram")
     g.add_argument("--images", type=int, default=None, help="images on the measured device")
     g.add_argument("--backends", type=_csv, default=("torch", "onnx"), help="device backends to measure")
+    g.add_argument("--device-python", default=None, metavar="PATH",
+                   help="interpreter for the measured device (runs this checkout), e.g. a venv with the "
+                        "CPU-only torch wheel; default: this one")
     g = p.add_argument_group("throughput")
     g.add_argument("--counts", type=_csv, default=None, help="devices' worth of messages, e.g. 10,100,1000")
     g.add_argument("--dims", type=_csv, default=None, help="moment feature dims, e.g. 512,8192")

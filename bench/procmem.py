@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import psutil
 
@@ -91,12 +91,15 @@ class PeakSampler:
             return {k: dict(v) for k, v in self.peaks.items()}
 
 
-def spawn_splitedge(args: list[str], log_path: Path) -> subprocess.Popen:
-    """``python -m splitedge ARGS`` with one intra-op thread (as on a small device), logging to a file."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def spawn_splitedge(args: list[str], log_path: Path, *, python: str | None = None,
+                    env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """``python -m splitedge ARGS`` from this checkout with one intra-op thread (as on a small
+    device), logging to a file. ``python`` is the interpreter (default: this one, e.g. another
+    venv's with a different torch build); ``env`` is added to the environment."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log_path, "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "splitedge", *args], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=REPO)
+        return subprocess.Popen([python or sys.executable, "-m", "splitedge", *args], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, cwd=REPO)
 
 
 def wait_all(procs: dict[str, subprocess.Popen], first: str, timeout: float, grace: float = 20.0) -> dict[str, int]:

@@ -5,12 +5,19 @@ one ``splitedge cloud``, one ``splitedge edge`` and one ``splitedge device`` rea
 shard run a few rounds while :class:`bench.procmem.PeakSampler` watches every pid. The goals
 come from the issue: with CIFAR-10 W_c and 5,000 local images a thin (onnx) device stays
 within 80 MB and a torch device within 300 MB.
+
+The device runs with the environment its systemd unit sets (``Environment=`` in
+deploy/splitedge-device.service, e.g. MALLOC_ARENA_MAX=2), and optionally under another
+interpreter (``--device-python``, e.g. a venv with the CPU-only torch wheel a Pi uses) running
+this same checkout.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -26,6 +33,26 @@ log = logging.getLogger(__name__)
 MB = 1024 * 1024
 GOALS_MB = {"onnx": 80, "torch": 300}  # device only; defined for cifar10 with 5,000 images
 GOAL_DATASET, GOAL_IMAGES = "cifar10", 5000
+DEVICE_UNIT = REPO / "deploy" / "splitedge-device.service"
+
+
+def unit_environment(unit: Path = DEVICE_UNIT) -> dict[str, str]:
+    """The variables a systemd unit's ``Environment=`` lines set (not its EnvironmentFile)."""
+    env: dict[str, str] = {}
+    for line in unit.read_text().splitlines():
+        if line.startswith("Environment="):
+            for item in shlex.split(line[len("Environment="):]):
+                key, _, value = item.partition("=")
+                env[key] = value
+    return env
+
+
+def interpreter_info(python: str) -> dict[str, str | None]:
+    """Path, Python and torch version of the interpreter the device runs under (torch None when absent)."""
+    probe = ("import sys, importlib.metadata as m\ntry:\n t = m.version('torch')\nexcept m.PackageNotFoundError:\n"
+             " t = None\nprint(sys.version.split()[0]); print(t)")
+    out = subprocess.run([python, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    return {"path": python, "python": out[0], "torch": None if out[1] == "None" else out[1]}
 
 
 @dataclass
@@ -40,6 +67,7 @@ class RamSettings:
     seed: int = 0
     timeout_s: float = 600.0
     interval_s: float = 0.05
+    device_python: str | None = None  # interpreter for the device process (default: this one)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RamSettings:
@@ -47,7 +75,8 @@ class RamSettings:
         return cls(dataset=a.dataset, data=a.data, model=a.model, images=images,
                    rounds=a.rounds or (1 if a.quick else 2), backends=tuple(a.backends),
                    max_test=a.max_test or (200 if a.quick else 500), seed=a.seed,
-                   timeout_s=300.0 if a.quick else 900.0)
+                   timeout_s=300.0 if a.quick else 900.0,
+                   device_python=os.path.abspath(a.device_python) if a.device_python else None)
 
 
 def onnx_available() -> bool:
@@ -66,8 +95,10 @@ def write_shard(s: RamSettings, path: Path) -> int:
     return n
 
 
-def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path) -> dict[str, Any]:
-    """One federation (cloud, edge, device) on its own broker; peaks per role."""
+def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path,
+                    device_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One federation (cloud, edge, device) on its own broker; peaks per role. The device runs
+    under ``s.device_python`` with ``device_env`` added to its environment."""
     from protocol.broker import MosquittoBroker
 
     run_id = f"bench-ram-{backend}"
@@ -83,7 +114,8 @@ def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path) -> dic
                                            *data], tmp / f"{backend}-cloud.log")}
         procs["edge"] = spawn_splitedge(["edge", *url, *common, "--id", "e0"], tmp / f"{backend}-edge.log")
         procs["device"] = spawn_splitedge(["device", *url, *common, "--id", "d0", "--edge", "e0",
-                                           "--data", str(shard), "--backend", backend], tmp / f"{backend}-device.log")
+                                           "--data", str(shard), "--backend", backend], tmp / f"{backend}-device.log",
+                                          python=s.device_python, env=device_env)
         for name, proc in procs.items():
             sampler.watch(name, proc.pid)
         sampler.start()
@@ -119,15 +151,18 @@ def run(s: RamSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     if "onnx" in backends and not onnx_available():
         backends.remove("onnx")
         skipped["onnx"] = "device.onnx_backend does not import in this checkout"
+    device_env = unit_environment()
+    device = {**interpreter_info(s.device_python or sys.executable), "env": device_env,
+              "env_source": str(DEVICE_UNIT.relative_to(REPO))}
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-ram-") as tmp_name:
         tmp = Path(tmp_name)
         images = write_shard(s, tmp / "shard.npz")
         for backend in backends:
-            log.info("ram: %s device, %d images", backend, images)
-            runs.append(measure_backend(s, backend, tmp / "shard.npz", tmp))
-    config = {**vars(s), "backends": list(s.backends), "images_written": images}
-    return config, {"runs": runs, "skipped": skipped, "goals_mb": GOALS_MB,
+            log.info("ram: %s device, %d images, %s (torch %s)", backend, images, device["path"], device["torch"])
+            runs.append(measure_backend(s, backend, tmp / "shard.npz", tmp, device_env))
+    config = {**vars(s), "backends": list(s.backends), "images_written": images, "device": device}
+    return config, {"runs": runs, "skipped": skipped, "goals_mb": GOALS_MB, "device": device,
                     "goal_condition": f"{GOAL_DATASET} W_c with {GOAL_IMAGES} local images"}
 
 
@@ -141,6 +176,12 @@ def markdown(results: dict[str, Any]) -> str:
                   "goal applies", "exit"], rows),
            f"\nGoals (checked against max(peak RSS, VmHWM)) hold for {results['goal_condition']}; on other "
            "settings they are shown for reference. RSS includes shared library pages; USS is this process only."]
+    device = results.get("device")
+    if device:
+        env = " ".join(f"{k}={v}" for k, v in device["env"].items()) or "(none)"
+        out += [f"\nDevice process: `{device['path']}` (Python {device['python']}, torch {device['torch'] or 'not installed'})"
+                f", environment from {device['env_source']}: `{env}`; cloud and edge run under the bench's own "
+                "interpreter with OMP_NUM_THREADS=1."]
     out += [f"- {b} skipped: {why}" for b, why in results["skipped"].items()]
     return "\n".join(out)
 

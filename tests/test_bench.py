@@ -11,10 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench import ram
+from bench.procmem import REPO, spawn_splitedge
 from bench.report import table
 from bench.simrun import bytes_to_target
 from methods.registry import list_methods
-from splitedge.cli import main
+from splitedge.cli import build_parser, main
 
 needs_mosquitto = pytest.mark.skipif(shutil.which("mosquitto") is None, reason="mosquitto binary not installed")
 ENV_KEYS = {"suite", "command", "config", "machine", "versions", "results", "seconds"}
@@ -90,6 +92,34 @@ def test_ram_quick(tmp_path: Path) -> None:
         assert {"cloud", "edge", "device", "broker"} <= set(roles)
         assert all(row["peak_mb"] > 0 and row["vm_hwm_mb"] > 0 for row in roles.values())
         assert roles["device"]["goal_mb"] == {"torch": 300, "onnx": 80}[r["backend"]]
+
+
+def test_ram_spawns_the_device_under_the_given_interpreter_with_its_unit_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a stand-in interpreter that records how it was called; the unit's variables unset here
+    for key in ("MALLOC_ARENA_MAX", "PYTHONUNBUFFERED"):
+        monkeypatch.delenv(key, raising=False)
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/argv\nenv > {tmp_path}/env\n')
+    fake.chmod(0o755)
+    args = build_parser("bench").parse_args(["bench", "ram", "--device-python", str(fake)])
+    settings = ram.Settings.from_args(args)
+
+    # Act: spawn the device the way measure_backend does
+    proc = spawn_splitedge(["device", "--id", "d0"], tmp_path / "device.log", python=settings.device_python,
+                           env=ram.unit_environment())
+
+    # Assert: the same checkout's CLI under that interpreter, with the systemd unit's variables
+    assert proc.wait(30) == 0
+    assert (tmp_path / "argv").read_text().split() == ["-m", "splitedge", "device", "--id", "d0"]
+    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line)
+    assert env["MALLOC_ARENA_MAX"] == "2" and env["OMP_NUM_THREADS"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["PYTHONPATH"] == str(REPO)
+    info = {"path": settings.device_python, "python": "3.11.2", "torch": "2.13.0+cpu", "env": {"MALLOC_ARENA_MAX": "2"},
+            "env_source": "deploy/splitedge-device.service"}
+    md = ram.markdown({"runs": [], "skipped": {}, "goal_condition": "x", "device": info})
+    assert f"`{fake}` (Python 3.11.2, torch 2.13.0+cpu)" in md and "`MALLOC_ARENA_MAX=2`" in md
 
 
 @pytest.mark.slow
