@@ -7,7 +7,7 @@ model on images; keeping these few lines in one place keeps the three strategies
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 import numpy as np
 import torch
@@ -62,7 +62,15 @@ def test_accuracy(model: nn.Module, test: tuple[np.ndarray, np.ndarray], spec: M
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def train_epoch(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *,
+class Optimizer(Protocol):
+    """What the training loops call: PlainSGD on devices, any torch.optim optimiser elsewhere."""
+
+    def zero_grad(self) -> None: ...
+
+    def step(self) -> None: ...
+
+
+def train_epoch(model: nn.Module, opt: Optimizer, x: torch.Tensor, y: torch.Tensor, *,
                 batch: int, gen: torch.Generator, loss_fn: LossFn) -> float:
     """One shuffled epoch of `loss_fn(model, xb, yb)`; returns the mean loss, leaves eval mode."""
     model.train()
@@ -115,6 +123,6 @@ class PlainSGD:
             p.add_(grad, alpha=-self.lr)
 
 
-def sgd(params: Iterable[nn.Parameter], lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
-    """The device optimiser of every baseline (the H-SFP device uses the same SGD settings)."""
-    return torch.optim.SGD(list(params), lr=lr, momentum=momentum, weight_decay=weight_decay)
+def sgd(params: Iterable[nn.Parameter], lr: float, momentum: float, weight_decay: float) -> PlainSGD:
+    """The device optimiser of every method: torch.optim.SGD's arithmetic in a device-sized process."""
+    return PlainSGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)

@@ -232,3 +232,31 @@ def test_fedproto_edge_then_cloud_is_the_unweighted_mean_over_devices():
     for i, c in enumerate(classes.tolist()):
         holders = [m[list(cl).index(c)] for cl, _, m in devices if c in cl]
         np.testing.assert_allclose(means[i], np.mean(holders, axis=0), rtol=1e-12)
+
+
+def test_device_sgd_steps_exactly_like_torch_optim_sgd() -> None:
+    """PlainSGD (no torch.optim import on devices) gives bitwise the same weights as torch.optim.SGD
+    with momentum and weight decay, over several steps of a conv net with BatchNorm."""
+    import torch
+
+    from methods.torch_utils import sgd
+    from models import create_split
+
+    def train(make_opt) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = create_split("cnn", num_classes=10, in_channels=3, image_size=8)
+        opt = make_opt(model.parameters())
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            x, y = torch.randn(6, 3, 8, 8, generator=gen), torch.randint(0, 10, (6,), generator=gen)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    ours = train(lambda ps: sgd(ps, 0.05, momentum=0.9, weight_decay=5e-4))
+    ref = train(lambda ps: torch.optim.SGD(list(ps), lr=0.05, momentum=0.9, weight_decay=5e-4))
+    start = train(lambda ps: sgd(ps, 0.0, momentum=0.0, weight_decay=0.0))
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref))
+    assert not all(torch.equal(a, b) for a, b in zip(ours, start))  # the steps did move the weights

@@ -18,7 +18,7 @@ from methods.hsfp.device import HSFPDevice
 from methods.losses import supcon_loss
 from methods.preprocess import to_input
 from methods.strategy import Message, NodeContext, RoundPlan
-from methods.torch_utils import PlainSGD
+from methods.torch_utils import PlainSGD, sgd
 from models import create_split, load_numpy_state, pool, state_to_numpy
 
 
@@ -44,7 +44,7 @@ class HSFPTorchDevice(HSFPDevice):
     def _new_optimizer(self) -> PlainSGD:
         # torch.optim.SGD's arithmetic, minus the torch._dynamo import it drags in (~80 MB RSS)
         params = list(self.wc_local.parameters()) + list(self.head.parameters())
-        return PlainSGD(params, lr=self.cfg.device_lr, momentum=0.9, weight_decay=5e-4)
+        return sgd(params, self.cfg.device_lr, momentum=0.9, weight_decay=5e-4)
 
     def features(self, x: np.ndarray) -> np.ndarray:
         with torch.inference_mode():

@@ -15,7 +15,7 @@ import torch
 from methods.config import ModelSpec, from_config
 from methods.splitfed.config import SplitFedConfig
 from methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from methods.torch_utils import build_split, local_tensors, sgd, shuffled_batches
+from methods.torch_utils import Optimizer, build_split, local_tensors, sgd, shuffled_batches
 from models import load_numpy_state, state_to_numpy
 
 WIRE_DTYPES = {"f2": np.float16, "f4": np.float32}
@@ -62,7 +62,7 @@ class SplitFedDevice(DevicePart):
         yield Message("weights", body)
         yield DONE
 
-    def _step(self, request: Request, opt: torch.optim.Optimizer, batch_id: int, idx: torch.Tensor) -> None:
+    def _step(self, request: Request, opt: Optimizer, batch_id: int, idx: torch.Tensor) -> None:
         """One split step: the edge computes the loss above the cut and returns dL/d(activations)."""
         act = self.wc(self.x[idx])
         wire = act.detach().numpy().astype(WIRE_DTYPES[self.cfg.feature_dtype])

@@ -27,7 +27,7 @@ from methods.averaging import averaged_body, weight_updates
 from methods.config import ModelSpec, from_config
 from methods.splitfed.config import SplitFedConfig
 from methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
-from methods.torch_utils import build_split, sgd
+from methods.torch_utils import Optimizer, build_split, sgd
 from models import load_numpy_state, state_to_numpy
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class ServerSide(nn.Module):
 @dataclass
 class Copy:
     model: ServerSide
-    opt: torch.optim.Optimizer
+    opt: Optimizer
     samples: int = 0
 
 
