@@ -27,6 +27,7 @@ from typing import Any
 
 from bench.procmem import PeakSampler, REPO, spawn_splitedge, wait_all
 from bench.report import pyplot, table, save_figure
+from methods.hsfp.device import WC_IN_USE
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,10 @@ class RamSettings:
     timeout_s: float = 600.0
     interval_s: float = 0.05
     device_python: str | None = None  # interpreter for the device process (default: this one)
+    # H-SFP's slow scale inside the measured rounds: with ic=1 every round after the first brings
+    # a new averaged W_c, so the device's swap (onnx) or reload (torch) and its recomputed
+    # moments are part of what is measured, not only the first round's moments.
+    ic: int = 1
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RamSettings:
@@ -109,13 +114,20 @@ def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path,
         sampler = PeakSampler(s.interval_s)
         if broker.pid:
             sampler.watch("broker", broker.pid)
-        procs = {"cloud": spawn_splitedge(["cloud", *url, *common, "--edges", "1", "--devices", "1", "--rounds",
+        # A thin device never trains, so in a federation of thin devices alone W_c never changes;
+        # a torch peer on the same edge provides the W_c updates whose averages the thin one swaps in.
+        peer = backend != "torch"
+        procs = {"cloud": spawn_splitedge(["cloud", *url, *common, "--edges", "1", "--devices", str(1 + peer),
+                                           "--rounds",
                                            str(s.rounds), "--max-test", str(s.max_test), "--join-timeout", "300",
-                                           *data], tmp / f"{backend}-cloud.log")}
+                                           "--ic", str(s.ic), *data], tmp / f"{backend}-cloud.log")}
         procs["edge"] = spawn_splitedge(["edge", *url, *common, "--id", "e0"], tmp / f"{backend}-edge.log")
-        procs["device"] = spawn_splitedge(["device", *url, *common, "--id", "d0", "--edge", "e0",
+        procs["device"] = spawn_splitedge(["-v", "device", *url, *common, "--id", "d0", "--edge", "e0",
                                            "--data", str(shard), "--backend", backend], tmp / f"{backend}-device.log",
                                           python=s.device_python, env=device_env)
+        if peer:
+            procs["torch peer"] = spawn_splitedge(["device", *url, *common, "--id", "d1", "--edge", "e0", "--data",
+                                                   str(shard), "--backend", "torch"], tmp / f"{backend}-peer.log")
         for name, proc in procs.items():
             sampler.watch(name, proc.pid)
         sampler.start()
@@ -129,7 +141,9 @@ def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path,
                "peak_mb": max(rss, hwm or 0) / MB, "samples": peak["samples"], "exit_code": codes.get(role)}
         row.update(goal(role, backend, row["peak_mb"], s))
         rows.append(row)
-    result = {"backend": backend, "rows": rows, "completed": codes.get("cloud") == 0}
+    device_log = (tmp / f"{backend}-device.log").read_text(errors="replace")
+    result = {"backend": backend, "rows": rows, "completed": codes.get("cloud") == 0,
+              "device_wc_versions_used": device_log.count(WC_IN_USE)}
     if not result["completed"]:  # keep the evidence: the temp folder goes away
         result["log_tails"] = {role: (tmp / f"{backend}-{role}.log").read_text(errors="replace")[-1500:]
                                for role in procs}
@@ -163,7 +177,9 @@ def run(s: RamSettings) -> tuple[dict[str, Any], dict[str, Any]]:
             runs.append(measure_backend(s, backend, tmp / "shard.npz", tmp, device_env))
     config = {**vars(s), "backends": list(s.backends), "images_written": images, "device": device}
     return config, {"runs": runs, "skipped": skipped, "goals_mb": GOALS_MB, "device": device,
-                    "goal_condition": f"{GOAL_DATASET} W_c with {GOAL_IMAGES} local images"}
+                    "goal_condition": f"{GOAL_DATASET} W_c with {GOAL_IMAGES} local images",
+                    "schedule": f"{s.rounds} H-SFP rounds, W_c averaged every {s.ic} (the device loads each "
+                                "new W_c and recomputes its moments within the measured rounds)"}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -176,6 +192,10 @@ def markdown(results: dict[str, Any]) -> str:
                   "goal applies", "exit"], rows),
            f"\nGoals (checked against max(peak RSS, VmHWM)) hold for {results['goal_condition']}; on other "
            "settings they are shown for reference. RSS includes shared library pages; USS is this process only."]
+    if results.get("schedule"):
+        out.append(f"\nMeasured over {results['schedule']}.")
+        out += [f"- {r['backend']} device: {r.get('device_wc_versions_used', 0)} new global W_c put in use"
+                for r in results["runs"]]
     device = results.get("device")
     if device:
         env = " ".join(f"{k}={v}" for k, v in device["env"].items()) or "(none)"

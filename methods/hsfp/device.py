@@ -6,6 +6,7 @@ The extractor is whatever runs W_c here (onnxruntime on a thin device). The torc
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterator, Mapping, Protocol
 
 import numpy as np
@@ -16,7 +17,11 @@ from methods.moments import ClassMoments, MomentAccumulator, moments_to_body
 from methods.preprocess import batches, to_input
 from methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
 
+log = logging.getLogger(__name__)
+
 MOMENT_BATCH = 256
+WC_IN_USE = "moments now use global W_c v"
+"""Logged (info) whenever a new global W_c is in place; the RAM bench counts these lines."""
 
 
 class Extractor(Protocol):
@@ -54,6 +59,7 @@ class HSFPDevice(DevicePart):
         if env.kind == "weights" and body["part"] == "wc" and body["version"] > self.wc_version:
             self.load_global(body["weights"])
             self.wc_version = int(body["version"])
+            log.info("device %s: %s%d", self.ctx.node_id, WC_IN_USE, self.wc_version)
 
     def load_global(self, weights: Mapping[str, np.ndarray]) -> None:
         self.extractor.load_weights(weights)

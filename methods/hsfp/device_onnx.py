@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from methods.hsfp.device import HSFPDevice
+from methods.hsfp.device import WC_IN_USE, HSFPDevice
 from methods.strategy import NodeContext, RoundPlan
 
 log = logging.getLogger(__name__)
@@ -77,3 +77,4 @@ class HSFPOnnxDevice(HSFPDevice):
                         self.wc_version, exc)
             return
         self.wc_version = version
+        log.info("device %s: %s%d", self.ctx.node_id, WC_IN_USE, version)
