@@ -279,4 +279,11 @@ class MqttTransport(Transport):
         self._closed = True
         self._client.disconnect()
         self._client.loop_stop()
+        # paho 2.2 keeps loop_start's wake-up socketpair open until the Client is garbage
+        # collected. A process that opens and closes many clients (the bench runs several
+        # 200-device sims in one process) then climbs past file descriptor 1024, beyond which
+        # paho's select() cannot watch a new client's socket and its CONNACK never arrives.
+        reset = getattr(self._client, "_reset_sockets", None)
+        if callable(reset):
+            reset()
         logger.info("%s: disconnected from %s", self.client_id, self.url)

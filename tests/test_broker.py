@@ -224,3 +224,22 @@ def test_subscription_table_can_change_while_amqtt_iterates_it() -> None:
         plain = {"a": 1}
         for key in plain:
             plain[key + "x"] = 2
+
+
+@needs_mosquitto
+def test_closed_transports_release_their_file_descriptors() -> None:
+    """paho keeps its wake-up socketpair until garbage collection; close() must release it, or a
+    process that runs several big federations climbs past select()'s 1024-descriptor limit."""
+    import os
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with MosquittoBroker() as broker:
+        transports = [MqttTransport(broker.url, client_id=f"fd-{k}", role="device") for k in range(10)]
+        before_close = open_fds()
+        for t in transports:
+            t.close()
+        after = open_fds()
+
+    assert before_close - after >= 30, (before_close, after)  # socket + socketpair (3) for each of 10
