@@ -75,8 +75,15 @@ def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, s
             "wall_seconds": summary["wall_seconds"]}
 
 
+def personalised(method: str) -> bool:
+    from methods.registry import get_method
+
+    return bool(getattr(get_method(method), "personalised", False))
+
+
 def add_bytes_to_reference(rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Per split, each row's rounds and bytes until it first reached FedAvg's final accuracy."""
+    """Per split, each row's rounds and bytes until it first reached FedAvg's final accuracy
+    (not for personalised accuracies, which measure something else)."""
     targets: dict[str, float | None] = {}
     for split in dict.fromkeys(r["split"] for r in rows):
         ref = next((r for r in rows if r["split"] == split and r["method"] == TARGET_REFERENCE
@@ -84,7 +91,7 @@ def add_bytes_to_reference(rows: list[dict[str, Any]]) -> dict[str, float | None
         targets[split] = None if ref is None else float(ref["final_accuracy"])
         for r in rows:
             if r["split"] == split and "error" not in r:
-                target = targets[split]
+                target = None if personalised(r.get("base_method", r["method"])) else targets[split]
                 r["to_reference"] = None if target is None else bytes_to_target(r["per_round"], target)
     return targets
 
@@ -106,14 +113,21 @@ def run(s: AccuracySettings) -> tuple[dict[str, Any], dict[str, Any]]:
     return config, {"runs": rows, "reference": TARGET_REFERENCE, "reference_accuracy": targets}
 
 
+def refresh(results: dict[str, Any]) -> None:
+    """Recompute the reference columns of a finished run (``splitedge bench accuracy --rerender``)."""
+    results["reference_accuracy"] = add_bytes_to_reference(results["runs"])
+
+
 def markdown(results: dict[str, Any]) -> str:
     ok = [r for r in results["runs"] if "error" not in r]
     ref = results.get("reference", TARGET_REFERENCE)
     rows = []
     for r in ok:
         hit = r.get("to_reference") or {}
-        rows.append((r["method"], r["split"], r["final_accuracy"], r["best_accuracy"],
-                     round(r["device_payload_per_device_per_round"]), hit.get("round", "never"),
+        own = personalised(r.get("base_method", r["method"]))
+        rows.append((r["method"] + (" (personalised)" if own else ""), r["split"], r["final_accuracy"],
+                     r["best_accuracy"], round(r["device_payload_per_device_per_round"]),
+                     "n/a" if own else hit.get("round", "never"),
                      hit.get("device_payload_bytes"), hit.get("all_tiers_out_wire_bytes"),
                      round(r["wall_seconds"])))
     out = []
@@ -126,6 +140,9 @@ def markdown(results: dict[str, Any]) -> str:
             table(["method", "split", "final acc", "best acc", "device B/device/round (up+down)",
                    f"round reaching {ref} final", f"device B to {ref} final", f"all tiers wire B to {ref} final",
                    "wall s"], rows)]
+    if any(personalised(r.get("base_method", r["method"])) for r in ok):
+        out.append("\n(personalised): each device's own model on held-out local data, not a global model on "
+                   "the test split, so it is not compared with the reference.")
     targets = results.get("reference_accuracy") or {}
     out += [f"\n- {split}: {ref} final accuracy {t}" for split, t in targets.items() if t is not None]
     out += [f"- {r['method']}: settings {r['overrides']}" for r in ok if r.get("overrides")

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import time
 from pathlib import Path
+from typing import Any
 
 SUITES = {
     "bandwidth": "bench.bandwidth",
@@ -31,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default bench/results/<suite>/; with 'all', one subfolder per suite)")
     p.add_argument("--no-plots", action="store_true", help="skip the matplotlib figures")
+    p.add_argument("--rerender", action="store_true",
+                   help="run nothing: rewrite the markdown (and plots) of the JSON already in --out with this "
+                        "checkout's report code")
     g = p.add_argument_group("federation (bandwidth, accuracy, ram)")
     g.add_argument("--methods", type=_csv, default=(), help="comma-separated; default: every registered method")
     g.add_argument("--dataset", default="digits", choices=("digits", "cifar10"))
@@ -66,6 +70,8 @@ def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str
     from bench import report
 
     module = importlib.import_module(SUITES[name])
+    if args.rerender:
+        return rerender(module, out_dir, plots=not args.no_plots)
     settings = module.Settings.from_args(args)
     started = time.monotonic()
     config, results = module.run(settings)
@@ -73,6 +79,24 @@ def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str
     json_path, md_path = report.write(out_dir, doc, module.markdown(results))
     plots = [] if args.no_plots else module.plot(results, out_dir)
     print(f"bench {name}: wrote {json_path}, {md_path}" + "".join(f", {p}" for p in plots), flush=True)
+    return json_path
+
+
+def rerender(module: Any, out_dir: Path, *, plots: bool) -> Path:
+    """Markdown and plots again from a finished run's JSON (the measurements are not touched;
+    a suite's ``refresh(results)``, when it has one, recomputes what is derived from them)."""
+    import json
+
+    from bench import report
+
+    json_path = out_dir / f"{module.__name__.rsplit('.', 1)[-1]}.json"
+    doc = json.loads(json_path.read_text())
+    if hasattr(module, "refresh"):
+        module.refresh(doc["results"])
+    report.write(out_dir, doc, module.markdown(doc["results"]))
+    if plots:
+        module.plot(doc["results"], out_dir)
+    print(f"bench {doc['suite']}: re-rendered {out_dir}", flush=True)
     return json_path
 
 

@@ -172,6 +172,9 @@ class Method:
     name: str = ""
     Config: type = object
     parts: Mapping[str, str] = {}
+    personalised: bool = False
+    """True when the reported accuracy is each device's own model on its own held-out data
+    (FedProto), which is not comparable with a global model's test accuracy."""
 
     @classmethod
     def _part_class(cls, key: str) -> Any:

@@ -181,10 +181,28 @@ def test_every_row_gets_rounds_and_bytes_to_fedavg_final_accuracy_of_its_split()
     rows = [{"method": "fedavg", "split": "IID", "final_accuracy": 0.5, "per_round": per_round(0.3, 0.5)},
             {"method": "hsfp", "split": "IID", "final_accuracy": 0.6, "per_round": per_round(0.55, 0.6)},
             {"method": "hsfp", "split": "Dirichlet(0.3)", "final_accuracy": 0.2, "per_round": per_round(0.2)},
-            {"method": "slow", "split": "IID", "final_accuracy": 0.4, "per_round": per_round(0.3, 0.4)}]
+            {"method": "slow", "base_method": "hsfp", "split": "IID", "final_accuracy": 0.4,
+             "per_round": per_round(0.3, 0.4)},
+            {"method": "fedproto", "split": "IID", "final_accuracy": 0.9, "per_round": per_round(0.9, 0.9)}]
 
     targets = add_bytes_to_reference(rows)
 
     assert targets == {"IID": 0.5, "Dirichlet(0.3)": None}
     assert rows[0]["to_reference"]["round"] == 2 and rows[1]["to_reference"]["device_payload_bytes"] == 100
     assert rows[2]["to_reference"] is None and rows[3]["to_reference"] is None
+    assert rows[4]["to_reference"] is None  # personalised accuracy is not held against a global model's
+
+
+def test_rerender_rewrites_markdown_from_the_json_without_running(tmp_path: Path) -> None:
+    from bench import report
+
+    rows = [{"method": "fedavg", "base_method": "fedavg", "split": "IID", "final_accuracy": 0.5, "best_accuracy": 0.5,
+             "accuracy_per_round": [0.5], "device_payload_per_device_per_round": 10.0, "wall_seconds": 1.0,
+             "per_round": [{"round": 1, "accuracy": 0.5, "bytes": {"device": {"out_payload": 7, "in_payload": 3}}}]}]
+    doc = report.document("accuracy", ["bench", "accuracy"], {}, {"runs": rows}, 1.0)
+    report.write(tmp_path, doc, "stale")
+
+    assert main(["bench", "accuracy", "--rerender", "--no-plots", "--out", str(tmp_path)]) == 0
+
+    md = (tmp_path / "accuracy.md").read_text()
+    assert "stale" not in md and "| fedavg | IID | 0.5 |" in md and "fedavg final accuracy 0.5" in md

@@ -9,6 +9,7 @@ from methods.strategy import Method
 class FedProto(Method):
     name = "fedproto"
     Config = FedProtoConfig
+    personalised = True
     parts = {
         "device:torch": "methods.fedproto.device:FedProtoDevice",
         "edge": "methods.fedproto.edge:FedProtoEdge",
