@@ -73,6 +73,7 @@ class RamSettings:
     # a new averaged W_c, so the device's swap (onnx) or reload (torch) and its recomputed
     # moments are part of what is measured, not only the first round's moments.
     ic: int = 1
+    settings: tuple[str, ...] = ()  # more H-SFP settings, KEY=VALUE, passed to the cloud's --set
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> RamSettings:
@@ -81,7 +82,8 @@ class RamSettings:
                    rounds=a.rounds or (1 if a.quick else 2), backends=tuple(a.backends),
                    max_test=a.max_test or (200 if a.quick else 500), seed=a.seed,
                    timeout_s=300.0 if a.quick else 900.0,
-                   device_python=os.path.abspath(a.device_python) if a.device_python else None)
+                   device_python=os.path.abspath(a.device_python) if a.device_python else None,
+                   settings=tuple(getattr(a, "settings", None) or ()))
 
 
 def onnx_available() -> bool:
@@ -120,7 +122,9 @@ def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path,
         procs = {"cloud": spawn_splitedge(["cloud", *url, *common, "--edges", "1", "--devices", str(1 + peer),
                                            "--rounds",
                                            str(s.rounds), "--max-test", str(s.max_test), "--join-timeout", "300",
-                                           "--ic", str(s.ic), *data], tmp / f"{backend}-cloud.log")}
+                                           "--ic", str(s.ic), *data,
+                                           *(arg for kv in s.settings for arg in ("--set", kv))],
+                                          tmp / f"{backend}-cloud.log")}
         procs["edge"] = spawn_splitedge(["edge", *url, *common, "--id", "e0"], tmp / f"{backend}-edge.log")
         procs["device"] = spawn_splitedge(["-v", "device", *url, *common, "--id", "d0", "--edge", "e0",
                                            "--data", str(shard), "--backend", backend], tmp / f"{backend}-device.log",
@@ -179,7 +183,8 @@ def run(s: RamSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     return config, {"runs": runs, "skipped": skipped, "goals_mb": GOALS_MB, "device": device,
                     "goal_condition": f"{GOAL_DATASET} W_c with {GOAL_IMAGES} local images",
                     "schedule": f"{s.rounds} H-SFP rounds, W_c averaged every {s.ic} (the device loads each "
-                                "new W_c and recomputes its moments within the measured rounds)"}
+                                "new W_c and recomputes its moments within the measured rounds)"
+                                + (f", settings {' '.join(s.settings)}" if s.settings else "")}
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -206,3 +206,20 @@ def test_rerender_rewrites_markdown_from_the_json_without_running(tmp_path: Path
 
     md = (tmp_path / "accuracy.md").read_text()
     assert "stale" not in md and "| fedavg | IID | 0.5 |" in md and "fedavg final accuracy 0.5" in md
+
+
+def test_recorded_command_repeats_append_options_and_joins_lists() -> None:
+    from bench.cli import add_arguments, command_line
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["accuracy", "--methods", "fedavg,hsfp", "--variant", "a=hsfp:ic=2,ie=2",
+                         "--variant", "b=splitfed", "--set", "device_batch=32"])
+
+    line = command_line(args)
+    assert line[:2] == ["bench", "accuracy"]
+    text = " ".join(line)
+    for part in ("--methods fedavg,hsfp", "--variant a=hsfp:ic=2,ie=2 --variant b=splitfed", "--set device_batch=32"):
+        assert part in text, text
+    assert p.parse_args(line[1:]).variant == args.variant  # the record replays
