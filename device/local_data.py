@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from methods.datasets import IMAGE_SUFFIXES, load_image_folder, load_shard, read_image
+from methods.datasets import list_image_folder, load_image_folder, load_shard, read_image
 
 log = logging.getLogger(__name__)
 
@@ -154,17 +154,9 @@ class FolderImages(_RowImages):
 
 def folder_images(root: str | os.PathLike) -> tuple[FolderImages, np.ndarray]:
     """(images, labels) of <root>/<class>/<image>, classes in sorted folder order."""
-    root = Path(root)
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    files, labels = [], []
-    for label, cls in enumerate(classes):
-        names = sorted(p for p in (root / cls).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        files += names
-        labels += [label] * len(names)
-    if not files:
-        raise ValueError(f"{root}: no images found")
+    files, labels, _ = list_image_folder(Path(root))
     mode = "L" if all(_mode_of(f) == "L" for f in files) else "RGB"  # as load_image_folder decides
-    return FolderImages(files, mode), np.asarray(labels, dtype=np.int64)
+    return FolderImages(files, mode), labels
 
 
 def _mode_of(path: Path) -> str:

@@ -236,8 +236,22 @@ def load_image_folder(path: str | os.PathLike, classes: list[str] | None = None,
     mode: a PIL mode ("RGB", "L"); default RGB unless every image is single-channel.
     """
     root = Path(path)
+    files, labels, classes = list_image_folder(root, classes)
+    images = [read_image(f, mode) for f in files]
+    if mode is None and any(im.ndim == 3 for im in images):
+        images = [np.repeat(im[..., None], 3, axis=2) if im.ndim == 2 else im for im in images]
+    shapes = {im.shape for im in images}
+    if len(shapes) != 1:
+        raise ValueError(f"{root}: images differ in shape: {sorted(shapes)[:3]}")
+    x = np.stack(images)
+    return (x if x.ndim == 4 else x[..., None]), labels, classes
+
+
+def list_image_folder(root: Path, classes: list[str] | None = None) -> tuple[list[Path], np.ndarray, list[str]]:
+    """(image files, int64 labels, classes) of <root>/<class>/<image>, in class then name order."""
     classes = classes if classes is not None else sorted(p.name for p in root.iterdir() if p.is_dir())
-    files, labels = [], []
+    files: list[Path] = []
+    labels: list[int] = []
     for label, cls in enumerate(classes):
         if not (root / cls).is_dir():
             raise ValueError(f"{root}: class folder {cls!r} missing")
@@ -246,14 +260,7 @@ def load_image_folder(path: str | os.PathLike, classes: list[str] | None = None,
         labels += [label] * len(names)
     if not files:
         raise ValueError(f"{root}: no images found")
-    images = [read_image(f, mode) for f in files]
-    if mode is None and any(im.ndim == 3 for im in images):
-        images = [np.repeat(im[..., None], 3, axis=2) if im.ndim == 2 else im for im in images]
-    shapes = {im.shape for im in images}
-    if len(shapes) != 1:
-        raise ValueError(f"{root}: images differ in shape: {sorted(shapes)[:3]}")
-    x = np.stack(images)
-    return (x if x.ndim == 4 else x[..., None]), np.asarray(labels, dtype=np.int64), list(classes)
+    return files, np.asarray(labels, dtype=np.int64), list(classes)
 
 
 def read_image(path: Path, mode: str | None) -> np.ndarray:
