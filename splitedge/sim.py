@@ -97,8 +97,8 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
 
 
 SIM_CONNECT_TIMEOUT_S = 60.0
-"""One process holds every node's MQTT client (200 devices: 400+ threads on one GIL); a busy
-box then takes longer than a lone device's 10 s to deliver a CONNACK to the waiting client."""
+"""A margin over a lone device's 10 s: one process holds every node's MQTT client (200 devices:
+400+ threads on one GIL) while already-started nodes are busy."""
 
 
 class Federation:
