@@ -44,6 +44,20 @@ class SimSettings:
     backends: tuple[str, ...] = ("torch",)
     overrides: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        nodes = self.devices + self.edges + 1
+        if nodes > MAX_SIM_NODES:
+            raise ValueError(f"a sim holds one MQTT client per node in one process; {nodes} nodes is more than "
+                             f"the {MAX_SIM_NODES} it can (paho waits with select(), which cannot watch "
+                             f"descriptors past 1023). Run larger federations as separate device processes.")
+        if self.devices < 1 or self.edges < 1:
+            raise ValueError(f"need at least one device and one edge, got {self.devices} and {self.edges}")
+
+
+MAX_SIM_NODES = 320
+"""Each paho client holds 3 descriptors (socket + wake-up pair); at 340 clients a process passes
+descriptor 1023 and new clients never get their CONNACK (measured with Mosquitto)."""
+
 
 def partition(labels: np.ndarray, settings: SimSettings) -> list[np.ndarray]:
     from methods.partition import dirichlet, iid

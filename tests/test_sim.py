@@ -96,3 +96,13 @@ def test_the_named_subcommand_is_found_after_global_flags_only() -> None:
     assert _chosen_command(["--verbose", "bench", "ram"]) == "bench"
     assert _chosen_command(["--help"]) is None and _chosen_command([]) is None
     assert build_parser("edge").parse_args(["edge", "--broker", "mqtt://h", "--id", "e1"]).id == "e1"
+
+
+def test_sim_settings_refuse_more_nodes_than_one_process_can_connect() -> None:
+    from splitedge.sim import MAX_SIM_NODES, SimSettings
+
+    SimSettings(devices=MAX_SIM_NODES - 11, edges=10)
+    with pytest.raises(ValueError, match="select"):
+        SimSettings(devices=MAX_SIM_NODES, edges=10)
+    with pytest.raises(ValueError, match="at least one device"):
+        SimSettings(devices=0, edges=1)
