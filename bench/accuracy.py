@@ -144,7 +144,8 @@ def markdown(results: dict[str, Any]) -> str:
         out.append("\n(personalised): each device's own model on held-out local data, not a global model on "
                    "the test split, so it is not compared with the reference.")
     targets = results.get("reference_accuracy") or {}
-    out += [f"\n- {split}: {ref} final accuracy {t}" for split, t in targets.items() if t is not None]
+    out.append("")
+    out += [f"- {split}: {ref} final accuracy {t:.4g}" for split, t in targets.items() if t is not None]
     out += [f"- {r['method']}: settings {r['overrides']}" for r in ok if r.get("overrides")
             and r["split"] == ok[0]["split"]]
     out += [f"- {r['method']} / {r['split']} failed: {r['error']}" for r in results["runs"] if "error" in r]
