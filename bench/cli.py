@@ -20,7 +20,6 @@ SUITES = {
     "accuracy": "bench.accuracy",
 }
 DEFAULT_OUT = Path("bench/results")
-FLAG_OF_DEST = {"settings": "--set"}  # options whose dest is not their flag
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -57,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ram")
     g.add_argument("--images", type=int, default=None, help="images on the measured device")
     g.add_argument("--backends", type=_csv, default=("torch", "onnx"), help="device backends to measure")
-    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="H-SFP setting for the measured federation (repeatable), e.g. device_batch=32")
     g.add_argument("--device-python", default=None, metavar="PATH",
                    help="interpreter for the measured device (runs this checkout), e.g. a venv with the "
@@ -110,7 +109,7 @@ def command_line(args: argparse.Namespace) -> list[str]:
     for key, value in vars(args).items():
         if key in ("suite", "command", "module", "verbose") or value in (None, False, (), []):
             continue
-        flag = FLAG_OF_DEST.get(key, "--" + key.replace("_", "-"))
+        flag = "--" + key.replace("_", "-")
         if value is True:
             out.append(flag)
         elif isinstance(value, list):  # action="append": the flag once per value

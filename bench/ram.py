@@ -83,7 +83,7 @@ class RamSettings:
                    max_test=a.max_test or (200 if a.quick else 500), seed=a.seed,
                    timeout_s=300.0 if a.quick else 900.0,
                    device_python=os.path.abspath(a.device_python) if a.device_python else None,
-                   settings=tuple(getattr(a, "settings", None) or ()))
+                   settings=tuple(getattr(a, "set", None) or ()))
 
 
 def onnx_available() -> bool:
