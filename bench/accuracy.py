@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.bandwidth import TARGET_REFERENCE, selected_methods
-from bench.report import pyplot, table, save_figure
-from bench.simrun import FederationSettings, bytes_to_target, device_bytes, parse_variant, run_on_mosquitto
+from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
+from splitedge.bench.report import pyplot, table, save_figure
+from splitedge.bench.simrun import FederationSettings, bytes_to_target, device_bytes, parse_variant, run_on_mosquitto
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, s
 
 
 def personalised(method: str) -> bool:
-    from methods.registry import get_method
+    from splitedge.methods.registry import get_method
 
     return bool(getattr(get_method(method), "personalised", False))
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import pyplot, table, save_figure
-from bench.simrun import FederationSettings, all_out_wire, bytes_to_target, run_on_mosquitto
+from splitedge.bench.report import pyplot, table, save_figure
+from splitedge.bench.simrun import FederationSettings, all_out_wire, bytes_to_target, run_on_mosquitto
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class BandwidthSettings(FederationSettings):
 def selected_methods(methods: tuple[str, ...]) -> list[str]:
     """``methods`` checked against the registry, or the whole registry (new methods appear here
     without bench changes)."""
-    from methods.registry import list_methods
+    from splitedge.methods.registry import list_methods
 
     known = list_methods()
     unknown = [m for m in methods if m not in known]
@@ -89,8 +89,8 @@ def pick_target(rows: list[dict[str, Any]], given: float | None) -> tuple[float 
 
 def moments_overhead(dims: tuple[int, ...] = MOMENT_DIMS, classes: int = 10) -> list[dict[str, Any]]:
     """Encoded H-SFP ``moments`` message vs the raw bytes of its arrays, per dim and dtype."""
-    from methods.moments import ClassMoments, moments_to_body
-    from protocol import Envelope, encode
+    from splitedge.methods.moments import ClassMoments, moments_to_body
+    from splitedge.protocol import Envelope, encode
 
     rng, rows = np.random.default_rng(0), []
     for dim in dims:
@@ -107,7 +107,7 @@ def moments_overhead(dims: tuple[int, ...] = MOMENT_DIMS, classes: int = 10) -> 
 
 def run(s: BandwidthSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config, results) of the suite."""
-    from bench.wire_overhead import wire_overhead
+    from splitedge.bench.wire_overhead import wire_overhead
 
     rows: list[dict[str, Any]] = []
     for method in selected_methods(s.methods):

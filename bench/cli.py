@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 SUITES = {
-    "bandwidth": "bench.bandwidth",
-    "ram": "bench.ram",
-    "throughput": "bench.throughput",
-    "accuracy": "bench.accuracy",
+    "bandwidth": "splitedge.bench.bandwidth",
+    "ram": "splitedge.bench.ram",
+    "throughput": "splitedge.bench.throughput",
+    "accuracy": "splitedge.bench.accuracy",
 }
 DEFAULT_OUT = Path("bench/results")
 
@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str]) -> Path:
     """Run one suite and write its files; returns the JSON path."""
-    from bench import report
+    from splitedge.bench import report
 
     module = importlib.import_module(SUITES[name])
     if args.rerender:
@@ -89,7 +89,7 @@ def rerender(module: Any, out_dir: Path, *, plots: bool) -> Path:
     a suite's ``refresh(results)``, when it has one, recomputes what is derived from them)."""
     import json
 
-    from bench import report
+    from splitedge.bench import report
 
     json_path = out_dir / f"{module.__name__.rsplit('.', 1)[-1]}.json"
     doc = json.loads(json_path.read_text())

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from protocol.codec import Envelope, encode
-from protocol.topics import topic
+from splitedge.protocol.codec import Envelope, encode
+from splitedge.protocol.topics import topic
 
 DISTINCT = 16  # distinct payloads cycled: realistic content without N x 650 KB of RAM
 
@@ -28,7 +28,7 @@ def moments_payloads(count: int, dim: int, classes: int = 10, dtype: str = "f4",
     Each envelope has its own sender and msg_id (receivers drop duplicate ids); the array
     content repeats every DISTINCT messages to bound memory.
     """
-    from methods.moments import ClassMoments, moments_to_body
+    from splitedge.methods.moments import ClassMoments, moments_to_body
 
     rng = np.random.default_rng(seed)
     bodies = []
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--dtype", default="f4")
     args = p.parse_args(argv)
-    from protocol.mqtt import MqttTransport
+    from splitedge.protocol.mqtt import MqttTransport
 
     payloads = moments_payloads(args.count, args.dim, args.classes, args.dtype, args.run)
     with MqttTransport(args.url, client_id=f"bench-load-{args.run}", role="device") as transport:

@@ -93,13 +93,15 @@ class PeakSampler:
 
 def spawn_splitedge(args: list[str], log_path: Path, *, python: str | None = None,
                     env: Mapping[str, str] | None = None) -> subprocess.Popen:
-    """``python -m splitedge ARGS`` from this checkout with one intra-op thread (as on a small
-    device), logging to a file. ``python`` is the interpreter (default: this one, e.g. another
-    venv's with a different torch build); ``env`` is added to the environment."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
+    """``python -m splitedge ARGS`` with one intra-op thread (as on a small device), logging to a
+    file. ``python`` is the interpreter (default: this one; another venv's, e.g. with a different
+    torch build, needs splitedge installed in it); ``env`` is added to the environment. Runs
+    from the log's folder, so the installed package is what runs, never a bare repo folder."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log_path, "w") as log:
         return subprocess.Popen([python or sys.executable, "-m", "splitedge", *args], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, cwd=REPO)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
+                                cwd=log_path.parent)
 
 
 def wait_all(procs: dict[str, subprocess.Popen], first: str, timeout: float, grace: float = 20.0) -> dict[str, int]:

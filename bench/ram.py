@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.procmem import PeakSampler, REPO, spawn_splitedge, wait_all
-from bench.report import pyplot, table, save_figure
-from methods.hsfp.device import WC_IN_USE
+from splitedge.bench.procmem import PeakSampler, REPO, spawn_splitedge, wait_all
+from splitedge.bench.report import pyplot, table, save_figure
+from splitedge.methods.hsfp.device import WC_IN_USE
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def interpreter_info(python: str) -> dict[str, str | None]:
     """Path, Python and torch version of the interpreter the device runs under (torch None when absent)."""
     probe = ("import sys, importlib.metadata as m\ntry:\n t = m.version('torch')\nexcept m.PackageNotFoundError:\n"
              " t = None\nprint(sys.version.split()[0]); print(t)")
-    out = subprocess.run([python, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     return {"path": python, "python": out[0], "torch": None if out[1] == "None" else out[1]}
 
 
@@ -88,13 +88,13 @@ class RamSettings:
 
 def onnx_available() -> bool:
     """The onnx backend exists in this checkout (a separate interpreter, so this one stays clean)."""
-    probe = subprocess.run([sys.executable, "-c", "import device.onnx_backend"], cwd=REPO, capture_output=True)
+    probe = subprocess.run([sys.executable, "-c", "import splitedge.device.onnx_backend"], capture_output=True)
     return probe.returncode == 0
 
 
 def write_shard(s: RamSettings, path: Path) -> int:
     """The device's local data: the first ``images`` training images (fewer if the set is smaller)."""
-    from methods.datasets import load_dataset, save_shard
+    from splitedge.methods.datasets import load_dataset, save_shard
 
     (x, y), _, _ = load_dataset(s.dataset, s.data, seed=s.seed)
     n = min(s.images, len(y))
@@ -106,7 +106,7 @@ def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path,
                     device_env: dict[str, str] | None = None) -> dict[str, Any]:
     """One federation (cloud, edge, device) on its own broker; peaks per role. The device runs
     under ``s.device_python`` with ``device_env`` added to its environment."""
-    from protocol.broker import MosquittoBroker
+    from splitedge.protocol.broker import MosquittoBroker
 
     run_id = f"bench-ram-{backend}"
     common = ["--run", run_id]

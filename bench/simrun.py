@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.sysbytes import SysMonitor, agreement, capture_transports, tier_totals
+from splitedge.bench.sysbytes import SysMonitor, agreement, capture_transports, tier_totals
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]
     accuracy, round seconds and cumulative bytes by tier, the final bytes by tier (payload,
     packet, wire) and the $SYS cross-check (None when ``check_sys`` is False).
     """
-    from protocol.broker import MosquittoBroker
+    from splitedge.protocol.broker import MosquittoBroker
     from splitedge.sim import run_sim
 
     with MosquittoBroker(sys_interval=1) as broker, tempfile.TemporaryDirectory(prefix="bench-sim-") as tmp:

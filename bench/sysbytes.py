@@ -17,8 +17,8 @@ from typing import Any, Iterator
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from protocol.mqtt import parse_url
-from protocol.transport import Transport, wait_for
+from splitedge.protocol.mqtt import parse_url
+from splitedge.protocol.transport import Transport, wait_for
 
 SYS_RECEIVED = "$SYS/broker/bytes/received"
 
@@ -97,7 +97,7 @@ def capture_transports() -> Iterator[list[Transport]]:
     changes. A run that opens no transport through it yields an empty list, which callers
     treat as an error rather than reporting zero bytes.
     """
-    import protocol.node as node
+    import splitedge.protocol.node as node
 
     opened: list[Transport] = []
     original = node.connect

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.mqtt_load import moments_payloads
-from bench.procmem import REPO
-from bench.report import pyplot, table, save_figure
+from splitedge.bench.mqtt_load import moments_payloads
+
+from splitedge.bench.report import pyplot, table, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class StreamingMerge:
             self.flush()
 
     def flush(self) -> Any:
-        from methods.moments import merge_moments
+        from splitedge.methods.moments import merge_moments
 
         if self.pending:
             self.total = merge_moments(([self.total] if self.total is not None else []) + self.pending)
@@ -75,8 +75,8 @@ class StreamingMerge:
 
 def in_process(count: int, dim: int, s: ThroughputSettings) -> dict[str, Any]:
     """decode (with validation) + moments_from_body + merge, repeated for at least min_seconds."""
-    from methods.moments import moments_from_body
-    from protocol.codec import decode
+    from splitedge.methods.moments import moments_from_body
+    from splitedge.protocol.codec import decode
 
     payloads = [p for _, p in moments_payloads(count, dim, s.classes, s.dtype, seed=s.seed)]
     nbytes, reps = sum(map(len, payloads)), 0
@@ -96,9 +96,9 @@ def in_process(count: int, dim: int, s: ThroughputSettings) -> dict[str, Any]:
 
 def end_to_end(count: int, dim: int, s: ThroughputSettings, url: str) -> dict[str, Any]:
     """A publisher process sends ``count`` messages; one MqttTransport receives + merges them."""
-    from methods.moments import moments_from_body
-    from protocol.mqtt import MqttTransport
-    from protocol.topics import pattern
+    from splitedge.methods.moments import moments_from_body
+    from splitedge.protocol.mqtt import MqttTransport
+    from splitedge.protocol.topics import pattern
 
     run, merger, done, last = f"tp{count}x{dim}", StreamingMerge(), threading.Event(), [0.0]
 
@@ -111,9 +111,9 @@ def end_to_end(count: int, dim: int, s: ThroughputSettings, url: str) -> dict[st
 
     with MqttTransport(url, client_id=f"bench-edge-{run}", role="edge") as edge:
         edge.subscribe(pattern(run, "device", "+", "up", "moments"), on_moments)
-        pub = subprocess.Popen([sys.executable, "-m", "bench.mqtt_load", "--url", url, "--run", run, "--count",
+        pub = subprocess.Popen([sys.executable, "-m", "splitedge.bench.mqtt_load", "--url", url, "--run", run, "--count",
                                 str(count), "--dim", str(dim), "--classes", str(s.classes), "--dtype", s.dtype],
-                               cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             if pub.stdout is None or pub.stdin is None or pub.stdout.readline().strip() != "ready":
                 raise RuntimeError("publisher did not start")
@@ -135,7 +135,7 @@ def end_to_end(count: int, dim: int, s: ThroughputSettings, url: str) -> dict[st
 
 def round_time(devices: int, s: ThroughputSettings) -> dict[str, Any]:
     """run_sim on digits through Mosquitto with ``devices`` devices behind 2 edges."""
-    from bench.simrun import run_on_mosquitto
+    from splitedge.bench.simrun import run_on_mosquitto
     from splitedge.sim import SimSettings
 
     settings = SimSettings(rounds=s.grow_rounds, devices=devices, edges=2, dataset="digits", seed=s.seed,
@@ -148,7 +148,7 @@ def round_time(devices: int, s: ThroughputSettings) -> dict[str, Any]:
 
 
 def run(s: ThroughputSettings) -> tuple[dict[str, Any], dict[str, Any]]:
-    from protocol.broker import MosquittoBroker
+    from splitedge.protocol.broker import MosquittoBroker
 
     merge = [in_process(n, d, s) for d in s.dims for n in s.counts]
     # an edge that falls behind must not lose messages to Mosquitto's default 1,000-message queue

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol import Envelope, encode
+from splitedge.protocol import Envelope, encode
 
 __all__ = ["SIZES", "overhead", "wire_overhead", "markdown"]
 

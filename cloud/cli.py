@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from cloud.options import add_run_arguments
+from splitedge.cloud.options import add_run_arguments
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from cloud.coordinator import CloudCoordinator, CloudSettings
-    from cloud.options import build_run_config, method_overrides
-    from methods.datasets import load_dataset
-    from protocol.node import connect, write_counters
+    from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
+    from splitedge.cloud.options import build_run_config, method_overrides
+    from splitedge.methods.datasets import load_dataset
+    from splitedge.protocol.node import connect, write_counters
 
     torch.set_num_threads(args.threads)
     _, test, info = load_dataset(args.dataset, args.data, max_test=args.max_test, seed=args.seed)

@@ -10,8 +10,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from methods.config import ModelSpec, to_config
-from methods.registry import get_method, list_methods
+from splitedge.methods.config import ModelSpec, to_config
+from splitedge.methods.registry import get_method, list_methods
 
 DEFAULT_MODEL = {"digits": "cnn", "cifar10": "cnn"}
 
@@ -68,7 +68,7 @@ def build_run_config(method: str, info: Any, model: str | None, seed: int, deadl
     unknown = set(overrides) - set(names)
     if unknown:
         raise ValueError(f"unknown {method} settings {sorted(unknown)}; known: {sorted(names)}")
-    from methods.config import from_config
+    from splitedge.methods.config import from_config
 
     cfg = from_config(config_cls, overrides)
     return {**to_config(spec), **to_config(cfg), "deadline_s": float(deadline_s)}

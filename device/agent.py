@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from methods.registry import get_method
-from methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from protocol.codec import Envelope
-from protocol.node import Node
-from protocol.topics import pattern
-from protocol.transport import Transport
+from splitedge.methods.registry import get_method
+from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.node import Node
+from splitedge.protocol.topics import pattern
+from splitedge.protocol.transport import Transport
 
 log = logging.getLogger(__name__)
 

@@ -28,14 +28,14 @@ def load_local_data(path: Path, backend: str = "torch"):
     """The device's own data, with numpy/PIL only. The thin (onnx) device streams its images
     from storage a batch at a time (device/local_data.py); the torch device trains on random
     batches and holds them in memory."""
-    from device.local_data import open_local_data
+    from splitedge.device.local_data import open_local_data
 
     return open_local_data(path, stream=backend == "onnx")
 
 
 def run(args: argparse.Namespace) -> int:
-    from device.agent import DeviceAgent
-    from protocol.node import connect, write_counters
+    from splitedge.device.agent import DeviceAgent
+    from splitedge.protocol.node import connect, write_counters
 
     data = load_local_data(args.data, args.backend)
     backend = args.backend

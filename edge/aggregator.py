@@ -14,13 +14,13 @@ import time
 
 import numpy as np
 
-from methods.registry import get_method
-from methods.strategy import EdgePart, Message, NodeContext, RoundPlan
-from protocol.codec import Envelope
-from protocol.node import Node, clear_retained
-from protocol.rounds import RoundCollector
-from protocol.topics import parse, pattern, topic
-from protocol.transport import Transport
+from splitedge.methods.registry import get_method
+from splitedge.methods.strategy import EdgePart, Message, NodeContext, RoundPlan
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.node import Node, clear_retained
+from splitedge.protocol.rounds import RoundCollector
+from splitedge.protocol.topics import parse, pattern, topic
+from splitedge.protocol.transport import Transport
 
 log = logging.getLogger(__name__)
 

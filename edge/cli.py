@@ -20,8 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from edge.aggregator import EdgeAggregator
-    from protocol.node import connect, write_counters
+    from splitedge.edge.aggregator import EdgeAggregator
+    from splitedge.protocol.node import connect, write_counters
 
     torch.set_num_threads(args.threads)
     down = connect(args.broker, run=args.run, tier="edge", node_id=args.id)

@@ -32,7 +32,7 @@ def load_checkpoint(path: Path, info, model: str | None):
     """The SplitModel the checkpoint was saved from (the named model, or the first that fits)."""
     from safetensors.numpy import load_file
 
-    from models import create_split, list_models, load_numpy_state
+    from splitedge.models import create_split, list_models, load_numpy_state
 
     weights = load_file(str(path))
     errors = []
@@ -64,9 +64,9 @@ def _scalars_as_saved(weights: dict, expected: dict) -> dict:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from exporters.suite import export_split, markdown_table
-    from methods.datasets import load_dataset
-    from methods.preprocess import to_input
+    from splitedge.exporters.suite import export_split, markdown_table
+    from splitedge.methods.datasets import load_dataset
+    from splitedge.methods.preprocess import to_input
 
     torch.set_num_threads(1)
     train, test, info = load_dataset(args.dataset, args.data, max_train=args.calibration,

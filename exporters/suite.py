@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 from torch import nn
 
-from exporters.onnx_export import FP32_TOL, Tolerance, export_module, max_abs_diff, run_onnx, run_torch
-from exporters.variants import to_fp16, to_int8
+from splitedge.exporters.onnx_export import FP32_TOL, Tolerance, export_module, max_abs_diff, run_onnx, run_torch
+from splitedge.exporters.variants import to_fp16, to_int8
 
 log = logging.getLogger(__name__)
 

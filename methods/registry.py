@@ -7,10 +7,10 @@ from typing import Any
 
 # name -> "module:attribute" of a Method subclass; importing the module must not import torch.
 _METHODS: dict[str, str] = {
-    "hsfp": "methods.hsfp.method:HSFP",
-    "fedavg": "methods.fedavg.method:FedAvg",
-    "splitfed": "methods.splitfed.method:SplitFed",
-    "fedproto": "methods.fedproto.method:FedProto",
+    "hsfp": "splitedge.methods.hsfp.method:HSFP",
+    "fedavg": "splitedge.methods.fedavg.method:FedAvg",
+    "splitfed": "splitedge.methods.splitfed.method:SplitFed",
+    "fedproto": "splitedge.methods.fedproto.method:FedProto",
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from methods.moments import ClassMoments
+from splitedge.methods.moments import ClassMoments
 
 CHUNK_ELEMENTS = 1 << 22  # ~4M values per noise chunk (16-32 MB) whatever D is
 

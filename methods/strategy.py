@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from protocol.rounds import RoundReport
+from splitedge.protocol.rounds import RoundReport
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from methods.config import ModelSpec
-from methods.preprocess import batches, to_input
-from models import SplitModel, create_split
+from splitedge.methods.config import ModelSpec
+from splitedge.methods.preprocess import batches, to_input
+from splitedge.models import SplitModel, create_split
 
 
 def build_split(spec: ModelSpec) -> SplitModel:

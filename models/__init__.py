@@ -3,10 +3,10 @@
 Importing the package registers the built-in models ("cnn", "resnet18"); registration only
 fills the in-process name table (no seeds, no downloads).
 """
-from models.registry import create_split, list_models, register_model
-from models.split import PART_NAMES, SplitModel, pool
-from models.state import average_states, load_numpy_state, state_to_numpy
-from models import cnn as _cnn, resnet as _resnet  # noqa: F401  (register the models)
+from splitedge.models.registry import create_split, list_models, register_model
+from splitedge.models.split import PART_NAMES, SplitModel, pool
+from splitedge.models.state import average_states, load_numpy_state, state_to_numpy
+from splitedge.models import cnn as _cnn, resnet as _resnet  # noqa: F401  (register the models)
 
 __all__ = [
     "PART_NAMES", "SplitModel", "average_states", "create_split", "list_models",

@@ -12,8 +12,8 @@ from collections import OrderedDict
 
 from torch import nn
 
-from models.registry import register_model
-from models.split import SplitModel
+from splitedge.models.registry import register_model
+from splitedge.models.split import SplitModel
 
 
 def conv_block(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:

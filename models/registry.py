@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from models.split import SplitModel
+from splitedge.models.split import SplitModel
 
 ModelFn = Callable[..., SplitModel]
 _REGISTRY: dict[str, ModelFn] = {}

@@ -14,8 +14,8 @@ from collections import OrderedDict
 
 from torch import nn
 
-from models.registry import register_model
-from models.split import SplitModel
+from splitedge.models.registry import register_model
+from splitedge.models.split import SplitModel
 
 # Children of the CIFAR ResNet in forward order; a split names the last layer of a part.
 LAYERS = ("conv1", "bn1", "relu", "layer1", "layer2", "layer3", "layer4",

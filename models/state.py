@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from methods.averaging import average_states  # re-exported: models.state.average_states
+from splitedge.methods.averaging import average_states  # re-exported: models.state.average_states
 
 __all__ = ["state_to_numpy", "load_numpy_state", "average_states"]
 

@@ -1,6 +1,6 @@
 """The built-in message kinds of docs/internals.md and their body schemas.
 
-Importing this module registers them (``import protocol`` does); a registry entry is data,
+Importing this module registers them (``import splitedge.protocol`` does); a registry entry is data,
 not a process-wide side effect, and re-importing registers the same objects again harmlessly.
 """
 

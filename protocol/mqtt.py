@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
-from protocol.accounting import (
+from splitedge.protocol.accounting import (
     CONNACK_BYTES,
     DISCONNECT_BYTES,
     PINGREQ_BYTES,
@@ -39,9 +39,9 @@ from protocol.accounting import (
     subscribe_packet_bytes,
     unsubscribe_packet_bytes,
 )
-from protocol.codec import Envelope, encode
-from protocol.topics import validate_topic_name
-from protocol.transport import DEFAULT_MAX_BYTES, Transport, kind_of, wait_for
+from splitedge.protocol.codec import Envelope, encode
+from splitedge.protocol.topics import validate_topic_name
+from splitedge.protocol.transport import DEFAULT_MAX_BYTES, Transport, kind_of, wait_for
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from protocol.codec import Envelope
-from protocol.topics import topic
-from protocol.transport import Transport, kind_of
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.topics import topic
+from splitedge.protocol.transport import Transport, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class Node:
 
 def connect(url: str, *, run: str, tier: str, node_id: str, **kwargs: Any) -> "Transport":
     """An MQTT transport for a node, with its last will (`status` offline, retained) set."""
-    from protocol.mqtt import MqttTransport
+    from splitedge.protocol.mqtt import MqttTransport
 
     will_env = Envelope(kind="status", run=run, round=0, sender=node_id, body={"state": "offline", "role": tier})
     will = (topic(run, tier, node_id, "up", "status"), will_env)

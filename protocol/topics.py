@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.errors import ProtocolError
+from splitedge.protocol.errors import ProtocolError
 
 PREFIX = "splitedge"
 TIERS = ("device", "edge", "cloud")

@@ -20,7 +20,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from protocol.accounting import (
+from splitedge.protocol.accounting import (
     PUBACK_BYTES,
     ByteCounters,
     publish_packet_bytes,
@@ -28,9 +28,9 @@ from protocol.accounting import (
     subscribe_packet_bytes,
     unsubscribe_packet_bytes,
 )
-from protocol.codec import DEFAULT_MAX_BYTES, Envelope, decode, encode
-from protocol.errors import ProtocolError
-from protocol.topics import matches, parse, validate_filter, validate_topic_name
+from splitedge.protocol.codec import DEFAULT_MAX_BYTES, Envelope, decode, encode
+from splitedge.protocol.errors import ProtocolError
+from splitedge.protocol.topics import matches, parse, validate_filter, validate_topic_name
 
 logger = logging.getLogger(__name__)
 

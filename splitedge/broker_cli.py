@@ -11,7 +11,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from protocol.broker import serve_forever
+    from splitedge.protocol.broker import serve_forever
 
     serve_forever(args.port, args.host)
     return 0

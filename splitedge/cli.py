@@ -13,12 +13,12 @@ from typing import Sequence
 # subcommand -> (module with add_arguments/run, one-line help)
 COMMANDS = {
     "sim": ("splitedge.sim_cli", "run cloud, edges and devices through one broker (embedded by default)"),
-    "device": ("device.cli", "run a device agent"),
-    "edge": ("edge.cli", "run an edge aggregator"),
-    "cloud": ("cloud.cli", "run the cloud coordinator"),
+    "device": ("splitedge.device.cli", "run a device agent"),
+    "edge": ("splitedge.edge.cli", "run an edge aggregator"),
+    "cloud": ("splitedge.cloud.cli", "run the cloud coordinator"),
     "broker": ("splitedge.broker_cli", "run the embedded MQTT broker (amqtt)"),
-    "export": ("exporters.cli", "export W_c and the global model to ONNX (fp32/fp16/int8) with parity"),
-    "bench": ("bench.cli", "run a bench suite (bandwidth, ram, throughput, accuracy) into JSON, markdown, plots"),
+    "export": ("splitedge.exporters.cli", "export W_c and the global model to ONNX (fp32/fp16/int8) with parity"),
+    "bench": ("splitedge.bench.cli", "run a bench suite (bandwidth, ram, throughput, accuracy) into JSON, markdown, plots"),
 }
 
 

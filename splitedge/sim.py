@@ -60,7 +60,7 @@ descriptor 1023 and new clients never get their CONNACK (measured with Mosquitto
 
 
 def partition(labels: np.ndarray, settings: SimSettings) -> list[np.ndarray]:
-    from methods.partition import dirichlet, iid
+    from splitedge.methods.partition import dirichlet, iid
 
     rng = np.random.default_rng(settings.seed)
     if settings.alpha is None:
@@ -73,7 +73,7 @@ def broker_url(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from protocol.broker import EmbeddedBroker
+    from splitedge.protocol.broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
         yield broker.url
@@ -83,9 +83,9 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
     """Run the federation; writes metrics.jsonl, summary.json and plot.png into s.out."""
     import torch
 
-    from cloud.coordinator import CloudCoordinator, CloudSettings
-    from cloud.options import build_run_config
-    from methods.datasets import load_dataset
+    from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
+    from splitedge.cloud.options import build_run_config
+    from splitedge.methods.datasets import load_dataset
 
     torch.set_num_threads(s.threads)
     started = time.monotonic()
@@ -126,15 +126,15 @@ class Federation:
         self.threads: list[threading.Thread] = []
 
     def connect(self, tier: str, node_id: str) -> Any:
-        from protocol.node import connect
+        from splitedge.protocol.node import connect
 
         transport = connect(self.url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S)
         self.transports[tier].append(transport)
         return transport
 
     def __enter__(self) -> "Federation":
-        from device.agent import DeviceAgent
-        from edge.aggregator import EdgeAggregator
+        from splitedge.device.agent import DeviceAgent
+        from splitedge.edge.aggregator import EdgeAggregator
 
         for e in range(self.s.edges):
             edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from cloud.options import add_run_arguments
+from splitedge.cloud.options import add_run_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cloud.options import method_overrides
+    from splitedge.cloud.options import method_overrides
     from splitedge.sim import SimSettings, run_sim
 
     s = SimSettings(rounds=args.rounds, devices=args.devices, edges=args.edges, method=args.method,

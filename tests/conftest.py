@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from protocol.broker import EmbeddedBroker, MosquittoBroker
+from splitedge.protocol.broker import EmbeddedBroker, MosquittoBroker
 
 
 @pytest.fixture(scope="module")

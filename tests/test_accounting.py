@@ -9,15 +9,15 @@ import time
 import numpy as np
 import pytest
 
-from protocol.accounting import (
+from splitedge.protocol.accounting import (
     ByteCounters,
     connect_packet_bytes,
     publish_packet_bytes,
     remaining_length_bytes,
     subscribe_packet_bytes,
 )
-from protocol.codec import Envelope, encode
-from protocol.topics import topic
+from splitedge.protocol.codec import Envelope, encode
+from splitedge.protocol.topics import topic
 
 
 def varint(n: int) -> bytes:
@@ -168,7 +168,7 @@ class FakeBroker:
 
 
 def test_mqtt_transport_counts_exactly_the_bytes_on_the_socket() -> None:
-    from protocol.mqtt import MqttTransport
+    from splitedge.protocol.mqtt import MqttTransport
 
     run = "acct"
     status = Envelope("status", run, 0, "c", {"state": "online", "role": "cloud"})

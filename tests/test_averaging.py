@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from methods.averaging import average_states
+from splitedge.methods.averaging import average_states
 
 
 def test_weighted_average_exact():
@@ -51,9 +51,8 @@ def test_bad_input_raises(parts, match):
 
 
 def test_module_does_not_import_torch():
-    code = "import sys, methods.averaging; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True,
-                   cwd=Path(__file__).resolve().parents[1])
+    code = "import sys, splitedge.methods.averaging; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_zero_d_entries_stay_arrays():
@@ -69,7 +68,7 @@ def test_zero_d_entries_stay_arrays():
 
 def test_weight_updates_pick_one_part_and_drop_stale_versions():
     # Prepare: reports holding two parts and an update trained from an old version
-    from protocol.rounds import RoundReport
+    from splitedge.protocol.rounds import RoundReport
 
     class Env:
         def __init__(self, part, version, samples):
@@ -79,7 +78,7 @@ def test_weight_updates_pick_one_part_and_drop_stale_versions():
     a.messages["weights"] = [Env("wc", 2, 10), Env("we", 2, 99)]
     b.messages["weights"] = [Env("wc", 1, 5)]
     # Execute
-    from methods.averaging import weight_updates
+    from splitedge.methods.averaging import weight_updates
 
     current = weight_updates([a, b], "wc", 2)
     any_version = weight_updates([a, b], "wc")

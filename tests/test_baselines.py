@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from methods.registry import get_method, list_methods
-from methods.strategy import Message, NodeContext, RoundPlan
-from protocol.codec import Envelope
-from protocol.rounds import RoundReport
+from splitedge.methods.registry import get_method, list_methods
+from splitedge.methods.strategy import Message, NodeContext, RoundPlan
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.rounds import RoundReport
 
 REPO = Path(__file__).resolve().parents[1]
 pytest.importorskip("amqtt")
@@ -67,12 +67,12 @@ def test_method_learns_over_broker(tmp_path, method):
 
 def test_method_lookup_is_torch_free():
     # Prepare: a fresh interpreter, so other tests' imports cannot hide a leak
-    code = ("import json, sys\nfrom methods.registry import get_method, list_methods\n"
+    code = ("import json, sys\nfrom splitedge.methods.registry import get_method, list_methods\n"
             "for m in list_methods():\n    get_method(m).Config()\n"
-            "import methods.fedavg.edge, methods.fedproto.edge, methods.fedproto.cloud\n"
+            "import splitedge.methods.fedavg.edge, splitedge.methods.fedproto.edge, splitedge.methods.fedproto.cloud\n"
             "print(json.dumps('torch' in sys.modules))")
     # Execute
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     # Assert: method entries, and the numpy-only edges/cloud, never import torch
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) is False
@@ -80,7 +80,7 @@ def test_method_lookup_is_torch_free():
 
 # -- SplitFed ---------------------------------------------------------------------------------
 def test_splitfed_moves_activations_and_gradients(tmp_path):
-    from methods.datasets import load_dataset
+    from splitedge.methods.datasets import load_dataset
 
     # Execute
     summary = sim(tmp_path, "splitfed", rounds=2)
@@ -102,11 +102,11 @@ def test_splitfed_edge_returns_the_activation_gradient_per_device():
     import torch
     import torch.nn.functional as F
 
-    from methods.config import ModelSpec, to_config
-    from methods.splitfed.config import SplitFedConfig
-    from methods.splitfed.edge import SplitFedEdge
-    from methods.torch_utils import build_split
-    from models import state_to_numpy
+    from splitedge.methods.config import ModelSpec, to_config
+    from splitedge.methods.splitfed.config import SplitFedConfig
+    from splitedge.methods.splitfed.edge import SplitFedEdge
+    from splitedge.methods.torch_utils import build_split
+    from splitedge.models import state_to_numpy
 
     # Prepare: an edge holding the global W_e/W_g (version 0) and one batch of activations
     spec = ModelSpec()
@@ -133,8 +133,8 @@ def test_splitfed_edge_returns_the_activation_gradient_per_device():
 
 
 def test_agent_request_waits_for_matching_reply_and_defers_the_rest():
-    from device.agent import DeviceAgent
-    from protocol.transport import LoopbackBus, LoopbackTransport
+    from splitedge.device.agent import DeviceAgent
+    from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
 
     # Prepare: a device in round 2 whose inbox holds a model, a stale reply, then the real one
     agent = DeviceAgent(LoopbackTransport(LoopbackBus(), role="device", client_id="d0"), run="r", node_id="d0",
@@ -157,7 +157,7 @@ def test_agent_request_waits_for_matching_reply_and_defers_the_rest():
 
 # -- FedAvg -----------------------------------------------------------------------------------
 def test_fedavg_edge_weighted_average_is_exact():
-    from methods.fedavg.edge import FedAvgEdge
+    from splitedge.methods.fedavg.edge import FedAvgEdge
 
     # Prepare: two devices with 1 and 3 samples, one stale update trained from an old model
     edge = FedAvgEdge(NodeContext("e0", {}, np.random.default_rng(0)))
@@ -176,10 +176,10 @@ def test_fedavg_edge_weighted_average_is_exact():
 
 
 def test_fedavg_device_waits_for_the_announced_model():
-    from methods.config import ModelSpec, to_config
-    from methods.fedavg.config import FedAvgConfig
-    from methods.torch_utils import build_split
-    from models import state_to_numpy
+    from splitedge.methods.config import ModelSpec, to_config
+    from splitedge.methods.fedavg.config import FedAvgConfig
+    from splitedge.methods.torch_utils import build_split
+    from splitedge.models import state_to_numpy
 
     # Prepare
     spec = ModelSpec()
@@ -197,7 +197,7 @@ def test_fedavg_device_waits_for_the_announced_model():
 def test_fedproto_loss_hand_computed(reduction, distance):
     import torch
 
-    from methods.fedproto.loss import fedproto_loss
+    from splitedge.methods.fedproto.loss import fedproto_loss
 
     # Prepare: class 2 has no global prototype, so sample 2 adds nothing
     features = torch.tensor([[1.0, 2.0], [3.0, 4.0], [7.0, 7.0]])
@@ -212,7 +212,7 @@ def test_fedproto_loss_hand_computed(reduction, distance):
 
 
 def test_fedproto_edge_then_cloud_is_the_unweighted_mean_over_devices():
-    from methods.fedproto.protos import merge_protos
+    from splitedge.methods.fedproto.protos import merge_protos
 
     # Prepare: five devices with random class subsets, split 3 / 2 across two edges
     rng = np.random.default_rng(0)
@@ -239,8 +239,8 @@ def test_device_sgd_steps_exactly_like_torch_optim_sgd() -> None:
     with momentum and weight decay, over several steps of a conv net with BatchNorm."""
     import torch
 
-    from methods.torch_utils import sgd
-    from models import create_split
+    from splitedge.methods.torch_utils import sgd
+    from splitedge.models import create_split
 
     def train(make_opt) -> list[torch.Tensor]:
         torch.manual_seed(0)

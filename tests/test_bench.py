@@ -4,6 +4,7 @@ numbers and a markdown table; the transports' byte counts agree with Mosquitto's
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import ram
-from bench.procmem import REPO, spawn_splitedge
-from bench.report import table
-from bench.simrun import bytes_to_target
-from methods.registry import list_methods
+from splitedge.bench import ram
+from splitedge.bench.procmem import REPO, spawn_splitedge
+from splitedge.bench.report import table
+from splitedge.bench.simrun import bytes_to_target
+from splitedge.methods.registry import list_methods
 from splitedge.cli import build_parser, main
 
 needs_mosquitto = pytest.mark.skipif(shutil.which("mosquitto") is None, reason="mosquitto binary not installed")
@@ -115,7 +116,7 @@ def test_ram_spawns_the_device_under_the_given_interpreter_with_its_unit_environ
     assert (tmp_path / "argv").read_text().split() == ["-m", "splitedge", "device", "--id", "d0"]
     env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line)
     assert env["MALLOC_ARENA_MAX"] == "2" and env["OMP_NUM_THREADS"] == "1" and env["PYTHONUNBUFFERED"] == "1"
-    assert env["PYTHONPATH"] == str(REPO)
+    assert env.get("PYTHONPATH") == os.environ.get("PYTHONPATH")  # the installed package runs, not a checkout
     info = {"path": settings.device_python, "python": "3.11.2", "torch": "2.13.0+cpu", "env": {"MALLOC_ARENA_MAX": "2"},
             "env_source": "deploy/splitedge-device.service"}
     md = ram.markdown({"runs": [], "skipped": {}, "goal_condition": "x", "device": info})
@@ -142,8 +143,8 @@ def test_bytes_to_target_is_cumulative_until_the_first_round_reaching_it() -> No
 
 
 def test_streaming_merge_equals_one_merge() -> None:
-    from bench.throughput import CHUNK, StreamingMerge
-    from methods.moments import compute_moments, merge_moments
+    from splitedge.bench.throughput import CHUNK, StreamingMerge
+    from splitedge.methods.moments import compute_moments, merge_moments
 
     rng = np.random.default_rng(0)
     parts = [compute_moments(rng.normal(size=(30, 4)), rng.integers(0, 3, 30)) for _ in range(CHUNK + 7)]
@@ -162,7 +163,7 @@ def test_markdown_table_formats_floats_and_missing_values() -> None:
 
 
 def test_variant_parses_name_method_and_settings() -> None:
-    from bench.simrun import parse_variant
+    from splitedge.bench.simrun import parse_variant
 
     assert parse_variant("hsfp-ic2=hsfp:ic=2, ie=2") == ("hsfp-ic2", "hsfp", {"ic": "2", "ie": "2"})
     assert parse_variant("plain=fedavg") == ("plain", "fedavg", {})
@@ -172,7 +173,7 @@ def test_variant_parses_name_method_and_settings() -> None:
 
 
 def test_every_row_gets_rounds_and_bytes_to_fedavg_final_accuracy_of_its_split() -> None:
-    from bench.accuracy import add_bytes_to_reference
+    from splitedge.bench.accuracy import add_bytes_to_reference
 
     def per_round(*acc: float) -> list[dict[str, Any]]:
         return [{"round": r, "accuracy": a, "bytes": {"device": {"out_payload": 100 * r, "in_payload": 0}}}
@@ -194,7 +195,7 @@ def test_every_row_gets_rounds_and_bytes_to_fedavg_final_accuracy_of_its_split()
 
 
 def test_rerender_rewrites_markdown_from_the_json_without_running(tmp_path: Path) -> None:
-    from bench import report
+    from splitedge.bench import report
 
     rows = [{"method": "fedavg", "base_method": "fedavg", "split": "IID", "final_accuracy": 0.5, "best_accuracy": 0.5,
              "accuracy_per_round": [0.5], "device_payload_per_device_per_round": 10.0, "wall_seconds": 1.0,
@@ -209,7 +210,7 @@ def test_rerender_rewrites_markdown_from_the_json_without_running(tmp_path: Path
 
 
 def test_recorded_command_repeats_append_options_and_joins_lists() -> None:
-    from bench.cli import add_arguments, command_line
+    from splitedge.bench.cli import add_arguments, command_line
     import argparse
 
     p = argparse.ArgumentParser()

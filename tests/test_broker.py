@@ -16,11 +16,11 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from protocol.broker import EmbeddedBroker, MosquittoBroker, free_port, wait_port
-from protocol.codec import Envelope
-from protocol.mqtt import MqttTransport, parse_url
-from protocol.topics import pattern, topic
-from protocol.transport import wait_for
+from splitedge.protocol.broker import EmbeddedBroker, MosquittoBroker, free_port, wait_port
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.mqtt import MqttTransport, parse_url
+from splitedge.protocol.topics import pattern, topic
+from splitedge.protocol.transport import wait_for
 
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
@@ -91,8 +91,8 @@ def test_reconnect_and_resubscribe_after_broker_restart() -> None:
 def test_serve_forever_runs_until_ctrl_c() -> None:
     pytest.importorskip("amqtt")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", f"from protocol.broker import serve_forever; serve_forever({port})"],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-c", f"from splitedge.protocol.broker import serve_forever; serve_forever({port})"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_port("127.0.0.1", port, 15)
         with MqttTransport(f"mqtt://127.0.0.1:{port}", client_id="cli", role="device") as t:
@@ -209,7 +209,7 @@ def test_mqtts_with_ca_certificate(tmp_path: Path) -> None:
 
 def test_subscription_table_can_change_while_amqtt_iterates_it() -> None:
     # Prepare: the table amqtt 0.12.1 iterates across awaits while other clients subscribe
-    from protocol.broker import _SnapshotDict
+    from splitedge.protocol.broker import _SnapshotDict
 
     table = _SnapshotDict({"a/#": [], "b/+": []})
     # Execute: add and delete entries during each kind of iteration amqtt uses

@@ -9,11 +9,11 @@ import msgpack
 import numpy as np
 import pytest
 
-from protocol import (
+from splitedge.protocol import (
     DEFAULT_MAX_BYTES, PROTOCOL_VERSION, Envelope, ProtocolError, decode, encode, registered_kinds,
 )
-from protocol.arrays import DTYPE_CODES, MAX_NDIM, pack_array, unpack_array
-from protocol.examples import example_body, example_envelope, worked_example
+from splitedge.protocol.arrays import DTYPE_CODES, MAX_NDIM, pack_array, unpack_array
+from splitedge.protocol.examples import example_body, example_envelope, worked_example
 
 PROTOCOL_MD = Path(__file__).resolve().parents[1] / "PROTOCOL.md"
 NP_DTYPES = {"bool": "?", "u1": "u1", "i1": "i1", "i2": "<i2", "i4": "<i4", "i8": "<i8",
@@ -203,7 +203,7 @@ def test_element_bombs_are_refused():
 @pytest.mark.parametrize("kind", ["weights", "moments"])
 def test_wire_overhead_of_a_64_kib_float32_array_is_below_one_percent(kind):
     # Prepare
-    from bench.wire_overhead import overhead
+    from splitedge.bench.wire_overhead import overhead
     # Execute
     row = overhead(kind, 64 * 1024)
     # Assert
@@ -236,6 +236,6 @@ def test_annotated_example_in_protocol_md_matches_the_encoder():
 
 
 def test_kinds_table_in_protocol_md_matches_the_registry():
-    from protocol.kinds import kinds_markdown
+    from splitedge.protocol.kinds import kinds_markdown
 
     assert _doc_block("kinds-table").strip() == kinds_markdown().strip()

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocol.broker import MosquittoBroker
+from splitedge.protocol.broker import MosquittoBroker
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto"
 SITE_USER, CLOUD_USER, PASSWORD = "site1", "cloud", "test-secret"
@@ -123,13 +123,13 @@ class Monitor:
 # -- one round with the runtimes in threads, as splitedge/sim.py's Federation does --------------
 def run_one_round(cloud_url: str, site_url: str, upstream_url: str | None, run: str) -> list[dict]:
     """Cloud on `cloud_url`; edge e0 on `site_url` (and `upstream_url` if given); d0, d1 on the site."""
-    from cloud.coordinator import CloudCoordinator, CloudSettings
-    from cloud.options import build_run_config
-    from device.agent import DeviceAgent
-    from edge.aggregator import EdgeAggregator
-    from methods.datasets import load_dataset
-    from methods.partition import iid
-    from protocol.node import connect
+    from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
+    from splitedge.cloud.options import build_run_config
+    from splitedge.device.agent import DeviceAgent
+    from splitedge.edge.aggregator import EdgeAggregator
+    from splitedge.methods.datasets import load_dataset
+    from splitedge.methods.partition import iid
+    from splitedge.protocol.node import connect
 
     train, test, info = load_dataset("digits", max_train=300, max_test=200, seed=0)
     config = build_run_config("hsfp", info, None, 0, 20.0,
@@ -187,7 +187,7 @@ def cloud_broker_no_acl(tmp_path: Path):
 
 def test_cloud_acl_confines_a_site(cloud_broker: MosquittoBroker) -> None:
     """A site's login may speak only as an edge: device and cloud topics are dropped."""
-    from protocol.mqtt import MqttTransport
+    from splitedge.protocol.mqtt import MqttTransport
 
     cloud = Monitor(cloud_broker.port, CLOUD_USER)
     site = MqttTransport(f"mqtt://{SITE_USER}:{PASSWORD}@127.0.0.1:{cloud_broker.port}", client_id="acl-probe",
@@ -205,7 +205,7 @@ def test_cloud_acl_confines_a_site(cloud_broker: MosquittoBroker) -> None:
 
 def test_bridge_logs_in_under_the_cloud_acl(cloud_broker: MosquittoBroker) -> None:
     """The site login of cloud.acl is enough for the bridge: state, edge up, cloud down."""
-    from protocol.mqtt import MqttTransport
+    from splitedge.protocol.mqtt import MqttTransport
 
     with MosquittoBroker(extra_conf=bridge_section(cloud_broker.port)) as site_broker:
         cloud, site = Monitor(cloud_broker.port, CLOUD_USER), Monitor(site_broker.port)

@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterator
 import msgpack
 import numpy as np
 
-from protocol import DEFAULT_MAX_BYTES, ProtocolError, decode, encode, validate_body
-from protocol.arrays import DTYPE_CODES, ext_default
-from protocol.examples import EXAMPLES, example_envelope
+from splitedge.protocol import DEFAULT_MAX_BYTES, ProtocolError, decode, encode, validate_body
+from splitedge.protocol.arrays import DTYPE_CODES, ext_default
+from splitedge.protocol.examples import EXAMPLES, example_envelope
 
 MIN_CASES = 10_000
 KINDS = sorted(EXAMPLES)

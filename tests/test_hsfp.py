@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from methods.config import ModelSpec, to_config
-from methods.datasets import load_dataset
-from methods.hsfp.config import HSFPConfig
-from methods.hsfp.method import HSFP
-from methods.moments import compute_moments, merge_moments, moments_from_body, moments_to_body
-from methods.partition import dirichlet
-from methods.strategy import DONE, Message, NodeContext, Report, RoundPlan
-from protocol.codec import Envelope, decode, encode
+from splitedge.methods.config import ModelSpec, to_config
+from splitedge.methods.datasets import load_dataset
+from splitedge.methods.hsfp.config import HSFPConfig
+from splitedge.methods.hsfp.method import HSFP
+from splitedge.methods.moments import compute_moments, merge_moments, moments_from_body, moments_to_body
+from splitedge.methods.partition import dirichlet
+from splitedge.methods.strategy import DONE, Message, NodeContext, Report, RoundPlan
+from splitedge.protocol.codec import Envelope, decode, encode
 
 SPEC = ModelSpec(model="cnn", num_classes=10, channels=1, image_size=8, mean=(0.3,), std=(0.4,))
 
@@ -71,7 +71,7 @@ def test_moments_merge_exactly_device_edge_cloud_through_the_wire(digits):
 
 
 def _inputs(part, x):
-    from methods.preprocess import to_input
+    from splitedge.methods.preprocess import to_input
 
     return to_input(x, part.spec.mean, part.spec.std)
 
@@ -147,7 +147,7 @@ def test_cloud_serves_previous_triple_until_head_trained_on_new_wc(digits):
 
 
 def _perturbed(module) -> dict:
-    from models import state_to_numpy
+    from splitedge.models import state_to_numpy
 
     return {k: (v + 0.01 if v.dtype.kind == "f" else v) for k, v in state_to_numpy(module).items()}
 

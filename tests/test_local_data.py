@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device.local_data import NpzImages, open_local_data
-from methods.datasets import load_image_folder, save_shard
-from tests.test_datasets import make_tree
+from splitedge.device.local_data import NpzImages, open_local_data
+from splitedge.methods.datasets import load_image_folder, save_shard
+from test_datasets import make_tree
 
 
 @pytest.fixture()
@@ -88,8 +88,8 @@ class PixelExtractor:
 
 
 def test_thin_device_moments_are_the_same_streamed_or_in_memory(shard) -> None:
-    from methods.hsfp.device import HSFPDevice
-    from methods.strategy import NodeContext
+    from splitedge.methods.hsfp.device import HSFPDevice
+    from splitedge.methods.strategy import NodeContext
 
     path, x, y = shard
     spec = {"model": "cnn", "num_classes": 10, "channels": 3, "image_size": 4, "mean": "0.5,0.4,0.3", "std": "0.25,0.2,0.3"}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from methods.losses import feddecorr_loss, supcon_loss
+from splitedge.methods.losses import feddecorr_loss, supcon_loss
 
 # Four unit vectors at 90 degrees: z_i.z_j is 0 for neighbours and -1 for opposites.
 SQUARE = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]])

@@ -11,8 +11,8 @@ import threading
 import pytest
 import torch
 
-from protocol.mqtt import MqttTransport
-from protocol.topics import pattern
+from splitedge.protocol.mqtt import MqttTransport
+from splitedge.protocol.topics import pattern
 from splitedge.sim import SimSettings, run_sim
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import (PART_NAMES, create_split, list_models, load_numpy_state, pool,
+from splitedge.models import (PART_NAMES, create_split, list_models, load_numpy_state, pool,
                     state_to_numpy)
 
 CONFIGS = {"digits": (1, 8), "cifar": (3, 32)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from methods.moments import (ClassMoments, MomentAccumulator, compute_moments, merge_moments,
+from splitedge.methods.moments import (ClassMoments, MomentAccumulator, compute_moments, merge_moments,
                              moments_from_body, moments_to_body)
 
 RTOL = 1e-9

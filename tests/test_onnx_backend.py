@@ -12,16 +12,16 @@ import onnx
 import pytest
 import torch
 
-from device.onnx_backend import OnnxExtractor
-from device.onnx_graph import initializer_specs
-from exporters.onnx_export import export_module, export_wc_bytes, run_torch
-from exporters.variants import to_fp16
-from methods.hsfp.method import HSFP
-from methods.moments import MomentAccumulator
-from methods.preprocess import to_input
-from methods.strategy import NodeContext, RoundPlan
-from models import create_split, state_to_numpy
-from protocol import Envelope, ProtocolError, decode, encode
+from splitedge.device.onnx_backend import OnnxExtractor
+from splitedge.device.onnx_graph import initializer_specs
+from splitedge.exporters.onnx_export import export_module, export_wc_bytes, run_torch
+from splitedge.exporters.variants import to_fp16
+from splitedge.methods.hsfp.method import HSFP
+from splitedge.methods.moments import MomentAccumulator
+from splitedge.methods.preprocess import to_input
+from splitedge.methods.strategy import NodeContext, RoundPlan
+from splitedge.models import create_split, state_to_numpy
+from splitedge.protocol import Envelope, ProtocolError, decode, encode
 
 SPEC = {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": "0.5", "std": "0.25"}
 

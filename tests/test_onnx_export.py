@@ -9,12 +9,12 @@ import onnx
 import pytest
 import torch
 
-from exporters.onnx_export import ParityError, export_module, max_abs_diff, run_onnx, run_torch
-from exporters.suite import export_split
-from exporters.variants import to_fp16, to_int8
-from methods.datasets import load_dataset
-from methods.preprocess import to_input
-from models import create_split, state_to_numpy
+from splitedge.exporters.onnx_export import ParityError, export_module, max_abs_diff, run_onnx, run_torch
+from splitedge.exporters.suite import export_split
+from splitedge.exporters.variants import to_fp16, to_int8
+from splitedge.methods.datasets import load_dataset
+from splitedge.methods.preprocess import to_input
+from splitedge.models import create_split, state_to_numpy
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from methods.registry import get_method, list_methods
-from methods.strategy import CloudPart, DevicePart, EdgePart, NodeContext
+from splitedge.methods.registry import get_method, list_methods
+from splitedge.methods.strategy import CloudPart, DevicePart, EdgePart, NodeContext
 
 BASES = {"device": DevicePart, "edge": EdgePart, "cloud": CloudPart}
 

@@ -18,17 +18,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from methods.datasets import load_dataset, save_shard
-from methods.partition import iid
+from splitedge.methods.datasets import load_dataset, save_shard
+from splitedge.methods.partition import iid
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     fh = open(log, "w")
     return subprocess.Popen([sys.executable, "-m", "splitedge", *args], stdout=fh, stderr=subprocess.STDOUT,
-                            env=env, cwd=ROOT)
+                            env=env, cwd=log.parent)
 
 
 def _shards(tmp: Path, n: int, seed: int = 0) -> list[Path]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from methods.moments import ClassMoments
-from methods.sampling import allocate_counts, sample_features
+from splitedge.methods.moments import ClassMoments
+from splitedge.methods.sampling import allocate_counts, sample_features
 
 
 def moments(counts: list[int], d: int = 4, seed: int = 0) -> ClassMoments:
@@ -57,7 +57,7 @@ def test_mean_only_has_almost_no_spread() -> None:
 
 
 def test_seeded_reproducible_and_chunk_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
-    import methods.sampling as sampling
+    import splitedge.methods.sampling as sampling
 
     m = moments([3, 7, 11])
     a = sample_features(m, 500, np.random.default_rng(4))

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from protocol import (
+from splitedge.protocol import (
     Array, Bool, Bytes, Data, Envelope, Float, Int, Map, Number, ProtocolError, Scalar, Schema,
     Str, decode, encode, get_schema, register_kind, registered_kinds, validate_body,
 )
-from protocol.examples import EXAMPLES, example_body
-from protocol.kinds import BUILTIN_KINDS
+from splitedge.protocol.examples import EXAMPLES, example_body
+from splitedge.protocol.kinds import BUILTIN_KINDS
 
 DOCUMENTED_KINDS = {"hello", "status", "round", "moments", "weights", "logits", "activations",
                     "gradients", "onnx_model", "metrics", "request", "done"}

@@ -50,7 +50,7 @@ def test_sim_bytes_by_tier_are_consistent(sim_run) -> None:
 def test_ablation_flags_reach_the_method_config(tmp_path: Path) -> None:
     args = build_parser().parse_args(["sim", "--mean-only", "--no-slow-averaging", "--resend-moments",
                                       "every-round", "--feature-dtype", "f2", "--set", "edge_samples=512"])
-    from cloud.options import method_overrides
+    from splitedge.cloud.options import method_overrides
 
     assert method_overrides(args) == {"mean_only": True, "slow_averaging": False,
                                       "resend_moments": "every-round", "feature_dtype": "f2", "edge_samples": "512"}
@@ -72,7 +72,7 @@ def test_help_works_without_importing_torch(argv: list[str]) -> None:
     code = ("import sys; from splitedge.cli import main\n"
             f"try:\n    main({argv!r})\nexcept SystemExit as e:\n    assert e.code == 0\n"
             "print('TORCH' if 'torch' in sys.modules else 'CLEAN')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("CLEAN")
 

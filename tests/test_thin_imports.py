@@ -20,7 +20,7 @@ HEAVY = ("torch", "torchvision")
 
 _PROTOCOL_ROUND_TRIP = """
 import numpy as np
-import protocol
+from splitedge import protocol
 env = protocol.Envelope(kind="weights", run="r", round=0, sender="d1",
                         body={"part": "wc", "version": 0, "samples": 1,
                               "weights": {"w": np.ones((2, 3), dtype="f4")}})
@@ -34,9 +34,9 @@ _ONNX_DEVICE = """
 import hashlib, os, sys
 from types import SimpleNamespace
 import numpy as np
-import device.cli, device.agent, device.local_data, device.onnx_backend, methods.hsfp.method
-from methods.hsfp.method import HSFP
-from methods.strategy import NodeContext
+import splitedge.device.cli, splitedge.device.agent, splitedge.device.local_data, splitedge.device.onnx_backend, splitedge.methods.hsfp.method
+from splitedge.methods.hsfp.method import HSFP
+from splitedge.methods.strategy import NodeContext
 data = open(os.environ["SPLITEDGE_TEST_ONNX"], "rb").read()
 spec = {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": "0.5", "std": "0.25"}
 rng = np.random.default_rng(0)
@@ -58,7 +58,7 @@ argv = ["-v", "device", "--broker", "mqtt://h:1883", "--id", "d0", "--edge", "e0
         "--backend", "onnx"]
 args = build_parser(_chosen_command(argv)).parse_args(argv)
 assert args.command == "device" and args.backend == "onnx", args
-others = [m for m in ("bench.cli", "cloud.cli", "edge.cli", "exporters.cli", "splitedge.sim_cli", "PIL")
+others = [m for m in ("splitedge.bench.cli", "splitedge.cloud.cli", "splitedge.edge.cli", "splitedge.exporters.cli", "splitedge.sim_cli", "PIL")
           if m in sys.modules]
 assert not others, others
 """
@@ -75,8 +75,8 @@ def onnx_wc_file(tmp_path_factory) -> Path:
     """A small random W_c exported here, in the parent, where torch may be imported."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("onnx")
-    from exporters.onnx_export import export_wc_bytes
-    from models import create_split
+    from splitedge.exporters.onnx_export import export_wc_bytes
+    from splitedge.models import create_split
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("thin") / "wc.onnx"
@@ -93,7 +93,7 @@ def test_snippet_does_not_import_torch(name, request):
     if "SPLITEDGE_TEST_ONNX" in code:
         env["SPLITEDGE_TEST_ONNX"] = str(request.getfixturevalue("onnx_wc_file"))
     # Execute
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, timeout=120, env=env)
     # Assert
     assert proc.returncode == 0, proc.stderr

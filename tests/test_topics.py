@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from paho.mqtt.client import topic_matches_sub
 
-from protocol.errors import ProtocolError
-from protocol.topics import Topic, matches, parse, pattern, topic, validate_filter, validate_topic_name
+from splitedge.protocol.errors import ProtocolError
+from splitedge.protocol.topics import Topic, matches, parse, pattern, topic, validate_filter, validate_topic_name
 
 
 def test_build_and_parse_round_trip() -> None:

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protocol.accounting import publish_packet_bytes
-from protocol.codec import Envelope
-from protocol.transport import LoopbackBus, LoopbackTransport, Transport, wait_for
-from protocol.topics import pattern, topic
+from splitedge.protocol.accounting import publish_packet_bytes
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.transport import LoopbackBus, LoopbackTransport, Transport, wait_for
+from splitedge.protocol.topics import pattern, topic
 
 IMPLS = ["loopback", "mosquitto", "amqtt"]
 RUN = "contract"
@@ -60,7 +60,7 @@ class Harness:
         if self.impl == "loopback":
             t: Transport = LoopbackTransport(self.bus, role=role, client_id=client_id, will=will, **kw)
         else:
-            from protocol.mqtt import MqttTransport
+            from splitedge.protocol.mqtt import MqttTransport
 
             t = MqttTransport(self.url, client_id=client_id, role=role, will=will, keepalive=5,
                               connect_timeout=5, **kw)
@@ -219,7 +219,7 @@ def test_byte_counters_agree_between_publisher_and_subscriber(h: Harness) -> Non
     for i in range(5):
         env = weights_env({"x": np.full(100 * (i + 1), i, dtype="f4")})
         pub.publish(t, env)
-        sizes.append(len(__import__("protocol.codec", fromlist=["encode"]).encode(env)))
+        sizes.append(len(__import__("splitedge.protocol.codec", fromlist=["encode"]).encode(env)))
 
     assert wait_for(lambda: len(got) == 5, 5)
     out, inn = pub.counters.snapshot()["out"]["weights"], sub.counters.snapshot()["in"]["weights"]
@@ -250,15 +250,15 @@ def _crash_client(h: Harness, will_topic: str) -> Callable[[], None]:
         return node.abort  # type: ignore[attr-defined]
     script = textwrap.dedent(f"""
         import sys, time
-        from protocol.codec import Envelope
-        from protocol.mqtt import MqttTransport
+        from splitedge.protocol.codec import Envelope
+        from splitedge.protocol.mqtt import MqttTransport
         env = Envelope("status", {RUN!r}, 0, "d1", {{"state": "offline", "role": "device"}})
         t = MqttTransport({h.url!r}, client_id="crasher-{next(_ids)}", role="device",
                           will=({will_topic!r}, env), keepalive=5)
         print("ready", flush=True)
         time.sleep(60)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
 
     def kill() -> None:

@@ -7,13 +7,13 @@ from typing import Sequence
 
 import numpy as np
 
-from methods.averaging import average_states, weight_updates
-from methods.config import ModelSpec, from_config
-from methods.fedavg.config import FedAvgConfig
-from methods.fedavg.edge import MODEL_TOPIC
-from methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
-from methods.torch_utils import build_split, test_accuracy
-from models import load_numpy_state, state_to_numpy
+from splitedge.methods.averaging import average_states, weight_updates
+from splitedge.methods.config import ModelSpec, from_config
+from splitedge.methods.fedavg.config import FedAvgConfig
+from splitedge.methods.fedavg.edge import MODEL_TOPIC
+from splitedge.methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.torch_utils import build_split, test_accuracy
+from splitedge.models import load_numpy_state, state_to_numpy
 
 log = logging.getLogger(__name__)
 

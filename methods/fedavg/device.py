@@ -8,11 +8,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from methods.config import ModelSpec, from_config
-from methods.fedavg.config import FedAvgConfig
-from methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from methods.torch_utils import build_split, local_tensors, sgd, train_epoch
-from models import load_numpy_state, state_to_numpy
+from splitedge.methods.config import ModelSpec, from_config
+from splitedge.methods.fedavg.config import FedAvgConfig
+from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.torch_utils import build_split, local_tensors, sgd, train_epoch
+from splitedge.models import load_numpy_state, state_to_numpy
 
 
 def ce_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

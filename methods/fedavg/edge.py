@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from methods.averaging import averaged_body, weight_updates
-from methods.strategy import EdgePart, Message, Report, RoundPlan
+from splitedge.methods.averaging import averaged_body, weight_updates
+from splitedge.methods.strategy import EdgePart, Message, Report, RoundPlan
 
 log = logging.getLogger(__name__)
 

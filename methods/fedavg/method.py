@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from methods.fedavg.config import FedAvgConfig
-from methods.strategy import Method
+from splitedge.methods.fedavg.config import FedAvgConfig
+from splitedge.methods.strategy import Method
 
 
 class FedAvg(Method):
     name = "fedavg"
     Config = FedAvgConfig
     parts = {
-        "device:torch": "methods.fedavg.device:FedAvgDevice",
-        "edge": "methods.fedavg.edge:FedAvgEdge",
-        "cloud": "methods.fedavg.cloud:FedAvgCloud",
+        "device:torch": "splitedge.methods.fedavg.device:FedAvgDevice",
+        "edge": "splitedge.methods.fedavg.edge:FedAvgEdge",
+        "cloud": "splitedge.methods.fedavg.cloud:FedAvgCloud",
     }

@@ -12,11 +12,11 @@ from typing import Sequence
 
 import numpy as np
 
-from methods.config import ModelSpec, from_config
-from methods.fedproto.config import FedProtoConfig
-from methods.fedproto.edge import PROTO_TOPIC
-from methods.fedproto.protos import merge_protos, protos_body, weighted_accuracy
-from methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.config import ModelSpec, from_config
+from splitedge.methods.fedproto.config import FedProtoConfig
+from splitedge.methods.fedproto.edge import PROTO_TOPIC
+from splitedge.methods.fedproto.protos import merge_protos, protos_body, weighted_accuracy
+from splitedge.methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,14 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from methods.config import ModelSpec, from_config
-from methods.fedproto.config import FedProtoConfig
-from methods.fedproto.loss import fedproto_loss, representation
-from methods.fedproto.protos import merge_protos, protos_body
-from methods.moments import MomentAccumulator
-from methods.preprocess import batches
-from methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from methods.torch_utils import accuracy, build_split, local_tensors, sgd, train_epoch
+from splitedge.methods.config import ModelSpec, from_config
+from splitedge.methods.fedproto.config import FedProtoConfig
+from splitedge.methods.fedproto.loss import fedproto_loss, representation
+from splitedge.methods.fedproto.protos import merge_protos, protos_body
+from splitedge.methods.moments import MomentAccumulator
+from splitedge.methods.preprocess import batches
+from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.torch_utils import accuracy, build_split, local_tensors, sgd, train_epoch
 
 
 def holdout_split(n: int, share: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from methods.fedproto.protos import merge_protos, protos_body, weighted_accuracy
-from methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.fedproto.protos import merge_protos, protos_body, weighted_accuracy
+from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
 
 log = logging.getLogger(__name__)
 

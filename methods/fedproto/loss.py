@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models import SplitModel, pool
+from splitedge.models import SplitModel, pool
 
 
 def representation(model: SplitModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

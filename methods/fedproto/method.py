@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from methods.fedproto.config import FedProtoConfig
-from methods.strategy import Method
+from splitedge.methods.fedproto.config import FedProtoConfig
+from splitedge.methods.strategy import Method
 
 
 class FedProto(Method):
@@ -11,7 +11,7 @@ class FedProto(Method):
     Config = FedProtoConfig
     personalised = True
     parts = {
-        "device:torch": "methods.fedproto.device:FedProtoDevice",
-        "edge": "methods.fedproto.edge:FedProtoEdge",
-        "cloud": "methods.fedproto.cloud:FedProtoCloud",
+        "device:torch": "splitedge.methods.fedproto.device:FedProtoDevice",
+        "edge": "splitedge.methods.fedproto.edge:FedProtoEdge",
+        "cloud": "splitedge.methods.fedproto.cloud:FedProtoCloud",
     }

@@ -15,15 +15,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from methods.averaging import average_states, weight_updates
-from methods.config import ModelSpec, from_config
-from methods.hsfp.config import HSFPConfig
-from methods.hsfp.torch_ops import train_on_samples
-from methods.moments import ClassMoments, merge_moments, moments_from_body
-from methods.preprocess import batches, to_input
-from methods.sampling import sample_features
-from methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
-from models import create_split, load_numpy_state, state_to_numpy
+from splitedge.methods.averaging import average_states, weight_updates
+from splitedge.methods.config import ModelSpec, from_config
+from splitedge.methods.hsfp.config import HSFPConfig
+from splitedge.methods.hsfp.torch_ops import train_on_samples
+from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body
+from splitedge.methods.preprocess import batches, to_input
+from splitedge.methods.sampling import sample_features
+from splitedge.methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
+from splitedge.models import create_split, load_numpy_state, state_to_numpy
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class HSFPCloud(CloudPart):
     def _onnx_message(self) -> list[Message]:
         """W_c as an ONNX graph for thin devices (later averages reach them as weight maps)."""
         try:
-            from exporters.onnx_export import export_wc_bytes  # needs onnx; only the cloud exports
+            from splitedge.exporters.onnx_export import export_wc_bytes  # needs onnx; only the cloud exports
 
             data = export_wc_bytes(self.model)
         except (ImportError, ValueError) as exc:

@@ -11,11 +11,11 @@ from typing import Any, Iterator, Mapping, Protocol
 
 import numpy as np
 
-from methods.config import ModelSpec, from_config
-from methods.hsfp.config import HSFPConfig
-from methods.moments import ClassMoments, MomentAccumulator, moments_to_body
-from methods.preprocess import batches, to_input
-from methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.config import ModelSpec, from_config
+from splitedge.methods.hsfp.config import HSFPConfig
+from splitedge.methods.moments import ClassMoments, MomentAccumulator, moments_to_body
+from splitedge.methods.preprocess import batches, to_input
+from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from methods.hsfp.device import WC_IN_USE, HSFPDevice
-from methods.strategy import NodeContext, RoundPlan
+from splitedge.methods.hsfp.device import WC_IN_USE, HSFPDevice
+from splitedge.methods.strategy import NodeContext, RoundPlan
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class HSFPOnnxDevice(HSFPDevice):
             return
         try:
             if self.extractor is None:
-                from device.onnx_backend import OnnxExtractor  # onnxruntime only where needed
+                from splitedge.device.onnx_backend import OnnxExtractor  # onnxruntime only where needed
 
                 self.extractor = OnnxExtractor(body["model"], sha256=body["sha256"])
             else:

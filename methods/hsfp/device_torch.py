@@ -13,13 +13,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from methods.augment import two_views
-from methods.hsfp.device import HSFPDevice
-from methods.losses import supcon_loss
-from methods.preprocess import to_input
-from methods.strategy import Message, NodeContext, RoundPlan
-from methods.torch_utils import PlainSGD, sgd
-from models import create_split, load_numpy_state, pool, state_to_numpy
+from splitedge.methods.augment import two_views
+from splitedge.methods.hsfp.device import HSFPDevice
+from splitedge.methods.losses import supcon_loss
+from splitedge.methods.preprocess import to_input
+from splitedge.methods.strategy import Message, NodeContext, RoundPlan
+from splitedge.methods.torch_utils import PlainSGD, sgd
+from splitedge.models import create_split, load_numpy_state, pool, state_to_numpy
 
 
 class HSFPTorchDevice(HSFPDevice):

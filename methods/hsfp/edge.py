@@ -8,15 +8,15 @@ from typing import Any, Sequence
 
 import torch
 
-from methods.averaging import averaged_body, weight_updates
-from methods.config import ModelSpec, from_config
-from methods.hsfp.config import HSFPConfig
-from methods.hsfp.torch_ops import output_moments, train_on_samples, with_counts
-from methods.losses import supcon_loss
-from methods.moments import ClassMoments, merge_moments, moments_from_body, moments_to_body
-from methods.sampling import sample_features
-from methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
-from models import create_split, load_numpy_state, pool, state_to_numpy
+from splitedge.methods.averaging import averaged_body, weight_updates
+from splitedge.methods.config import ModelSpec, from_config
+from splitedge.methods.hsfp.config import HSFPConfig
+from splitedge.methods.hsfp.torch_ops import output_moments, train_on_samples, with_counts
+from splitedge.methods.losses import supcon_loss
+from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body, moments_to_body
+from splitedge.methods.sampling import sample_features
+from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.models import create_split, load_numpy_state, pool, state_to_numpy
 
 log = logging.getLogger(__name__)
 

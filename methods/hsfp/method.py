@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from methods.hsfp.config import HSFPConfig
-from methods.strategy import Method
+from splitedge.methods.hsfp.config import HSFPConfig
+from splitedge.methods.strategy import Method
 
 
 class HSFP(Method):
     name = "hsfp"
     Config = HSFPConfig
     parts = {
-        "device:torch": "methods.hsfp.device_torch:HSFPTorchDevice",
-        "device:onnx": "methods.hsfp.device_onnx:HSFPOnnxDevice",
-        "device": "methods.hsfp.device:HSFPDevice",
-        "edge": "methods.hsfp.edge:HSFPEdge",
-        "cloud": "methods.hsfp.cloud:HSFPCloud",
+        "device:torch": "splitedge.methods.hsfp.device_torch:HSFPTorchDevice",
+        "device:onnx": "splitedge.methods.hsfp.device_onnx:HSFPOnnxDevice",
+        "device": "splitedge.methods.hsfp.device:HSFPDevice",
+        "edge": "splitedge.methods.hsfp.edge:HSFPEdge",
+        "cloud": "splitedge.methods.hsfp.cloud:HSFPCloud",
     }

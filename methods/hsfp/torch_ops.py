@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from methods.moments import ClassMoments, MomentAccumulator
+from splitedge.methods.moments import ClassMoments, MomentAccumulator
 
 
 def minibatches(n: int, size: int, gen: torch.Generator) -> list[torch.Tensor]:

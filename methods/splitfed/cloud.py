@@ -7,12 +7,12 @@ from typing import Sequence
 
 import numpy as np
 
-from methods.averaging import average_states, weight_updates
-from methods.config import ModelSpec, from_config
-from methods.splitfed.config import SplitFedConfig
-from methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
-from methods.torch_utils import build_split, test_accuracy
-from models import PART_NAMES, load_numpy_state, state_to_numpy
+from splitedge.methods.averaging import average_states, weight_updates
+from splitedge.methods.config import ModelSpec, from_config
+from splitedge.methods.splitfed.config import SplitFedConfig
+from splitedge.methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.torch_utils import build_split, test_accuracy
+from splitedge.models import PART_NAMES, load_numpy_state, state_to_numpy
 
 log = logging.getLogger(__name__)
 

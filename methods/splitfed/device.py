@@ -12,11 +12,11 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from methods.config import ModelSpec, from_config
-from methods.splitfed.config import SplitFedConfig
-from methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from methods.torch_utils import Optimizer, build_split, local_tensors, sgd, shuffled_batches
-from models import load_numpy_state, state_to_numpy
+from splitedge.methods.config import ModelSpec, from_config
+from splitedge.methods.splitfed.config import SplitFedConfig
+from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.torch_utils import Optimizer, build_split, local_tensors, sgd, shuffled_batches
+from splitedge.models import load_numpy_state, state_to_numpy
 
 WIRE_DTYPES = {"f2": np.float16, "f4": np.float32}
 

@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.averaging import averaged_body, weight_updates
-from methods.config import ModelSpec, from_config
-from methods.splitfed.config import SplitFedConfig
-from methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
-from methods.torch_utils import Optimizer, build_split, sgd
-from models import load_numpy_state, state_to_numpy
+from splitedge.methods.averaging import averaged_body, weight_updates
+from splitedge.methods.config import ModelSpec, from_config
+from splitedge.methods.splitfed.config import SplitFedConfig
+from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.torch_utils import Optimizer, build_split, sgd
+from splitedge.models import load_numpy_state, state_to_numpy
 
 log = logging.getLogger(__name__)
 

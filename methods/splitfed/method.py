@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from methods.splitfed.config import SplitFedConfig
-from methods.strategy import Method
+from splitedge.methods.splitfed.config import SplitFedConfig
+from splitedge.methods.strategy import Method
 
 
 class SplitFed(Method):
     name = "splitfed"
     Config = SplitFedConfig
     parts = {
-        "device:torch": "methods.splitfed.device:SplitFedDevice",
-        "edge": "methods.splitfed.edge:SplitFedEdge",
-        "cloud": "methods.splitfed.cloud:SplitFedCloud",
+        "device:torch": "splitedge.methods.splitfed.device:SplitFedDevice",
+        "edge": "splitedge.methods.splitfed.edge:SplitFedEdge",
+        "cloud": "splitedge.methods.splitfed.cloud:SplitFedCloud",
     }
