@@ -97,7 +97,7 @@ def moments_overhead(dims: tuple[int, ...] = MOMENT_DIMS, classes: int = 10) -> 
         m = ClassMoments(np.arange(classes), np.full(classes, 50), rng.normal(size=(classes, dim)),
                          rng.random((classes, dim)))
         for dtype in ("f4", "f2"):
-            body = moments_to_body(m, dtype=dtype, wc_version=1)
+            body = moments_to_body(m, dtype=dtype, versions={"wc": 1})
             wire = len(encode(Envelope(kind="moments", run="bench", round=1, sender="d0001", body=body)))
             raw = sum(v.nbytes for v in body.values() if isinstance(v, np.ndarray))
             rows.append({"dim": dim, "classes": classes, "dtype": dtype, "raw_bytes": raw, "wire_bytes": wire,

@@ -35,7 +35,7 @@ def moments_payloads(count: int, dim: int, classes: int = 10, dtype: str = "f4",
     for _ in range(min(count, DISTINCT)):
         m = ClassMoments(np.arange(classes), rng.integers(5, 60, classes), rng.normal(size=(classes, dim)),
                          rng.random((classes, dim)) + 0.1)
-        bodies.append(moments_to_body(m, dtype=dtype, wc_version=1))
+        bodies.append(moments_to_body(m, dtype=dtype, versions={"wc": 1}))
     out = []
     for i in range(count):
         device = f"d{i:04d}"

@@ -31,7 +31,7 @@ def _body(kind: str, nbytes: int, rng: np.random.Generator) -> dict[str, Any]:
         return {"classes": np.arange(k, dtype="i8"), "counts": np.ones(k, dtype="i8"),
                 "mean": rng.normal(size=(k, _D)).astype("f4"),
                 "var": rng.random((k, _D)).astype("f4"),
-                "wc_version": 1, "we_version": 1, "space": "wc"}
+                "space": "wc", "versions": {"wc": 1, "we": 1}}
     raise ValueError(f"no overhead body for kind {kind!r}")
 
 

@@ -34,8 +34,9 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     _, test, info = load_dataset(args.dataset, args.data, max_test=args.max_test, seed=args.seed)
-    config = build_run_config(args.method, info, args.model, args.seed, args.deadline, method_overrides(args))
-    settings = CloudSettings(method=args.method, rounds=args.rounds, config=config, min_edges=args.edges,
+    config = build_run_config(args.method, info, args.model, args.seed, method_overrides(args))
+    settings = CloudSettings(method=args.method, rounds=args.rounds, config=config, deadline_s=args.deadline,
+                             min_edges=args.edges,
                              min_devices=args.devices, join_timeout_s=args.join_timeout, out_dir=args.out,
                              seed=args.seed, on_round=_print_round)
     transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id)

@@ -1,5 +1,6 @@
-"""The cloud coordinator: owns the round schedule, closes rounds on quorum or deadline,
-runs the method's cloud part, writes metrics (JSON lines) and checkpoints (safetensors).
+"""The cloud coordinator: owns the round schedule, membership and placement, closes rounds on
+quorum or deadline, runs the method's cloud part, writes metrics (JSON lines) and checkpoints
+(safetensors).
 """
 
 from __future__ import annotations
@@ -11,26 +12,31 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from splitedge.methods.registry import get_method
-from splitedge.methods.strategy import CloudPart, NodeContext, RoundPlan
+from splitedge.methods.config import RunConfig
+from splitedge.methods.registry import create_method
+from splitedge.methods.losslog import tier_losses
+from splitedge.methods.strategy import CloudPart, FederationView, Message, NodeContext, Placement, RoundPlan
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import Node, clear_retained
+from splitedge.protocol.node import Node, clear_retained, topic_kind
 from splitedge.protocol.rounds import RoundCollector
-from splitedge.protocol.topics import parse, pattern
+from splitedge.protocol.topics import ALL_DEVICES, parse, pattern
 from splitedge.protocol.transport import Transport
 
 log = logging.getLogger(__name__)
+
+PLACEMENT_TIMEOUT_S = 30.0  # how long a round waits for moved devices to show up at their new edge
 
 
 @dataclass
 class CloudSettings:
     method: str
     rounds: int
-    config: dict[str, Any]
+    config: RunConfig
+    deadline_s: float = 300.0
     min_edges: int = 1
     min_devices: int = 0
     join_timeout_s: float = 60.0
@@ -44,51 +50,82 @@ class CloudCoordinator(Node):
                  test: tuple[np.ndarray, np.ndarray], node_id: str = "cloud") -> None:
         super().__init__(run=run, tier="cloud", node_id=node_id)
         self.session = uuid.uuid4().hex[:16]
-        settings.config = {**settings.config, "session": self.session}
         self.transport, self.settings = transport, settings
-        ctx = NodeContext(node_id=node_id, config=settings.config,
-                          rng=np.random.default_rng(settings.seed), extra={"test": test})
-        self.part: CloudPart = get_method(settings.method).cloud_part(ctx)
-        self.edges: dict[str, int] = {}  # edge -> devices it reports
+        self.method = create_method(settings.method, settings.config)  # registers the method's kinds
+        self.view = FederationView()
+        ctx = NodeContext(node_id=node_id, method=self.method, rng=np.random.default_rng(settings.seed),
+                          extra={"test": test}, view=self.view)
+        self.part: CloudPart = self.method.cloud_part(ctx)
         self.online: set[str] = set()
         self.rounds = RoundCollector()
         self.history: list[dict[str, Any]] = []
         self.stopped = threading.Event()
 
     def start(self) -> None:
-        clear_retained(self.transport, pattern(self.run_id, "cloud", self.node_id, "down"))
+        clear_retained(self.transport, pattern(self.run_id, "cloud", self.node_id, "down", "#"))
         self.transport.subscribe(pattern(self.run_id, "edge", "+", "up"), self.enqueue)
         for msg in self.part.initial_messages():
-            self.send(self.transport, "down", msg.kind, msg.body, round_=0, retain=msg.retain,
-                      topic_kind=msg.topic_kind)
+            self.publish(msg, round_=0)
+
+    # -- routing ----------------------------------------------------------------------------
+    def publish(self, msg: Message, round_: int | None = None) -> None:
+        """Route a part's message: edges read the cloud's downlink, devices get it through their edge."""
+        role, node = msg.to.role, msg.to.node
+        to = {"children": None, "devices": ALL_DEVICES, "edge": node, "device": node,
+              "group": f"@{node}"}.get(role, "invalid")
+        if to == "invalid" or (role in ("edge", "device", "group") and not node):
+            raise ValueError(f"the cloud cannot send to {msg.to}")
+        if role == "device" and node not in self.view.devices:
+            log.warning("cloud: %s for device %s, which no edge reports; it waits for it (retained)" if msg.slot
+                        else "cloud: %s for unknown device %s is dropped", msg.kind, node)
+            if not msg.slot:
+                return
+        self.send(self.transport, "down", msg.kind, msg.body, round_=round_, retain=msg.slot is not None,
+                  topic_kind=topic_kind(msg.kind, msg.slot), to=to)
 
     # -- membership -------------------------------------------------------------------------
     def handle(self, topic: str, env: Envelope) -> None:
         if parse(topic).tier != "edge":
             return
         if env.kind == "hello" and env.body["parent"] == self.node_id:
-            self.edges[env.sender] = int(env.body.get("members", 0))
+            self.view.members[env.sender] = list(env.body["members"])
         elif env.kind == "status":
             (self.online.add if env.body["state"] == "online" else self.online.discard)(env.sender)
-        elif env.sender in self.edges and self.current(env):
+        elif env.sender in self.view.members and self.current(env) and self.accepts(self.part, env, "child"):
             self.part.on_edge_message(env)
             self.rounds.add(env)
 
     @property
     def live(self) -> set[str]:
         """Edges that said hello to this cloud and whose last status is online."""
-        return {e for e in self.edges if e in self.online}
+        return {e for e in self.view.members if e in self.online}
+
+    def live_devices(self) -> int:
+        return sum(len(self.view.members[e]) for e in self.live)
 
     def wait_for_edges(self) -> None:
         """Block until enough edges (and devices behind them) joined, or the join timeout."""
         deadline = time.monotonic() + self.settings.join_timeout_s
         while time.monotonic() < deadline:
-            devices = sum(self.edges[e] for e in self.live)
-            if len(self.live) >= self.settings.min_edges and devices >= self.settings.min_devices:
+            if len(self.live) >= self.settings.min_edges and self.live_devices() >= self.settings.min_devices:
                 return
             self.dispatch(self.next_event(deadline - time.monotonic()))
-        raise TimeoutError(f"only {len(self.live)} edge(s) with {sum(self.edges.values())} device(s) "
+        raise TimeoutError(f"only {len(self.live)} edge(s) with {self.live_devices()} device(s) "
                            f"joined within {self.settings.join_timeout_s:.0f} s")
+
+    def place(self, moves: Mapping[str, Placement]) -> None:
+        """Send each moved device its placement (through its current edge) and wait, up to
+        PLACEMENT_TIMEOUT_S, until the new edges report them."""
+        for dev, where in moves.items():
+            self.view.placements[dev] = where
+            body = {"edge": where.edge, "groups": list(where.groups), "peers": list(where.peers)}
+            self.send(self.transport, "down", "assign", body, retain=True, to=dev)
+        deadline = time.monotonic() + PLACEMENT_TIMEOUT_S
+        pending = lambda: [d for d, w in moves.items() if self.view.devices.get(d) != w.edge]  # noqa: E731
+        while pending() and time.monotonic() < deadline:
+            self.dispatch(self.next_event(0.2))
+        if pending():
+            log.warning("cloud: devices %s not at their assigned edge after %.0f s", pending()[:10], PLACEMENT_TIMEOUT_S)
 
     # -- rounds -----------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
@@ -104,29 +141,41 @@ class CloudCoordinator(Node):
             self._announce_stop()
         return self.history
 
+    def plan(self, r: int) -> RoundPlan:
+        spec = self.part.plan(r)
+        return RoundPlan(round=r, method=self.method.name, deadline_s=self.settings.deadline_s,
+                         config=self.method.run_config.to_wire(), versions=dict(spec.versions),
+                         directives=dict(spec.directives), session=self.session)
+
     def run_round(self, r: int) -> dict[str, Any]:
         started = time.monotonic()
-        plan = self.part.plan(r)
+        moves = self.part.placement(r)
+        if moves:
+            self.place(moves)
+        plan = self.plan(r)
         self.round = r
         self.rounds.open(r, plan.deadline_s, set(self.live))
         self.send(self.transport, "down", "round", plan.to_body(), retain=True)
         while not (self.rounds.complete(self.live) or self.rounds.expired()):
             self.dispatch(self.next_event(0.2))
         reports = self.rounds.close()
+        self.part.losses = {}
         messages, metrics = self.part.aggregate(plan, reports)
         for msg in messages:
-            self.send(self.transport, "down", msg.kind, msg.body, retain=msg.retain, topic_kind=msg.topic_kind)
+            self.publish(msg)
         record = {"round": r, **metrics, "edges": len(reports), "round_seconds": time.monotonic() - started,
-                  "slow_wc": plan.slow_wc, "slow_we": plan.slow_we, "rounds": dict(self.rounds.counts),
-                  "rejected": dict(self.transport.rejected), "bytes": self.transport.counters.snapshot()}
+                  "versions": dict(plan.versions), "directives": dict(plan.directives),
+                  "loss": tier_losses(reports, self.part.losses), "rounds": dict(self.rounds.counts),
+                  "rejected": {**dict(self.transport.rejected), **dict(self.refused)},
+                  "bytes": self.transport.counters.snapshot()}
         self._persist(record)
         if self.settings.on_round:
             self.settings.on_round(record)
         return record
 
     def _announce_stop(self) -> None:
-        plan = RoundPlan(round=self.round + 1, method=self.settings.method, slow_wc=False, slow_we=False,
-                         deadline_s=1.0, wc_version=0, we_version=0, config={"stop": True})
+        plan = RoundPlan(round=self.round + 1, method=self.method.name, deadline_s=1.0,
+                         config=self.method.run_config.to_wire(), session=self.session, stop=True)
         self.send(self.transport, "down", "round", plan.to_body(), round_=plan.round, retain=True)
 
     def _persist(self, record: dict[str, Any]) -> None:

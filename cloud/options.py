@@ -1,17 +1,16 @@
 """Run options shared by `splitedge cloud` and `splitedge sim`, turned into the typed run config.
 
-The result is the flat map that travels in every round announcement, so devices and edges
+The result travels in every round announcement (as a nested map), so devices and edges
 started with only a broker URL build the same model and method settings as the cloud.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any
 
-from splitedge.methods.config import ModelSpec, to_config
-from splitedge.methods.registry import get_method, list_methods
+from splitedge.methods.config import ModelSpec, RunConfig
+from splitedge.methods.registry import default_config, list_methods
 
 DEFAULT_MODEL = {"digits": "cnn", "cifar10": "cnn"}
 
@@ -57,18 +56,12 @@ def method_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def build_run_config(method: str, info: Any, model: str | None, seed: int, deadline_s: float,
-                     overrides: dict[str, Any]) -> dict[str, Any]:
-    """Model spec + the method's typed config (validated by constructing it) as one flat map."""
+def build_run_config(method: str, info: Any, model: str | None, seed: int, overrides: dict[str, Any]) -> RunConfig:
+    """Model spec + the method's typed config, each setting checked against the method's Config."""
     spec = ModelSpec(model=model or DEFAULT_MODEL.get(info.name, "cnn"), num_classes=info.num_classes,
                      channels=info.channels, image_size=info.image_size, mean=tuple(info.mean),
                      std=tuple(info.std), seed=seed)
-    config_cls = get_method(method).Config
-    names = {f.name: f for f in dataclasses.fields(config_cls)}
-    unknown = set(overrides) - set(names)
-    if unknown:
-        raise ValueError(f"unknown {method} settings {sorted(unknown)}; known: {sorted(names)}")
-    from splitedge.methods.config import from_config
-
-    cfg = from_config(config_cls, overrides)
-    return {**to_config(spec), **to_config(cfg), "deadline_s": float(deadline_s)}
+    try:
+        return default_config(method, spec, **overrides)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{method} settings: {exc}") from None

@@ -1,12 +1,16 @@
-"""The device agent: holds only its own data, runs its method part, talks to its edge.
+"""The device agent: holds only its own data, runs its method part, talks to its edge and peers.
 
-Subscribes to its edge's downlink (round announcements, global models) and to its own
-per-device topic; publishes `hello` (retained) and a last-will `status` so the edge knows who
-is alive. All learning happens in the method's device part; this loop only sequences it.
+Reads its edge's downlink (round announcements, models for every device, for this device or
+for one of its groups) and its peers' peer topics; publishes `hello` (retained) and a
+last-will `status` so the edge knows who is alive. The cloud may move it to another edge, put
+it in groups or give it peers with an `assign` message: it then re-subscribes and says hello
+to its new edge, without a restart. All learning happens in the method's device part; this
+loop only sequences it.
 
-A part that must wait for its edge in the middle of a round (SplitFed: activations up,
-gradients back) finds `request` in `ctx.extra["request"]`; events that arrive meanwhile are
-deferred and handled, in order, after the round.
+A part that must wait in the middle of a round finds two services in `ctx.extra`:
+`request(message, reply_kind, timeout)` (SplitFed: activations up, gradients back) and
+`gather(kind, senders, timeout)` (peer messages of this round). Events that arrive meanwhile
+are deferred and handled, in order, after the round.
 """
 
 from __future__ import annotations
@@ -15,46 +19,76 @@ import collections
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
-from splitedge.methods.registry import get_method
-from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.registry import create_method
+from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, Placement, RoundPlan
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import Node
-from splitedge.protocol.topics import pattern
+from splitedge.protocol.node import Node, topic_kind
+from splitedge.protocol.topics import parse, pattern
 from splitedge.protocol.transport import Transport
 
 log = logging.getLogger(__name__)
 
-REQUEST_POLL_S = 0.5  # how often a waiting `request` checks whether the agent was stopped
+REQUEST_POLL_S = 0.5  # how often a waiting `request` or `gather` checks whether the agent was stopped
 
 
 class DeviceAgent(Node):
     def __init__(self, transport: Transport, *, run: str, node_id: str, edge: str,
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
-        self.transport, self.edge, self.data, self.backend = transport, edge, data, backend
+        self.transport, self.data, self.backend = transport, data, backend
+        self.placement = Placement(edge=edge)
         self.rng = self.seeded_rng(seed)
         self.part: DevicePart | None = None
-        self.method: str | None = None
+        self.config: tuple[str, dict] | None = None  # (method, wire config) the part was built with
         self.pending: RoundPlan | None = None
-        self.early: list[Envelope] = []  # models that arrived before the first round created the part
         self.last_round = 0
         self.stopped = threading.Event()
         self.deferred: collections.deque[tuple[str, Envelope]] = collections.deque()
         self.stale_replies = 0
+        self.peer_box: dict[tuple[int, str], dict[str, Envelope]] = {}  # (round, kind) -> sender -> message
+        self.subscribed: set[str] = set()
+
+    @property
+    def edge(self) -> str:
+        return self.placement.edge
+
+    # -- wiring ----------------------------------------------------------------------------
+    def _filters(self) -> set[str]:
+        """Control topics always; data topics (its edge's downlink for all, for this device, for
+        its groups, and its peers') once a method is loaded, so the method's kinds decode."""
+        e, me = self.edge, self.node_id
+        out = {pattern(self.run_id, "edge", e, "down", "round"), pattern(self.run_id, "edge", e, "down", "assign", to=me)}
+        if self.part is not None:
+            out |= {pattern(self.run_id, "edge", e, "down"), pattern(self.run_id, "edge", e, "down", to=me),
+                    *(pattern(self.run_id, "edge", e, "down", to=f"@{g}") for g in self.placement.groups)}
+            for p in self.placement.peers:
+                out |= {pattern(self.run_id, "device", p, "peer"), pattern(self.run_id, "device", p, "peer", to=me)}
+        return out
+
+    def _sync_subscriptions(self, fresh: bool = False) -> None:
+        wanted = self._filters()
+        stale = self.subscribed if fresh else self.subscribed - wanted
+        for f in sorted(stale):
+            self.transport.unsubscribe(f)
+        for f in sorted(wanted - (set() if fresh else self.subscribed)):
+            self.transport.subscribe(f, self.enqueue)
+        self.subscribed = wanted
 
     def start(self) -> None:
-        self.transport.subscribe(pattern(self.run_id, "edge", self.edge, "down"), self.enqueue)
-        self.transport.subscribe(pattern(self.run_id, "device", self.node_id, "down"), self.enqueue)
+        self._sync_subscriptions()
+        self._hello()
+        self.send(self.transport, "up", "status", {"state": "online", "role": "device"}, round_=0, retain=True)
+
+    def _hello(self) -> None:
         classes = np.unique(self.data[1]).astype(np.int64)
         backend = self.backend if isinstance(self.backend, str) else getattr(self.backend, "name", "custom")
-        hello = {"role": "device", "parent": self.edge, "samples": int(len(self.data[1])),
-                 "backend": backend, "classes": classes}
+        hello = {"role": "device", "parent": self.edge, "samples": int(len(self.data[1])), "backend": backend,
+                 "classes": classes, "groups": list(self.placement.groups)}
         self.send(self.transport, "up", "hello", hello, round_=0, retain=True)
-        self.send(self.transport, "up", "status", {"state": "online", "role": "device"}, round_=0, retain=True)
 
     def run_forever(self, poll: float = 0.5) -> None:
         """Process events until the cloud announces the end of the run (or stop() is called)."""
@@ -65,55 +99,110 @@ class DeviceAgent(Node):
         self.stopped.set()
 
     def next_event(self, timeout: float) -> tuple[str, Envelope] | None:
-        """Events deferred during a round's `request` calls come first, in arrival order."""
+        """Events deferred during a round's `request`/`gather` calls come first, in arrival order."""
         if self.deferred:
             return self.deferred.popleft()
         return super().next_event(timeout)
 
-    def request(self, msg: Message, reply_kind: str, timeout: float) -> Envelope:
-        """Publish `msg` and block until the edge's `reply_kind` for this round (and the same
-        `batch`, when the body has one) arrives; TimeoutError otherwise, which fails the round.
-
-        Runs on the agent thread inside `run_round`, so it reads the inbox itself: any other
-        event is deferred for after the round, and a reply to an earlier (timed-out) request
-        is dropped and counted.
-        """
-        self._publish(msg)
-        batch = msg.body.get("batch")
+    # -- services for parts ------------------------------------------------------------------
+    def _wait(self, what: str, timeout: float, take: Any) -> bool:
+        """Read the inbox until `take(topic, env)` says it is done (True), or `timeout`; other
+        events are deferred for after the round."""
         deadline = time.monotonic() + timeout
         while (remaining := deadline - time.monotonic()) > 0:
             if self.stopped.is_set():
-                raise TimeoutError(f"device {self.node_id}: stopped while waiting for {reply_kind}")
+                raise TimeoutError(f"device {self.node_id}: stopped while waiting for {what}")
             event = super().next_event(min(remaining, REQUEST_POLL_S))
-            if event is None:
-                continue
-            env = event[1]
-            if env.kind != reply_kind:
-                self.deferred.append(event)
-            elif env.round == self.round and env.body.get("batch") == batch:
-                return env
-            else:
-                self.stale_replies += 1
-        raise TimeoutError(f"device {self.node_id}: no {reply_kind} for round {self.round} batch {batch} "
-                           f"within {timeout:.1f} s")
+            if event is not None and take(*event):
+                return True
+        return False
 
+    def request(self, msg: Message, reply_kind: str, timeout: float) -> Envelope:
+        """Publish `msg` and block until the edge's `reply_kind` for this round (and the same
+        `batch`, when the body has one) arrives; TimeoutError otherwise, which fails the round."""
+        self.publish(msg)
+        batch = msg.body.get("batch")
+        found: list[Envelope] = []
+
+        def take(topic: str, env: Envelope) -> bool:
+            if env.kind != reply_kind:
+                self.deferred.append((topic, env))
+            elif env.round != self.round or env.body.get("batch") != batch:
+                self.stale_replies += 1
+            elif self.accepts(self.part, env, "parent"):
+                found.append(env)
+                return True
+            return False
+
+        if not self._wait(reply_kind, timeout, take):
+            raise TimeoutError(f"device {self.node_id}: no {reply_kind} for round {self.round} batch {batch} "
+                               f"within {timeout:.1f} s")
+        return found[0]
+
+    def gather(self, kind: str, senders: Iterable[str] | None = None, timeout: float = 60.0) -> dict[str, Envelope]:
+        """This round's `kind` messages from `senders` (default: every peer), waiting until all
+        arrived or `timeout`; a missing peer is left out, never waited for past the timeout."""
+        want = set(self.placement.peers if senders is None else senders)
+        box = self.peer_box.setdefault((self.round, kind), {})
+
+        def take(topic: str, env: Envelope) -> bool:
+            if parse(topic).direction == "peer":
+                self._on_peer(env)
+            else:
+                self.deferred.append((topic, env))
+            return want <= set(box)
+
+        if not want <= set(box):
+            self._wait(f"{kind} from peers", timeout, take)
+        missing = sorted(want - set(box))
+        if missing:
+            log.info("device %s: round %d without %s from %s", self.node_id, self.round, kind, missing)
+        return {s: box[s] for s in sorted(want & set(box))}
+
+    # -- events ----------------------------------------------------------------------------
     def handle(self, topic: str, env: Envelope) -> None:
+        where = parse(topic)
+        if where.tier == "edge" and where.node_id != self.edge:
+            return  # the downlink of an edge we left
         if env.kind == "round":
             self._on_round(RoundPlan.from_body(env.round, env.body))
-        elif not self.current(env):
-            pass
-        elif self.part is None:
-            self.early.append(env)
-        else:
+        elif env.kind == "assign":
+            self._on_assign(env)
+        elif where.direction == "peer":
+            self._on_peer(env)
+        elif self.part is not None and self.current(env) and self.accepts(self.part, env, "parent"):
             self.part.on_message(env)
         if self.pending is not None and self.part is not None and self.part.ready(self.pending):
             plan, self.pending = self.pending, None
             self._run(plan)
 
+    def _on_peer(self, env: Envelope) -> None:
+        """Keep a peer's message for the round it belongs to (a fast peer may be a round ahead)."""
+        if env.sender not in self.placement.peers or env.round < self.round or not self.current(env):
+            return
+        if self.part is not None and not self.accepts(self.part, env, "peer"):
+            return
+        self.peer_box.setdefault((env.round, env.kind), {})[env.sender] = env
+        for key in [k for k in self.peer_box if k[0] < self.round]:
+            del self.peer_box[key]
+
+    def _on_assign(self, env: Envelope) -> None:
+        body = env.body
+        new = Placement(edge=body["edge"], groups=tuple(body["groups"]), peers=tuple(body["peers"]))
+        if new == self.placement:
+            return
+        moved = new.edge != self.edge
+        log.info("device %s: placed at edge %s, groups %s, %d peer(s)", self.node_id, new.edge, list(new.groups),
+                 len(new.peers))
+        self.placement = new
+        if self.part is not None:
+            self.part.ctx.view = new
+        self._sync_subscriptions(fresh=moved)  # a new edge: read its retained state from scratch
+        self._hello()
+
     def _on_round(self, plan: RoundPlan) -> None:
-        session = str(plan.config.get("session", ""))
-        if session and session != self.session and not plan.stop:
-            self._new_session(session)
+        if plan.session and plan.session != self.session and not plan.stop:
+            self._new_session(plan.session)
         if plan.stop:
             if self.last_round == 0 and self.pending is None:
                 return  # a retained stop left over from an earlier run with this run id
@@ -121,37 +210,71 @@ class DeviceAgent(Node):
             self.stopped.set()
             return
         if plan.round <= self.last_round:
-            return  # a retained announcement seen again after a reconnect
-        if self.part is None or self.method != plan.method:
-            ctx = NodeContext(node_id=self.node_id, config=plan.config, rng=self.rng,
-                              extra={"request": self.request})
-            self.part = get_method(plan.method).device_part(ctx, self.data, self.backend)
-            self.method = plan.method
-            for env in self.early:
-                self.part.on_message(env)
-            self.early.clear()
-        self.pending = plan
+            return  # a retained announcement seen again after a reconnect or a move
+        if self._ensure_part(plan):
+            self.pending = plan
+
+    def _ensure_part(self, plan: RoundPlan) -> bool:
+        wanted = (plan.method, dict(plan.config))
+        if self.part is not None and self.config == wanted:
+            return True
+        try:
+            method = create_method(plan.method, plan.config)
+            if self.part is not None and self.config[0] == plan.method and self.part.spec == method.spec:
+                log.info("device %s: %s settings changed at round %d", self.node_id, plan.method, plan.round)
+                self.part.reconfigure(method)
+            else:
+                ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement,
+                                  extra={"request": self.request, "gather": self.gather})
+                replaced, self.part = self.part is not None, method.device_part(ctx, self.data, self.backend)
+                self._sync_subscriptions(fresh=replaced)  # another method: its retained data again, with its kinds
+        except ValueError as exc:
+            self.refused["config.invalid"] += 1
+            log.error("device %s: cannot take round %d: %s", self.node_id, plan.round, exc)
+            return False
+        self.config = wanted
+        return True
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, rounds and models."""
         if self.session:
             log.info("device %s: new session %s (was %s)", self.node_id, session, self.session)
-        self.session, self.part, self.method, self.pending, self.last_round = session, None, None, None, 0
-        self.early = [env for env in self.early if self.current(env)]
+        self.session, self.part, self.config, self.pending, self.last_round = session, None, None, None, 0
+        self.peer_box.clear()
 
     def _run(self, plan: RoundPlan) -> None:
         self.round = self.last_round = plan.round
+        self.part.losses = {}
         sent_done = False
         try:
             for item in self.part.run_round(plan):
                 if item is DONE and not sent_done:
-                    self.send(self.transport, "up", "done", {"phase": "round", "info": self.part.round_info()})
+                    self.send(self.transport, "up", "done", {"phase": "round", "info": self._done_info()})
                     sent_done = True
                 elif item is not DONE:
-                    self._publish(item)
+                    self.publish(item)
         finally:  # even a failed round tells the edge not to wait for us
             if not sent_done:
                 self.send(self.transport, "up", "done", {"phase": "round", "info": {"failed": True}})
 
-    def _publish(self, msg: Message) -> None:
-        self.send(self.transport, "up", msg.kind, msg.body, retain=msg.retain, topic_kind=msg.topic_kind)
+    def _done_info(self) -> dict[str, Any]:
+        info = {**self.part.round_info(), "samples": int(len(self.data[1]))}
+        if self.part.losses:
+            info["loss"] = dict(self.part.losses)
+        if self.refused:
+            info["refused"] = dict(self.refused)
+        return info
+
+    def publish(self, msg: Message) -> None:
+        """Route a part's message: up to its edge, or to its peers (all, or one)."""
+        role, node = msg.to.role, msg.to.node
+        if role == "up":
+            direction, to = "up", None
+        elif role == "peers":
+            direction, to = "peer", None
+        elif role == "peer" and node:
+            direction, to = "peer", node
+        else:
+            raise ValueError(f"a device cannot send to {msg.to}")
+        self.send(self.transport, direction, msg.kind, msg.body, retain=msg.slot is not None,
+                  topic_kind=topic_kind(msg.kind, msg.slot), to=to)

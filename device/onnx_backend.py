@@ -85,6 +85,10 @@ class OnnxExtractor:
         else:
             self._graph = self._session(graph.model, graph.specs, graph.unused, arrays)
 
+    def check_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """ValueError naming the first mismatch between a weight map and this graph (loads nothing)."""
+        self._check_weights(self._graph, weights)
+
     def load_model(self, model: bytes, sha256: str) -> None:
         """Replace the whole graph (e.g. a new architecture); ValueError keeps the old one."""
         self._graph = self._build(bytes(model), sha256)

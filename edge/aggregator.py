@@ -1,9 +1,14 @@
-"""The edge aggregator: tracks its devices, relays the cloud's commands, closes rounds, reports up.
+"""The edge aggregator: tracks its devices, relays the cloud's messages, closes rounds, reports up.
 
 With one broker, `down` and `up` are the same transport. With `--upstream`, devices sit on the
 edge-site broker (`down`) and the cloud on another (`up`); the edge is the only bridge.
 Membership comes from the devices' retained `hello` (parent == this edge) and liveness from
 their `status` (a last will turns it "offline"), so a dead device stops holding rounds open.
+A device the cloud moved elsewhere says hello to its new edge and leaves this one.
+
+The cloud's messages for devices (every device, one device, a group) arrive on the cloud's
+downlink addressed to `@all`, a device id or `@<group>`; this runtime relays them on its own
+downlink with the same address, kept (retained) when they carry a slot.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import time
 
 import numpy as np
 
-from splitedge.methods.registry import get_method
+from splitedge.methods.losslog import device_losses
+from splitedge.methods.registry import create_method
 from splitedge.methods.strategy import EdgePart, Message, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import Node, clear_retained
+from splitedge.protocol.node import Node, clear_retained, topic_kind
 from splitedge.protocol.rounds import RoundCollector
-from splitedge.protocol.topics import parse, pattern, topic
+from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -34,25 +40,45 @@ class EdgeAggregator(Node):
         self.down, self.up, self.cloud = down, up or down, cloud
         self.rng = self.seeded_rng(seed)
         self.part: EdgePart | None = None
-        self.method: str | None = None
+        self.config: tuple[str, dict] | None = None  # (method, wire config) the part was built with
         self.plan: RoundPlan | None = None
         self.members: dict[str, int] = {}  # device -> samples
+        self.groups: dict[str, set[str]] = {}  # device -> its groups (from its hello)
         self.online: set[str] = set()
-        self.early: list[Envelope] = []
         self.rounds = RoundCollector()
         self.stopped = threading.Event()
+        self.subscribed: set[str] = set()  # the cloud's addressed downlink filters we read
 
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
-        clear_retained(self.down, pattern(self.run_id, "edge", self.node_id, "down"))
-        self.up.subscribe(pattern(self.run_id, "cloud", self.cloud, "down"), self.enqueue)
+        clear_retained(self.down, pattern(self.run_id, "edge", self.node_id, "down", "#"))
+        self.up.subscribe(pattern(self.run_id, "cloud", self.cloud, "down", "round"), self.enqueue)
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello"), self.enqueue)
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "status"), self.enqueue)
         self._announce()
 
+    def _cloud_filters(self) -> set[str]:
+        """The cloud's downlink as far as this edge and its devices need it: for the edge, for all
+        devices, for each member and each group a member is in. Read once a method is loaded,
+        so the method's own kinds decode."""
+        addressed = {self.node_id, ALL_DEVICES, *self.members,
+                     *(f"@{g}" for gs in self.groups.values() for g in gs)}
+        return {pattern(self.run_id, "cloud", self.cloud, "down"),
+                *(pattern(self.run_id, "cloud", self.cloud, "down", to=to) for to in addressed)}
+
+    def _sync_subscriptions(self) -> None:
+        if self.part is None:
+            return
+        wanted = self._cloud_filters()
+        for f in sorted(self.subscribed - wanted):
+            self.up.unsubscribe(f)
+        for f in sorted(wanted - self.subscribed):
+            self.up.subscribe(f, self.enqueue)
+        self.subscribed = wanted
+
     def _announce(self) -> None:
         hello = {"role": "edge", "parent": self.cloud, "samples": sum(self.members.values()),
-                 "backend": "torch", "classes": np.zeros(0, dtype=np.int64), "members": len(self.live)}
+                 "backend": "torch", "classes": np.zeros(0, dtype=np.int64), "members": sorted(self.live)}
         self.send(self.up, "up", "hello", hello, round_=0, retain=True)
         self.send(self.up, "up", "status", {"state": "online", "role": "edge"}, round_=0, retain=True)
 
@@ -66,9 +92,9 @@ class EdgeAggregator(Node):
 
     # -- events ----------------------------------------------------------------------------
     def handle(self, topic: str, env: Envelope) -> None:
-        tier = parse(topic).tier
-        if tier == "cloud":
-            self._from_cloud(env)
+        where = parse(topic)
+        if where.tier == "cloud":
+            self._from_cloud(where, env)
         elif env.kind == "hello":
             self._on_hello(env)
         elif env.kind == "status":
@@ -77,11 +103,30 @@ class EdgeAggregator(Node):
             self._from_device(env)
 
     def _on_hello(self, env: Envelope) -> None:
-        if env.body["parent"] != self.node_id or env.sender in self.members:
+        dev = env.sender
+        if env.body["parent"] != self.node_id:
+            if dev in self.members:  # moved to another edge by the cloud
+                self._drop(dev)
             return
-        self.members[env.sender] = int(env.body["samples"])
-        self.down.subscribe(pattern(self.run_id, "device", env.sender, "up"), self.enqueue)
-        log.info("edge %s: device %s joined (%d samples)", self.node_id, env.sender, env.body["samples"])
+        if dev == self.node_id:
+            log.warning("edge %s: a device with this edge's own id cannot join it", self.node_id)
+            return
+        groups = set(env.body["groups"])
+        if dev in self.members and self.groups.get(dev) == groups:
+            return
+        if dev not in self.members:
+            self.down.subscribe(pattern(self.run_id, "device", dev, "up"), self.enqueue)
+            log.info("edge %s: device %s joined (%d samples)", self.node_id, dev, env.body["samples"])
+        self.members[dev], self.groups[dev] = int(env.body["samples"]), groups
+        self._sync_subscriptions()
+        self._announce()
+
+    def _drop(self, dev: str) -> None:
+        self.members.pop(dev, None)
+        self.groups.pop(dev, None)
+        self.down.unsubscribe(pattern(self.run_id, "device", dev, "up"))
+        log.info("edge %s: device %s left for another edge", self.node_id, dev)
+        self._sync_subscriptions()
         self._announce()
 
     def _on_status(self, env: Envelope) -> None:
@@ -100,19 +145,29 @@ class EdgeAggregator(Node):
         """Members whose last status is online."""
         return {d for d in self.members if d in self.online}
 
-    def _from_cloud(self, env: Envelope) -> None:
-        if env.kind != "round":
-            if not self.current(env):
-                return
-            if self.part is None:
-                self.early.append(env)
-            else:
-                self._relay(self.part.on_message(env))
+    def _from_cloud(self, where: Topic, env: Envelope) -> None:
+        if env.kind == "round":
+            self._on_round(env)
             return
+        if not self.current(env):
+            return
+        if where.to is not None and where.to != self.node_id:
+            self._relay(where, env)
+        if self.part is not None and (where.to in (None, self.node_id, ALL_DEVICES)) and self.accepts(self.part, env, "parent"):
+            self._send_all(self.part.on_message(env))
+
+    def _relay(self, where: Topic, env: Envelope) -> None:
+        """Pass the cloud's message for devices on to ours, under the same address and slot."""
+        to = None if where.to == ALL_DEVICES else where.to
+        if to is not None and not to.startswith("@") and to not in self.members:
+            return  # a device that just left us
+        self.send(self.down, "down", env.kind, env.body, round_=env.round, retain="-" in where.kind,
+                  topic_kind=where.kind, to=to)
+
+    def _on_round(self, env: Envelope) -> None:
         plan = RoundPlan.from_body(env.round, env.body)
-        session = str(plan.config.get("session", ""))
-        if session and session != self.session and not plan.stop:
-            self._new_session(session)
+        if plan.session and plan.session != self.session and not plan.stop:
+            self._new_session(plan.session)
         if plan.stop:
             if self.plan is not None:  # else: a retained stop left over from an earlier run
                 self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
@@ -120,9 +175,10 @@ class EdgeAggregator(Node):
             return
         if self.plan is not None and plan.round <= self.plan.round:
             return  # seen already (a retained announcement delivered again)
-        self._ensure_part(plan)
+        if not self._ensure_part(plan):
+            return
         self.plan, self.round = plan, plan.round
-        self._relay(self.part.on_round_open(plan, set(self.live)))
+        self._send_all(self.part.on_round_open(plan, set(self.live)))
         self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
         self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, set(self.live))
 
@@ -130,28 +186,41 @@ class EdgeAggregator(Node):
         """A (re)started cloud: forget the old incarnation's part, round and cached state."""
         if self.session:
             log.info("edge %s: new session %s (was %s)", self.node_id, session, self.session)
-        self.session, self.part, self.method, self.plan = session, None, None, None
-        self.early = [env for env in self.early if self.current(env)]
+        self.session, self.part, self.config, self.plan = session, None, None, None
         if self.rounds.is_open:
             self.rounds.close()
 
-    def _ensure_part(self, plan: RoundPlan) -> None:
-        if self.part is not None and self.method == plan.method:
-            return
-        ctx = NodeContext(node_id=self.node_id, config=plan.config, rng=self.rng)
-        self.part = get_method(plan.method).edge_part(ctx)
-        self.method = plan.method
-        for env in self.early:
-            self._relay(self.part.on_message(env))
-        self.early.clear()
+    def _ensure_part(self, plan: RoundPlan) -> bool:
+        """Build (or reconfigure) the part for the announced method and config; False if the
+        announcement cannot be used (unknown method, config that does not parse)."""
+        wanted = (plan.method, dict(plan.config))
+        if self.part is not None and self.config == wanted:
+            return True
+        try:
+            method = create_method(plan.method, plan.config)
+        except ValueError as exc:
+            self.refused["config.invalid"] += 1
+            log.error("edge %s: cannot take round %d: %s", self.node_id, plan.round, exc)
+            return False
+        if self.part is not None and self.config[0] == plan.method and self.part.spec == method.spec:
+            log.info("edge %s: %s settings changed at round %d", self.node_id, plan.method, plan.round)
+            self.part.reconfigure(method)
+        else:
+            for f in sorted(self.subscribed):  # a newly loaded method: read the cloud's data again, with its kinds
+                self.up.unsubscribe(f)
+            self.subscribed = set()
+            self.part = method.edge_part(NodeContext(node_id=self.node_id, method=method, rng=self.rng))
+        self.config = wanted
+        self._sync_subscriptions()
+        return True
 
     def _from_device(self, env: Envelope) -> None:
-        if not self.current(env):
+        if not self.current(env) or not self.accepts(self.part, env, "child"):
             return
         if self.part is not None:
             replies = self.part.on_device_message(env)
             if replies:
-                self._relay(replies)
+                self._send_all(replies)
                 return
         self.rounds.add(env)
 
@@ -161,24 +230,35 @@ class EdgeAggregator(Node):
         if not (self.rounds.complete(self.live) or self.rounds.expired()):
             return
         if not self.part.ready(self.plan):
-            return  # the global W_e has not arrived yet; it is retained, so it will
+            return  # a model this round needs has not arrived yet; it is retained, so it will
         started = time.monotonic()
         reports = self.rounds.close()
+        self.part.losses = {}
         try:
-            for msg in self.part.aggregate(self.plan, reports):
-                self.send(self.up, "up", msg.kind, msg.body, retain=msg.retain, topic_kind=msg.topic_kind)
+            self._send_all(self.part.aggregate(self.plan, reports))
         except Exception:  # the cloud still hears that this edge is done, so the run goes on
             self.errors += 1
             log.exception("edge %s: aggregating round %d failed", self.node_id, self.plan.round)
-        info = {**self.part.round_info(), "devices": len(reports),
-                "seconds": round(time.monotonic() - started, 3), "errors": self.errors}
+        infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
+        info = {**self.part.round_info(), **device_losses(infos), "devices": len(reports),
+                "seconds": round(time.monotonic() - started, 3), "errors": self.errors,
+                "refused": dict(self.refused)}
+        if self.part.losses:
+            info["loss"] = dict(self.part.losses)
         self.send(self.up, "up", "done", {"phase": "round", "info": info})
 
-    def _relay(self, messages: list[Message]) -> None:
+    def _send_all(self, messages: list[Message]) -> None:
         for msg in messages:
-            if msg.target is not None:
-                env = Envelope(kind=msg.kind, run=self.run_id, round=self.round, sender=self.node_id, body=msg.body)
-                self.down.publish(topic(self.run_id, "device", msg.target, "down", msg.topic_kind or msg.kind),
-                                  env, retain=msg.retain)
-            else:
-                self.send(self.down, "down", msg.kind, msg.body, retain=msg.retain, topic_kind=msg.topic_kind)
+            self.publish(msg)
+
+    def publish(self, msg: Message) -> None:
+        """Route a part's message: up to the cloud, or down to all, one or a group of our devices."""
+        role, node = msg.to.role, msg.to.node
+        routes = {"up": (self.up, "up", None), "children": (self.down, "down", None),
+                  "devices": (self.down, "down", None), "device": (self.down, "down", node),
+                  "group": (self.down, "down", f"@{node}")}
+        if role not in routes or (role in ("device", "group") and not node):
+            raise ValueError(f"an edge cannot send to {msg.to}")
+        transport, direction, to = routes[role]
+        self.send(transport, direction, msg.kind, msg.body, retain=msg.slot is not None,
+                  topic_kind=topic_kind(msg.kind, msg.slot), to=to)

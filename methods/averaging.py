@@ -6,7 +6,7 @@ torch. A weight map is `dict[str, np.ndarray]` in insertion order (see docs/inte
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -14,10 +14,12 @@ WeightMap = Mapping[str, np.ndarray]
 log = logging.getLogger(__name__)
 
 
-def averaged_body(parts: Sequence[tuple[WeightMap, int]], part: str, version: int) -> dict[str, Any]:
-    """Body of a `weights` message carrying the sample-weighted average of `parts` (and their total)."""
+def averaged_body(parts: Sequence[tuple[WeightMap, int]], part: str, version: int,
+                  merge: Callable[[Sequence[tuple[WeightMap, int]]], dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
+    """Body of a `weights` message carrying `merge(parts)` (default: the sample-weighted average,
+    a method passes its `merge_weights` hook) and their total sample count."""
     return {"part": part, "version": version, "samples": sum(int(n) for _, n in parts),
-            "weights": average_states(parts)}
+            "weights": (merge or average_states)(parts)}
 
 
 def weight_updates(reports: Sequence[Any], part: str, version: int | None = None) -> list[tuple[WeightMap, int]]:

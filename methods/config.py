@@ -1,58 +1,40 @@
-"""Typed run configuration that travels in the round announcement (a flat map of scalars).
+"""Typed run configuration, carried in the round announcement as a nested msgpack map.
 
 Devices and edges are started with only a broker URL and an id; they learn the method, the
-model and its normalisation from the cloud's `round` message. Every config class here is a
-frozen dataclass of scalars so it maps onto that flat map and back without loss.
+model and its normalisation from the cloud's `round` message. The config there is
+``{"model": <ModelSpec>, "method": <the method's Config>}``, each a map of its dataclass
+fields (tuples travel as lists, nested dataclasses as maps). Runtimes parse it once into the
+typed classes below; a value of the wrong type, or a name the class does not know, is a
+ValueError that names the setting, so a mismatched peer is refused instead of guessed at.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Mapping, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 
 
-def to_config(obj: Any) -> dict[str, Any]:
-    """Dataclass -> flat map of scalars (tuples of floats become comma-separated strings)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, tuple):
-            value = ",".join(repr(float(v)) for v in value)
-        if value is None:
-            continue
-        out[f.name] = value
-    return out
+@dataclass(frozen=True)
+class MethodConfig:
+    """Settings every method has; each method's Config subclasses it.
 
+    feddecorr_beta: weight of the FedDecorr regulariser (METHODS.md) on the representation each
+    tier trains; 0 switches it off. Any method can turn it on (`--set feddecorr_beta=0.1`).
+    """
 
-def from_config(cls: type[T], config: Mapping[str, Any]) -> T:
-    """Pick `cls`'s fields out of a flat map, converting types; unknown keys are ignored."""
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name not in config:
-            continue
-        value = config[f.name]
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if isinstance(default, tuple) or f.type in ("tuple[float, ...]",):
-            value = tuple(float(v) for v in str(value).split(",") if v)
-        elif isinstance(default, bool):
-            value = _to_bool(value)
-        elif isinstance(default, int) and not isinstance(value, bool):
-            value = int(value)
-        elif isinstance(default, float):
-            value = float(value)
-        kwargs[f.name] = value
-    return cls(**kwargs)
+    feddecorr_beta: float = 0.0
 
-
-def _to_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
-            raise ValueError(f"not a boolean: {value!r}")
-        return value.lower() in ("1", "true", "yes")
-    return bool(value)
+    def __post_init__(self) -> None:
+        if self.feddecorr_beta < 0:
+            raise ValueError(f"feddecorr_beta must be >= 0, got {self.feddecorr_beta}")
 
 
 @dataclass(frozen=True)
@@ -72,3 +54,135 @@ class ModelSpec:
             raise ValueError(f"mean/std need {self.channels} values, got {self.mean} / {self.std}")
         if self.num_classes < 2 or self.image_size < 4:
             raise ValueError(f"bad model spec: {self}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What a round announcement configures: the model and the method's own settings."""
+
+    model: ModelSpec
+    method: MethodConfig
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"model": to_wire(self.model), "method": to_wire(self.method)}
+
+    @classmethod
+    def from_wire(cls, method_config: type[MethodConfig], data: Any) -> "RunConfig":
+        """Parse a round's config for a method whose Config class is `method_config`."""
+        if not isinstance(data, Mapping) or set(data) != {"model", "method"}:
+            keys = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(f"config must be a map with 'model' and 'method', got {keys}")
+        return cls(from_wire(ModelSpec, data["model"], "model"),
+                   from_wire(method_config, data["method"], "method"))
+
+
+def to_wire(obj: Any) -> Any:
+    """A config value as plain msgpack data: dataclass -> map, tuple -> list (arrays stay)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [to_wire(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): to_wire(v) for k, v in obj.items()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def from_wire(cls: type[T], data: Any, path: str = "config") -> T:
+    """Build dataclass `cls` from a nested map, checking every value against its field's type.
+
+    Absent fields take their defaults; unknown names and wrong types raise ValueError.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: expected a map of settings, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"{path}: unknown setting(s) {unknown}; known: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {name: _coerce(hints[name], value, f"{path}.{name}") for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, path: str) -> Any:
+    """`value` as type `hint` (bool, int, float, str, tuples, optionals, nested dataclasses)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, path)
+            except ValueError as exc:
+                errors.append(str(exc))
+        raise ValueError(errors[0] if errors else f"{path}: unsupported type {hint}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            raise ValueError(f"{path}: expected a list, got {type(value).__name__}")
+        item = args[0] if args else Any
+        return tuple(_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(hint):
+        return from_wire(hint, value, path)
+    return _scalar(hint, value, path)
+
+
+def _scalar(hint: Any, value: Any, path: str) -> Any:
+    if isinstance(value, np.generic):
+        value = value.item()
+    is_bool = isinstance(value, bool)
+    if hint is bool and is_bool:
+        return value
+    if hint is int and isinstance(value, int) and not is_bool:
+        return value
+    if hint is float and isinstance(value, (int, float)) and not is_bool:
+        return float(value)
+    if hint is str and isinstance(value, str):
+        return value
+    if hint is Any:
+        return value
+    name = getattr(hint, "__name__", str(hint))
+    raise ValueError(f"{path}: expected {name}, got {type(value).__name__} {value!r:.60}")
+
+
+def parse_settings(cls: type, items: Mapping[str, Any], path: str = "setting") -> dict[str, Any]:
+    """Command-line settings (strings, or values already typed) as typed values of `cls`'s fields.
+
+    Text is read by the field's type: booleans as true/false/yes/no/1/0, tuples as
+    comma-separated values or a JSON list. Unknown names and unreadable values: ValueError.
+    """
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(items) - fields)
+    if unknown:
+        raise ValueError(f"unknown {path}(s) {unknown}; known: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    return {key: _coerce(hints[key], _from_text(hints[key], value, key), key) if isinstance(value, str)
+            else _coerce(hints[key], value, key) for key, value in items.items()}
+
+
+def _from_text(hint: Any, text: str, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return None if text.lower() in ("none", "null", "") else _from_text(args[0], text, key)
+    if origin is tuple:
+        items = json.loads(text) if text.strip().startswith("[") else [v for v in text.split(",") if v.strip()]
+        item = typing.get_args(hint)[0] if typing.get_args(hint) else str
+        return [_from_text(item, v, key) if isinstance(v, str) else v for v in items]
+    try:
+        if hint is bool:
+            return _to_bool(text)
+        if hint is int:
+            return int(text)
+        if hint is float:
+            return float(text)
+    except ValueError:
+        raise ValueError(f"{key}: cannot read {text!r} as {hint.__name__}") from None
+    return text
+
+
+def _to_bool(value: str) -> bool:
+    if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+        raise ValueError(f"not a boolean: {value!r}")
+    return value.lower() in ("1", "true", "yes")

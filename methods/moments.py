@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 WIRE_DTYPES = {"f2": np.dtype("<f2"), "f4": np.dtype("<f4"), "f8": np.dtype("<f8")}
-SPACES = ("wc", "we")
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,13 +174,12 @@ def merge_moments(parts: Sequence[ClassMoments]) -> ClassMoments:
     return ClassMoments(classes, n, mean, _var_from_m2(m2, n))
 
 
-def moments_to_body(m: ClassMoments, dtype: str = "f4", wc_version: int = 0, we_version: int = 0,
-                    space: str = "wc") -> dict[str, Any]:
-    """Body of a `moments` message; mean/var cast to the wire dtype, all little-endian."""
+def moments_to_body(m: ClassMoments, dtype: str = "f4", *, space: str = "wc",
+                    versions: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Body of a `moments` message for feature `space`, computed with the model `versions`;
+    mean/var cast to the wire dtype, all little-endian."""
     if dtype not in WIRE_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(WIRE_DTYPES)}, got {dtype!r}")
-    if space not in SPACES:
-        raise ValueError(f"space must be one of {SPACES}, got {space!r}")
     with np.errstate(over="ignore"):  # overflow is reported below as a ValueError
         mean = np.ascontiguousarray(m.mean, dtype=WIRE_DTYPES[dtype])
         var = np.ascontiguousarray(m.var, dtype=WIRE_DTYPES[dtype])
@@ -191,7 +189,7 @@ def moments_to_body(m: ClassMoments, dtype: str = "f4", wc_version: int = 0, we_
         "classes": np.ascontiguousarray(m.classes, dtype="<i8"),
         "counts": np.ascontiguousarray(m.counts, dtype="<i8"),
         "mean": mean, "var": var,
-        "wc_version": int(wc_version), "we_version": int(we_version), "space": space,
+        "space": space, "versions": {k: int(v) for k, v in (versions or {}).items()},
     }
 
 

@@ -1,198 +1,368 @@
 """The strategy interface: a learning method is one part per tier; the runtimes own the loop.
 
-A runtime (device, edge, cloud) owns messaging, rounds, deadlines and persistence. Each round it
-calls hooks of the active method's part for its tier and publishes whatever the hooks return.
-Parts never see MQTT: they receive decoded `Envelope`s and return `Message`s. This module is
-torch-free so that a thin device can import it.
+A runtime (device, edge, cloud) owns messaging, addressing, membership, rounds, deadlines and
+persistence. Each round it calls hooks of the active method's part for its tier and routes
+whatever the hooks return. Parts never see MQTT: they receive decoded `Envelope`s and return
+`Message`s addressed to a role (`UP`, `CHILDREN`, `DEVICES`, `PEERS`) or to one node or group
+(`device(id)`, `edge(id)`, `peer(id)`, `group(name)`); they never choose topics or retain flags.
+
+This module is torch-free so that a thin device can import it.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig
 from splitedge.protocol.rounds import RoundReport
+
+# -- addresses -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class To:
+    """Where a message goes. `role` is one of ADDRESS_ROLES; `node` names the node or group."""
+
+    role: str
+    node: str | None = None
+
+
+UP = To("up")
+"""To the sender's parent: a device's edge, an edge's cloud."""
+CHILDREN = To("children")
+"""To every child: the cloud's edges, an edge's devices."""
+DEVICES = To("devices")
+"""From the cloud, to every device (each edge relays it to its own)."""
+PEERS = To("peers")
+"""From a device, to every one of its peer devices (its neighbours)."""
+
+
+def device(node: str) -> To:
+    """One device: from its edge, or from the cloud (relayed by the device's edge)."""
+    return To("device", node)
+
+
+def edge(node: str) -> To:
+    """One edge, from the cloud."""
+    return To("edge", node)
+
+
+def peer(node: str) -> To:
+    """One peer device, from a device."""
+    return To("peer", node)
+
+
+def group(name: str) -> To:
+    """Every device in a group (e.g. a cluster), from the cloud or an edge."""
+    return To("group", name)
 
 
 @dataclass(frozen=True)
 class Message:
-    """Something a strategy wants sent; the runtime adds envelope, topic and QoS.
+    """Something a strategy wants sent; the runtime adds envelope, topic, QoS and retention.
 
-    `topic_kind` lets parts of one kind keep separate retained messages (e.g. "weights-wc").
-    `target` addresses one child node (a device) instead of all children.
+    `slot` marks a latest-value message (a model version, a prototype table): the runtime keeps
+    the newest one per slot for nodes that join late (a retained MQTT message), so each model
+    part or table a method publishes gets its own slot name.
     """
 
     kind: str
     body: Mapping[str, Any]
-    retain: bool = False
-    topic_kind: str | None = None
-    target: str | None = None
+    to: To = UP
+    slot: str | None = None
 
 
 DONE = object()
 """Yielded by a device part when the edge may close the device's round; later work is local."""
 
 
+# -- rounds ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """What a cloud part decides for a round: model versions in use and its directives."""
+
+    versions: Mapping[str, int] = field(default_factory=dict)
+    directives: Mapping[str, Any] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class RoundPlan:
-    """What the cloud announces for round r (body of the `round` message)."""
+    """The round announcement (body of the `round` message), built by the cloud runtime.
+
+    `config` is the wire form of the run's RunConfig; `versions` names the model versions a
+    node must hold before the round (whatever models the method versions); `directives` are
+    the method's own instructions for this round (e.g. which parts are averaged).
+    """
 
     round: int
     method: str
-    slow_wc: bool
-    slow_we: bool
     deadline_s: float
-    wc_version: int
-    we_version: int
     config: Mapping[str, Any]
+    versions: Mapping[str, int] = field(default_factory=dict)
+    directives: Mapping[str, Any] = field(default_factory=dict)
+    session: str = ""
+    stop: bool = False
 
     def to_body(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
         body.pop("round")
-        body["config"] = dict(self.config)
         return body
 
     @classmethod
     def from_body(cls, round_: int, body: Mapping[str, Any]) -> "RoundPlan":
-        return cls(round=round_, method=body["method"], slow_wc=body["slow_wc"], slow_we=body["slow_we"],
-                   deadline_s=body["deadline_s"], wc_version=body["wc_version"],
-                   we_version=body["we_version"], config=dict(body["config"]))
+        return cls(round=round_, method=body["method"], deadline_s=body["deadline_s"], config=body["config"],
+                   versions=dict(body["versions"]), directives=dict(body.get("directives") or {}),
+                   session=body.get("session", ""), stop=bool(body.get("stop", False)))
+
+    def version(self, name: str) -> int:
+        """The announced version of model `name` (0 when the method does not version it)."""
+        return int(self.versions.get(name, 0))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a device sits: the edge it reports to, its groups and its peer devices."""
+
+    edge: str
+    groups: tuple[str, ...] = ()
+    peers: tuple[str, ...] = ()
+
+
+class FederationView:
+    """What the cloud knows of its federation (kept by the runtime, read by the cloud part)."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, list[str]] = {}  # edge -> its devices, as the edge reported them
+        self.placements: dict[str, Placement] = {}  # device -> last placement the cloud assigned
 
     @property
-    def stop(self) -> bool:
-        return bool(self.config.get("stop", False))
+    def devices(self) -> dict[str, str]:
+        """device -> the edge it reports to."""
+        return {d: e for e, ds in sorted(self.members.items()) for d in ds}
 
-
-@dataclass
-class NodeContext:
-    """What a part knows about where it runs."""
-
-    node_id: str
-    config: Mapping[str, Any]
-    rng: np.random.Generator
-    extra: dict[str, Any] = field(default_factory=dict)
+    def placement(self, device_id: str) -> Placement:
+        """The device's placement: the last one assigned, else where it joined."""
+        return self.placements.get(device_id) or Placement(edge=self.devices.get(device_id, ""))
 
 
 Report = RoundReport
 """All messages one child sent for a round, by kind (the last one of each kind wins)."""
 
 
-class DevicePart(abc.ABC):
+# -- parts -----------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeContext:
+    """What a part knows about where it runs: its id, the method (with its typed config), a
+    seeded rng, the runtime's services in `extra` (e.g. the cloud's test split, a device's
+    `request`/`gather`) and the runtime's `view` (FederationView at the cloud, the device's own
+    Placement on a device)."""
+
+    node_id: str
+    method: "Method"
+    rng: np.random.Generator
+    extra: dict[str, Any] = field(default_factory=dict)
+    view: Any = None
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.method.spec
+
+    @property
+    def config(self) -> Any:
+        """The method's typed config (an instance of its `Config`)."""
+        return self.method.config
+
+
+class Part:
+    """Hooks every tier's part has.
+
+    `losses` holds the mean of each loss term the part minimised this round (the runtime
+    clears it before the round and reports it, merged per tier, in the cloud's metrics).
+    """
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self.losses: dict[str, float] = {}
+
+    @property
+    def method(self) -> "Method":
+        return self.ctx.method
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.ctx.spec
+
+    @property
+    def cfg(self) -> Any:
+        return self.ctx.config
+
+    def check(self, env: Any, source: str) -> None:
+        """Refuse a message that the schema let through but that does not fit the federation
+        (feature dimension, classes, model names and shapes, versions): raise ProtocolError
+        naming the rule. `source` is "parent", "child" or "peer". The runtime logs, counts and
+        drops a refused message before it can touch the part's state; the round goes on."""
+
+    def reconfigure(self, method: "Method") -> None:
+        """The cloud announced changed method settings (same method and model): take them."""
+        self.ctx.method = method
+
+    def ready(self, plan: RoundPlan) -> bool:
+        """True when every model this round needs has arrived (e.g. the announced versions)."""
+        return True
+
+    def round_info(self) -> dict[str, Any]:
+        """Plain data for this node's `done` info (e.g. losses, a personalised accuracy)."""
+        return {}
+
+
+class DevicePart(Part):
     """Device side of a method: local training and the statistics it sends up."""
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
-        self.ctx, self.data, self.backend = ctx, data, backend
+        super().__init__(ctx)
+        self.data, self.backend = data, backend
 
-    def ready(self, plan: RoundPlan) -> bool:
-        """True when every model this round needs has arrived (e.g. the initial W_c)."""
-        return True
-
-    @abc.abstractmethod
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
-        """Do the round's work; yield messages to send up, and DONE once the round may close."""
+        """Do the round's work; yield messages to send, and DONE once the round may close."""
+        raise NotImplementedError
 
     def on_message(self, env: Any) -> None:
-        """A message from the edge (e.g. averaged weights)."""
-
-    def round_info(self) -> dict[str, Any]:
-        """Scalars for the info of this round's `done` (e.g. personalised accuracy); read at DONE."""
-        return {}
+        """A message from above (its edge, or the cloud through the edge), e.g. a global model."""
 
 
-class EdgePart(abc.ABC):
+class EdgePart(Part):
     """Edge side: merge what devices sent, train, report upward."""
 
-    def __init__(self, ctx: NodeContext) -> None:
-        self.ctx = ctx
-
-    def ready(self, plan: RoundPlan) -> bool:
-        return True
-
-    @abc.abstractmethod
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
-        """Called when the round closes (quorum or deadline); returns messages for the cloud."""
+        """Called when the round closes (quorum or deadline); returns messages (UP: the cloud)."""
+        raise NotImplementedError
 
     def on_message(self, env: Any) -> list[Message]:
-        """A message from the cloud; returns messages to relay down to devices."""
+        """A message from the cloud (for this edge, or relayed through it to devices)."""
         return []
 
     def on_device_message(self, env: Any) -> list[Message]:
-        """A device message the part handles at once (e.g. SplitFed activations); returns replies."""
+        """A device message handled at once (e.g. SplitFed activations); replies, if any, mean
+        the message is consumed and does not join the round's reports."""
         return []
-
-    def round_info(self) -> dict[str, Any]:
-        """Scalars merged into the edge's `done` info after `aggregate` (e.g. merged device metrics)."""
-        return {}
 
     def on_round_open(self, plan: RoundPlan, members: set[str]) -> list[Message]:
-        """Before the round is relayed down: messages for devices (e.g. ask one to resend its state)."""
+        """Before the round is relayed down: messages for devices (e.g. ask one to resend)."""
         return []
 
 
-class CloudPart(abc.ABC):
+class CloudPart(Part):
     """Cloud side: schedule, merge edge reports, train the head, evaluate, publish models."""
 
-    def __init__(self, ctx: NodeContext) -> None:
-        self.ctx = ctx
-
     def initial_messages(self) -> list[Message]:
-        """Models every node needs before round 1 (published retained)."""
+        """Models every node needs before round 1 (usually with a slot, so late joiners get them)."""
         return []
 
     def on_edge_message(self, env: Any) -> None:
         """Every message from an edge as it arrives, whatever round it belongs to (state such as
         moments must not be lost because it came after its round closed)."""
 
-    @abc.abstractmethod
-    def plan(self, round_: int) -> RoundPlan:
-        """The announcement for round `round_`."""
+    def plan(self, round_: int) -> RoundSpec:
+        """The model versions and directives of round `round_`."""
+        return RoundSpec()
 
-    @abc.abstractmethod
-    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
-        """Close the round: returns (messages down, metrics such as accuracy)."""
+    def placement(self, round_: int) -> Mapping[str, Placement] | None:
+        """Before round `round_`: devices to move (device -> Placement), or None. The runtime
+        sends each an `assign` through its edge and opens the round once the edges report them."""
+        return None
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
+        """Close the round: returns (messages, metrics such as accuracy)."""
+        raise NotImplementedError
 
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
         """The served global model as a flat name -> array map (saved without pickle)."""
         return {}
 
 
+# -- the method ------------------------------------------------------------------------------
+
+ROLES = ("device", "edge", "cloud")
+
+
 class Method:
-    """A registered learning method: a typed config and, per tier, where its part lives.
+    """A registered learning method: its typed config, its parts, and the hooks variants override.
 
     `parts` maps "device:<backend>" (or "device" for any backend), "edge" and "cloud" to
-    "module:Class". A part's module is imported only when that part is built, so looking a
-    method up (and running its thin device part) never imports torch.
+    "module:Class"; a part's module is imported only when that part is built, so looking a
+    method up (and running its thin device part) never imports torch. A variant subclasses a
+    method and overrides one hook (`objective`, `merge_weights`, or a method's own such as
+    H-SFP's `sample_features`) and is registered under its own name.
     """
 
     name: str = ""
-    Config: type = object
+    Config: type[MethodConfig] = MethodConfig
     parts: Mapping[str, str] = {}
     personalised: bool = False
     """True when the reported accuracy is each device's own model on its own held-out data
     (FedProto), which is not comparable with a global model's test accuracy."""
 
-    @classmethod
-    def _part_class(cls, key: str) -> Any:
-        module, attr = cls.parts[key].split(":")
+    def __init__(self, config: RunConfig, name: str | None = None) -> None:
+        if not isinstance(config.method, self.Config):
+            raise ValueError(f"{self.name} needs a {self.Config.__name__}, got {type(config.method).__name__}")
+        self.run_config = config
+        self.name = name or self.name
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.run_config.model
+
+    @property
+    def config(self) -> Any:
+        return self.run_config.method
+
+    # -- parts
+    def _part_class(self, key: str) -> Any:
+        import importlib
+
+        module, attr = self.parts[key].split(":")
         return getattr(importlib.import_module(module), attr)
 
-    @classmethod
-    def device_part(cls, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> DevicePart:
-        key = f"device:{backend}" if f"device:{backend}" in cls.parts else "device"
-        if key not in cls.parts:
-            backends = sorted(k.split(":", 1)[1] for k in cls.parts if k.startswith("device:"))
-            raise ValueError(f"{cls.name} has no device part for backend {backend!r}; it runs on {backends}")
-        return cls._part_class(key)(ctx, data, backend)
+    def device_part(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> DevicePart:
+        key = f"device:{backend}" if f"device:{backend}" in self.parts else "device"
+        if key not in self.parts:
+            backends = sorted(k.split(":", 1)[1] for k in self.parts if k.startswith("device:"))
+            raise ValueError(f"{self.name} has no device part for backend {backend!r}; it runs on {backends}")
+        return self._part_class(key)(ctx, data, backend)
 
-    @classmethod
-    def edge_part(cls, ctx: NodeContext) -> EdgePart:
-        return cls._part_class("edge")(ctx)
+    def edge_part(self, ctx: NodeContext) -> EdgePart:
+        return self._part_class("edge")(ctx)
 
-    @classmethod
-    def cloud_part(cls, ctx: NodeContext) -> CloudPart:
-        return cls._part_class("cloud")(ctx)
+    def cloud_part(self, ctx: NodeContext) -> CloudPart:
+        return self._part_class("cloud")(ctx)
+
+    # -- hooks
+    def objective(self, role: str) -> list[Any]:
+        """The method's own loss terms (methods.training.LossTerm) for what `role` trains."""
+        return []
+
+    def regularisers(self, role: str) -> list[Any]:
+        """Terms any method can switch on by config (FedDecorr on the 'features' output)."""
+        if self.config.feddecorr_beta <= 0:
+            return []
+        from splitedge.methods.training import feddecorr_term  # torch only where a tier trains
+
+        return [feddecorr_term(self.config.feddecorr_beta)]
+
+    def loss_terms(self, role: str) -> list[Any]:
+        """Everything `role` minimises: objective plus switched-on regularisers."""
+        return [*self.objective(role), *self.regularisers(role)]
+
+    def merge_weights(self, parts: Sequence[tuple[Mapping[str, np.ndarray], int]]) -> dict[str, np.ndarray]:
+        """How edges and the cloud combine weight maps: sample-weighted average by default."""
+        from splitedge.methods.averaging import average_states
+
+        return average_states(parts)

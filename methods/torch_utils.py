@@ -7,7 +7,7 @@ model on images; keeping these few lines in one place keeps the three strategies
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -15,14 +15,14 @@ from torch import nn
 
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.preprocess import batches, to_input
-from splitedge.models import SplitModel, create_split
+from splitedge.methods.training import Batch
+from splitedge.models import SplitModel, create_split, seeded_init
 
 
 def build_split(spec: ModelSpec) -> SplitModel:
     """The run's network, initialised from the spec's seed (reproducible runs) without
     touching the process's global torch RNG (sim runs every node in one process)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
+    with seeded_init(spec.seed):
         return create_split(spec.model, num_classes=spec.num_classes, in_channels=spec.channels,
                             image_size=spec.image_size)
 
@@ -59,7 +59,19 @@ def test_accuracy(model: nn.Module, test: tuple[np.ndarray, np.ndarray], spec: M
     return accuracy(model, x, y)
 
 
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+def tensor_batches(x: torch.Tensor, y: torch.Tensor, batch: int, gen: torch.Generator) -> Callable[[], Iterator[Batch]]:
+    """One shuffled epoch of (x, y) minibatches per call (methods.training.train_epochs' input)."""
+    def epoch() -> Iterator[Batch]:
+        for idx in shuffled_batches(len(y), batch, gen):
+            yield Batch(x[idx], y[idx])
+
+    return epoch
+
+
+def model_outputs(model: SplitModel, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The whole network's forward as training outputs: penultimate "features" and "logits"."""
+    features, logits = model.features_and_logits(x)
+    return {"features": features, "logits": logits}
 
 
 class Optimizer(Protocol):
@@ -68,21 +80,6 @@ class Optimizer(Protocol):
     def zero_grad(self) -> None: ...
 
     def step(self) -> None: ...
-
-
-def train_epoch(model: nn.Module, opt: Optimizer, x: torch.Tensor, y: torch.Tensor, *,
-                batch: int, gen: torch.Generator, loss_fn: LossFn) -> float:
-    """One shuffled epoch of `loss_fn(model, xb, yb)`; returns the mean loss, leaves eval mode."""
-    model.train()
-    losses = []
-    for idx in shuffled_batches(len(y), batch, gen):
-        loss = loss_fn(model, x[idx], y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return float(np.mean(losses)) if losses else 0.0
 
 
 class PlainSGD:

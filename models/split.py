@@ -6,10 +6,25 @@ shapes of W_c and W_e are recorded because moments and wire messages are sized b
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+from typing import Iterator
+
 import torch
 from torch import nn
 
 PART_NAMES = ("wc", "we", "wg")
+_INIT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def seeded_init(seed: int) -> Iterator[None]:
+    """Build modules from `seed` alone: torch's initialisers draw from the process-wide RNG, so
+    nodes that build models at the same time in one process (a sim's threads) would interleave
+    their draws. This holds a lock, seeds a forked RNG and restores the caller's afterwards."""
+    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def pool(feat: torch.Tensor) -> torch.Tensor:
@@ -19,6 +34,15 @@ def pool(feat: torch.Tensor) -> torch.Tensor:
     so the same call works on W_c/W_e maps and on already-flat features.
     """
     return feat.mean(dim=(2, 3)) if feat.dim() == 4 else feat
+
+
+def head_features(wg: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(penultimate features [B, D], logits) of a head W_g whose last layer is the classifier:
+    the representation regularisers such as FedDecorr act on."""
+    if not isinstance(wg, nn.Sequential) or len(wg) < 2:
+        raise ValueError("W_g must be an nn.Sequential ending in its classifier")
+    features = pool(wg[:-1](h))
+    return features, wg[-1](features)
 
 
 @torch.no_grad()
@@ -57,6 +81,10 @@ class SplitModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.wg(self.we(self.wc(x)))
+
+    def features_and_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(penultimate features, logits) of the whole network in one pass."""
+        return head_features(self.wg, self.we(self.wc(x)))
 
     def part(self, name: str) -> nn.Module:
         """The part called "wc", "we" or "wg" (the names used in `weights` messages)."""

@@ -23,7 +23,7 @@ from .schema import validate_body
 
 __all__ = ["PROTOCOL_VERSION", "DEFAULT_MAX_BYTES", "MAX_ELEMENTS", "Envelope", "encode", "decode"]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 # Upper bound on list items + map entries per frame. Bodies carry their bulk in array ext
 # payloads, so this only stops a small frame from inflating into millions of Python objects.

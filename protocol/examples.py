@@ -24,7 +24,7 @@ def _moments(k: int = 2, d: int = 3, dtype: str = "f4") -> dict[str, Any]:
     return {
         "classes": np.arange(k, dtype="i8"), "counts": np.full(k, 4, dtype="i8"),
         "mean": rng.normal(size=(k, d)).astype(dtype), "var": rng.random((k, d)).astype(dtype),
-        "wc_version": 1, "we_version": 0, "space": "wc",
+        "space": "wc", "versions": {"wc": 1},
     }
 
 
@@ -40,17 +40,18 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
     "hello": lambda: {"role": "device", "parent": "e1", "samples": 10, "backend": "onnx",
                       "classes": np.array([0, 3], dtype="i8")},
     "status": lambda: {"state": "online", "role": "device"},
-    "round": lambda: {"method": "hsfp", "slow_wc": False, "slow_we": True, "deadline_s": 30.0,
-                      "wc_version": 1, "we_version": 1,
-                      "config": {"lr": 0.01, "epochs": 1, "opt": "sgd", "augment": True}},
+    "round": lambda: {"method": "hsfp", "session": "5e55", "deadline_s": 30.0, "versions": {"wc": 1, "we": 1},
+                      "config": {"model": {"model": "cnn", "mean": [0.5], "std": [0.25]},
+                                 "method": {"device_lr": 0.05, "local_epochs": 1, "mean_only": False}},
+                      "directives": {"average": ["we"]}},
+    "assign": lambda: {"edge": "e2", "groups": ["c1"], "peers": ["d4", "d7"]},
     "moments": _moments,
     "weights": _weights,
     "logits": lambda: {"classes": np.array([0, 1], dtype="i8"),
                        "counts": np.array([3, 5], dtype="i8"),
                        "logits": np.arange(6, dtype="f4").reshape(2, 3)},
-    "activations": lambda: {"batch": 0, "x": np.zeros((2, 4, 3, 3), dtype="f2"),
-                            "y": np.array([1, 0], dtype="i8")},
-    "gradients": lambda: {"batch": 0, "grad": np.ones((2, 4, 3, 3), dtype="f4")},
+    "arrays": lambda: {"name": "directions", "version": 0, "arrays": {"d": np.ones(4, dtype="f4")},
+                       "scalars": {"alpha": 10.0}},
     "onnx_model": lambda: {"part": "wc", "version": 1, "model": _MODEL,
                            "sha256": hashlib.sha256(_MODEL).hexdigest()},
     "metrics": lambda: {"accuracy": 0.5, "loss": 1.25, "round": 3},
@@ -70,11 +71,11 @@ def example_envelope(kind: str, *, round: int = 3) -> Envelope:
 
 
 def worked_example() -> Envelope:
-    """PROTOCOL.md's worked example: a ``moments`` message with K=1, D=2 float32."""
+    """PROTOCOL.md's worked example: a ``moments`` message with K=1, D=2 float32, W_c version 1."""
     body = {
         "classes": np.array([3], dtype="i8"), "counts": np.array([5], dtype="i8"),
         "mean": np.array([[1.0, 2.0]], dtype="f4"), "var": np.array([[0.5, 0.25]], dtype="f4"),
-        "wc_version": 1, "we_version": 0, "space": "wc",
+        "space": "wc", "versions": {"wc": 1},
     }
     return Envelope(kind="moments", run="demo", round=3, sender="d1", body=body,
                     msg_id=EXAMPLE_MSG_ID)

@@ -9,6 +9,7 @@ symbol once, so ``mean[K,D]``, ``var[K,D]`` and ``classes[K]`` must agree.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from .arrays import DTYPE_CODES, dtype_name
 from .errors import ProtocolError
 
 __all__ = [
-    "Field", "Int", "Float", "Number", "Bool", "Str", "Bytes", "Scalar", "Array", "Map", "Data",
+    "Field", "Int", "Float", "Number", "Bool", "Str", "Bytes", "Scalar", "Array", "Map", "List", "Data",
     "FLOAT_DTYPES", "ALL_DTYPES", "Dims",
 ]
 
@@ -71,6 +72,10 @@ class Field:
     def describe(self) -> str:
         """Short human text used in PROTOCOL.md's kinds table."""
         raise NotImplementedError
+
+    def but(self, **changes: Any) -> "Field":
+        """A copy with some settings changed (specs are frozen), e.g. ``spec.but(optional=True)``."""
+        return dataclasses.replace(self, **changes)
 
     def missing(self, path: str) -> Any:
         if not self.optional:
@@ -289,6 +294,24 @@ class Map(Field):
 
     def describe(self) -> str:
         return self._opt(f"map str -> ({self.values.describe()})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class List(Field):
+    """A list whose items all follow ``items`` (at most 1024: the decoder's msgpack array bound)."""
+
+    items: Field = field(default_factory=Scalar)
+    max_items: int = 1024
+
+    def check(self, path: str, value: Any, dims: Dims) -> list[Any]:
+        if not isinstance(value, (list, tuple)):
+            raise _fail("schema.type", path, f"expected list, got {type(value).__name__}")
+        if len(value) > self.max_items:
+            raise _fail("schema.bounds", path, f"more than {self.max_items} items")
+        return [self.items.check(f"{path}[{i}]", item, {}) for i, item in enumerate(value)]
+
+    def describe(self) -> str:
+        return self._opt(f"list of ({self.items.describe()})")
 
 
 @dataclass(frozen=True, kw_only=True)

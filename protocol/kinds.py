@@ -11,13 +11,19 @@ from typing import Any
 
 from .errors import ProtocolError
 from .schema import (
-    ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Bytes, Data, Float, Int, Map, Number, Scalar, Schema,
-    Str, register_kind,
+    ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Bytes, Data, Float, Int, List, Map, Number, Schema, Str,
+    register_kind,
 )
 
-__all__ = ["BUILTIN_KINDS", "kinds_markdown"]
+__all__ = ["BUILTIN_KINDS", "NAME_PATTERN", "kinds_markdown"]
 
 _VERSION = Int(ge=0)
+NAME_PATTERN = "[a-z][a-z0-9_]{0,31}"
+_NAME = Str(pattern=NAME_PATTERN, max_len=32)
+"""A model part, feature space, record or slot name chosen by a method (free-form, no '-')."""
+_IDS = List(items=Str(max_len=128, pattern=r"[^/+#\x00]+"), max_items=65536)
+_VERSIONS = Map(values=Int(ge=0), max_entries=64, key_max_len=32)
+"""{model name: version}: which versions of a method's models a round or a statistic uses."""
 # The cloud's run incarnation: a run id is reused when a cloud restarts, so retained models and
 # cached moments of an earlier incarnation must be told apart from the current one.
 _SESSION = Str(optional=True, default="", pattern="[0-9a-f]{0,32}")
@@ -33,49 +39,55 @@ def _sha256_matches(body: dict[str, Any]) -> None:
 BUILTIN_KINDS: dict[str, Schema] = {
     "hello": Schema({
         "role": Str(), "parent": Str(), "samples": Int(ge=0), "backend": Str(),
-        "classes": _CLASSES, "members": Int(ge=0, optional=True, default=0),
-    }, doc="any -> up (retained); an edge reports how many devices joined it in `members`"),
+        "classes": _CLASSES, "members": _IDS.but(optional=True, default=[]),
+        "groups": List(items=_NAME, max_items=64, optional=True, default=[]),
+    }, doc="any -> up (retained); an edge lists its live devices in `members`, a device its `groups`"),
     "status": Schema({
         "state": Str(choices=("online", "offline")), "role": Str(),
     }, doc="any (retained, last will)"),
     "round": Schema({
-        "method": Str(), "slow_wc": Bool(), "slow_we": Bool(), "deadline_s": Float(gt=0),
-        "wc_version": _VERSION, "we_version": _VERSION, "config": Map(values=Scalar()),
-    }, doc="cloud/edge -> down (retained)"),
+        "method": Str(max_len=64), "session": _SESSION, "deadline_s": Float(gt=0), "versions": _VERSIONS,
+        "config": Data(), "directives": Data(optional=True, default={}),
+        "stop": Bool(optional=True, default=False),
+    }, doc="cloud/edge -> down (retained); `config` is the method's typed config as a nested map, "
+           "`directives` what the method asks of this round, `stop` ends the run"),
+    "assign": Schema({
+        "edge": Str(max_len=128), "groups": List(items=_NAME, max_items=64),
+        "peers": _IDS.but(max_items=1024),
+    }, doc="cloud -> one device (through its edge, retained): the edge it reports to, its groups, "
+           "its peer devices"),
     "moments": Schema({
         "classes": _CLASSES,
         "counts": Array(dtypes="i8", shape=("K",), ge=1),
         "mean": Array(dtypes=FLOAT_DTYPES, shape=("K", "D"), finite=True),
         "var": Array(dtypes=FLOAT_DTYPES, shape=("K", "D"), finite=True, ge=0),
-        "wc_version": _VERSION, "we_version": _VERSION,
-        "space": Str(choices=("wc", "we")), "session": _SESSION,
-    }, doc="device -> edge, edge -> cloud"),
+        "space": _NAME, "versions": _VERSIONS, "session": _SESSION,
+    }, doc="per-class count, mean and variance of features in a named `space`, computed with "
+           "the model `versions` named"),
     "weights": Schema({
-        "part": Str(choices=("wc", "we", "wg", "model")), "version": _VERSION,
-        "samples": Int(ge=0), "weights": Map(values=Array(dtypes=ALL_DTYPES, finite=True)), "session": _SESSION,
-    }, doc="any; float arrays must be finite (int buffers such as num_batches_tracked allowed)"),
+        "part": _NAME, "version": _VERSION, "samples": Int(ge=0),
+        "weights": Map(values=Array(dtypes=ALL_DTYPES, finite=True)), "session": _SESSION,
+    }, doc="a named model `part` as name -> array (a state dict without torch); float arrays must "
+           "be finite (int buffers such as num_batches_tracked allowed)"),
+    "arrays": Schema({
+        "name": _NAME, "version": _VERSION,
+        "arrays": Map(values=Array(dtypes=ALL_DTYPES, finite=True)),
+        "scalars": Map(values=Number(finite=True), optional=True, default={}), "session": _SESSION,
+    }, doc="a generic record: named arrays and scalars under a method-chosen `name`"),
     "logits": Schema({
         "classes": _CLASSES,
         "counts": Array(dtypes="i8", shape=("K",), ge=0),
         "logits": Array(dtypes="f4", shape=("K", "C"), finite=True),
-    }, doc="device -> edge, edge -> cloud"),
-    "activations": Schema({
-        "batch": Int(ge=0),
-        "x": Array(dtypes=("f2", "f4"), shape=("B", "..."), finite=True),
-        "y": Array(dtypes="i8", shape=("B",)),
-    }, doc="device -> edge (SplitFed)"),
-    "gradients": Schema({
-        "batch": Int(ge=0),
-        "grad": Array(dtypes="f4", shape=("B", "..."), finite=True),
-    }, doc="edge -> device (SplitFed)"),
+        "versions": _VERSIONS.but(optional=True, default={}), "session": _SESSION,
+    }, doc="per-class mean logits (knowledge distillation)"),
     "onnx_model": Schema({
-        "part": Str(), "version": _VERSION, "model": Bytes(),
+        "part": _NAME, "version": _VERSION, "model": Bytes(),
         "sha256": Str(pattern="[0-9a-f]{64}"), "session": _SESSION,
-    }, checks=(_sha256_matches,), doc="down"),
+    }, checks=(_sha256_matches,), doc="down: a model part as an ONNX graph, for devices without torch"),
     "metrics": Schema({}, extra=Number(), doc="cloud -> down/out; the body is the metrics map"),
     "request": Schema({
-        "what": Str(choices=("moments",)),
-    }, doc="edge -> one device: resend state the edge lost or never got (e.g. after a restart)"),
+        "what": _NAME,
+    }, doc="parent -> one child: resend state the parent lost or never got (e.g. after a restart)"),
     "done": Schema({
         "phase": Str(), "info": Data(optional=True, default={}),
     }, doc="any -> up; round-completion marker"),

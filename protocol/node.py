@@ -1,4 +1,5 @@
-"""What every role runtime shares: an inbox fed by transport handlers, and addressed publishing.
+"""What every role runtime shares: an inbox fed by transport handlers, addressed publishing,
+and the counting of peers' messages that a method refused.
 
 Transport handlers run on the network thread and must stay short, so they only enqueue; the
 runtime's own thread takes events off the inbox and does the work (training may take minutes).
@@ -6,6 +7,7 @@ runtime's own thread takes events off the inbox and does the work (training may 
 
 from __future__ import annotations
 
+import collections
 import logging
 import json
 import queue
@@ -18,14 +20,26 @@ from typing import Any, Mapping
 import numpy as np
 
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.errors import ProtocolError
+from splitedge.protocol.schema import get_schema
 from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import Transport, kind_of
 
 log = logging.getLogger(__name__)
 
-SESSION_KINDS = frozenset({"weights", "onnx_model", "moments"})
-"""Kinds that carry state of one run incarnation; stamped with the session on the way out and
-dropped on the way in when they belong to another incarnation."""
+
+def carries_session(kind: str) -> bool:
+    """Kinds whose schema has a `session` field carry state of one run incarnation: stamped
+    with the session on the way out, dropped on the way in when of another incarnation."""
+    try:
+        return "session" in get_schema(kind).fields
+    except ProtocolError:
+        return False
+
+
+def topic_kind(kind: str, slot: str | None) -> str:
+    """The kind segment of a topic: ``<kind>``, or ``<kind>-<slot>`` for a latest-value message."""
+    return kind if slot is None else f"{kind}-{slot}"
 
 
 class Node:
@@ -38,10 +52,11 @@ class Node:
         self.errors = 0  # events whose handling raised; logged, counted, the loop goes on
         self.session = ""  # the cloud's run incarnation, learnt from the round announcement
         self.foreign = 0  # messages of another incarnation, dropped
+        self.refused: collections.Counter[str] = collections.Counter()  # rule -> messages a part refused
 
     def current(self, env: Envelope) -> bool:
         """False (and counted) for stateful messages of another incarnation of this run."""
-        session = env.body.get("session", "") if env.kind in SESSION_KINDS else ""
+        session = env.body.get("session", "") if carries_session(env.kind) else ""
         if session and self.session and session != self.session:
             self.foreign += 1
             log.info("%s %s: dropped %s of session %s (current %s)", self.tier, self.node_id, env.kind,
@@ -51,6 +66,21 @@ class Node:
 
     def handle(self, topic_: str, env: Envelope) -> None:
         raise NotImplementedError
+
+    def accepts(self, part: Any, env: Envelope, source: str) -> bool:
+        """Whether `part` takes a message from its "parent", a "child" or a "peer": its `check`
+        may refuse it (ProtocolError) for not fitting the federation. Refusals are logged with
+        their rule and counted; the message never reaches the part's state."""
+        if part is None:
+            return True
+        try:
+            part.check(env, source)
+        except ProtocolError as exc:
+            self.refused[exc.rule] += 1
+            log.warning("%s %s: refused %s from %s [%s]: %s", self.tier, self.node_id, env.kind, env.sender,
+                        exc.rule, str(exc)[:300])
+            return False
+        return True
 
     def dispatch(self, event: tuple[str, Envelope] | None) -> None:
         """Handle one inbox event; an exception is logged and counted, never kills the runtime."""
@@ -67,8 +97,8 @@ class Node:
         """Per-node randomness that is the same in every process (str hash() is salted per process)."""
         return np.random.default_rng([seed, zlib.crc32(self.node_id.encode())])
 
-    def topic(self, direction: str, kind: str) -> str:
-        return topic(self.run_id, self.tier, self.node_id, direction, kind)
+    def topic(self, direction: str, kind: str, to: str | None = None) -> str:
+        return topic(self.run_id, self.tier, self.node_id, direction, kind, to)
 
     def enqueue(self, topic_: str, env: Envelope) -> None:
         """Transport handler: hand the message to the runtime thread."""
@@ -81,13 +111,15 @@ class Node:
             return None
 
     def send(self, transport: Transport, direction: str, kind: str, body: Mapping[str, Any], *,
-             round_: int | None = None, retain: bool = False, topic_kind: str | None = None) -> Envelope:
-        """Wrap `body` in an envelope from this node and publish it (QoS 1)."""
-        if kind in SESSION_KINDS and self.session and "session" not in body:
+             round_: int | None = None, retain: bool = False, topic_kind: str | None = None,
+             to: str | None = None) -> Envelope:
+        """Wrap `body` in an envelope from this node and publish it (QoS 1) on this node's topic
+        for `direction`, addressed to node or group `to` when given."""
+        if self.session and "session" not in body and carries_session(kind):
             body = {**body, "session": self.session}
         env = Envelope(kind=kind, run=self.run_id, round=self.round if round_ is None else round_,
                        sender=self.node_id, body=body)
-        transport.publish(self.topic(direction, topic_kind or kind), env, qos=1, retain=retain)
+        transport.publish(self.topic(direction, topic_kind or kind, to), env, qos=1, retain=retain)
         return env
 
 

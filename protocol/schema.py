@@ -14,12 +14,12 @@ from typing import Any, Callable, Mapping
 
 from .errors import ProtocolError
 from .fields import (  # noqa: F401 - re-exported: schema.py is the documented home of the specs
-    ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Bytes, Data, Dims, Field, Float, Int, Map, Number,
+    ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Bytes, Data, Dims, Field, Float, Int, List, Map, Number,
     Scalar, Str, _fail,
 )
 
 __all__ = [
-    "Field", "Int", "Float", "Number", "Bool", "Str", "Bytes", "Scalar", "Array", "Map", "Data",
+    "Field", "Int", "Float", "Number", "Bool", "Str", "Bytes", "Scalar", "Array", "Map", "List", "Data",
     "Schema", "FLOAT_DTYPES", "ALL_DTYPES", "register_kind", "get_schema", "registered_kinds",
     "validate_body",
 ]

@@ -1,10 +1,15 @@
-"""Topic strings: ``splitedge/<run>/<tier>/<id>/<direction>/<kind>``.
+"""Topic strings: ``splitedge/<run>/<tier>/<id>/<direction>/<kind>[/<to>]``.
 
 One module builds, parses and matches topics so that no role ever formats a topic by hand:
 a typo in a hand-made topic is a silent black hole on a broker. Bad segments raise
-:class:`~protocol.errors.ProtocolError` (a ``ValueError``) naming the rule broken.
+:class:`~splitedge.protocol.errors.ProtocolError` (a ``ValueError``) naming the rule broken.
 
-The tier/id pair names the PUBLISHER (see docs/internals.md).
+The tier/id pair always names the PUBLISHER, so a broker ACL can tie each login to the topics
+it may write, and a receiver can check the envelope's sender against the topic. Directions:
+``up`` (to the publisher's parent), ``down`` (to its children) and ``peer`` (device to its
+neighbours). An optional last segment ``<to>`` addresses one node (its id) or a group
+(``@<group>``; ``@all`` is every device) instead of every reader of the topic. ``<kind>`` is
+the message kind, or ``<kind>-<slot>`` for a latest-value message kept (retained) per slot.
 """
 
 from __future__ import annotations
@@ -15,19 +20,27 @@ from splitedge.protocol.errors import ProtocolError
 
 PREFIX = "splitedge"
 TIERS = ("device", "edge", "cloud")
-DIRECTIONS = ("up", "down")
+DIRECTIONS = ("up", "down", "peer")
+ALL_DEVICES = "@all"
+"""The `<to>` segment of a message for every device below the publisher (relayed by edges)."""
 MAX_TOPIC_BYTES = 65535  # MQTT strings carry a 2-byte length
 _FORBIDDEN = ("/", "+", "#", "\x00")
 
 
 class Topic(NamedTuple):
-    """The five variable parts of a splitedge topic."""
+    """The variable parts of a splitedge topic; ``to`` is None when it addresses every reader."""
 
     run: str
     tier: str
     node_id: str
     direction: str
     kind: str
+    to: str | None = None
+
+    @property
+    def message_kind(self) -> str:
+        """The envelope kind this topic carries (the kind segment without its ``-<slot>``)."""
+        return self.kind.split("-", 1)[0]
 
 
 def _check_segment(name: str, value: object) -> str:
@@ -48,14 +61,17 @@ def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def topic(run: str, tier: str, node_id: str, direction: str, kind: str) -> str:
+def topic(run: str, tier: str, node_id: str, direction: str, kind: str, to: str | None = None) -> str:
     """Build the topic a node publishes on; every segment is validated."""
     _check_segment("run", run)
     _check_choice("tier", tier, TIERS)
     _check_segment("node_id", node_id)
     _check_choice("direction", direction, DIRECTIONS)
+    if direction == "peer" and tier != "device":
+        raise ProtocolError("topic.direction", f"only devices publish peer messages, not a {tier}")
     _check_segment("kind", kind)
-    return "/".join((PREFIX, run, tier, node_id, direction, kind))
+    parts = (PREFIX, run, tier, node_id, direction, kind)
+    return "/".join(parts if to is None else (*parts, _check_segment("to", to)))
 
 
 def parse(value: str) -> Topic:
@@ -63,18 +79,22 @@ def parse(value: str) -> Topic:
     if not isinstance(value, str):
         raise ProtocolError("topic.format", f"topic must be a string, got {type(value).__name__}")
     parts = value.split("/")
-    if len(parts) != 6 or parts[0] != PREFIX:
-        raise ProtocolError("topic.format", f"expected {PREFIX}/<run>/<tier>/<id>/<direction>/<kind>, got {value!r}")
-    _, run, tier, node_id, direction, kind = parts
-    topic(run, tier, node_id, direction, kind)  # same validation as when building
-    return Topic(run, tier, node_id, direction, kind)
+    if len(parts) not in (6, 7) or parts[0] != PREFIX:
+        raise ProtocolError("topic.format",
+                            f"expected {PREFIX}/<run>/<tier>/<id>/<direction>/<kind>[/<to>], got {value!r}")
+    found = Topic(*parts[1:])
+    topic(*found)  # same validation as when building
+    return found
 
 
-def pattern(run: str, tier: str = "+", node_id: str = "+", direction: str = "+", kind: str = "+") -> str:
+def pattern(run: str, tier: str = "+", node_id: str = "+", direction: str = "+", kind: str = "+",
+            to: str | None = None) -> str:
     """Build a subscription filter; any segment may be the single-level wildcard ``+``.
 
-    ``kind`` may also be ``#`` (everything below). ``run`` must be concrete: runs never share
-    subscriptions, which keeps a stale run's retained messages out of a new one.
+    ``kind`` may also be ``#`` (everything below, addressed or not). ``to`` (a node id, a group
+    ``@<g>`` or ``+``) matches addressed topics only; without it only unaddressed ones match.
+    ``run`` must be concrete: runs never share subscriptions, which keeps a stale run's
+    retained messages out of a new one.
     """
     _check_segment("run", run)
     if tier != "+":
@@ -85,7 +105,12 @@ def pattern(run: str, tier: str = "+", node_id: str = "+", direction: str = "+",
         _check_choice("direction", direction, DIRECTIONS)
     if kind not in ("+", "#"):
         _check_segment("kind", kind)
-    return "/".join((PREFIX, run, tier, node_id, direction, kind))
+    parts = (PREFIX, run, tier, node_id, direction, kind)
+    if to is None:
+        return "/".join(parts)
+    if kind == "#":
+        raise ProtocolError("topic.wildcard", "'#' already matches addressed topics; give no `to`")
+    return "/".join((*parts, to if to == "+" else _check_segment("to", to)))
 
 
 def validate_topic_name(value: str) -> str:

@@ -60,6 +60,25 @@ def kind_of(topic: str, default: str = "raw") -> str:
         return default
 
 
+def topic_mismatch(topic: str, env: Envelope) -> tuple[str, str] | None:
+    """(rule, reason) when a splitedge topic and its envelope disagree, else None.
+
+    The topic names the publisher (a broker ACL can pin it to a login), so an envelope that
+    claims another sender, run or kind is forged or misrouted. Foreign topics are not checked.
+    """
+    try:
+        parts = parse(topic)
+    except ProtocolError:
+        return None
+    if env.sender != parts.node_id:
+        return "envelope.sender", f"sender {env.sender!r:.80} published on {parts.node_id!r}'s topic"
+    if env.run != parts.run:
+        return "envelope.run", f"run {env.run!r:.80} on a topic of run {parts.run!r}"
+    if env.kind != parts.message_kind:
+        return "envelope.kind_topic", f"kind {env.kind!r} on a {parts.kind!r} topic"
+    return None
+
+
 class Transport(abc.ABC):
     """Publish/subscribe of validated :class:`Envelope` messages with byte accounting.
 
@@ -167,6 +186,10 @@ class Transport(abc.ABC):
             self._reject(topic, "decode.internal", repr(exc))
             return
         self.counters.record("in", env.kind, len(payload), packet)
+        mismatch = topic_mismatch(topic, env)
+        if mismatch:
+            self._reject(topic, *mismatch)
+            return
         if self._is_duplicate(topic, env.msg_id):
             return
         for handler in self._handlers_for(topic):

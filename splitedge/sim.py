@@ -90,13 +90,14 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
     torch.set_num_threads(s.threads)
     started = time.monotonic()
     train, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
-    config = build_run_config(s.method, info, s.model, s.seed, s.deadline_s, s.overrides)
+    config = build_run_config(s.method, info, s.model, s.seed, s.overrides)
     shards = partition(train[1], s)
     run = s.run or f"sim-{uuid.uuid4().hex[:8]}"  # unique: two sims may share a broker
     s.out.mkdir(parents=True, exist_ok=True)
     (s.out / "metrics.jsonl").unlink(missing_ok=True)
     with broker_url(s.broker) as url, Federation(url, run, s, train, shards) as fed:
-        settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, min_edges=s.edges,
+        settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
+                                 min_edges=s.edges,
                                  min_devices=s.devices, out_dir=s.out, seed=s.seed, on_round=on_round)
         cloud_transport = fed.connect("cloud", "cloud")
         cloud = CloudCoordinator(cloud_transport, settings, run=run, test=test)
@@ -192,7 +193,7 @@ class Federation:
         return out
 
 
-def summarise(history: list[dict], fed: Federation, config: dict, s: SimSettings, seconds: float,
+def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings, seconds: float,
               info: Any) -> dict[str, Any]:
     acc = [h["accuracy"] for h in history]
     by_tier = fed.bytes_by_tier()
@@ -210,6 +211,7 @@ def summarise(history: list[dict], fed: Federation, config: dict, s: SimSettings
         "chance": 1.0 / info.num_classes,
         "train_images": int(sum(len(idx) for idx in fed.shards)),
         "images_per_device": {"min": int(min(sizes)), "median": float(np.median(sizes)), "max": int(max(sizes))},
-        "config": {**config, "devices": s.devices, "edges": s.edges, "rounds": s.rounds, "alpha": s.alpha,
-                   "dataset": s.dataset, "method": s.method, "run": fed.run},
+        "config": {"method": s.method, "settings": config.to_wire()["method"], "model": config.to_wire()["model"],
+                   "devices": s.devices, "edges": s.edges, "rounds": s.rounds, "alpha": s.alpha,
+                   "dataset": s.dataset, "run": fed.run, "deadline_s": s.deadline_s},
     }

@@ -17,10 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parts import ctx_for, env, plan_for, report
 from splitedge.methods.registry import get_method, list_methods
-from splitedge.methods.strategy import Message, NodeContext, RoundPlan
-from splitedge.protocol.codec import Envelope
-from splitedge.protocol.rounds import RoundReport
+from splitedge.methods.strategy import Message
 
 REPO = Path(__file__).resolve().parents[1]
 pytest.importorskip("amqtt")
@@ -35,22 +34,6 @@ def sim(tmp_path: Path, method: str, rounds: int, **overrides) -> dict:
     s = SimSettings(rounds=rounds, devices=4, edges=2, method=method, out=tmp_path / method, deadline_s=60.0,
                     run=f"test-{method}-{tmp_path.name}", overrides=dict(overrides))
     return run_sim(s)
-
-
-def plan(round_: int = 1, wc_version: int = 0, we_version: int = 0) -> RoundPlan:
-    return RoundPlan(round=round_, method="x", slow_wc=True, slow_we=True, deadline_s=10.0,
-                     wc_version=wc_version, we_version=we_version, config={})
-
-
-def report(sender: str, *envs: Envelope) -> RoundReport:
-    r = RoundReport(sender)
-    for env in envs:
-        r.messages.setdefault(env.kind, []).append(env)
-    return r
-
-
-def env(kind: str, body: dict, sender: str = "d0", round_: int = 1) -> Envelope:
-    return Envelope(kind=kind, run="r", round=round_, sender=sender, body=body)
 
 
 # -- every registered method, end to end over MQTT -------------------------------------------
@@ -102,16 +85,14 @@ def test_splitfed_edge_returns_the_activation_gradient_per_device():
     import torch
     import torch.nn.functional as F
 
-    from splitedge.methods.config import ModelSpec, to_config
-    from splitedge.methods.splitfed.config import SplitFedConfig
     from splitedge.methods.splitfed.edge import SplitFedEdge
     from splitedge.methods.torch_utils import build_split
     from splitedge.models import state_to_numpy
+    from parts import SPEC
 
     # Prepare: an edge holding the global W_e/W_g (version 0) and one batch of activations
-    spec = ModelSpec()
-    edge = SplitFedEdge(NodeContext("e0", {**to_config(spec), **to_config(SplitFedConfig())}, np.random.default_rng(0)))
-    model = build_split(spec)
+    edge = SplitFedEdge(ctx_for("splitfed", "e0"))
+    model = build_split(SPEC)
     for part in ("we", "wg"):
         edge.on_message(env("weights", {"part": part, "version": 0, "samples": 0,
                                         "weights": state_to_numpy(model.part(part))}, sender="cloud"))
@@ -125,10 +106,10 @@ def test_splitfed_edge_returns_the_activation_gradient_per_device():
     model.train()
     F.cross_entropy(model.wg(model.we(xt)), torch.from_numpy(y)).backward()
     (reply,) = replies
-    assert reply.kind == "gradients" and reply.target == "d3" and reply.body["batch"] == 7
+    assert reply.kind == "gradients" and reply.to.node == "d3" and reply.body["batch"] == 7
     np.testing.assert_allclose(reply.body["grad"], xt.grad.numpy(), rtol=1e-4, atol=1e-7)
     assert sorted(edge.copies) == ["d3", "d4"]  # SFLv1: one server-side copy per device
-    out = edge.aggregate(plan(), [])
+    out = edge.aggregate(plan_for(versions={"model": 0}), [])
     assert sorted(m.body["part"] for m in out) == ["we", "wg"] and all(m.body["samples"] == 8 for m in out)
 
 
@@ -160,14 +141,14 @@ def test_fedavg_edge_weighted_average_is_exact():
     from splitedge.methods.fedavg.edge import FedAvgEdge
 
     # Prepare: two devices with 1 and 3 samples, one stale update trained from an old model
-    edge = FedAvgEdge(NodeContext("e0", {}, np.random.default_rng(0)))
+    edge = FedAvgEdge(ctx_for("fedavg", "e0"))
     def update(w, counter, samples, version=4):
         return env("weights", {"part": "model", "version": version, "samples": samples,
                                "weights": {"w": np.array(w, np.float32), "bn.n": np.array(counter, np.int64)}})
     reports = [report("d0", update([1.0, 2.0], 3, 1)), report("d1", update([5.0, -2.0], 7, 3)),
                report("d2", update([100.0, 100.0], 9, 50, version=3))]
     # Execute
-    (msg,) = edge.aggregate(plan(wc_version=4), reports)
+    (msg,) = edge.aggregate(plan_for(versions={"model": 4}), reports)
     # Assert: (1 * [1, 2] + 3 * [5, -2]) / 4 = [4, -1]; counters take the max; samples add up
     assert msg.kind == "weights" and msg.body["part"] == "model" and msg.body["version"] == 4
     assert msg.body["samples"] == 4
@@ -176,20 +157,18 @@ def test_fedavg_edge_weighted_average_is_exact():
 
 
 def test_fedavg_device_waits_for_the_announced_model():
-    from splitedge.methods.config import ModelSpec, to_config
-    from splitedge.methods.fedavg.config import FedAvgConfig
     from splitedge.methods.torch_utils import build_split
     from splitedge.models import state_to_numpy
+    from parts import SPEC
 
     # Prepare
-    spec = ModelSpec()
-    ctx = NodeContext("d0", {**to_config(spec), **to_config(FedAvgConfig())}, np.random.default_rng(0))
-    device = get_method("fedavg").device_part(ctx, (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
-    weights = state_to_numpy(build_split(spec))
+    ctx = ctx_for("fedavg", "d0")
+    device = ctx.method.device_part(ctx, (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
+    weights = state_to_numpy(build_split(SPEC))
     # Execute / Assert
-    assert not device.ready(plan(wc_version=0))
+    assert not device.ready(plan_for(versions={"model": 0}))
     device.on_message(env("weights", {"part": "model", "version": 0, "samples": 0, "weights": weights}, "e0"))
-    assert device.ready(plan(wc_version=0)) and not device.ready(plan(wc_version=1))
+    assert device.ready(plan_for(versions={"model": 0})) and not device.ready(plan_for(versions={"model": 1}))
 
 
 # -- FedProto ---------------------------------------------------------------------------------

@@ -131,7 +131,7 @@ def test_protocol_error_is_a_value_error_with_a_rule():
 def test_envelope_defaults_give_unique_ids_and_current_version():
     a, b = (Envelope("status", "r", 0, "d1", {"state": "online", "role": "device"}) for _ in "ab")
     assert a.msg_id != b.msg_id and len(a.msg_id) == 32
-    assert a.version == PROTOCOL_VERSION == 1
+    assert a.version == PROTOCOL_VERSION == 2
     assert DEFAULT_MAX_BYTES == 64 * 1024 * 1024
 
 
@@ -149,7 +149,7 @@ def test_every_registered_kind_has_an_example_that_round_trips(kind):
 
 
 def _frame(**overrides) -> bytes:
-    doc = {"v": 1, "k": "status", "r": "r", "n": 0, "s": "d1", "i": "x",
+    doc = {"v": PROTOCOL_VERSION, "k": "status", "r": "r", "n": 0, "s": "d1", "i": "x",
            "b": {"state": "online", "role": "device"}}
     doc.update(overrides)
     return msgpack.packb({k: v for k, v in doc.items() if v is not ...}, use_bin_type=True)
@@ -160,7 +160,8 @@ def _frame(**overrides) -> bytes:
     (_frame()[:-3], "frame.truncated"),
     (_frame() + b"\x00", "frame.trailing"),
     (msgpack.packb([1, 2]), "envelope.type"),
-    (_frame(v=2), "envelope.version"),
+    (_frame(v=1), "envelope.version"),  # version 1 (before addressed topics and neutral rounds)
+    (_frame(v=3), "envelope.version"),
     (_frame(v="1"), "envelope.version"),
     (_frame(v=...), "envelope.version"),
     (_frame(k="nope"), "envelope.kind_unknown"),

@@ -132,8 +132,7 @@ def run_one_round(cloud_url: str, site_url: str, upstream_url: str | None, run: 
     from splitedge.protocol.node import connect
 
     train, test, info = load_dataset("digits", max_train=300, max_test=200, seed=0)
-    config = build_run_config("hsfp", info, None, 0, 20.0,
-                              {"edge_samples": 256, "cloud_samples": 256, "cloud_epochs": 1})
+    config = build_run_config("hsfp", info, None, 0, {"edge_samples": 256, "cloud_samples": 256, "cloud_epochs": 1})
     transports, nodes = [], []
 
     def conn(url: str, tier: str, node_id: str):
@@ -150,7 +149,7 @@ def run_one_round(cloud_url: str, site_url: str, upstream_url: str | None, run: 
         for node, thread in zip(nodes, threads):
             node.start()
             thread.start()
-        settings = CloudSettings(method="hsfp", rounds=1, config=config, min_edges=1, min_devices=2,
+        settings = CloudSettings(method="hsfp", rounds=1, config=config, deadline_s=20.0, min_edges=1, min_devices=2,
                                  join_timeout_s=15)
         return CloudCoordinator(conn(cloud_url, "cloud", "cloud"), settings, run=run, test=test).run()
     finally:

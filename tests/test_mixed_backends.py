@@ -1,7 +1,7 @@
 """A mixed federation on a real broker: torch devices train W_c, onnx devices only send moments.
 
 The onnx devices get W_c as the cloud's retained `onnx_model` (relayed by their edge) and must
-swap in the slow-scale average: their moments after it carry the new wc_version.
+swap in the slow-scale average: their moments after it carry the new W_c version.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_mixed_torch_onnx_sim_on_digits(mosquitto, tmp_path):
 
     def record(topic, env):
         with lock:
-            seen.append((env.sender, env.round, int(env.body["wc_version"])))
+            seen.append((env.sender, env.round, int(env.body["versions"]["wc"])))
 
     observer = MqttTransport(mosquitto.url, client_id="observer", role="observer")
     observer.subscribe(pattern(run, "device", "+", "up", "moments"), record)

@@ -101,9 +101,9 @@ def test_large_mean_offset_stays_accurate() -> None:
 def test_body_round_trip() -> None:
     rng = np.random.default_rng(3)
     m = compute_moments(*make_data(rng))
-    body = moments_to_body(m, dtype="f8", wc_version=2, we_version=1, space="we")
+    body = moments_to_body(m, dtype="f8", space="we", versions={"wc": 2, "we": 1})
     assert body["mean"].dtype == np.dtype("<f8") and body["classes"].dtype == np.dtype("<i8")
-    assert (body["wc_version"], body["we_version"], body["space"]) == (2, 1, "we")
+    assert (body["versions"], body["space"]) == ({"wc": 2, "we": 1}, "we")
     assert_same(moments_from_body(body), m, rtol=0)
     back = moments_from_body(moments_to_body(m, dtype="f4"))
     assert back.mean.dtype == np.float64

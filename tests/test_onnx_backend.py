@@ -16,14 +16,17 @@ from splitedge.device.onnx_backend import OnnxExtractor
 from splitedge.device.onnx_graph import initializer_specs
 from splitedge.exporters.onnx_export import export_module, export_wc_bytes, run_torch
 from splitedge.exporters.variants import to_fp16
-from splitedge.methods.hsfp.method import HSFP
 from splitedge.methods.moments import MomentAccumulator
 from splitedge.methods.preprocess import to_input
-from splitedge.methods.strategy import NodeContext, RoundPlan
+from parts import ctx_for, plan_for
 from splitedge.models import create_split, state_to_numpy
 from splitedge.protocol import Envelope, ProtocolError, decode, encode
 
-SPEC = {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": "0.5", "std": "0.25"}
+
+
+def thin_device(images):
+    ctx = ctx_for("hsfp", "d1")  # cnn on 8x8x1, normalised with mean 0.5 and std 0.25
+    return ctx.method.device_part(ctx, images, "onnx")
 
 
 @pytest.fixture(autouse=True)
@@ -148,9 +151,8 @@ def torch_moments(module, images):
 
 def test_thin_device_waits_for_model_then_swaps_between_rounds(splits, model_bytes, images):
     # Prepare
-    ctx = NodeContext("d1", SPEC, np.random.default_rng(0))
-    dev = HSFP.device_part(ctx, images, "onnx")
-    plan = RoundPlan(1, "hsfp", False, False, 10.0, 0, 0, SPEC)
+    dev = thin_device(images)
+    plan = plan_for(1, versions={"wc": 0, "we": 0})
     # Execute / Assert: weights alone do not make it ready; the model does
     dev.on_message(weights_env(state_to_numpy(splits[0].wc), 0))
     assert not dev.ready(plan)
@@ -163,12 +165,12 @@ def test_thin_device_waits_for_model_then_swaps_between_rounds(splits, model_byt
     # a mismatched v2 is rejected with the v1 graph kept
     dev.on_message(weights_env(bad_maps(state_to_numpy(splits[1].wc))["shape"], 2))
     assert dev.wc_version == 1
-    msgs = list(dev.run_round(RoundPlan(2, "hsfp", False, False, 10.0, 1, 0, SPEC)))
-    assert msgs[0].kind == "moments" and msgs[0].body["wc_version"] == 1
+    msgs = list(dev.run_round(plan_for(2, versions={"wc": 1, "we": 0})))
+    assert msgs[0].kind == "moments" and msgs[0].body["versions"] == {"wc": 1}
 
 
 def test_thin_device_keeps_model_when_a_new_one_is_corrupt(model_bytes, images):
-    dev = HSFP.device_part(NodeContext("d1", SPEC, np.random.default_rng(0)), images, "onnx")
+    dev = thin_device(images)
     dev.on_message(model_env(model_bytes))
     extractor = dev.extractor
     before = extractor.features(to_input(images[0], (0.5,), (0.25,)))
@@ -178,7 +180,7 @@ def test_thin_device_keeps_model_when_a_new_one_is_corrupt(model_bytes, images):
 
 
 def test_late_model_applies_newer_weights_seen_before(splits, model_bytes, images):
-    dev = HSFP.device_part(NodeContext("d1", SPEC, np.random.default_rng(0)), images, "onnx")
+    dev = thin_device(images)
     dev.on_message(weights_env(state_to_numpy(splits[1].wc), 2))  # joined late: retained v2 first
     dev.on_message(model_env(model_bytes))
     assert dev.wc_version == 2
@@ -195,9 +197,9 @@ def test_fp16_graph_accepts_f4_weights_by_name(splits, model_bytes, images):
 
 
 def test_thin_device_resends_moments_when_the_edge_asks(model_bytes, images):
-    dev = HSFP.device_part(NodeContext("d1", SPEC, np.random.default_rng(0)), images, "onnx")
+    dev = thin_device(images)
     dev.on_message(model_env(model_bytes))
-    plan = RoundPlan(1, "hsfp", False, False, 10.0, 0, 0, SPEC)
+    plan = plan_for(1, versions={"wc": 0, "we": 0})
     assert [m.kind for m in dev.run_round(plan) if hasattr(m, "kind")] == ["moments"]
     assert [m for m in dev.run_round(plan) if hasattr(m, "kind")] == []
     dev.on_message(SimpleNamespace(kind="request", body={"what": "moments"}))

@@ -7,6 +7,7 @@ silently, so nothing of ours may sit at the top of site-packages.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,9 +21,12 @@ FOLDERS = ("protocol", "device", "edge", "cloud", "models", "methods", "bench", 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: an in-tree build would leave build/ and *.egg-info in the checkout.
+    src, out = tmp_path_factory.mktemp("src") / "splitedge", tmp_path_factory.mktemp("wheel")
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "runs",
+                                                             "__pycache__", "results", "tests"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                    str(REPO)], check=True, capture_output=True, timeout=300)
+                    str(src)], check=True, capture_output=True, timeout=300)
     return next(out.glob("splitedge-*.whl"))
 
 

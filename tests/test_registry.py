@@ -1,34 +1,81 @@
-"""Every registered method names real part classes; generated from the registry, so a new
-method is checked without new test code."""
+"""Every registered method names real part classes and parses its own config; generated from the
+registry, so a new method is checked without new test code."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from splitedge.methods.registry import get_method, list_methods
-from splitedge.methods.strategy import CloudPart, DevicePart, EdgePart, NodeContext
+from parts import SPEC, ctx_for, method_for
+from splitedge.methods.config import MethodConfig, RunConfig, to_wire
+from splitedge.methods.registry import create_method, get_method, list_methods, register_method
+from splitedge.methods.strategy import CloudPart, DevicePart, EdgePart, Method
 
 BASES = {"device": DevicePart, "edge": EdgePart, "cloud": CloudPart}
 
 
 @pytest.mark.parametrize("name", list_methods())
 def test_method_parts_resolve_to_the_right_bases(name: str) -> None:
-    method = get_method(name)
+    method = method_for(name)
     assert method.name == name and {"edge", "cloud"} <= set(method.parts)
     assert any(k.split(":")[0] == "device" for k in method.parts)
     for key in method.parts:
         assert issubclass(method._part_class(key), BASES[key.split(":")[0]]), key
 
 
+@pytest.mark.parametrize("name", list_methods())
+def test_config_round_trips_through_the_wire_form(name: str) -> None:
+    # Prepare: every setting at its default, as the cloud announces it
+    cls = get_method(name)
+    wire = RunConfig(SPEC, cls.Config()).to_wire()
+    # Execute
+    method = create_method(name, wire)
+    # Assert: typed again, equal, and refused when a setting is unknown or of the wrong type
+    assert method.config == cls.Config() and method.spec == SPEC and issubclass(cls.Config, MethodConfig)
+    with pytest.raises(ValueError, match="unknown setting"):
+        create_method(name, {**wire, "method": {**wire["method"], "nope": 1}})
+    with pytest.raises(ValueError, match="feddecorr_beta: expected float"):
+        create_method(name, {**wire, "method": {**wire["method"], "feddecorr_beta": "0.1"}})
+
+
 @pytest.mark.parametrize("name", [n for n in list_methods() if "device" not in get_method(n).parts])
 def test_unknown_backend_is_a_clear_error(name: str) -> None:
-    method = get_method(name)
-    ctx = NodeContext("d0", {}, np.random.default_rng(0))
+    ctx = ctx_for(name, "d0")
     with pytest.raises(ValueError, match="no device part for backend 'tpu'"):
-        method.device_part(ctx, (np.zeros((1, 8, 8, 1), np.uint8), np.zeros(1, np.int64)), "tpu")
+        ctx.method.device_part(ctx, (np.zeros((1, 8, 8, 1), np.uint8), np.zeros(1, np.int64)), "tpu")
 
 
 def test_unknown_method_names_the_choices() -> None:
     with pytest.raises(ValueError, match="choose one of"):
         get_method("nope")
+
+
+def test_a_variant_registers_under_its_own_name_and_announces_it() -> None:
+    # Prepare: FedAvg with one hook overridden, registered as a class
+    from splitedge.methods.fedavg.method import FedAvg
+
+    class FedAvgMax(FedAvg):
+        def merge_weights(self, parts):
+            return {k: np.max([w[k] for w, _ in parts], axis=0) for k in parts[0][0]}
+
+    register_method("fedavg-max-test", FedAvgMax)
+    # Execute
+    method = method_for("fedavg-max-test")
+    merged = method.merge_weights([({"w": np.array([1.0, 5.0])}, 1), ({"w": np.array([3.0, 2.0])}, 9)])
+    # Assert: the registry name (not the base's) is what a round announces; the hook is the variant's
+    assert method.name == "fedavg-max-test" and isinstance(method, Method)
+    np.testing.assert_array_equal(merged["w"], [3.0, 5.0])
+    with pytest.raises(ValueError, match="already registered"):
+        register_method("fedavg-max-test", FedAvg)
+
+
+def test_settings_from_the_command_line_are_typed_by_the_config() -> None:
+    from splitedge.methods.registry import default_config
+
+    cfg = default_config("hsfp", SPEC, ic="2", mean_only="yes", feddecorr_beta="0.1", feature_dtype="f2")
+    assert (cfg.method.ic, cfg.method.mean_only, cfg.method.feddecorr_beta) == (2, True, 0.1)
+    assert to_wire(cfg)["method"]["feature_dtype"] == "f2"
+    with pytest.raises(ValueError, match="ic: cannot read 'two' as int"):
+        default_config("hsfp", SPEC, ic="two")
+    with pytest.raises(ValueError, match="unknown setting"):
+        default_config("fedavg", SPEC, ic="2")

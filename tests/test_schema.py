@@ -14,8 +14,8 @@ from splitedge.protocol import (
 from splitedge.protocol.examples import EXAMPLES, example_body
 from splitedge.protocol.kinds import BUILTIN_KINDS
 
-DOCUMENTED_KINDS = {"hello", "status", "round", "moments", "weights", "logits", "activations",
-                    "gradients", "onnx_model", "metrics", "request", "done"}
+DOCUMENTED_KINDS = {"hello", "status", "round", "assign", "moments", "weights", "arrays", "logits",
+                    "onnx_model", "metrics", "request", "done"}
 
 
 def _rule(kind: str, body: dict) -> str:
@@ -64,11 +64,13 @@ def test_every_required_field_is_required_and_unknown_fields_rejected(kind):
     ("mean", np.ones((2, 3), dtype="i8"), "schema.dtype"),
     ("mean", np.ones(6, dtype="f4"), "schema.shape"),
     ("mean", [[1.0, 2.0, 3.0]] * 2, "schema.type"),
-    ("space", "xx", "schema.choice"),
+    ("space", "Wc", "schema.pattern"),  # method-chosen names are lower-case identifiers
+    ("space", "wc-1", "schema.pattern"),  # no '-': it separates a kind from its slot in topics
     ("space", 1, "schema.type"),
-    ("wc_version", -1, "schema.bounds"),
-    ("wc_version", True, "schema.type"),
-    ("wc_version", 1.0, "schema.type"),
+    ("versions", {"wc": -1}, "schema.bounds"),
+    ("versions", {"wc": True}, "schema.type"),
+    ("versions", {"wc": 1.0}, "schema.type"),
+    ("versions", [1], "schema.type"),
 ])
 def test_moments_body_rules(field, value, rule):
     # Prepare
@@ -88,10 +90,25 @@ def test_symbolic_dims_bind_per_message_not_globally():
 
 
 def test_variadic_dims_and_batch_agreement():
-    body = example_body("activations")
+    from splitedge.methods.registry import get_method
+
+    get_method("splitfed")  # looking a method up registers its own kinds
+    body = {"batch": 0, "x": np.zeros((2, 4, 3, 3), dtype="f2"), "y": np.array([1, 0], dtype="i8")}
     assert validate_body("activations", {**body, "x": np.zeros((2, 7), dtype="f4")})
     assert _rule("activations", {**body, "x": np.zeros((3, 7), dtype="f4")}) == "schema.shape"
     assert _rule("activations", {**body, "x": np.zeros((), dtype="f4")}) == "schema.shape"
+    assert _rule("activations", {**body, "y": np.array([1, -1], dtype="i8")}) == "schema.bounds"
+
+
+def test_round_config_is_nested_data_and_assign_lists_are_typed():
+    body = example_body("round")
+    assert validate_body("round", body)["config"]["model"]["mean"] == [0.5]
+    assert _rule("round", {**body, "config": {"x": object()}}) == "schema.type"
+    assert validate_body("round", {k: v for k, v in body.items() if k != "stop"})["stop"] is False
+    assign = example_body("assign")
+    assert _rule("assign", {**assign, "peers": "d4"}) == "schema.type"
+    assert _rule("assign", {**assign, "peers": ["d/4"]}) == "schema.pattern"
+    assert _rule("assign", {**assign, "groups": ["c1"] * 65}) == "schema.bounds"
 
 
 def test_weights_maps_check_each_entry_and_allow_int_buffers():

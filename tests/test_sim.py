@@ -58,13 +58,13 @@ def test_ablation_flags_reach_the_method_config(tmp_path: Path) -> None:
 
 def test_unknown_method_setting_is_a_clear_error(tmp_path: Path, capsys) -> None:
     code = main(["sim", "--rounds", "1", "--out", str(tmp_path), "--set", "no_such_setting=1"])
-    assert code == 2 and "unknown hsfp settings ['no_such_setting']" in capsys.readouterr().err
+    assert code == 2 and "hsfp settings: unknown setting(s) ['no_such_setting']" in capsys.readouterr().err
 
 
 def test_mean_only_sim_runs(tmp_path: Path) -> None:
     summary = run_sim(SimSettings(rounds=2, devices=2, edges=1, out=tmp_path,
                                   overrides={"mean_only": True, "slow_averaging": False}))
-    assert summary["config"]["mean_only"] is True and summary["final_accuracy"] > summary["chance"]
+    assert summary["config"]["settings"]["mean_only"] is True and summary["final_accuracy"] > summary["chance"]
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["device", "--help"], ["edge", "--help"], ["cloud", "--help"]])

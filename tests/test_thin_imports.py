@@ -35,13 +35,15 @@ import hashlib, os, sys
 from types import SimpleNamespace
 import numpy as np
 import splitedge.device.cli, splitedge.device.agent, splitedge.device.local_data, splitedge.device.onnx_backend, splitedge.methods.hsfp.method
-from splitedge.methods.hsfp.method import HSFP
+from splitedge.methods.registry import create_method
 from splitedge.methods.strategy import NodeContext
 data = open(os.environ["SPLITEDGE_TEST_ONNX"], "rb").read()
-spec = {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": "0.5", "std": "0.25"}
+config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": [0.5], "std": [0.25]},
+          "method": {}}
+method = create_method("hsfp", config)  # as a round announcement configures it
 rng = np.random.default_rng(0)
 x, y = rng.integers(0, 256, (20, 8, 8, 1), dtype=np.uint8), np.arange(20) % 3
-dev = HSFP.device_part(NodeContext("d0", spec, rng), (x, y), backend="onnx")
+dev = method.device_part(NodeContext("d0", method, rng), (x, y), backend="onnx")
 dev.on_message(SimpleNamespace(kind="onnx_model", body={"part": "wc", "version": 0, "model": data,
                                                         "sha256": hashlib.sha256(data).hexdigest()}))
 assert dev.extractor.features(np.zeros((2, 1, 8, 8), np.float32)).shape == (2, 32, 4, 4)

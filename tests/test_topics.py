@@ -33,10 +33,33 @@ def test_bad_segments_raise_protocol_error(args: tuple, rule: str) -> None:
 
 
 @pytest.mark.parametrize("bad", ["splitedge/r/device/d/up", "other/r/device/d/up/hello",
-                                 "splitedge/r/device/d/up/hello/extra", "splitedge/r/device//up/hello"])
+                                 "splitedge/r/device/d/up/hello/d2/extra", "splitedge/r/device//up/hello",
+                                 "splitedge/r/device/d/up/hello/", "splitedge/r/edge/e/peer/weights"])
 def test_parse_rejects_foreign_topics(bad: str) -> None:
     with pytest.raises(ProtocolError):
         parse(bad)
+
+
+def test_addressed_topics_name_publisher_and_addressee() -> None:
+    t = topic("r", "edge", "e1", "down", "weights-wc", to="d7")
+    assert t == "splitedge/r/edge/e1/down/weights-wc/d7"
+    where = parse(t)
+    assert (where.node_id, where.to, where.kind, where.message_kind) == ("e1", "d7", "weights-wc", "weights")
+    assert parse(topic("r", "device", "d1", "peer", "arrays")).to is None
+    assert parse(topic("r", "cloud", "c", "down", "assign", to="@g1")).to == "@g1"
+
+
+def test_addressed_patterns_match_only_their_addressee() -> None:
+    mine = pattern("r", "edge", "e1", "down", to="d7")
+    assert mine == "splitedge/r/edge/e1/down/+/d7"
+    assert matches(mine, topic("r", "edge", "e1", "down", "request", to="d7"))
+    assert not matches(mine, topic("r", "edge", "e1", "down", "request", to="d8"))
+    assert not matches(pattern("r", "edge", "e1", "down"), topic("r", "edge", "e1", "down", "request", to="d7"))
+    assert matches(pattern("r", "edge", "e1", "down", "#"), topic("r", "edge", "e1", "down", "request", to="d7"))
+    with pytest.raises(ProtocolError):
+        pattern("r", kind="#", to="d7")
+    with pytest.raises(ProtocolError):
+        topic("r", "cloud", "c", "peer", "weights")  # only devices talk to peers
 
 
 def test_pattern_defaults_and_wildcards() -> None:

@@ -143,8 +143,9 @@ def test_wildcards_route_and_unsubscribe_stops(h: Harness) -> None:
 
 def test_retained_message_reaches_late_subscriber_and_can_be_cleared(h: Harness) -> None:
     pub = h.make("cloud")
-    t = topic(RUN, "cloud", f"c{next(_ids)}", "down", "status")
-    pub.publish(t, status_env("online", "c"), retain=True, wait=5)
+    cloud = f"c{next(_ids)}"
+    t = topic(RUN, "cloud", cloud, "down", "status")
+    pub.publish(t, status_env("online", cloud), retain=True, wait=5)
 
     late = h.make("device")
     got, handler = collector()
@@ -231,28 +232,29 @@ def test_byte_counters_agree_between_publisher_and_subscriber(h: Harness) -> Non
 
 
 def test_close_offline_publishes_status(h: Harness) -> None:
-    t = topic(RUN, "device", f"d{next(_ids)}", "up", "status")
+    node_id = f"d{next(_ids)}"
+    t = topic(RUN, "device", node_id, "up", "status")
     watcher = h.make("edge")
     got, handler = collector()
     watcher.subscribe(t, handler)
-    node = h.make("device", will=(t, status_env("offline")))
-    node.publish(t, status_env("online"), retain=True)
+    node = h.make("device", will=(t, status_env("offline", node_id)))
+    node.publish(t, status_env("online", node_id), retain=True)
 
     node.close(offline=True)
 
     assert wait_for(lambda: [e.body["state"] for _, e in got] == ["online", "offline"], 5)
 
 
-def _crash_client(h: Harness, will_topic: str) -> Callable[[], None]:
+def _crash_client(h: Harness, will_topic: str, node_id: str) -> Callable[[], None]:
     """Start a node with a last will, return a function that kills it without a DISCONNECT."""
     if h.impl == "loopback":
-        node = h.make("device", will=(will_topic, status_env("offline")))
+        node = h.make("device", will=(will_topic, status_env("offline", node_id)))
         return node.abort  # type: ignore[attr-defined]
     script = textwrap.dedent(f"""
         import sys, time
         from splitedge.protocol.codec import Envelope
         from splitedge.protocol.mqtt import MqttTransport
-        env = Envelope("status", {RUN!r}, 0, "d1", {{"state": "offline", "role": "device"}})
+        env = Envelope("status", {RUN!r}, 0, {node_id!r}, {{"state": "offline", "role": "device"}})
         t = MqttTransport({h.url!r}, client_id="crasher-{next(_ids)}", role="device",
                           will=({will_topic!r}, env), keepalive=5)
         print("ready", flush=True)
@@ -268,11 +270,12 @@ def _crash_client(h: Harness, will_topic: str) -> Callable[[], None]:
 
 
 def test_last_will_published_when_client_dies(h: Harness) -> None:
-    will_topic = topic(RUN, "device", f"dead{next(_ids)}", "up", "status")
+    node_id = f"dead{next(_ids)}"
+    will_topic = topic(RUN, "device", node_id, "up", "status")
     watcher = h.make("edge")
     got, handler = collector()
     watcher.subscribe(will_topic, handler)
-    kill = _crash_client(h, will_topic)
+    kill = _crash_client(h, will_topic, node_id)
     assert not wait_for(lambda: got, 0.1)  # no will while alive
 
     kill()

@@ -1,4 +1,4 @@
-"""FedAvg settings; all scalars so they travel in the round message.
+"""FedAvg settings (they travel, typed, in the round announcement).
 
 Device optimiser settings match the H-SFP device (SGD 0.05, momentum 0.9, wd 5e-4) so the
 baselines differ in what crosses the wire, not in how hard the device trains.
@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from splitedge.methods.config import MethodConfig
+
 
 @dataclass(frozen=True)
-class FedAvgConfig:
+class FedAvgConfig(MethodConfig):
     local_epochs: int = 1
     device_lr: float = 0.05
     momentum: float = 0.9
@@ -18,5 +20,6 @@ class FedAvgConfig:
     device_batch: int = 32
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.local_epochs < 1 or self.device_batch < 2 or self.device_lr <= 0:
             raise ValueError(f"bad FedAvg config: {self}")

@@ -1,6 +1,8 @@
-"""FedAvg edge: relay the global model down; sample-weighted average of its devices' models up.
+"""FedAvg edge: the method's merge (a sample-weighted average by default) of its devices' models.
 
-numpy only (no torch): an edge that only averages needs no network definition.
+numpy only (no torch): an edge that only averages needs no network definition. It learns the
+model's parameter names and shapes from the global model the runtime relays to its devices,
+and refuses device updates that do not fit them.
 """
 
 from __future__ import annotations
@@ -9,22 +11,36 @@ import logging
 from typing import Any, Sequence
 
 from splitedge.methods.averaging import averaged_body, weight_updates
-from splitedge.methods.strategy import EdgePart, Message, Report, RoundPlan
+from splitedge.methods.checks import check_version, check_weights, weight_specs
+from splitedge.methods.fedavg.method import MODEL
+from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
 
 log = logging.getLogger(__name__)
 
-MODEL_TOPIC = "weights-model"
-
 
 class FedAvgEdge(EdgePart):
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.specs: dict | None = None  # from the first global model seen
+        self.version = 0
+
+    def check(self, env: Any, source: str) -> None:
+        if env.kind != "weights":
+            return
+        if self.specs is not None:
+            check_weights(env.body, self.specs, part=MODEL)
+        if source == "child":  # an update trains from a global version the edge has relayed
+            check_version(MODEL, int(env.body["version"]), at_most=self.version)
+
     def on_message(self, env: Any) -> list[Message]:
-        if env.kind == "weights" and env.body["part"] == "model":
-            return [Message("weights", dict(env.body), retain=True, topic_kind=MODEL_TOPIC)]
+        if env.kind == "weights" and env.body["part"] == MODEL:
+            self.specs = self.specs or weight_specs(env.body["weights"])
+            self.version = max(self.version, int(env.body["version"]))
         return []
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
-        parts = weight_updates(reports, "model", plan.wc_version)
+        parts = weight_updates(reports, MODEL, plan.version(MODEL))
         if not parts:
             log.warning("edge %s: round %d without model updates", self.ctx.node_id, plan.round)
             return []
-        return [Message("weights", averaged_body(parts, "model", plan.wc_version))]
+        return [Message("weights", averaged_body(parts, MODEL, plan.version(MODEL), self.method.merge_weights))]

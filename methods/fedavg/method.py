@@ -1,9 +1,14 @@
-"""The FedAvg method entry: its config class and where each tier's part lives (imported lazily)."""
+"""The FedAvg method entry: its config, its parts (imported lazily) and its loss."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from splitedge.methods.fedavg.config import FedAvgConfig
 from splitedge.methods.strategy import Method
+
+MODEL = "model"
+"""The one model FedAvg versions and averages (the whole network)."""
 
 
 class FedAvg(Method):
@@ -14,3 +19,8 @@ class FedAvg(Method):
         "edge": "splitedge.methods.fedavg.edge:FedAvgEdge",
         "cloud": "splitedge.methods.fedavg.cloud:FedAvgCloud",
     }
+
+    def objective(self, role: str) -> list[Any]:
+        from splitedge.methods.training import cross_entropy_term
+
+        return [cross_entropy_term()]

@@ -8,35 +8,34 @@ weighted mean of their devices in their `done` info). numpy only.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from splitedge.methods.config import ModelSpec, from_config
-from splitedge.methods.fedproto.config import FedProtoConfig
-from splitedge.methods.fedproto.edge import PROTO_TOPIC
-from splitedge.methods.fedproto.protos import merge_protos, protos_body, weighted_accuracy
-from splitedge.methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.checks import check_space, check_stats
+from splitedge.methods.fedproto.protos import PROTOS, SPACE, merge_protos, protos_body, weighted_accuracy
+from splitedge.methods.strategy import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
 
 log = logging.getLogger(__name__)
 
 
 class FedProtoCloud(CloudPart):
-    method = "fedproto"
-
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self.spec = from_config(ModelSpec, ctx.config)
-        self.cfg = from_config(FedProtoConfig, ctx.config)
         self.version = 0  # of the global prototypes; 0 = none yet
         self.protos: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.dim: int | None = None
 
-    def plan(self, round_: int) -> RoundPlan:
-        """wc_version carries the prototype version devices must hold before training."""
-        config = dict(self.ctx.config)
-        return RoundPlan(round=round_, method=self.method, slow_wc=False, slow_we=False,
-                         deadline_s=float(config.get("deadline_s", 120.0)), wc_version=self.version,
-                         we_version=0, config=config)
+    def plan(self, round_: int) -> RoundSpec:
+        """Devices train with the announced version of the global prototypes."""
+        return RoundSpec(versions={PROTOS: self.version})
+
+    def check(self, env: Any, source: str) -> None:
+        if env.kind == "moments":
+            check_space(env.body, SPACE)
+            dim = self.dim if self.dim is not None else env.body["mean"].shape[1]
+            check_stats(env.body, "mean", dim=dim, num_classes=self.spec.num_classes)
+            self.dim = dim
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
         parts = [(np.asarray(env.body["classes"], dtype=np.int64), np.asarray(env.body["counts"], dtype=np.int64),
@@ -46,7 +45,7 @@ class FedProtoCloud(CloudPart):
             self.protos = merge_protos(parts)
             self.version += 1
             body = protos_body(*self.protos, self.cfg.proto_dtype, self.version)
-            out.append(Message("moments", body, retain=True, topic_kind=PROTO_TOPIC))
+            out.append(Message("moments", body, to=DEVICES, slot=PROTOS))
         else:
             log.warning("cloud: round %d without prototypes", plan.round)
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]

@@ -1,12 +1,14 @@
-"""FedProto settings (METHODS.md: lambda = 1); all scalars so they travel in the round message."""
+"""FedProto settings (METHODS.md: lambda = 1); they travel, typed, in the round announcement."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from splitedge.methods.config import MethodConfig
+
 
 @dataclass(frozen=True)
-class FedProtoConfig:
+class FedProtoConfig(MethodConfig):
     local_epochs: int = 1
     device_batch: int = 32
     device_lr: float = 0.05
@@ -22,6 +24,7 @@ class FedProtoConfig:
     proto_dtype: str = "f4"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.proto_dtype not in ("f2", "f4", "f8"):
             raise ValueError(f"proto_dtype must be f2, f4 or f8, got {self.proto_dtype!r}")
         if self.proto_distance not in ("mse", "sq_l2"):

@@ -13,14 +13,14 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from splitedge.methods.config import ModelSpec, from_config
-from splitedge.methods.fedproto.config import FedProtoConfig
-from splitedge.methods.fedproto.loss import fedproto_loss, representation
-from splitedge.methods.fedproto.protos import merge_protos, protos_body
+from splitedge.methods.checks import check_space, check_stats
+from splitedge.methods.fedproto.loss import representation
+from splitedge.methods.fedproto.protos import PROTOS, SPACE, merge_protos, protos_body
 from splitedge.methods.moments import MomentAccumulator
 from splitedge.methods.preprocess import batches
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import accuracy, build_split, local_tensors, sgd, train_epoch
+from splitedge.methods.torch_utils import accuracy, build_split, local_tensors, sgd, shuffled_batches
+from splitedge.methods.training import Batch, Outputs, train_epochs
 
 
 def holdout_split(n: int, share: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -33,9 +33,9 @@ def holdout_split(n: int, share: float, rng: np.random.Generator) -> tuple[np.nd
 class FedProtoDevice(DevicePart):
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
-        self.spec = from_config(ModelSpec, ctx.config)
-        self.cfg = from_config(FedProtoConfig, ctx.config)
         self.model = build_split(self.spec).eval()
+        self.dim = int(representation(self.model, torch.zeros(2, self.spec.channels, self.spec.image_size,
+                                                                self.spec.image_size))[0].shape[1])
         x, y = local_tensors(data, self.spec)
         train, held = holdout_split(len(y), self.cfg.holdout, ctx.rng)
         self.x, self.y = x[train], y[train]
@@ -47,12 +47,17 @@ class FedProtoDevice(DevicePart):
         self.last_accuracy = float("nan")
 
     def ready(self, plan: RoundPlan) -> bool:
-        """The plan's wc_version is the version of the global prototypes this round uses."""
-        return self.proto_version >= plan.wc_version
+        """The global prototypes this round uses have arrived."""
+        return self.proto_version >= plan.version(PROTOS)
+
+    def check(self, env: Any, source: str) -> None:
+        if env.kind == "moments":
+            check_space(env.body, SPACE)
+            check_stats(env.body, "mean", dim=self.dim, num_classes=self.spec.num_classes)
 
     def on_message(self, env: Any) -> None:
         body = env.body
-        if env.kind != "moments" or body["wc_version"] <= self.proto_version:
+        if env.kind != "moments" or int(body["versions"].get(PROTOS, 0)) <= self.proto_version:
             return
         classes = np.array(body["classes"], dtype=np.int64)  # writable copies for torch
         mean = torch.from_numpy(np.array(body["mean"], dtype=np.float32))
@@ -60,19 +65,22 @@ class FedProtoDevice(DevicePart):
         self.has_proto = torch.zeros(self.spec.num_classes, dtype=torch.bool)
         self.protos[torch.from_numpy(classes)] = mean
         self.has_proto[torch.from_numpy(classes)] = True
-        self.proto_version = int(body["wc_version"])
+        self.proto_version = int(body["versions"][PROTOS])
 
-    def _loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        features, logits = representation(model, x)
-        protos = self.protos if self.protos.shape[1] else torch.zeros(self.spec.num_classes, features.shape[1])
-        return fedproto_loss(logits, features, y, protos, self.has_proto, self.cfg.proto_lambda,
-                             self.cfg.proto_distance)
+    def forward(self, batch: Batch) -> Outputs:
+        features, logits = representation(self.model, batch.x)
+        return {"features": features, "logits": logits}
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
-        for _ in range(self.cfg.local_epochs):
-            train_epoch(self.model, self.opt, self.x, self.y, batch=self.cfg.device_batch, gen=gen,
-                        loss_fn=self._loss)
+        protos = self.protos if self.protos.shape[1] else torch.zeros(self.spec.num_classes, self.dim)
+
+        def epoch() -> Iterator[Batch]:
+            for idx in shuffled_batches(len(self.y), self.cfg.device_batch, gen):
+                yield Batch(self.x[idx], self.y[idx], {"protos": protos, "has_proto": self.has_proto})
+
+        self.losses = train_epochs(self.forward, self.method.loss_terms("device"), epoch, self.opt, [self.model],
+                                   epochs=self.cfg.local_epochs)
         self.last_accuracy = accuracy(self.model, self.x_eval, self.y_eval)
         classes, counts, means = self.local_protos()
         yield Message("moments", protos_body(classes, counts, means, self.cfg.proto_dtype, self.proto_version))

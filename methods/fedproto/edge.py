@@ -12,24 +12,26 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from splitedge.methods.fedproto.protos import merge_protos, protos_body, weighted_accuracy
+from splitedge.methods.checks import check_space, check_stats
+from splitedge.methods.fedproto.protos import PROTOS, SPACE, merge_protos, protos_body, weighted_accuracy
 from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
 
 log = logging.getLogger(__name__)
-
-PROTO_TOPIC = "moments-protos"
 
 
 class FedProtoEdge(EdgePart):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.info: dict[str, Any] = {}
+        self.dim: int | None = None  # the representation's dimension (numpy-only edge: no model to ask)
 
-    def on_message(self, env: Any) -> list[Message]:
-        """Global prototypes go down to the devices (retained, so late joiners get them)."""
+    def check(self, env: Any, source: str) -> None:
+        """Prototypes of this model's classes, all of one dimension (the first one seen sets it)."""
         if env.kind == "moments":
-            return [Message("moments", dict(env.body), retain=True, topic_kind=PROTO_TOPIC)]
-        return []
+            check_space(env.body, SPACE)
+            dim = self.dim if self.dim is not None else env.body["mean"].shape[1]
+            check_stats(env.body, "mean", dim=dim, num_classes=self.spec.num_classes)
+            self.dim = dim
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
         parts = []
@@ -45,7 +47,7 @@ class FedProtoEdge(EdgePart):
             log.warning("edge %s: round %d without prototypes", self.ctx.node_id, plan.round)
             return []
         classes, devices, means = merge_protos(parts)
-        return [Message("moments", protos_body(classes, devices, means, "f8", plan.wc_version))]
+        return [Message("moments", protos_body(classes, devices, means, "f8", plan.version(PROTOS)))]
 
     def round_info(self) -> dict[str, Any]:
         return dict(self.info)

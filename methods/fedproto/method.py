@@ -1,6 +1,8 @@
-"""The FedProto method entry: its config class and where each tier's part lives (imported lazily)."""
+"""The FedProto method entry: its config, its parts (imported lazily) and its loss terms."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from splitedge.methods.fedproto.config import FedProtoConfig
 from splitedge.methods.strategy import Method
@@ -15,3 +17,15 @@ class FedProto(Method):
         "edge": "splitedge.methods.fedproto.edge:FedProtoEdge",
         "cloud": "splitedge.methods.fedproto.cloud:FedProtoCloud",
     }
+
+    def objective(self, role: str) -> list[Any]:
+        """CE + proto_lambda * distance of f(x) to its class's global prototype (METHODS.md)."""
+        from splitedge.methods.fedproto.loss import proto_distance
+        from splitedge.methods.training import LossTerm, cross_entropy_term
+
+        cfg = self.config
+
+        def distance(out: Any, b: Any) -> Any:
+            return proto_distance(out["features"], b.y, b.extra["protos"], b.extra["has_proto"], cfg.proto_distance)
+
+        return [cross_entropy_term(), LossTerm("proto", distance, cfg.proto_lambda, ("features",))]

@@ -30,11 +30,16 @@ def merge_protos(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> 
     return classes, counts, means
 
 
+SPACE, PROTOS = "rep", "protos"
+"""Prototypes live in the representation space f (loss.py) and are versioned as "protos"."""
+
+
 def protos_body(classes: np.ndarray, counts: np.ndarray, means: np.ndarray, dtype: str, version: int) -> dict[str, Any]:
-    """A `moments` body with var = 0 (FedProto sends means only); space "we" (see loss.py)."""
+    """A `moments` body with var = 0 (FedProto sends means only), in space "rep", computed
+    with global prototypes of `version` (0: none yet)."""
     arr = np.ascontiguousarray(means, dtype=np.dtype(dtype).newbyteorder("<"))
     return {"classes": np.asarray(classes, dtype=np.int64), "counts": np.asarray(counts, dtype=np.int64),
-            "mean": arr, "var": np.zeros_like(arr), "wc_version": int(version), "we_version": 0, "space": "we"}
+            "mean": arr, "var": np.zeros_like(arr), "space": SPACE, "versions": {PROTOS: int(version)}}
 
 
 def weighted_accuracy(infos: Sequence[Mapping[str, Any]]) -> tuple[float, int]:

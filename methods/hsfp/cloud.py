@@ -13,17 +13,17 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from splitedge.methods.averaging import average_states, weight_updates
-from splitedge.methods.config import ModelSpec, from_config
-from splitedge.methods.hsfp.config import HSFPConfig
-from splitedge.methods.hsfp.torch_ops import train_on_samples
+from splitedge.methods.averaging import weight_updates
+from splitedge.methods.checks import check_space, check_stats, check_version, check_weights, weight_specs
+from splitedge.methods.hsfp.method import AVERAGE, WC, WE
+from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body
 from splitedge.methods.preprocess import batches, to_input
-from splitedge.methods.sampling import sample_features
-from splitedge.methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
-from splitedge.models import create_split, load_numpy_state, state_to_numpy
+from splitedge.methods.strategy import DEVICES, CHILDREN, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
+from splitedge.methods.training import Batch, Outputs, train_epochs
+from splitedge.models import create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
+from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +31,10 @@ log = logging.getLogger(__name__)
 class HSFPCloud(CloudPart):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self.spec = from_config(ModelSpec, ctx.config)
-        self.cfg = from_config(HSFPConfig, ctx.config)
-        torch.manual_seed(self.spec.seed)
-        self.model = create_split(self.spec.model, num_classes=self.spec.num_classes,
-                                  in_channels=self.spec.channels, image_size=self.spec.image_size).eval()
+        with seeded_init(self.spec.seed):
+            self.model = create_split(self.spec.model, num_classes=self.spec.num_classes,
+                                      in_channels=self.spec.channels, image_size=self.spec.image_size).eval()
+        self.specs = {WC: weight_specs(state_to_numpy(self.model.wc)), WE: weight_specs(state_to_numpy(self.model.we))}
         self.served = copy.deepcopy(self.model)
         self.served_versions: tuple[int, int] | None = None
         self.wc_version, self.we_version = 0, 0
@@ -44,7 +43,7 @@ class HSFPCloud(CloudPart):
         self.cached_ids: dict[str, str] = {}  # edge -> msg_id of its cached moments
 
     def initial_messages(self) -> list[Message]:
-        return [self._weights_message("wc", 0, self.model.wc), self._weights_message("we", 0, self.model.we),
+        return [self._weights_message(WC, 0, self.model.wc), self._weights_message(WE, 0, self.model.we),
                 *self._onnx_message()]
 
     def _onnx_message(self) -> list[Message]:
@@ -56,26 +55,39 @@ class HSFPCloud(CloudPart):
         except (ImportError, ValueError) as exc:
             log.warning("cloud: no onnx_model for thin devices (%s)", exc)
             return []
-        body = {"part": "wc", "version": self.wc_version, "model": data, "sha256": hashlib.sha256(data).hexdigest()}
-        return [Message("onnx_model", body, retain=True, topic_kind="onnx_model-wc")]
+        body = {"part": WC, "version": self.wc_version, "model": data, "sha256": hashlib.sha256(data).hexdigest()}
+        return [Message("onnx_model", body, to=DEVICES, slot=WC)]
 
     def _weights_message(self, part: str, version: int, module: torch.nn.Module, samples: int = 0) -> Message:
+        """W_c goes to every device (through its edge), W_e to the edges; the newest stays for late joiners."""
         body = {"part": part, "version": version, "samples": samples, "weights": state_to_numpy(module)}
-        return Message("weights", body, retain=True, topic_kind=f"weights-{part}")
+        return Message("weights", body, to=DEVICES if part == WC else CHILDREN, slot=part)
 
-    def plan(self, round_: int) -> RoundPlan:
+    def plan(self, round_: int) -> RoundSpec:
+        """Versions in use; W_c averaged every ic rounds and W_e every ie (the slow time scale)."""
         slow = self.cfg.slow_averaging
-        config = dict(self.ctx.config)
-        return RoundPlan(round=round_, method="hsfp", slow_wc=slow and round_ % self.cfg.ic == 0,
-                         slow_we=slow and round_ % self.cfg.ie == 0,
-                         deadline_s=float(config.get("deadline_s", 120.0)),
-                         wc_version=self.wc_version, we_version=self.we_version, config=config)
+        average = [part for part, every in ((WC, self.cfg.ic), (WE, self.cfg.ie)) if slow and round_ % every == 0]
+        return RoundSpec(versions={WC: self.wc_version, WE: self.we_version}, directives={AVERAGE: average})
+
+    def check(self, env: Any, source: str) -> None:
+        """Edges send moments of W_e outputs and averaged W_c / W_e of this run's model."""
+        body = env.body
+        if env.kind == "moments":
+            check_space(body, WE)
+            check_stats(body, "mean", dim=int(np.prod(self.model.we_shape)), num_classes=self.spec.num_classes,
+                        dtype=self.cfg.feature_dtype)
+            for name, current in ((WC, self.wc_version), (WE, self.we_version)):
+                check_version(name, int(body["versions"].get(name, 0)), at_most=current)
+        elif env.kind == "weights":
+            if body["part"] not in self.specs:
+                raise ProtocolError("state.part", f"edges send W_c or W_e, not {body['part']!r}")
+            check_weights(body, self.specs[body["part"]])
 
     def on_edge_message(self, env: Any) -> None:
         """Edge moments are state: kept whenever they arrive, even after their round closed."""
         if env.kind == "moments" and self.cached_ids.get(env.sender) != env.msg_id:  # not twice
-            b = env.body
-            self.cache[env.sender] = (int(b["wc_version"]), int(b["we_version"]), moments_from_body(b))
+            versions = env.body["versions"]
+            self.cache[env.sender] = (int(versions.get(WC, 0)), int(versions.get(WE, 0)), moments_from_body(env.body))
             self.cached_ids[env.sender] = env.msg_id
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
@@ -91,31 +103,34 @@ class HSFPCloud(CloudPart):
         metrics["accuracy"] = self.evaluate() if self.served_versions else float("nan")
         metrics["wc_version"], metrics["we_version"] = self.wc_version, self.we_version
         out = []
-        if plan.slow_wc:
-            out += self._average("wc", self.model.wc, reports)
-        if plan.slow_we:
-            out += self._average("we", self.model.we, reports)
+        for part in plan.directives.get(AVERAGE, ()):
+            out += self._average(part, self.model.part(part), reports)
         return out, metrics
 
+    def forward(self, batch: Batch) -> Outputs:
+        features, logits = head_features(self.model.wg, batch.x)
+        return {"features": features, "logits": logits}
+
     def _train_head(self, merged: ClassMoments) -> float:
-        x, y = sample_features(merged, self.cfg.cloud_samples, self.ctx.rng, eps=self.cfg.eps,
-                               floor=self.cfg.sample_floor, mean_only=self.cfg.mean_only)
-        return train_on_samples(self.model.wg, self.opt, x, y, self.model.we_shape, F.cross_entropy,
-                                epochs=self.cfg.cloud_epochs, batch=self.cfg.cloud_batch,
-                                seed=int(self.ctx.rng.integers(2**31)))
+        x, y = self.method.sample_features(merged, self.cfg.cloud_samples, self.ctx.rng)
+        batches = sample_batches(x, y, self.model.we_shape, batch=self.cfg.cloud_batch,
+                                 seed=int(self.ctx.rng.integers(2**31)))
+        self.losses = train_epochs(self.forward, self.method.loss_terms("cloud"), batches, self.opt, [self.model.wg],
+                                   epochs=self.cfg.cloud_epochs)
+        return self.losses.get("ce", 0.0)
 
     def _average(self, part: str, module: torch.nn.Module, reports: Sequence[Report]) -> list[Message]:
-        parts = weight_updates(reports, part, self.wc_version if part == "wc" else self.we_version)
+        current = self.wc_version if part == WC else self.we_version
+        parts = weight_updates(reports, part, current)
         if not parts:
             log.warning("cloud: slow round without any %s weights from edges", part)
             return []
-        load_numpy_state(module, average_states(parts))
-        version = (self.wc_version if part == "wc" else self.we_version) + 1
-        if part == "wc":
-            self.wc_version = version
+        load_numpy_state(module, self.method.merge_weights(parts))
+        if part == WC:
+            self.wc_version = current + 1
         else:
-            self.we_version = version
-        return [self._weights_message(part, version, module, sum(n for _, n in parts))]
+            self.we_version = current + 1
+        return [self._weights_message(part, current + 1, module, sum(n for _, n in parts))]
 
     @torch.no_grad()
     def evaluate(self) -> float:

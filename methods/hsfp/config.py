@@ -1,12 +1,14 @@
-"""H-SFP settings with METHODS.md defaults; all scalars so they travel in the round message."""
+"""H-SFP settings with METHODS.md defaults (they travel, typed, in the round announcement)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from splitedge.methods.config import MethodConfig
+
 
 @dataclass(frozen=True)
-class HSFPConfig:
+class HSFPConfig(MethodConfig):
     # device: SupCon on two augmented views through a device-only projection head
     local_epochs: int = 1
     tau: float = 0.5
@@ -38,6 +40,7 @@ class HSFPConfig:
     we_moments: str = "global"  # or "local"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.feature_dtype not in ("f2", "f4"):
             raise ValueError(f"feature_dtype must be f2 or f4, got {self.feature_dtype!r}")
         if self.resend_moments not in ("on-change", "every-round"):

@@ -11,8 +11,7 @@ from typing import Any, Iterator, Mapping, Protocol
 
 import numpy as np
 
-from splitedge.methods.config import ModelSpec, from_config
-from splitedge.methods.hsfp.config import HSFPConfig
+from splitedge.methods.hsfp.method import WC
 from splitedge.methods.moments import ClassMoments, MomentAccumulator, moments_to_body
 from splitedge.methods.preprocess import batches, to_input
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
@@ -39,8 +38,6 @@ class HSFPDevice(DevicePart):
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
-        self.spec = from_config(ModelSpec, ctx.config)
-        self.cfg = from_config(HSFPConfig, ctx.config)
         self.extractor: Extractor = backend
         self.wc_version = -1
         self.sent_version = -1
@@ -50,13 +47,21 @@ class HSFPDevice(DevicePart):
         return int(len(self.data[1]))
 
     def ready(self, plan: RoundPlan) -> bool:
-        return self.wc_version >= plan.wc_version and self.wc_version >= 0
+        return self.wc_version >= plan.version(WC) and self.wc_version >= 0
+
+    def check(self, env: Any, source: str) -> None:
+        """Global W_c maps must fit the extractor; nothing else comes down to an H-SFP device."""
+        if env.kind == "weights" and env.body["part"] == WC:
+            self.check_global(env.body["weights"])
+
+    def check_global(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Overridden by backends that know their W_c's parameters."""
 
     def on_message(self, env: Any) -> None:
         body = env.body
         if env.kind == "request" and body["what"] == "moments":
             self.sent_version = -1  # the edge lost them: send again next round
-        if env.kind == "weights" and body["part"] == "wc" and body["version"] > self.wc_version:
+        if env.kind == "weights" and body["part"] == WC and body["version"] > self.wc_version:
             self.load_global(body["weights"])
             self.wc_version = int(body["version"])
             log.info("device %s: %s%d", self.ctx.node_id, WC_IN_USE, self.wc_version)
@@ -66,8 +71,8 @@ class HSFPDevice(DevicePart):
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         if self.cfg.resend_moments == "every-round" or self.sent_version != self.wc_version:
-            body = moments_to_body(self.compute_moments(), dtype=self.cfg.feature_dtype,
-                                   wc_version=self.wc_version, we_version=0, space="wc")
+            body = moments_to_body(self.compute_moments(), dtype=self.cfg.feature_dtype, space=WC,
+                                   versions={WC: self.wc_version})
             yield Message("moments", body)
             self.sent_version = self.wc_version
         yield from self.train_round(plan)

@@ -14,7 +14,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from splitedge.methods.hsfp.device import WC_IN_USE, HSFPDevice
+from splitedge.methods.hsfp.method import WC
 from splitedge.methods.strategy import NodeContext, RoundPlan
+from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +39,19 @@ class HSFPOnnxDevice(HSFPDevice):
     def ready(self, plan: RoundPlan) -> bool:
         return self.extractor is not None and super().ready(plan)
 
+    def check_global(self, weights: Mapping[str, np.ndarray]) -> None:
+        if self.extractor is None:
+            return  # no graph yet: the weights are kept and checked when they are swapped in
+        try:
+            self.extractor.check_weights(weights)
+        except ValueError as exc:
+            raise ProtocolError("state.weights", str(exc)) from None
+
     def on_message(self, env: Any) -> None:
         body = env.body
-        if env.kind == "onnx_model" and body["part"] == "wc":
+        if env.kind == "onnx_model" and body["part"] == WC:
             self._on_model(body)
-        elif env.kind == "weights" and body["part"] == "wc":
+        elif env.kind == "weights" and body["part"] == WC:
             version = int(body["version"])
             if self.latest is None or version > self.latest[0]:
                 self.latest = (version, body["weights"])

@@ -14,12 +14,14 @@ import torch
 from torch import nn
 
 from splitedge.methods.augment import two_views
+from splitedge.methods.checks import check_weight_map, weight_specs
 from splitedge.methods.hsfp.device import HSFPDevice
-from splitedge.methods.losses import supcon_loss
+from splitedge.methods.hsfp.method import AVERAGE, WC
 from splitedge.methods.preprocess import to_input
 from splitedge.methods.strategy import Message, NodeContext, RoundPlan
 from splitedge.methods.torch_utils import PlainSGD, sgd
-from splitedge.models import create_split, load_numpy_state, pool, state_to_numpy
+from splitedge.methods.training import Batch, Outputs, train_epochs
+from splitedge.models import create_split, load_numpy_state, pool, seeded_init, state_to_numpy
 
 
 class HSFPTorchDevice(HSFPDevice):
@@ -30,13 +32,14 @@ class HSFPTorchDevice(HSFPDevice):
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
-        torch.manual_seed(int(ctx.rng.integers(2**31)))
-        split = create_split(self.spec.model, num_classes=self.spec.num_classes,
-                             in_channels=self.spec.channels, image_size=self.spec.image_size)
+        with seeded_init(int(ctx.rng.integers(2**31))):
+            split = create_split(self.spec.model, num_classes=self.spec.num_classes,
+                                 in_channels=self.spec.channels, image_size=self.spec.image_size)
+            width = split.wc_shape[0]
+            self.head = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, self.cfg.proj_dim))
         self.wc_global = split.wc.eval()
         self.wc_local = copy.deepcopy(split.wc)
-        width = split.wc_shape[0]
-        self.head = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, self.cfg.proj_dim))
+        self.specs = weight_specs(state_to_numpy(self.wc_global))
         self.extractor = self
         self._labels = torch.from_numpy(np.asarray(self.data[1], dtype=np.int64))
         self.opt = self._new_optimizer()
@@ -45,6 +48,9 @@ class HSFPTorchDevice(HSFPDevice):
         # torch.optim.SGD's arithmetic, minus the torch._dynamo import it drags in (~80 MB RSS)
         params = list(self.wc_local.parameters()) + list(self.head.parameters())
         return sgd(params, self.cfg.device_lr, momentum=0.9, weight_decay=5e-4)
+
+    def check_global(self, weights: Mapping[str, np.ndarray]) -> None:
+        check_weight_map(weights, self.specs)
 
     def features(self, x: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
@@ -58,30 +64,30 @@ class HSFPTorchDevice(HSFPDevice):
     def train_round(self, plan: RoundPlan) -> Iterator[Message]:
         for _ in range(self.cfg.local_epochs):
             self.train_epoch()
-        if plan.slow_wc:
-            body = {"part": "wc", "version": self.wc_version, "samples": self.num_samples,
+        if WC in plan.directives.get(AVERAGE, ()):
+            body = {"part": WC, "version": self.wc_version, "samples": self.num_samples,
                     "weights": state_to_numpy(self.wc_local)}
             yield Message("weights", body)
 
+    def forward(self, batch: Batch) -> Outputs:
+        """Two augmented views through the local W_c and the device-only projection head."""
+        views = two_views(batch.x, generator=batch.extra["gen"])
+        features = pool(self.wc_local(views))
+        return {"features": features, "z": self.head(features), "labels": torch.cat([batch.y, batch.y])}
+
     def train_epoch(self) -> float:
-        """One epoch of SupCon on two augmented views; returns the mean loss."""
-        self.wc_local.train()
+        """One epoch of the device's loss terms (SupCon, plus any regulariser); returns the mean loss."""
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
-        order = torch.randperm(len(self._labels), generator=gen)
-        losses = []
-        for start in range(0, len(order), self.cfg.device_batch):
-            idx = order[start:start + self.cfg.device_batch]
-            if len(idx) < 2:
-                continue
-            # normalised per batch: a float32 copy of all local images would cost 4x their uint8 size
-            x = torch.from_numpy(to_input(self.data[0][idx.numpy()], self.spec.mean, self.spec.std))
-            y = self._labels[idx]
-            views = two_views(x, generator=gen)
-            z = self.head(pool(self.wc_local(views)))
-            loss = supcon_loss(z, torch.cat([y, y]), tau=self.cfg.tau)
-            self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
-            losses.append(float(loss.detach()))
-        self.wc_local.eval()
-        return float(np.mean(losses)) if losses else 0.0
+
+        def batches() -> Iterator[Batch]:
+            order = torch.randperm(len(self._labels), generator=gen)
+            for start in range(0, len(order), self.cfg.device_batch):
+                idx = order[start:start + self.cfg.device_batch]
+                if len(idx) < 2:
+                    continue
+                # normalised per batch: a float32 copy of all local images would cost 4x their uint8 size
+                x = torch.from_numpy(to_input(self.data[0][idx.numpy()], self.spec.mean, self.spec.std))
+                yield Batch(x, self._labels[idx], {"gen": gen})
+
+        self.losses = train_epochs(self.forward, self.method.loss_terms("device"), batches, self.opt, [self.wc_local])
+        return self.losses.get("total", 0.0)

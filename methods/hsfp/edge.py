@@ -6,17 +6,17 @@ import copy
 import logging
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
-from splitedge.methods.averaging import averaged_body, weight_updates
-from splitedge.methods.config import ModelSpec, from_config
-from splitedge.methods.hsfp.config import HSFPConfig
-from splitedge.methods.hsfp.torch_ops import output_moments, train_on_samples, with_counts
-from splitedge.methods.losses import supcon_loss
+from splitedge.methods.averaging import weight_updates
+from splitedge.methods.checks import check_space, check_stats, check_version, check_weights, weight_specs
+from splitedge.methods.hsfp.method import AVERAGE, WC, WE
+from splitedge.methods.hsfp.torch_ops import output_moments, sample_batches, with_counts
 from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body, moments_to_body
-from splitedge.methods.sampling import sample_features
-from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
-from splitedge.models import create_split, load_numpy_state, pool, state_to_numpy
+from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan, device
+from splitedge.methods.training import Batch, Outputs, train_epochs
+from splitedge.models import create_split, load_numpy_state, pool, seeded_init, state_to_numpy
 
 log = logging.getLogger(__name__)
 
@@ -24,39 +24,44 @@ log = logging.getLogger(__name__)
 class HSFPEdge(EdgePart):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self.spec = from_config(ModelSpec, ctx.config)
-        self.cfg = from_config(HSFPConfig, ctx.config)
-        split = create_split(self.spec.model, num_classes=self.spec.num_classes,
-                             in_channels=self.spec.channels, image_size=self.spec.image_size)
+        with seeded_init(self.spec.seed):  # the cloud's W_e v0 replaces these weights before any training
+            split = create_split(self.spec.model, num_classes=self.spec.num_classes,
+                                 in_channels=self.spec.channels, image_size=self.spec.image_size)
         self.wc_shape, self.we_shape = split.wc_shape, split.we_shape
+        self.wc_specs, self.we_specs = weight_specs(state_to_numpy(split.wc)), weight_specs(state_to_numpy(split.we))
         self.we_global = split.we.eval()
         self.we_local = copy.deepcopy(split.we)
         self.we_version = -1
         self.opt = self._new_optimizer()
         self.cache: dict[str, tuple[int, ClassMoments]] = {}  # device -> (wc_version, moments)
         self.cached_ids: dict[str, str] = {}  # device -> msg_id of its cached moments
+        self.wc_version = 0  # the newest W_c version announced
         self.last_wc_version: int | None = None
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.we_local.parameters(), lr=self.cfg.edge_lr, momentum=0.9, weight_decay=5e-4)
 
     def ready(self, plan: RoundPlan) -> bool:
-        return self.we_version >= plan.we_version and self.we_version >= 0
+        return self.we_version >= plan.version(WE) and self.we_version >= 0
+
+    def check(self, env: Any, source: str) -> None:
+        """Device moments of W_c outputs and device W_c updates; the cloud's global W_e."""
+        body = env.body
+        if env.kind == "moments":
+            check_space(body, WC)
+            check_stats(body, "mean", dim=int(np.prod(self.wc_shape)), num_classes=self.spec.num_classes,
+                        dtype=self.cfg.feature_dtype)
+            check_version(WC, int(body["versions"].get(WC, 0)), at_most=self.wc_version)
+        elif env.kind == "weights" and body["part"] in (WC, WE):
+            check_weights(body, self.wc_specs if body["part"] == WC else self.we_specs)
 
     def on_message(self, env: Any) -> list[Message]:
-        """Global W_c (weights or ONNX graph) goes down to the devices; global W_e replaces both our copies."""
-        if env.kind == "onnx_model":
-            return [Message("onnx_model", dict(env.body), retain=True, topic_kind=f"onnx_model-{env.body['part']}")]
-        if env.kind != "weights":
-            return []
-        part, version = env.body["part"], int(env.body["version"])
-        if part == "wc":
-            return [Message("weights", dict(env.body), retain=True, topic_kind="weights-wc")]
-        if part == "we" and version > self.we_version:
+        """The global W_e replaces both our copies (W_c for devices is relayed by the runtime)."""
+        if env.kind == "weights" and env.body["part"] == WE and int(env.body["version"]) > self.we_version:
             load_numpy_state(self.we_global, env.body["weights"])
             load_numpy_state(self.we_local, env.body["weights"])
             self.opt = self._new_optimizer()
-            self.we_version = version
+            self.we_version = int(env.body["version"])
         return []
 
     def on_device_message(self, env: Any) -> list[Message]:
@@ -69,55 +74,58 @@ class HSFPEdge(EdgePart):
         """Cache a device's moments; the same message seen again (in the round's reports) is not decoded twice."""
         if self.cached_ids.get(env.sender) == env.msg_id:
             return
-        self.cache[env.sender] = (int(env.body["wc_version"]), moments_from_body(env.body))
+        self.cache[env.sender] = (int(env.body["versions"].get(WC, 0)), moments_from_body(env.body))
         self.cached_ids[env.sender] = env.msg_id
 
     def on_round_open(self, plan: RoundPlan, members: set[str]) -> list[Message]:
         """Ask devices for moments this edge lacks (e.g. it restarted), unless a new W_c version
         just started, when every device sends them anyway."""
-        steady = self.last_wc_version == plan.wc_version
-        self.last_wc_version = plan.wc_version
+        self.wc_version = max(self.wc_version, plan.version(WC))
+        steady = self.last_wc_version == plan.version(WC)
+        self.last_wc_version = plan.version(WC)
         if not steady:
             return []
-        missing = sorted(d for d in members if self.cache.get(d, (-1,))[0] != plan.wc_version)
-        return [Message("request", {"what": "moments"}, target=d) for d in missing]
+        missing = sorted(d for d in members if self.cache.get(d, (-1,))[0] != plan.version(WC))
+        return [Message("request", {"what": "moments"}, to=device(d)) for d in missing]
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
         for report in reports:
             for env in report.all("moments"):
                 self._remember(env)
-        current = [m for v, m in self.cache.values() if v == plan.wc_version]
+        current = [m for v, m in self.cache.values() if v == plan.version(WC)]
         out: list[Message] = []
         if current:
             out.append(self._train_and_report(plan, merge_moments(current)))
-        if plan.slow_wc:
+        averaged = plan.directives.get(AVERAGE, ())
+        if WC in averaged:
             out.extend(self._average_wc(plan, reports))
-        if plan.slow_we:
+        if WE in averaged:
             total = sum(int(m.counts.sum()) for _, m in self.cache.values())
-            out.append(Message("weights", {"part": "we", "version": self.we_version, "samples": total,
+            out.append(Message("weights", {"part": WE, "version": self.we_version, "samples": total,
                                            "weights": state_to_numpy(self.we_local)}))
         return out
 
+    def forward(self, batch: Batch) -> Outputs:
+        return {"features": pool(self.we_local(batch.x))}
+
     def _train_and_report(self, plan: RoundPlan, merged: ClassMoments) -> Message:
         seed = int(self.ctx.rng.integers(2**31))
-        x, y = self._sample(merged, self.cfg.edge_samples)
-        loss_fn = lambda out, labels: supcon_loss(pool(out), labels, tau=self.cfg.tau)  # noqa: E731
-        train_on_samples(self.we_local, self.opt, x, y, self.wc_shape, loss_fn,
-                         epochs=self.cfg.edge_epochs, batch=self.cfg.edge_batch, seed=seed)
+        x, y = self.method.sample_features(merged, self.cfg.edge_samples, self.ctx.rng)
+        batches = sample_batches(x, y, self.wc_shape, batch=self.cfg.edge_batch, seed=seed)
+        self.losses = train_epochs(self.forward, self.method.loss_terms("edge"), batches, self.opt, [self.we_local],
+                                   epochs=self.cfg.edge_epochs)
         module = self.we_global if self.cfg.we_moments == "global" else self.we_local
-        x2, y2 = self._sample(merged, self.cfg.edge_samples)
+        x2, y2 = self.method.sample_features(merged, self.cfg.edge_samples, self.ctx.rng)
         moments = with_counts(output_moments(module, x2, y2, self.wc_shape), merged)
-        body = moments_to_body(moments, dtype=self.cfg.feature_dtype, wc_version=plan.wc_version,
-                               we_version=self.we_version, space="we")
+        body = moments_to_body(moments, dtype=self.cfg.feature_dtype, space=WE,
+                               versions={WC: plan.version(WC), WE: self.we_version})
         return Message("moments", body)
 
-    def _sample(self, merged: ClassMoments, total: int):
-        return sample_features(merged, total, self.ctx.rng, eps=self.cfg.eps, floor=self.cfg.sample_floor,
-                               mean_only=self.cfg.mean_only)
-
     def _average_wc(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
-        parts = weight_updates(reports, "wc", plan.wc_version)
+        parts = weight_updates(reports, WC, plan.version(WC))
         if not parts:
             log.warning("edge %s: slow round %d without any W_c from devices", self.ctx.node_id, plan.round)
             return []
-        return [Message("weights", averaged_body(parts, "wc", plan.wc_version))]
+        body = {"part": WC, "version": plan.version(WC), "samples": sum(n for _, n in parts),
+                "weights": self.method.merge_weights(parts)}
+        return [Message("weights", body)]

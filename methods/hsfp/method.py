@@ -1,9 +1,24 @@
-"""The H-SFP method entry: its config class and where each tier's part lives (imported lazily)."""
+"""The H-SFP method entry: config, parts per tier (imported lazily), and the hooks variants override.
+
+Torch-free: a thin device imports this module. Loss terms import torch only when a tier that
+trains asks for them.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from splitedge.methods.hsfp.config import HSFPConfig
+from splitedge.methods.moments import ClassMoments
+from splitedge.methods.sampling import sample_features
 from splitedge.methods.strategy import Method
+
+# Model names H-SFP versions in `RoundPlan.versions`, and the directive naming the parts a
+# round averages (`{"average": ["wc"]}` every ic rounds, "we" every ie rounds).
+WC, WE = "wc", "we"
+AVERAGE = "average"
 
 
 class HSFP(Method):
@@ -16,3 +31,20 @@ class HSFP(Method):
         "edge": "splitedge.methods.hsfp.edge:HSFPEdge",
         "cloud": "splitedge.methods.hsfp.cloud:HSFPCloud",
     }
+
+    def objective(self, role: str) -> list[Any]:
+        """SupCon on projected device features and on pooled W_e outputs; CE for the head."""
+        from splitedge.methods.losses import supcon_loss
+        from splitedge.methods.training import LossTerm, cross_entropy_term
+
+        tau = self.config.tau
+        if role == "device":
+            return [LossTerm("supcon", lambda out, b: supcon_loss(out["z"], out["labels"], tau=tau), needs=("z", "labels"))]
+        if role == "edge":
+            return [LossTerm("supcon", lambda out, b: supcon_loss(out["features"], b.y, tau=tau), needs=("features",))]
+        return [cross_entropy_term()]
+
+    def sample_features(self, merged: ClassMoments, total: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Synthetic features the edge (W_c space) and cloud (W_e space) train on."""
+        cfg = self.config
+        return sample_features(merged, total, rng, eps=cfg.eps, floor=cfg.sample_floor, mean_only=cfg.mean_only)

@@ -1,14 +1,15 @@
-"""Torch steps the H-SFP edge and cloud share: train on synthetic features, output moments."""
+"""Torch steps the H-SFP edge and cloud share: batches of synthetic features, output moments."""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from splitedge.methods.moments import ClassMoments, MomentAccumulator
+from splitedge.methods.training import Batch
 
 
 def minibatches(n: int, size: int, gen: torch.Generator) -> list[torch.Tensor]:
@@ -16,26 +17,18 @@ def minibatches(n: int, size: int, gen: torch.Generator) -> list[torch.Tensor]:
     return [order[i:i + size] for i in range(0, n, size) if len(order[i:i + size]) >= 2]
 
 
-def train_on_samples(module: nn.Module, opt: torch.optim.Optimizer, x: np.ndarray, y: np.ndarray,
-                     shape: Sequence[int], loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                     *, epochs: int, batch: int, seed: int) -> float:
-    """Train `module` on flattened synthetic features reshaped to `shape`; returns the last epoch's mean loss."""
+def sample_batches(x: np.ndarray, y: np.ndarray, shape: Sequence[int], *, batch: int,
+                   seed: int) -> Callable[[], Iterator[Batch]]:
+    """Shuffled minibatches of flattened synthetic features reshaped to `shape`, one epoch per call."""
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).reshape(len(x), *shape)
     yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
     gen = torch.Generator().manual_seed(seed)
-    module.train()
-    mean_loss = 0.0
-    for _ in range(epochs):
-        losses = []
+
+    def epoch() -> Iterator[Batch]:
         for idx in minibatches(len(yt), batch, gen):
-            loss = loss_fn(module(xt[idx]), yt[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-        mean_loss = float(np.mean(losses)) if losses else 0.0
-    module.eval()
-    return mean_loss
+            yield Batch(xt[idx], yt[idx])
+
+    return epoch
 
 
 @torch.no_grad()

@@ -1,45 +1,47 @@
-"""SplitFed cloud: average W_c and the server-side W_e/W_g of the edges every round, evaluate the triple."""
+"""SplitFed cloud: merge W_c and the server-side W_e/W_g of the edges every round, evaluate the triple."""
 
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from splitedge.methods.averaging import average_states, weight_updates
-from splitedge.methods.config import ModelSpec, from_config
-from splitedge.methods.splitfed.config import SplitFedConfig
-from splitedge.methods.strategy import CloudPart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.averaging import weight_updates
+from splitedge.methods.checks import check_weights, weight_specs
+from splitedge.methods.splitfed.method import MODEL
+from splitedge.methods.strategy import CHILDREN, DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
 from splitedge.methods.torch_utils import build_split, test_accuracy
 from splitedge.models import PART_NAMES, load_numpy_state, state_to_numpy
+from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
 
 class SplitFedCloud(CloudPart):
-    method = "splitfed"
-
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self.spec = from_config(ModelSpec, ctx.config)
-        self.cfg = from_config(SplitFedConfig, ctx.config)
         self.model = build_split(self.spec).eval()
+        self.specs = {part: weight_specs(state_to_numpy(self.model.part(part))) for part in PART_NAMES}
         self.version = 0  # one counter: W_c, W_e and W_g are averaged together every round
 
     def _message(self, part: str, samples: int = 0) -> Message:
+        """W_c to every device (through its edge), W_e and W_g to the edges' server side."""
         body = {"part": part, "version": self.version, "samples": samples,
                 "weights": state_to_numpy(self.model.part(part))}
-        return Message("weights", body, retain=True, topic_kind=f"weights-{part}")
+        return Message("weights", body, to=DEVICES if part == "wc" else CHILDREN, slot=part)
 
     def initial_messages(self) -> list[Message]:
         return [self._message(part) for part in PART_NAMES]
 
-    def plan(self, round_: int) -> RoundPlan:
-        config = dict(self.ctx.config)
-        return RoundPlan(round=round_, method=self.method, slow_wc=True, slow_we=True,
-                         deadline_s=float(config.get("deadline_s", 120.0)), wc_version=self.version,
-                         we_version=self.version, config=config)
+    def plan(self, round_: int) -> RoundSpec:
+        return RoundSpec(versions={MODEL: self.version})
+
+    def check(self, env: Any, source: str) -> None:
+        if env.kind == "weights":
+            if env.body["part"] not in self.specs:
+                raise ProtocolError("state.part", f"no SplitFed part {env.body['part']!r}")
+            check_weights(env.body, self.specs[env.body["part"]])
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
         updates = {part: weight_updates(reports, part, self.version) for part in PART_NAMES}
@@ -48,7 +50,7 @@ class SplitFedCloud(CloudPart):
         if any(updates.values()):
             for part, parts in updates.items():
                 if parts:
-                    load_numpy_state(self.model.part(part), average_states(parts))
+                    load_numpy_state(self.model.part(part), self.method.merge_weights(parts))
                 else:
                     log.warning("cloud: round %d without %s updates; keeping it", plan.round, part)
             self.version += 1

@@ -1,4 +1,4 @@
-"""SplitFed (SFLv1) settings; all scalars so they travel in the round message.
+"""SplitFed (SFLv1) settings (they travel, typed, in the round announcement).
 
 Device optimiser settings match FedAvg and the H-SFP device; the edge trains its server-side
 copies with the same SGD so the split changes where the computation runs, not the optimiser.
@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from splitedge.methods.config import MethodConfig
+
 
 @dataclass(frozen=True)
-class SplitFedConfig:
+class SplitFedConfig(MethodConfig):
     local_epochs: int = 1
     device_batch: int = 32
     device_lr: float = 0.05
@@ -26,6 +28,7 @@ class SplitFedConfig:
     reply_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.feature_dtype not in ("f2", "f4"):
             raise ValueError(f"feature_dtype must be f2 or f4, got {self.feature_dtype!r}")
         if self.server_model not in ("per-device", "shared"):

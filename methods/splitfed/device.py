@@ -12,11 +12,13 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from splitedge.methods.config import ModelSpec, from_config
-from splitedge.methods.splitfed.config import SplitFedConfig
+from splitedge.methods.checks import check_weights, weight_specs
+from splitedge.methods.splitfed.method import MODEL
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import Optimizer, build_split, local_tensors, sgd, shuffled_batches
+from splitedge.methods.torch_utils import build_split, local_tensors, sgd, shuffled_batches
+from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
+from splitedge.protocol.errors import ProtocolError
 
 WIRE_DTYPES = {"f2": np.float16, "f4": np.float32}
 
@@ -26,15 +28,21 @@ Request = Callable[[Message, str, float], Any]
 class SplitFedDevice(DevicePart):
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
-        self.spec = from_config(ModelSpec, ctx.config)
-        self.cfg = from_config(SplitFedConfig, ctx.config)
-        self.wc = build_split(self.spec).wc.eval()
+        split = build_split(self.spec)
+        self.wc, self.wc_shape = split.wc.eval(), tuple(split.wc_shape)
+        self.specs = weight_specs(state_to_numpy(self.wc))
         self.x, self.y = local_tensors(data, self.spec)
         self.version = -1
         self.samples_sent = 0
 
     def ready(self, plan: RoundPlan) -> bool:
-        return self.version >= plan.wc_version and self.version >= 0
+        return self.version >= plan.version(MODEL) and self.version >= 0
+
+    def check(self, env: Any, source: str) -> None:
+        if env.kind == "weights":
+            check_weights(env.body, self.specs, part="wc")
+        elif env.kind == "gradients" and env.body["grad"].shape[1:] != self.wc_shape:
+            raise ProtocolError("state.shape", f"gradient of shape {env.body['grad'].shape[1:]}, W_c gives {self.wc_shape}")
 
     def on_message(self, env: Any) -> None:
         body = env.body
@@ -42,39 +50,37 @@ class SplitFedDevice(DevicePart):
             load_numpy_state(self.wc, body["weights"])
             self.version = int(body["version"])
 
+    def forward(self, batch: Batch) -> Outputs:
+        """W_c forward, then the edge's gradient for these activations (the wait is the split)."""
+        act = self.wc(batch.x)
+        wire = act.detach().numpy().astype(WIRE_DTYPES[self.cfg.feature_dtype])
+        body = {"batch": batch.extra["batch"], "x": wire, "y": batch.y.numpy()}
+        reply = self.ctx.extra["request"](Message("activations", body), "gradients", self.cfg.reply_timeout_s)
+        grad = torch.from_numpy(np.array(reply.body["grad"], dtype=np.float32))  # decoded arrays are read-only
+        if grad.shape != act.shape:
+            raise ValueError(f"gradient shape {tuple(grad.shape)} does not match activations {tuple(act.shape)}")
+        self.samples_sent += len(batch)
+        return {"activations": act, "grad": grad}
+
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
-        request: Request | None = self.ctx.extra.get("request")
-        if request is None:
+        if self.ctx.extra.get("request") is None:
             raise RuntimeError("splitfed needs a runtime that offers ctx.extra['request'] (device/agent.py)")
         opt = sgd(self.wc.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
-        self.samples_sent, batch_id = 0, 0
-        self.wc.train()
-        try:
-            for _ in range(self.cfg.local_epochs):
-                for idx in shuffled_batches(len(self.y), self.cfg.device_batch, gen):
-                    self._step(request, opt, batch_id, idx)
-                    batch_id += 1
-        finally:
-            self.wc.eval()
+        self.samples_sent = 0
+        counter = iter(range(1 << 62))
+
+        def batches() -> Iterator[Batch]:
+            for idx in shuffled_batches(len(self.y), self.cfg.device_batch, gen):
+                yield Batch(self.x[idx], self.y[idx], {"batch": next(counter)})
+
+        # The loss lives at the edge (its CE, and any regulariser, show in the edge's losses).
+        train_epochs(self.forward, self.method.loss_terms("device"), batches, opt, [self.wc],
+                     epochs=self.cfg.local_epochs)
         body = {"part": "wc", "version": self.version, "samples": int(len(self.y)),
                 "weights": state_to_numpy(self.wc)}
         yield Message("weights", body)
         yield DONE
-
-    def _step(self, request: Request, opt: Optimizer, batch_id: int, idx: torch.Tensor) -> None:
-        """One split step: the edge computes the loss above the cut and returns dL/d(activations)."""
-        act = self.wc(self.x[idx])
-        wire = act.detach().numpy().astype(WIRE_DTYPES[self.cfg.feature_dtype])
-        body = {"batch": batch_id, "x": wire, "y": self.y[idx].numpy()}
-        reply = request(Message("activations", body), "gradients", self.cfg.reply_timeout_s)
-        grad = torch.from_numpy(np.array(reply.body["grad"], dtype=np.float32))  # decoded arrays are read-only
-        if grad.shape != act.shape:
-            raise ValueError(f"gradient shape {tuple(grad.shape)} does not match activations {tuple(act.shape)}")
-        opt.zero_grad()
-        act.backward(grad)
-        opt.step()
-        self.samples_sent += len(idx)
 
     def round_info(self) -> dict[str, Any]:
         return {"samples_sent": self.samples_sent}

@@ -2,8 +2,8 @@
 
 Each device's activations are trained through its own copy of the global W_e+W_g (created from
 the global model at its first batch of the round), and the gradient of the activations goes back
-on that device's topic at once. At round close the copies are averaged by the samples they saw
-and sent up with the average of the devices' W_c; the cloud averages the edges.
+to that device at once. At round close the copies are merged by the samples they saw and sent
+up with the merge of the devices' W_c; the cloud merges the edges.
 `server_model = "shared"` trains one copy per edge instead (SFLv2-like within an edge).
 
 Ordering: the cloud publishes the new global W_e/W_g before announcing the next round, and the
@@ -20,15 +20,17 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from splitedge.methods.averaging import averaged_body, weight_updates
-from splitedge.methods.config import ModelSpec, from_config
-from splitedge.methods.splitfed.config import SplitFedConfig
-from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.checks import check_weights, weight_specs
+from splitedge.methods.losslog import LossLog
+from splitedge.methods.splitfed.method import MODEL
+from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan, device
 from splitedge.methods.torch_utils import Optimizer, build_split, sgd
-from splitedge.models import load_numpy_state, state_to_numpy
+from splitedge.methods.training import Batch, Outputs, train_step
+from splitedge.models import head_features, load_numpy_state, state_to_numpy
+from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,10 @@ class ServerSide(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.wg(self.we(x))
 
+    def outputs(self, x: torch.Tensor) -> Outputs:
+        features, logits = head_features(self.wg, self.we(x))
+        return {"features": features, "logits": logits}
+
 
 @dataclass
 class Copy:
@@ -56,28 +62,38 @@ class Copy:
 class SplitFedEdge(EdgePart):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self.spec = from_config(ModelSpec, ctx.config)
-        self.cfg = from_config(SplitFedConfig, ctx.config)
         split = build_split(self.spec)
         self.server = ServerSide(split.we, split.wg).eval()
+        self.wc_shape = tuple(split.wc_shape)
+        self.specs = {part: weight_specs(state_to_numpy(split.part(part))) for part in ("wc", *SERVER_PARTS)}
         self.versions = {part: -1 for part in SERVER_PARTS}
         self.copies: dict[str, Copy] = {}
-        self.losses: list[float] = []
+        self.log = LossLog()
 
     @property
     def version(self) -> int:
         return min(self.versions.values())
 
     def ready(self, plan: RoundPlan) -> bool:
-        return self.version >= plan.we_version and self.version >= 0
+        return self.version >= plan.version(MODEL) and self.version >= 0
+
+    def check(self, env: Any, source: str) -> None:
+        body = env.body
+        if env.kind == "weights":
+            if body["part"] not in self.specs:
+                raise ProtocolError("state.part", f"no SplitFed part {body['part']!r}")
+            check_weights(body, self.specs[body["part"]])
+        elif env.kind == "activations":
+            if tuple(body["x"].shape[1:]) != self.wc_shape:
+                raise ProtocolError("state.shape", f"activations of shape {body['x'].shape[1:]}, W_c gives {self.wc_shape}")
+            if len(body["y"]) and int(body["y"].max()) >= self.spec.num_classes:
+                raise ProtocolError("state.classes", f"label {int(body['y'].max())} outside {self.spec.num_classes} classes")
 
     def on_message(self, env: Any) -> list[Message]:
-        """Global W_c goes down to the devices; global W_e / W_g replace the server side."""
+        """Global W_e / W_g replace the server side (W_c for devices is relayed by the runtime)."""
         if env.kind != "weights":
             return []
         part, version = env.body["part"], int(env.body["version"])
-        if part == "wc":
-            return [Message("weights", dict(env.body), retain=True, topic_kind="weights-wc")]
         if part in SERVER_PARTS and version > self.versions[part]:
             load_numpy_state(getattr(self.server, part), env.body["weights"])
             self.versions[part] = version
@@ -93,17 +109,13 @@ class SplitFedEdge(EdgePart):
         x = torch.tensor(np.asarray(env.body["x"], dtype=np.float32), requires_grad=True)
         y = torch.from_numpy(np.array(env.body["y"], dtype=np.int64))  # writable copy
         entry.model.train()
-        loss = F.cross_entropy(entry.model(x), y)
-        entry.opt.zero_grad()
-        loss.backward()
-        entry.opt.step()
+        train_step(lambda b: entry.model.outputs(b.x), self.method.loss_terms("edge"), Batch(x, y), entry.opt, self.log)
         entry.samples += len(y)
-        self.losses.append(float(loss.detach()))
         body = {"batch": int(env.body["batch"]), "grad": x.grad.numpy()}
-        return [Message("gradients", body, target=env.sender)]
+        return [Message("gradients", body, to=device(env.sender))]
 
-    def _copy_for(self, device: str) -> Copy:
-        key = device if self.cfg.server_model == "per-device" else "shared"
+    def _copy_for(self, dev: str) -> Copy:
+        key = dev if self.cfg.server_model == "per-device" else "shared"
         if key not in self.copies:
             model = copy.deepcopy(self.server)
             opt = sgd(model.parameters(), self.cfg.edge_lr, self.cfg.momentum, self.cfg.weight_decay)
@@ -112,18 +124,18 @@ class SplitFedEdge(EdgePart):
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
         out: list[Message] = []
-        wc = weight_updates(reports, "wc", plan.wc_version)
+        version = plan.version(MODEL)
+        wc = weight_updates(reports, "wc", version)
         if wc:
-            out.append(Message("weights", averaged_body(wc, "wc", plan.wc_version)))
+            out.append(Message("weights", averaged_body(wc, "wc", version, self.method.merge_weights)))
         copies = [c for c in self.copies.values() if c.samples > 0]
         for part in SERVER_PARTS:
             if copies:
                 parts = [(state_to_numpy(getattr(c.model, part)), c.samples) for c in copies]
-                out.append(Message("weights", averaged_body(parts, part, plan.we_version)))
+                out.append(Message("weights", averaged_body(parts, part, version, self.method.merge_weights)))
         self.copies.clear()
+        self.losses, self.log = self.log.means(), LossLog()
         return out
 
     def round_info(self) -> dict[str, Any]:
-        info = {"server_loss": float(np.mean(self.losses))} if self.losses else {}
-        self.losses = []
-        return info
+        return {"server_loss": self.losses["ce"]} if "ce" in self.losses else {}

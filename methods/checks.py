@@ -1,0 +1,67 @@
+"""Consistency checks a part runs on a peer's message before it touches state (numpy only).
+
+The schema (protocol/kinds.py) already guarantees types, dtypes from the whitelist, matching
+symbolic shapes and finite values. These checks add what only the federation knows: the
+feature dimension and class range of this model, the model's parameter names and shapes, the
+wire dtype the config chose, and model versions that exist. Each failure is a ProtocolError
+whose rule names what did not fit, so the runtime can log and count it per rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from splitedge.protocol.errors import ProtocolError
+
+WeightSpecs = Mapping[str, tuple[tuple[int, ...], str]]
+
+
+def weight_specs(state: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, dtype kind) of a weight map: what every later map must match."""
+    return {name: (tuple(np.shape(a)), np.asarray(a).dtype.kind) for name, a in state.items()}
+
+
+def check_weights(body: Mapping[str, Any], specs: WeightSpecs, *, part: str | None = None) -> None:
+    """A `weights` body must name the expected part and fit its model (check_weight_map)."""
+    if part is not None and body.get("part") != part:
+        raise ProtocolError("state.part", f"weights of part {body.get('part')!r}, expected {part!r}")
+    check_weight_map(body["weights"], specs)
+
+
+def check_weight_map(weights: Mapping[str, Any], specs: WeightSpecs) -> None:
+    """Exactly the model's parameters, with their shapes and kinds (float for float, int for int)."""
+    missing, unknown = sorted(set(specs) - set(weights)), sorted(set(weights) - set(specs))
+    if missing or unknown:
+        raise ProtocolError("state.weights", f"names differ from the model: missing {missing[:3]}, unknown {unknown[:3]}")
+    for name, (shape, kind) in specs.items():
+        arr = weights[name]
+        if tuple(arr.shape) != shape:
+            raise ProtocolError("state.weights", f"{name}: shape {tuple(arr.shape)}, the model has {shape}")
+        if (arr.dtype.kind == "f") != (kind == "f"):
+            raise ProtocolError("state.weights", f"{name}: dtype {arr.dtype} where the model has kind {kind!r}")
+
+
+def check_stats(body: Mapping[str, Any], key: str, *, dim: int, num_classes: int, dtype: str | None = None) -> None:
+    """Per-class statistics (moments' `mean`, logits' `logits`): the federation's feature
+    dimension, class ids inside the model's range, and the configured wire dtype."""
+    classes, values = np.asarray(body["classes"]), body[key]
+    if values.shape[1] != dim:
+        raise ProtocolError("state.dim", f"{key} has dimension {values.shape[1]}, the federation uses {dim}")
+    if len(classes) and int(classes.max()) >= num_classes:
+        raise ProtocolError("state.classes", f"class {int(classes.max())} outside the model's {num_classes} classes")
+    if dtype is not None and values.dtype != np.dtype(dtype).newbyteorder("<"):
+        raise ProtocolError("state.dtype", f"{key} is {values.dtype.str}, the config says {dtype}")
+
+
+def check_space(body: Mapping[str, Any], space: str) -> None:
+    if body["space"] != space:
+        raise ProtocolError("state.space", f"statistics of space {body['space']!r}, expected {space!r}")
+
+
+def check_version(name: str, got: int, *, at_most: int) -> None:
+    """A statistic or update computed with a model version this node has not seen is forged or
+    from another incarnation of the run."""
+    if got > at_most:
+        raise ProtocolError("state.version", f"{name} version {got} is newer than the current {at_most}")

@@ -1,0 +1,48 @@
+"""Helpers for tests that drive a method's parts directly (no runtime, no broker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from splitedge.methods.config import ModelSpec
+from splitedge.methods.registry import create_method, default_config
+from splitedge.methods.strategy import NodeContext, RoundPlan
+from splitedge.protocol.codec import Envelope, decode, encode
+from splitedge.protocol.rounds import RoundReport
+
+SPEC = ModelSpec()  # cnn, 10 classes, 8x8x1 (digits)
+
+
+def method_for(name: str, spec: ModelSpec = SPEC, **settings: Any) -> Any:
+    """A Method instance with its defaults and `settings`, as a runtime builds it from a round."""
+    return create_method(name, default_config(name, spec, **settings))
+
+
+def ctx_for(name: str, node: str = "n0", *, spec: ModelSpec = SPEC, seed: int = 0, extra: dict | None = None,
+            **settings: Any) -> NodeContext:
+    return NodeContext(node_id=node, method=method_for(name, spec, **settings), rng=np.random.default_rng(seed),
+                       extra=dict(extra or {}))
+
+
+def plan_for(round_: int = 1, method: str = "x", *, versions: dict | None = None,
+             directives: dict | None = None) -> RoundPlan:
+    return RoundPlan(round=round_, method=method, deadline_s=10.0, config={}, versions=dict(versions or {}),
+                     directives=dict(directives or {}))
+
+
+def env(kind: str, body: dict, sender: str = "d0", round_: int = 1) -> Envelope:
+    return Envelope(kind=kind, run="r", round=round_, sender=sender, body=body)
+
+
+def wire(kind: str, body: dict, sender: str, round_: int = 1) -> Envelope:
+    """Through the real codec, as a message would travel."""
+    return decode(encode(env(kind, body, sender, round_)))
+
+
+def report(sender: str, *envs: Envelope) -> RoundReport:
+    r = RoundReport(sender)
+    for e in envs:
+        r.messages.setdefault(e.kind, []).append(e)
+    return r
