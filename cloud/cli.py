@@ -45,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         transport.close(offline=True)
         write_counters(args.out, args.id, [transport])
-    print(json.dumps({"final_accuracy": history[-1]["accuracy"] if history else None}))
+    print(json.dumps({"final_accuracy": history[-1].get("accuracy") if history else None}))
     return 0
 
 
 def _print_round(record: dict) -> None:
-    print(f"round {record['round']:3d}  accuracy {record['accuracy']:.4f}  "
+    print(f"round {record['round']:3d}  accuracy {record.get('accuracy', float('nan')):.4f}  "
           f"{record['round_seconds']:.1f}s  edges {record['edges']}", flush=True)

@@ -121,7 +121,11 @@ class CloudCoordinator(Node):
             body = {"edge": where.edge, "groups": list(where.groups), "peers": list(where.peers)}
             self.send(self.transport, "down", "assign", body, retain=True, to=dev)
         deadline = time.monotonic() + PLACEMENT_TIMEOUT_S
-        pending = lambda: [d for d, w in moves.items() if self.view.devices.get(d) != w.edge]  # noqa: E731
+
+        def pending() -> list[str]:  # moved devices not yet listed by their new edge alone
+            listed = {d: [e for e, ds in self.view.members.items() if d in ds] for d in moves}
+            return [d for d, w in moves.items() if listed[d] != [w.edge]]
+
         while pending() and time.monotonic() < deadline:
             self.dispatch(self.next_event(0.2))
         if pending():
@@ -166,12 +170,22 @@ class CloudCoordinator(Node):
         record = {"round": r, **metrics, "edges": len(reports), "round_seconds": time.monotonic() - started,
                   "versions": dict(plan.versions), "directives": dict(plan.directives),
                   "loss": tier_losses(reports, self.part.losses), "rounds": dict(self.rounds.counts),
-                  "rejected": {**dict(self.transport.rejected), **dict(self.refused)},
+                  "rejected": self.rejections(reports),
                   "bytes": self.transport.counters.snapshot()}
         self._persist(record)
         if self.settings.on_round:
             self.settings.on_round(record)
         return record
+
+    def rejections(self, reports: list) -> dict[str, dict[str, int]]:
+        """Messages dropped so far, by rule: at the cloud (malformed frames, refused by the part)
+        and at each edge that closed this round (as its done info says)."""
+        out = {"cloud": {**dict(self.transport.rejected), **dict(self.refused)}}
+        for r in reports:
+            done = r.get("done")
+            if done is not None and done.body["info"].get("refused"):
+                out[r.sender] = dict(done.body["info"]["refused"])
+        return out
 
     def _announce_stop(self) -> None:
         plan = RoundPlan(round=self.round + 1, method=self.method.name, deadline_s=1.0,

@@ -13,6 +13,7 @@ downlink with the same address, kept (retained) when they carry a slot.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -52,23 +53,24 @@ class EdgeAggregator(Node):
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
         clear_retained(self.down, pattern(self.run_id, "edge", self.node_id, "down", "#"))
-        self.up.subscribe(pattern(self.run_id, "cloud", self.cloud, "down", "round"), self.enqueue)
+        self._sync_subscriptions()
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello"), self.enqueue)
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "status"), self.enqueue)
         self._announce()
 
     def _cloud_filters(self) -> set[str]:
-        """The cloud's downlink as far as this edge and its devices need it: for the edge, for all
-        devices, for each member and each group a member is in. Read once a method is loaded,
-        so the method's own kinds decode."""
-        addressed = {self.node_id, ALL_DEVICES, *self.members,
-                     *(f"@{g}" for gs in self.groups.values() for g in gs)}
-        return {pattern(self.run_id, "cloud", self.cloud, "down"),
-                *(pattern(self.run_id, "cloud", self.cloud, "down", to=to) for to in addressed)}
+        """The cloud's downlink as far as this edge and its devices need it. Round announcements
+        and each member's placement always; once a method is loaded (so its kinds decode), the
+        rest: messages for all edges, for this edge, for all devices, for each member and for
+        each group a member is in."""
+        cloud = lambda **kw: pattern(self.run_id, "cloud", self.cloud, "down", **kw)  # noqa: E731
+        out = {cloud(kind="round"), *(cloud(kind="assign", to=d) for d in self.members)}
+        if self.part is not None:
+            addressed = {self.node_id, ALL_DEVICES, *self.members, *(f"@{g}" for gs in self.groups.values() for g in gs)}
+            out |= {cloud(), *(cloud(to=to) for to in addressed)}
+        return out
 
     def _sync_subscriptions(self) -> None:
-        if self.part is None:
-            return
         wanted = self._cloud_filters()
         for f in sorted(self.subscribed - wanted):
             self.up.unsubscribe(f)
@@ -206,9 +208,10 @@ class EdgeAggregator(Node):
             log.info("edge %s: %s settings changed at round %d", self.node_id, plan.method, plan.round)
             self.part.reconfigure(method)
         else:
-            for f in sorted(self.subscribed):  # a newly loaded method: read the cloud's data again, with its kinds
-                self.up.unsubscribe(f)
-            self.subscribed = set()
+            if self.part is not None:  # another method: read the cloud's retained data again, with its kinds
+                for f in sorted(self.subscribed):
+                    self.up.unsubscribe(f)
+                self.subscribed = set()
             self.part = method.edge_part(NodeContext(node_id=self.node_id, method=method, rng=self.rng))
         self.config = wanted
         self._sync_subscriptions()
@@ -242,10 +245,17 @@ class EdgeAggregator(Node):
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
         info = {**self.part.round_info(), **device_losses(infos), "devices": len(reports),
                 "seconds": round(time.monotonic() - started, 3), "errors": self.errors,
-                "refused": dict(self.refused)}
+                "refused": self.rejections()}
         if self.part.losses:
             info["loss"] = dict(self.part.losses)
         self.send(self.up, "up", "done", {"phase": "round", "info": info})
+
+    def rejections(self) -> dict[str, int]:
+        """Messages this edge dropped so far, by rule: malformed on either broker, refused by the part."""
+        out = collections.Counter(self.refused)
+        for transport in {id(self.down): self.down, id(self.up): self.up}.values():
+            out.update(transport.rejected)
+        return dict(out)
 
     def _send_all(self, messages: list[Message]) -> None:
         for msg in messages:

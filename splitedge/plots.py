@@ -13,7 +13,7 @@ def plot_run(history: list[dict[str, Any]], path: Path, title: str = "") -> None
     import matplotlib.pyplot as plt
 
     rounds = [h["round"] for h in history]
-    acc = [h["accuracy"] for h in history]
+    acc = [h.get("accuracy", float("nan")) for h in history]  # a method may report no accuracy
     sent = [sum(v["payload"] for v in h["bytes"]["in"].values()) / 1e6 for h in history]
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
     ax[0].plot(rounds, acc, marker="o")

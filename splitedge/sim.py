@@ -195,7 +195,7 @@ class Federation:
 
 def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings, seconds: float,
               info: Any) -> dict[str, Any]:
-    acc = [h["accuracy"] for h in history]
+    acc = [h.get("accuracy", float("nan")) for h in history]  # a method may report no accuracy
     by_tier = fed.bytes_by_tier()
     sizes = [len(idx) for idx in fed.shards]
     rounds = max(1, len(history))

@@ -1,0 +1,158 @@
+"""A method that exists only in this file, run over a real Mosquitto by the unmodified runtimes.
+
+It exercises what the method contract promises a new method without any edit outside its own
+module: the cloud sends a message to ONE device (through that device's edge), devices on a ring
+exchange messages with their two neighbours over device-to-device topics, and the cloud moves a
+device to another edge between rounds (which then reports it, and the device keeps working).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pytest
+
+from splitedge.methods.config import MethodConfig
+from splitedge.methods.registry import register_method
+from splitedge.methods.strategy import (
+    DONE, PEERS, CloudPart, DevicePart, EdgePart, Message, Method, Placement, RoundPlan, RoundSpec, device,
+)
+from splitedge.protocol.mqtt import MqttTransport
+from splitedge.protocol.topics import parse
+
+
+@dataclass(frozen=True)
+class RingConfig(MethodConfig):
+    secret_device: str = "d1"
+    mover: str = "d0"
+    gather_timeout_s: float = 20.0
+
+
+def token(node: str, round_: int) -> int:
+    return int(node[1:]) * 1000 + round_
+
+
+class RingDevice(DevicePart):
+    """Sends its token to both ring neighbours, gathers theirs, and keeps any secret the cloud sent it."""
+
+    def __init__(self, ctx: Any, data: Any, backend: Any) -> None:
+        super().__init__(ctx, data, backend)
+        self.secrets: list[int] = []
+        self.heard: dict[str, int] = {}
+
+    def on_message(self, env: Any) -> None:
+        if env.kind == "arrays" and env.body["name"] == "secret":
+            self.secrets.append(int(env.body["arrays"]["v"][0]))
+
+    def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
+        body = {"name": "token", "version": plan.round,
+                "arrays": {"v": np.array([token(self.ctx.node_id, plan.round)], np.int64)}}
+        yield Message("arrays", body, to=PEERS, slot="token")  # latest value: a late subscriber still gets it
+        got = self.ctx.extra["gather"]("arrays", timeout=self.cfg.gather_timeout_s)
+        self.heard = {p: int(e.body["arrays"]["v"][0]) for p, e in got.items()}
+        yield DONE
+
+    def round_info(self) -> dict[str, Any]:
+        return {"heard": self.heard, "secrets": list(self.secrets), "edge": self.ctx.view.edge}
+
+
+class RingEdge(EdgePart):
+    """Passes its devices' round infos up (what the test reads), nothing else."""
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Any]) -> list[Message]:
+        self.infos = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
+        return []
+
+    def round_info(self) -> dict[str, Any]:
+        return {"members": getattr(self, "infos", {})}
+
+
+class RingCloud(CloudPart):
+    """Round 1: a ring of peers. After round 1: a secret for one device, and one device moved."""
+
+    def placement(self, round_: int) -> dict[str, Placement] | None:
+        devices = sorted(self.ctx.view.devices, key=lambda d: int(d[1:]))
+        ring = {d: (devices[i - 1], devices[(i + 1) % len(devices)]) for i, d in enumerate(devices)}
+        if round_ == 1:
+            return {d: Placement(self.ctx.view.devices[d], peers=ring[d]) for d in devices}
+        if round_ == 2:
+            mover = self.cfg.mover
+            edges = sorted(self.ctx.view.members)
+            other = next(e for e in edges if e != self.ctx.view.devices[mover])
+            return {mover: Placement(other, peers=ring[mover])}
+        return None
+
+    def plan(self, round_: int) -> RoundSpec:
+        return RoundSpec(directives={"ring": True})
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Any]) -> tuple[list[Message], dict[str, Any]]:
+        seen = {}
+        for r in reports:
+            for dev, info in r.get("done").body["info"].get("members", {}).items():
+                seen[dev] = {**info, "reported_by": r.sender}
+        secret = {"name": "secret", "version": plan.round,
+                  "arrays": {"v": np.array([100 * plan.round + 1], np.int64)}}
+        return [Message("arrays", secret, to=device(self.cfg.secret_device))], {"devices": seen}
+
+
+class Ring(Method):
+    name = "ring-test"
+    Config = RingConfig
+    parts = {"device": f"{__name__}:RingDevice", "edge": f"{__name__}:RingEdge", "cloud": f"{__name__}:RingCloud"}
+
+
+register_method("ring-test", Ring)
+
+
+def test_one_device_delivery_ring_peers_and_a_move_over_mosquitto(mosquitto, tmp_path) -> None:
+    from splitedge.sim import SimSettings, run_sim
+
+    # Prepare: an observer that records every topic of the run, with the payload's secret values
+    run = "ring-contract"
+    topics: list[str] = []
+    lock = threading.Lock()
+
+    def record(topic: str, env: Any) -> None:
+        with lock:
+            topics.append(topic)
+
+    observer = MqttTransport(mosquitto.url, client_id="ring-observer", role="observer")
+    observer.subscribe(f"splitedge/{run}/#", record)
+    s = SimSettings(rounds=3, devices=4, edges=2, method="ring-test", broker=mosquitto.url, run=run,
+                    out=tmp_path, max_train=40, max_test=20, deadline_s=60.0)
+    # Execute
+    try:
+        history = _history(run_sim(s), tmp_path)
+    finally:
+        observer.close()
+    # Assert: round 1, every device heard exactly its two ring neighbours' tokens of that round
+    ring = {"d0": ("d3", "d1"), "d1": ("d0", "d2"), "d2": ("d1", "d3"), "d3": ("d2", "d0")}
+    for r, rec in enumerate(history, start=1):
+        assert set(rec["devices"]) == set(ring), rec
+        for dev, info in rec["devices"].items():
+            assert info["heard"] == {p: token(p, r) for p in ring[dev]}, (r, dev, info)
+    # ... the cloud's message reached d1 alone, through its edge, one per closed round
+    for r, rec in enumerate(history, start=1):
+        for dev, info in rec["devices"].items():
+            assert info["secrets"] == ([100 * k + 1 for k in range(1, r)] if dev == "d1" else []), (r, dev)
+    with lock:
+        secret_topics = {t for t in topics if "/arrays" in t and "/peer/" not in t}
+    assert secret_topics and all(parse(t).to == "d1" for t in secret_topics)
+    # ... d0 started at e0, was moved to e1 before round 2, and kept working there
+    assert history[0]["devices"]["d0"]["reported_by"] == "e0" and history[0]["devices"]["d0"]["edge"] == "e0"
+    for rec in history[1:]:
+        assert rec["devices"]["d0"]["reported_by"] == "e1" and rec["devices"]["d0"]["edge"] == "e1"
+    # ... and peers talked over device-to-device topics, never through an edge
+    with lock:
+        peer_topics = {t for t in topics if "/peer/" in t}
+    assert {parse(t).node_id for t in peer_topics} == set(ring)
+
+
+def _history(summary: dict, out) -> list[dict]:
+    import json
+
+    assert len(summary["accuracy_per_round"]) == 3
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,73 @@
+"""One peer's bad message cannot poison a round or a later one (issue: state that cannot be
+poisoned by one message). A rogue device joins an H-SFP federation over Mosquitto and sends, every
+round, moments of another feature dimension and a W_c of the wrong shape, plus its `done`. The
+edge refuses both, counts them by rule, and the federation learns exactly what it learns without
+the rogue."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.node import connect
+from splitedge.protocol.topics import pattern, topic
+from splitedge.sim import SimSettings, run_sim
+
+
+class Rogue:
+    """Device d9 of edge e0: valid frames, values that do not fit the federation."""
+
+    def __init__(self, url: str, run: str) -> None:
+        self.run, self.t = run, connect(url, run=run, tier="device", node_id="d9")
+        self.say("hello", {"role": "device", "parent": "e0", "samples": 50, "backend": "torch",
+                           "classes": np.arange(3, dtype=np.int64)}, 0, retain=True)
+        self.say("status", {"state": "online", "role": "device"}, 0, retain=True)
+        self.t.subscribe(pattern(run, "edge", "e0", "down", "round"), self.on_round)
+
+    def say(self, kind: str, body: dict, round_: int, retain: bool = False) -> None:
+        env = Envelope(kind=kind, run=self.run, round=round_, sender="d9", body=body)
+        self.t.publish(topic(self.run, "device", "d9", "up", kind), env, retain=retain)
+
+    def on_round(self, _topic: str, env: Envelope) -> None:
+        if env.body.get("stop"):
+            return
+        r, rng = env.round, np.random.default_rng(env.round)
+        self.say("moments", {"classes": np.arange(3, dtype=np.int64), "counts": np.full(3, 50, np.int64),
+                             "mean": rng.normal(size=(3, 7)).astype("f4"), "var": np.ones((3, 7), "f4"),
+                             "space": "wc", "versions": {"wc": env.body["versions"]["wc"]}}, r)
+        self.say("weights", {"part": "wc", "version": env.body["versions"]["wc"], "samples": 10_000,
+                             "weights": {"block1.conv.weight": np.ones((3, 3), "f4")}}, r)
+        self.say("done", {"phase": "round", "info": {}}, r)
+
+    def close(self) -> None:
+        self.t.close()
+
+
+def _sim(url: str, run: str, out: Path) -> list[dict]:
+    torch.set_num_threads(1)
+    s = SimSettings(rounds=3, devices=4, edges=2, broker=url, run=run, out=out, deadline_s=60.0,
+                    overrides={"ic": 1, "edge_samples": 512, "cloud_samples": 512})
+    run_sim(s)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_rogue_device_is_refused_and_changes_nothing(mosquitto, tmp_path) -> None:
+    # Prepare: the clean federation's result as the reference
+    clean = _sim(mosquitto.url, "poison-clean", tmp_path / "clean")
+    rogue = Rogue(mosquitto.url, "poison-rogue")
+    # Execute
+    try:
+        poisoned = _sim(mosquitto.url, "poison-rogue", tmp_path / "rogue")
+    finally:
+        rogue.close()
+    # Assert: every round happened, with the same accuracy as without the rogue ...
+    assert [r["accuracy"] for r in poisoned] == [r["accuracy"] for r in clean]
+    assert all(r["edges"] == 2 for r in poisoned)
+    # ... and e0 refused the rogue's two messages of every round, by rule
+    refused = poisoned[-1]["rejected"]["e0"]
+    assert refused.get("state.dim") == 3 and refused.get("state.weights") == 3, refused
+    assert "e0" not in clean[-1]["rejected"]
