@@ -67,6 +67,7 @@ def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, s
     return {"method": label, "base_method": method, "overrides": overrides, "split": split_name(alpha),
             "alpha": alpha, "final_accuracy": summary["final_accuracy"], "best_accuracy": summary["best_accuracy"],
             "accuracy_per_round": summary["accuracy_per_round"],
+            "effective_rank": (res["per_round"][-1] if res["per_round"] else {}).get("effective_rank"),
             "device_payload_per_device_per_round": device_bytes(res["tiers"]) / s.devices / rounds,
             "total_device_payload_bytes": device_bytes(res["tiers"]),
             "all_tiers_out_payload_bytes": sum(r["out_payload"] for r in res["tiers"].values()),
@@ -122,11 +123,13 @@ def markdown(results: dict[str, Any]) -> str:
     ok = [r for r in results["runs"] if "error" not in r]
     ref = results.get("reference", TARGET_REFERENCE)
     rows = []
+    ranked = any(r.get("effective_rank") is not None for r in ok)
     for r in ok:
         hit = r.get("to_reference") or {}
         own = personalised(r.get("base_method", r["method"]))
+        rank = [_rank(r.get("effective_rank"))] if ranked else []
         rows.append((r["method"] + (" (personalised)" if own else ""), r["split"], r["final_accuracy"],
-                     r["best_accuracy"], round(r["device_payload_per_device_per_round"]),
+                     r["best_accuracy"], *rank, round(r["device_payload_per_device_per_round"]),
                      "n/a" if own else hit.get("round", "never"),
                      hit.get("device_payload_bytes"), hit.get("all_tiers_out_wire_bytes"),
                      round(r["wall_seconds"])))
@@ -137,12 +140,17 @@ def markdown(results: dict[str, Any]) -> str:
         out.append(f"Federation: {sized['train_images']} training images, per device min {per['min']}, "
                    f"median {per['median']:g}, max {per['max']}.\n")
     out += ["## Final accuracy and bytes per method and split\n",
-            table(["method", "split", "final acc", "best acc", "device B/device/round (up+down)",
+            table(["method", "split", "final acc", "best acc", *(["eff. rank"] if ranked else []),
+                   "device B/device/round (up+down)",
                    f"round reaching {ref} final", f"device B to {ref} final", f"all tiers wire B to {ref} final",
                    "wall s"], rows)]
     if any(personalised(r.get("base_method", r["method"])) for r in ok):
         out.append("\n(personalised): each device's own model on held-out local data, not a global model on "
                    "the test split, so it is not compared with the reference.")
+    if ranked:
+        out.append("\neff. rank: effective rank (exp of the entropy of the normalised singular values, centred) of "
+                   "the final model's penultimate features on the test split; personalised rows: the devices' "
+                   "own models on their held-out data, weighted by its size.")
     targets = results.get("reference_accuracy") or {}
     out.append("")
     out += [f"- {split}: {ref} final accuracy {t:.4g}" for split, t in targets.items() if t is not None]
@@ -150,6 +158,10 @@ def markdown(results: dict[str, Any]) -> str:
             and r["split"] == ok[0]["split"]]
     out += [f"- {r['method']} / {r['split']} failed: {r['error']}" for r in results["runs"] if "error" in r]
     return "\n".join(out)
+
+
+def _rank(value: Any) -> Any:
+    return "-" if value is None or value != value else round(float(value), 1)
 
 
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -84,6 +84,7 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]
             with capture_transports() as opened:
                 def on_round(record: dict[str, Any]) -> None:
                     per_round.append({"round": record["round"], "accuracy": record.get("accuracy"),
+                                      "effective_rank": record.get("effective_rank"), "loss": record.get("loss"),
                                       "round_seconds": record.get("round_seconds"), "bytes": tier_totals(opened)})
 
                 summary = run_sim(s, on_round=on_round)

@@ -53,10 +53,26 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 51
     return correct / max(1, len(y))
 
 
-def test_accuracy(model: nn.Module, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec) -> float:
-    """Accuracy on a uint8 test split (the cloud's evaluation of a global model)."""
-    x, y = local_tensors(test, spec)
-    return accuracy(model, x, y)
+@torch.no_grad()
+def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int = 512) -> dict[str, float]:
+    """A global model on a uint8 test split: top-1 accuracy, and the effective rank of its
+    penultimate features (how many directions its representation uses; see representation.py).
+    Normalised a batch at a time, so a float copy of the whole split is never held."""
+    from splitedge.methods.representation import effective_rank
+
+    x, y = test
+    was_training = model.training
+    model.eval()
+    correct, feats = 0, []
+    for sl in batches(len(y), batch):
+        features, logits = model.features_and_logits(torch.from_numpy(to_input(x[sl], spec.mean, spec.std)))
+        correct += int((logits.argmax(1).numpy() == y[sl]).sum())
+        feats.append(features.numpy())
+    model.train(was_training)
+    out = {"accuracy": correct / max(1, len(y))}
+    if len(y) >= 2:
+        out["effective_rank"] = effective_rank(np.concatenate(feats))
+    return out
 
 
 def tensor_batches(x: torch.Tensor, y: torch.Tensor, batch: int, gen: torch.Generator) -> Callable[[], Iterator[Batch]]:

@@ -12,7 +12,7 @@ from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
 from splitedge.methods.strategy import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
-from splitedge.methods.torch_utils import build_split, test_accuracy
+from splitedge.methods.torch_utils import build_split, evaluate
 from splitedge.models import load_numpy_state, state_to_numpy
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class FedAvgCloud(CloudPart):
             out.append(self._model_message())
         else:
             log.warning("cloud: round %d without any edge model; keeping version %d", plan.round, self.version)
-        metrics = {"accuracy": test_accuracy(self.model, self.ctx.extra["test"], self.spec),
+        metrics = {**evaluate(self.model, self.ctx.extra["test"], self.spec),
                    "model_version": self.version, "samples": self.samples}
         return out, metrics
 

@@ -50,7 +50,9 @@ class FedProtoCloud(CloudPart):
             log.warning("cloud: round %d without prototypes", plan.round)
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
         acc, n = weighted_accuracy(infos)
-        metrics = {"accuracy": acc, "personalised": 1.0, "eval_samples": n, "proto_version": self.version,
+        rank, _ = weighted_accuracy(infos, "effective_rank")
+        metrics = {"accuracy": acc, "effective_rank": rank, "personalised": 1.0, "eval_samples": n,
+                   "proto_version": self.version,
                    "proto_classes": 0 if self.protos is None else len(self.protos[0])}
         return out, metrics
 

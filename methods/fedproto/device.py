@@ -18,6 +18,7 @@ from splitedge.methods.fedproto.loss import representation
 from splitedge.methods.fedproto.protos import PROTOS, SPACE, merge_protos, protos_body
 from splitedge.methods.moments import MomentAccumulator
 from splitedge.methods.preprocess import batches
+from splitedge.methods.representation import effective_rank
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
 from splitedge.methods.torch_utils import accuracy, build_split, local_tensors, sgd, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
@@ -44,7 +45,7 @@ class FedProtoDevice(DevicePart):
         self.protos = torch.zeros(self.spec.num_classes, 0)
         self.has_proto = torch.zeros(self.spec.num_classes, dtype=torch.bool)
         self.proto_version = 0  # 0: no global prototypes yet (round 1 trains with CE only)
-        self.last_accuracy = float("nan")
+        self.last_accuracy = self.last_rank = float("nan")
 
     def ready(self, plan: RoundPlan) -> bool:
         """The global prototypes this round uses have arrived."""
@@ -82,6 +83,7 @@ class FedProtoDevice(DevicePart):
         self.losses = train_epochs(self.forward, self.method.loss_terms("device"), epoch, self.opt, [self.model],
                                    epochs=self.cfg.local_epochs)
         self.last_accuracy = accuracy(self.model, self.x_eval, self.y_eval)
+        self.last_rank = self.held_out_rank()
         classes, counts, means = self.local_protos()
         yield Message("moments", protos_body(classes, counts, means, self.cfg.proto_dtype, self.proto_version))
         yield DONE
@@ -100,5 +102,13 @@ class FedProtoDevice(DevicePart):
         m = acc.result()
         return merge_protos([(m.classes, m.counts, m.mean)])
 
+    @torch.no_grad()
+    def held_out_rank(self) -> float:
+        """Effective rank of the representation on the held-out share (nan with fewer than 2)."""
+        if len(self.y_eval) < 2:
+            return float("nan")
+        self.model.eval()
+        return effective_rank(representation(self.model, self.x_eval)[0].numpy())
+
     def round_info(self) -> dict[str, Any]:
-        return {"accuracy": self.last_accuracy, "eval_samples": int(len(self.y_eval))}
+        return {"accuracy": self.last_accuracy, "effective_rank": self.last_rank, "eval_samples": int(len(self.y_eval))}

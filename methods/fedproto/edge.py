@@ -42,7 +42,8 @@ class FedProtoEdge(EdgePart):
                 parts.append((classes, np.ones(len(classes), dtype=np.int64), env.body["mean"]))
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
         acc, n = weighted_accuracy(infos)
-        self.info = {"accuracy": acc, "eval_samples": n} if n else {}
+        rank, _ = weighted_accuracy(infos, "effective_rank")
+        self.info = {"accuracy": acc, "effective_rank": rank, "eval_samples": n} if n else {}
         if not parts:
             log.warning("edge %s: round %d without prototypes", self.ctx.node_id, plan.round)
             return []

@@ -42,10 +42,11 @@ def protos_body(classes: np.ndarray, counts: np.ndarray, means: np.ndarray, dtyp
             "mean": arr, "var": np.zeros_like(arr), "space": SPACE, "versions": {PROTOS: int(version)}}
 
 
-def weighted_accuracy(infos: Sequence[Mapping[str, Any]]) -> tuple[float, int]:
-    """Sample-weighted mean of the `accuracy` in done infos that have one, with the total `eval_samples`."""
-    rows = [(float(i["accuracy"]), int(i["eval_samples"])) for i in infos
-            if "accuracy" in i and int(i.get("eval_samples", 0)) > 0]
+def weighted_accuracy(infos: Sequence[Mapping[str, Any]], key: str = "accuracy") -> tuple[float, int]:
+    """Sample-weighted mean of `key` (the personalised accuracy, or the effective rank) in done
+    infos that have one, with the total `eval_samples`."""
+    rows = [(float(i[key]), int(i["eval_samples"])) for i in infos
+            if key in i and int(i.get("eval_samples", 0)) > 0]
     total = sum(n for _, n in rows)
     if not total:
         return float("nan"), 0

@@ -19,7 +19,7 @@ from splitedge.methods.checks import check_space, check_stats, check_version, ch
 from splitedge.methods.hsfp.method import AVERAGE, WC, WE
 from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body
-from splitedge.methods.preprocess import batches, to_input
+from splitedge.methods.torch_utils import evaluate
 from splitedge.methods.strategy import DEVICES, CHILDREN, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
@@ -100,7 +100,10 @@ class HSFPCloud(CloudPart):
             metrics["head_loss"] = self._train_head(merge_moments(current))
             self.served.load_state_dict(self.model.state_dict())
             self.served_versions = (self.wc_version, self.we_version)
-        metrics["accuracy"] = self.evaluate() if self.served_versions else float("nan")
+        if self.served_versions:
+            metrics.update(evaluate(self.served, self.ctx.extra["test"], self.spec))
+        else:
+            metrics["accuracy"] = float("nan")
         metrics["wc_version"], metrics["we_version"] = self.wc_version, self.we_version
         out = []
         for part in plan.directives.get(AVERAGE, ()):
@@ -131,17 +134,6 @@ class HSFPCloud(CloudPart):
         else:
             self.we_version = current + 1
         return [self._weights_message(part, current + 1, module, sum(n for _, n in parts))]
-
-    @torch.no_grad()
-    def evaluate(self) -> float:
-        """Accuracy of the served triple on the real test split."""
-        x, y = self.ctx.extra["test"]
-        self.served.eval()
-        correct = 0
-        for sl in batches(len(y), 512):
-            logits = self.served(torch.from_numpy(to_input(x[sl], self.spec.mean, self.spec.std)))
-            correct += int((logits.argmax(1).numpy() == y[sl]).sum())
-        return correct / max(1, len(y))
 
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
         return state_to_numpy(self.served)

@@ -11,7 +11,7 @@ from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.splitfed.method import MODEL
 from splitedge.methods.strategy import CHILDREN, DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
-from splitedge.methods.torch_utils import build_split, test_accuracy
+from splitedge.methods.torch_utils import build_split, evaluate
 from splitedge.models import PART_NAMES, load_numpy_state, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
 
@@ -55,7 +55,7 @@ class SplitFedCloud(CloudPart):
                     log.warning("cloud: round %d without %s updates; keeping it", plan.round, part)
             self.version += 1
             out = [self._message(part, samples[part]) for part in PART_NAMES]
-        metrics = {"accuracy": test_accuracy(self.model, self.ctx.extra["test"], self.spec),
+        metrics = {**evaluate(self.model, self.ctx.extra["test"], self.spec),
                    "model_version": self.version, "server_samples": samples["we"]}
         return out, metrics
 

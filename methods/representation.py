@@ -1,0 +1,44 @@
+"""What a representation learned, measured on features (numpy only; METHODS.md "Metrics").
+
+Effective rank (Roy & Vetterli 2007): centre the feature matrix, take its singular values s,
+normalise them to a distribution p = s / sum(s), and return exp(H(p)) with H the Shannon
+entropy. It is 1 for features on one line (dimensional collapse) and D for isotropic features
+in D dimensions. Alignment and uniformity (Wang & Isola 2020) are on L2-normalised features.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def effective_rank(features: np.ndarray, eps: float = 1e-12) -> float:
+    """exp(entropy of the L1-normalised singular values of the centred [N, D] features)."""
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2 or len(x) < 2:
+        raise ValueError(f"features must be [N >= 2, D], got shape {x.shape}")
+    s = np.linalg.svd(x - x.mean(axis=0), compute_uv=False)
+    if s.sum() <= eps:
+        return 1.0  # all features equal: nothing spans any direction
+    p = s / s.sum()
+    p = p[p > eps]
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def normalise(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def alignment(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean squared distance of positive pairs (rows of a and b), on L2-normalised features."""
+    return float(np.mean(np.sum((normalise(a) - normalise(b)) ** 2, axis=1)))
+
+
+def uniformity(x: np.ndarray, t: float = 2.0) -> float:
+    """log mean over distinct pairs of exp(-t ||x_i - x_j||^2), on L2-normalised features."""
+    z = normalise(x)
+    sq = np.maximum(2.0 - 2.0 * z @ z.T, 0.0)
+    iu = np.triu_indices(len(z), k=1)
+    if not len(iu[0]):
+        raise ValueError("uniformity needs at least two features")
+    return float(np.log(np.mean(np.exp(-t * sq[iu]))))
