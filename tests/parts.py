@@ -46,3 +46,10 @@ def report(sender: str, *envs: Envelope) -> RoundReport:
     for e in envs:
         r.messages.setdefault(e.kind, []).append(e)
     return r
+
+
+def shipped_methods() -> list[str]:
+    """Registered methods, without those test modules register for themselves (named *-test)."""
+    from splitedge.methods.registry import list_methods
+
+    return [m for m in list_methods() if not m.endswith("-test")]

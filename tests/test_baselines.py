@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parts import ctx_for, env, plan_for, report
-from splitedge.methods.registry import get_method, list_methods
+from parts import ctx_for, env, plan_for, report, shipped_methods
+from splitedge.methods.registry import get_method
 from splitedge.methods.strategy import Message
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ def sim(tmp_path: Path, method: str, rounds: int, **overrides) -> dict:
 
 
 # -- every registered method, end to end over MQTT -------------------------------------------
-@pytest.mark.parametrize("method", list_methods())
+@pytest.mark.parametrize("method", shipped_methods())
 def test_method_learns_over_broker(tmp_path, method):
     # Execute
     summary = sim(tmp_path, method, rounds=3)
