@@ -15,7 +15,7 @@ from splitedge.bench import ram
 from splitedge.bench.procmem import REPO, spawn_splitedge
 from splitedge.bench.report import table
 from splitedge.bench.simrun import bytes_to_target
-from splitedge.methods.registry import list_methods
+from parts import shipped_methods
 from splitedge.cli import build_parser, main
 
 needs_mosquitto = pytest.mark.usefixtures("mosquitto_binary")  # skipped locally, failed on CI (brokers.py)
@@ -59,7 +59,7 @@ def test_bandwidth_quick_hsfp(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @needs_mosquitto
-@pytest.mark.parametrize("method", list_methods())
+@pytest.mark.parametrize("method", shipped_methods())
 def test_bandwidth_quick_every_registered_method(tmp_path: Path, method: str) -> None:
     doc = run_bench(tmp_path, "bandwidth", "--methods", method, "--no-plots")
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 import msgpack
 import numpy as np
+from hypothesis import given, settings, strategies as st
 
 from splitedge.protocol import DEFAULT_MAX_BYTES, ProtocolError, decode, encode, validate_body
 from splitedge.protocol.arrays import DTYPE_CODES, ext_default
@@ -198,24 +199,20 @@ def test_seeded_fuzz_only_raises_protocol_error():
     assert expected_rules <= set(outcomes), sorted(outcomes)
 
 
-try:  # hypothesis is in the [test] extra; the seeded fuzz above is the required part
-    from hypothesis import given, settings, strategies as st
-except ImportError:  # pragma: no cover
-    given = None
+_VALID = [encode(example_envelope(kind)) for kind in KINDS]
 
-if given is not None:
-    _VALID = [encode(example_envelope(kind)) for kind in KINDS]
 
-    @settings(max_examples=300, deadline=None, derandomize=True)
-    @given(st.binary(max_size=256))
-    def test_hypothesis_random_bytes(data):
-        _check(data, DEFAULT_MAX_BYTES)
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.binary(max_size=256))
+def test_hypothesis_random_bytes(data):
+    _check(data, DEFAULT_MAX_BYTES)
 
-    @settings(max_examples=300, deadline=None, derandomize=True)
-    @given(st.sampled_from(_VALID),
-           st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=6))
-    def test_hypothesis_mutated_valid_frames(frame, edits):
-        data = bytearray(frame)
-        for pos, byte in edits:
-            data[pos % len(data)] = byte
-        _check(bytes(data), DEFAULT_MAX_BYTES)
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.sampled_from(_VALID),
+       st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=6))
+def test_hypothesis_mutated_valid_frames(frame, edits):
+    data = bytearray(frame)
+    for pos, byte in edits:
+        data[pos % len(data)] = byte
+    _check(bytes(data), DEFAULT_MAX_BYTES)
