@@ -171,15 +171,6 @@ class NodeContext:
     extra: dict[str, Any] = field(default_factory=dict)
     view: Any = None
 
-    @property
-    def spec(self) -> ModelSpec:
-        return self.method.spec
-
-    @property
-    def config(self) -> Any:
-        """The method's typed config (an instance of its `Config`)."""
-        return self.method.config
-
 
 class Part:
     """Hooks every tier's part has.
@@ -198,11 +189,12 @@ class Part:
 
     @property
     def spec(self) -> ModelSpec:
-        return self.ctx.spec
+        return self.ctx.method.spec
 
     @property
     def cfg(self) -> Any:
-        return self.ctx.config
+        """The method's typed config (an instance of its `Config`)."""
+        return self.ctx.method.config
 
     def check(self, env: Any, source: str) -> None:
         """Refuse a message that the schema let through but that does not fit the federation

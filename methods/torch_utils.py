@@ -7,7 +7,7 @@ model on images; keeping these few lines in one place keeps the three strategies
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -134,6 +134,18 @@ class PlainSGD:
                     buf.mul_(self.momentum).add_(grad)
                 grad = buf
             p.add_(grad, alpha=-self.lr)
+
+
+def retune(opt: Any, **settings: float) -> None:
+    """Change an optimiser's settings in place (lr, momentum, weight_decay), keeping its state
+    (momentum buffers): how a part takes changed settings announced mid-run."""
+    groups = getattr(opt, "param_groups", None)
+    for key, value in settings.items():
+        if groups is None:
+            setattr(opt, key, float(value))
+        else:
+            for group in groups:
+                group[key] = float(value)
 
 
 def sgd(params: Iterable[nn.Parameter], lr: float, momentum: float, weight_decay: float) -> PlainSGD:

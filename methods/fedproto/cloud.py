@@ -12,8 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from splitedge.methods.checks import check_space, check_stats
-from splitedge.methods.fedproto.protos import PROTOS, SPACE, merge_protos, protos_body, weighted_accuracy
+from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
 from splitedge.methods.strategy import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
 
 log = logging.getLogger(__name__)
@@ -32,10 +31,7 @@ class FedProtoCloud(CloudPart):
 
     def check(self, env: Any, source: str) -> None:
         if env.kind == "moments":
-            check_space(env.body, SPACE)
-            dim = self.dim if self.dim is not None else env.body["mean"].shape[1]
-            check_stats(env.body, "mean", dim=dim, num_classes=self.spec.num_classes)
-            self.dim = dim
+            self.dim = check_protos(env.body, self.spec.num_classes, self.dim)
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
         parts = [(np.asarray(env.body["classes"], dtype=np.int64), np.asarray(env.body["counts"], dtype=np.int64),

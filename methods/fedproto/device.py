@@ -13,14 +13,13 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from splitedge.methods.checks import check_space, check_stats
 from splitedge.methods.fedproto.loss import representation
-from splitedge.methods.fedproto.protos import PROTOS, SPACE, merge_protos, protos_body
+from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body
 from splitedge.methods.moments import MomentAccumulator
 from splitedge.methods.preprocess import batches
 from splitedge.methods.representation import effective_rank
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import accuracy, build_split, local_tensors, sgd, shuffled_batches
+from splitedge.methods.torch_utils import accuracy, build_split, local_tensors, retune, sgd, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 
 
@@ -47,14 +46,17 @@ class FedProtoDevice(DevicePart):
         self.proto_version = 0  # 0: no global prototypes yet (round 1 trains with CE only)
         self.last_accuracy = self.last_rank = float("nan")
 
+    def reconfigure(self, method: Any) -> None:
+        super().reconfigure(method)
+        retune(self.opt, lr=self.cfg.device_lr, momentum=self.cfg.momentum, weight_decay=self.cfg.weight_decay)
+
     def ready(self, plan: RoundPlan) -> bool:
         """The global prototypes this round uses have arrived."""
         return self.proto_version >= plan.version(PROTOS)
 
     def check(self, env: Any, source: str) -> None:
         if env.kind == "moments":
-            check_space(env.body, SPACE)
-            check_stats(env.body, "mean", dim=self.dim, num_classes=self.spec.num_classes)
+            check_protos(env.body, self.spec.num_classes, self.dim)
 
     def on_message(self, env: Any) -> None:
         body = env.body

@@ -12,8 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from splitedge.methods.checks import check_space, check_stats
-from splitedge.methods.fedproto.protos import PROTOS, SPACE, merge_protos, protos_body, weighted_accuracy
+from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
 from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
 
 log = logging.getLogger(__name__)
@@ -28,10 +27,7 @@ class FedProtoEdge(EdgePart):
     def check(self, env: Any, source: str) -> None:
         """Prototypes of this model's classes, all of one dimension (the first one seen sets it)."""
         if env.kind == "moments":
-            check_space(env.body, SPACE)
-            dim = self.dim if self.dim is not None else env.body["mean"].shape[1]
-            check_stats(env.body, "mean", dim=dim, num_classes=self.spec.num_classes)
-            self.dim = dim
+            self.dim = check_protos(env.body, self.spec.num_classes, self.dim)
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
         parts = []

@@ -34,6 +34,18 @@ SPACE, PROTOS = "rep", "protos"
 """Prototypes live in the representation space f (loss.py) and are versioned as "protos"."""
 
 
+def check_protos(body: Mapping[str, Any], num_classes: int, dim: int | None = None) -> int:
+    """Refuse prototypes outside the representation space, the model's classes or the
+    federation's dimension (`dim`; None: the first message sets it, for the numpy-only edge and
+    cloud, which have no model to ask). Returns the dimension."""
+    from splitedge.methods.checks import check_space, check_stats
+
+    check_space(body, SPACE)
+    dim = body["mean"].shape[1] if dim is None else dim
+    check_stats(body, "mean", dim=dim, num_classes=num_classes)
+    return dim
+
+
 def protos_body(classes: np.ndarray, counts: np.ndarray, means: np.ndarray, dtype: str, version: int) -> dict[str, Any]:
     """A `moments` body with var = 0 (FedProto sends means only), in space "rep", computed
     with global prototypes of `version` (0: none yet)."""

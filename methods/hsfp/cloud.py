@@ -19,7 +19,7 @@ from splitedge.methods.checks import check_space, check_stats, check_version, ch
 from splitedge.methods.hsfp.method import AVERAGE, WC, WE
 from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body
-from splitedge.methods.torch_utils import evaluate
+from splitedge.methods.torch_utils import evaluate, retune
 from splitedge.methods.strategy import DEVICES, CHILDREN, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
@@ -41,6 +41,10 @@ class HSFPCloud(CloudPart):
         self.opt = torch.optim.Adam(self.model.wg.parameters(), lr=self.cfg.cloud_lr)
         self.cache: dict[str, tuple[int, int, ClassMoments]] = {}  # edge -> (wc_v, we_v, moments)
         self.cached_ids: dict[str, str] = {}  # edge -> msg_id of its cached moments
+
+    def reconfigure(self, method: Any) -> None:
+        super().reconfigure(method)
+        retune(self.opt, lr=self.cfg.cloud_lr)
 
     def initial_messages(self) -> list[Message]:
         return [self._weights_message(WC, 0, self.model.wc), self._weights_message(WE, 0, self.model.we),

@@ -19,7 +19,7 @@ from splitedge.methods.hsfp.device import HSFPDevice
 from splitedge.methods.hsfp.method import AVERAGE, WC
 from splitedge.methods.preprocess import to_input
 from splitedge.methods.strategy import Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import PlainSGD, sgd
+from splitedge.methods.torch_utils import PlainSGD, retune, sgd
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import create_split, load_numpy_state, pool, seeded_init, state_to_numpy
 
@@ -48,6 +48,10 @@ class HSFPTorchDevice(HSFPDevice):
         # torch.optim.SGD's arithmetic, minus the torch._dynamo import it drags in (~80 MB RSS)
         params = list(self.wc_local.parameters()) + list(self.head.parameters())
         return sgd(params, self.cfg.device_lr, momentum=0.9, weight_decay=5e-4)
+
+    def reconfigure(self, method: Any) -> None:
+        super().reconfigure(method)
+        retune(self.opt, lr=self.cfg.device_lr)
 
     def check_global(self, weights: Mapping[str, np.ndarray]) -> None:
         check_weight_map(weights, self.specs)

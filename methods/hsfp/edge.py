@@ -15,6 +15,7 @@ from splitedge.methods.hsfp.method import AVERAGE, WC, WE
 from splitedge.methods.hsfp.torch_ops import output_moments, sample_batches, with_counts
 from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body, moments_to_body
 from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan, device
+from splitedge.methods.torch_utils import retune
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import create_split, load_numpy_state, pool, seeded_init, state_to_numpy
 
@@ -40,6 +41,10 @@ class HSFPEdge(EdgePart):
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.we_local.parameters(), lr=self.cfg.edge_lr, momentum=0.9, weight_decay=5e-4)
+
+    def reconfigure(self, method: Any) -> None:
+        super().reconfigure(method)
+        retune(self.opt, lr=self.cfg.edge_lr)
 
     def ready(self, plan: RoundPlan) -> bool:
         return self.we_version >= plan.version(WE) and self.we_version >= 0
