@@ -5,6 +5,7 @@ quorum or deadline, runs the method's cloud part, writes metrics (JSON lines) an
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import threading
@@ -64,6 +65,7 @@ class CloudCoordinator(Node):
     def start(self) -> None:
         clear_retained(self.transport, pattern(self.run_id, "cloud", self.node_id, "down", "#"))
         self.transport.subscribe(pattern(self.run_id, "edge", "+", "up"), self.enqueue)
+        self.send(self.transport, "up", "status", {"state": "online", "role": "cloud"}, round_=0, retain=True)
         for msg in self.part.initial_messages():
             self.publish(msg, round_=0)
 
@@ -181,10 +183,14 @@ class CloudCoordinator(Node):
         """Messages dropped so far, by rule: at the cloud (malformed frames, refused by the part)
         and at each edge that closed this round (as its done info says)."""
         out = {"cloud": {**dict(self.transport.rejected), **dict(self.refused)}}
+        devices: collections.Counter[str] = collections.Counter()
         for r in reports:
-            done = r.get("done")
-            if done is not None and done.body["info"].get("refused"):
-                out[r.sender] = dict(done.body["info"]["refused"])
+            info = r.get("done").body["info"] if r.get("done") is not None else {}
+            if info.get("refused"):
+                out[r.sender] = dict(info["refused"])
+            devices.update(info.get("device_refused") or {})
+        if devices:
+            out["devices"] = dict(devices)  # summed over this round's devices, each counting since it started
         return out
 
     def _announce_stop(self) -> None:

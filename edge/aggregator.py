@@ -32,6 +32,12 @@ from splitedge.protocol.transport import Transport
 log = logging.getLogger(__name__)
 
 EDGE_DEADLINE_FRACTION = 0.8  # an edge closes its round before the cloud's deadline
+RETAINED_KINDS = frozenset({"round", "assign"})  # runtime-owned state a late joiner must find
+
+
+def retained(kind_segment: str) -> bool:
+    """A relayed message stays retained when it was: a slot's latest value or runtime state."""
+    return "-" in kind_segment or kind_segment in RETAINED_KINDS
 
 
 class EdgeAggregator(Node):
@@ -163,7 +169,7 @@ class EdgeAggregator(Node):
         to = None if where.to == ALL_DEVICES else where.to
         if to is not None and not to.startswith("@") and to not in self.members:
             return  # a device that just left us
-        self.send(self.down, "down", env.kind, env.body, round_=env.round, retain="-" in where.kind,
+        self.send(self.down, "down", env.kind, env.body, round_=env.round, retain=retained(where.kind),
                   topic_kind=where.kind, to=to)
 
     def _on_round(self, env: Envelope) -> None:
@@ -243,7 +249,11 @@ class EdgeAggregator(Node):
             self.errors += 1
             log.exception("edge %s: aggregating round %d failed", self.node_id, self.plan.round)
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
+        device_refused = collections.Counter()
+        for i in infos:
+            device_refused.update(i.get("refused") or {})
         info = {**self.part.round_info(), **device_losses(infos), "devices": len(reports),
+                "device_refused": dict(device_refused),
                 "seconds": round(time.monotonic() - started, 3), "errors": self.errors,
                 "refused": self.rejections()}
         if self.part.losses:

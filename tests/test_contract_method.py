@@ -149,6 +149,15 @@ def test_one_device_delivery_ring_peers_and_a_move_over_mosquitto(mosquitto, tmp
     with lock:
         peer_topics = {t for t in topics if "/peer/" in t}
     assert {parse(t).node_id for t in peer_topics} == set(ring)
+    # ... and each device's latest placement stays retained on its edge's downlink for a restart
+    late = MqttTransport(mosquitto.url, client_id="ring-late", role="observer")
+    placed: dict[str, str] = {}
+    late.subscribe(f"splitedge/{run}/edge/+/down/assign/+", lambda t, e: placed.update({parse(t).to: e.body["edge"]}))
+    try:
+        assert late.wait_for(lambda: set(placed) == set(ring), 5), placed
+    finally:
+        late.close()
+    assert placed["d0"] == "e1" and placed["d1"] == "e1" and placed["d2"] == "e0"
 
 
 def _history(summary: dict, out) -> list[dict]:
