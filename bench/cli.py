@@ -18,6 +18,7 @@ SUITES = {
     "ram": "splitedge.bench.ram",
     "throughput": "splitedge.bench.throughput",
     "accuracy": "splitedge.bench.accuracy",
+    "ssl": "splitedge.bench.ssl",
 }
 DEFAULT_OUT = Path("bench/results")
 

@@ -19,6 +19,8 @@ from splitedge.bench.sysbytes import SysMonitor, agreement, capture_transports, 
 log = logging.getLogger(__name__)
 
 SETTLE_S = 0.3  # after the last DISCONNECT, before asking $SYS, so the broker has read it
+REPRESENTATION_KEYS = ("effective_rank", "spectrum", "probe_accuracy", "knn_accuracy", "alignment", "uniformity")
+"""What a round's record may say about the representation (methods/report.py), kept per round."""
 
 
 @dataclasses.dataclass
@@ -83,9 +85,10 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]
             per_round: list[dict[str, Any]] = []
             with capture_transports() as opened:
                 def on_round(record: dict[str, Any]) -> None:
-                    per_round.append({"round": record["round"], "accuracy": record.get("accuracy"),
-                                      "effective_rank": record.get("effective_rank"), "loss": record.get("loss"),
-                                      "round_seconds": record.get("round_seconds"), "bytes": tier_totals(opened)})
+                    kept = {k: record[k] for k in REPRESENTATION_KEYS if k in record}
+                    per_round.append({"round": record["round"], "accuracy": record.get("accuracy"), **kept,
+                                      "loss": record.get("loss"), "round_seconds": record.get("round_seconds"),
+                                      "bytes": tier_totals(opened)})
 
                 summary = run_sim(s, on_round=on_round)
             if not opened:

@@ -55,7 +55,7 @@ class CloudCoordinator(Node):
         self.method = create_method(settings.method, settings.config)  # registers the method's kinds
         self.view = FederationView()
         ctx = NodeContext(node_id=node_id, method=self.method, rng=np.random.default_rng(settings.seed),
-                          extra={"test": test}, view=self.view)
+                          extra={"test": test, "rounds": settings.rounds}, view=self.view)
         self.part: CloudPart = self.method.cloud_part(ctx)
         self.online: set[str] = set()
         self.rounds = RoundCollector()
@@ -158,6 +158,8 @@ class CloudCoordinator(Node):
         moves = self.part.placement(r)
         if moves:
             self.place(moves)
+        for msg in self.part.before_round(r):
+            self.publish(msg, round_=r)
         plan = self.plan(r)
         self.round = r
         self.rounds.open(r, plan.deadline_s, set(self.live))

@@ -18,6 +18,9 @@ _METHODS: dict[str, Any] = {
     "fedavg": "splitedge.methods.fedavg.method:FedAvg",
     "splitfed": "splitedge.methods.splitfed.method:SplitFed",
     "fedproto": "splitedge.methods.fedproto.method:FedProto",
+    "simsiam": "splitedge.methods.ssl.method:SimSiam",
+    "align-uniform": "splitedge.methods.ssl.method:AlignUniform",
+    "ssd": "splitedge.methods.ssl.method:SSD",
 }
 
 

@@ -190,11 +190,16 @@ def representation_report(encode: Encode, test: tuple[np.ndarray, np.ndarray], *
     return out
 
 
+FLOOR = 1e-8
+"""Normalised singular values below this are numerical zeros for the spectrum plot."""
+
+
 def plot_spectra(curves: Mapping[str, Sequence[float]], path: Path, title: str = "") -> Path:
     """One line per named spectrum (e.g. per method or per round), log y, written to `path`.
 
-    Zeros (directions a collapsed encoder does not use) are left out rather than clipped: a
-    log axis cannot show them, and clipping would stretch it down to 1e-300.
+    Values below FLOOR (directions a collapsed encoder does not use, and float round-off of
+    zero: 1e-18 after an SVD) are left out rather than clipped: a log axis cannot show zeros,
+    and round-off would stretch it down over twenty decades and flatten every real difference.
     """
     if not curves:
         raise ValueError("plot_spectra needs at least one curve")
@@ -202,7 +207,7 @@ def plot_spectra(curves: Mapping[str, Sequence[float]], path: Path, title: str =
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, values in curves.items():
         v = np.asarray(values, dtype=np.float64)
-        ax.plot(np.arange(1, len(v) + 1), np.where(v > 0, v, np.nan), marker=".", label=name)
+        ax.plot(np.arange(1, len(v) + 1), np.where(v >= FLOOR, v, np.nan), marker=".", label=name)
     ax.set_yscale("log")
     ax.set(xlabel="index of the singular value (1-based)", ylabel="normalised singular values (sorted)",
            title=title or "normalised singular values (sorted)")

@@ -266,6 +266,11 @@ class CloudPart(Part):
         """The model versions and directives of round `round_`."""
         return RoundSpec()
 
+    def before_round(self, round_: int) -> list[Message]:
+        """Messages to send before round `round_` is announced, once the federation (and any
+        placement) is known, e.g. what each device needs for that round (addressed to it)."""
+        return []
+
     def placement(self, round_: int) -> Mapping[str, Placement] | None:
         """Before round `round_`: devices to move (device -> Placement), or None. The runtime
         sends each an `assign` through its edge and opens the round once the edges report them."""

@@ -55,9 +55,11 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 51
 
 @torch.no_grad()
 def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int = 512) -> dict[str, float]:
-    """A global model on a uint8 test split: top-1 accuracy, and the effective rank of its
-    penultimate features (how many directions its representation uses; see representation.py).
-    Normalised a batch at a time, so a float copy of the whole split is never held."""
+    """A global model on a uint8 test split: top-1 accuracy, and the effective rank and the
+    normalised singular-value spectrum of its penultimate features (how many directions its
+    representation uses; methods/representation.py, methods/report.py). Normalised a batch at a
+    time, so a float copy of the whole split is never held."""
+    from splitedge.methods.report import spectrum
     from splitedge.methods.representation import effective_rank
 
     x, y = test
@@ -71,7 +73,9 @@ def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: Model
     model.train(was_training)
     out = {"accuracy": correct / max(1, len(y))}
     if len(y) >= 2:
-        out["effective_rank"] = effective_rank(np.concatenate(feats))
+        features = np.concatenate(feats)
+        out["effective_rank"] = effective_rank(features)
+        out["spectrum"] = [float(v) for v in spectrum(features)]
     return out
 
 

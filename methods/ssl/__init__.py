@@ -1,0 +1,4 @@
+"""Federated self-supervised learning (METHODS.md "SSD"): SimSiam, align-uniform and SSD on the
+FedAvg pattern. Devices train an encoder and projector on two augmented views of their
+unlabelled images; edges and the cloud average them; the cloud reports what the representation
+is worth (linear probe, kNN, alignment, uniformity, effective rank, spectrum)."""

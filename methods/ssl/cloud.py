@@ -1,0 +1,118 @@
+"""Self-supervised cloud: FedAvg of the encoder + projector, and a representation report.
+
+Every `report_every` rounds and at the last one, the global encoder is measured on the test
+split (methods/report.py): a linear probe and a kNN classifier fitted on one half and scored on
+the other, alignment of two augmented views, uniformity, effective rank and the normalised
+singular-value spectrum. `accuracy` in the metrics is the linear probe's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from splitedge.methods.averaging import weight_updates
+from splitedge.methods.checks import check_weights, weight_specs
+from splitedge.methods.preprocess import batches
+from splitedge.methods.ssl.method import MODEL, SCALES
+from splitedge.methods.ssl.model import build_net, encode, normalise, to_unit
+from splitedge.methods.strategy import (
+    DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec, device,
+)
+from splitedge.models import load_numpy_state, state_to_numpy
+
+log = logging.getLogger(__name__)
+
+
+class SSLCloud(CloudPart):
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.net = build_net(self.spec, self.cfg.proj_hidden, self.method.predictor).eval()
+        self.specs = weight_specs(state_to_numpy(self.net))
+        self.version = 0
+        self.samples = 0
+
+    def _model_message(self) -> Message:
+        body = {"part": MODEL, "version": self.version, "samples": self.samples, "weights": state_to_numpy(self.net)}
+        return Message("weights", body, to=DEVICES, slot=MODEL)
+
+    def initial_messages(self) -> list[Message]:
+        return [self._model_message()]
+
+    def plan(self, round_: int) -> RoundSpec:
+        return RoundSpec(versions={MODEL: self.version})
+
+    def check(self, env: Any, source: str) -> None:
+        if env.kind == "weights":
+            check_weights(env.body, self.specs, part=MODEL)
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
+        parts = weight_updates(reports, MODEL, plan.version(MODEL))
+        out: list[Message] = []
+        if parts:
+            load_numpy_state(self.net, self.method.merge_weights(parts))
+            self.version += 1
+            self.samples = sum(n for _, n in parts)
+            out.append(self._model_message())
+        else:
+            log.warning("cloud: round %d without any edge model; keeping version %d", plan.round, self.version)
+        metrics: dict[str, Any] = {"model_version": self.version, "samples": self.samples}
+        last = self.ctx.extra.get("rounds")
+        if plan.round % self.cfg.report_every == 0 or plan.round == last:
+            metrics.update(self.report())
+        return out, metrics
+
+    def report(self) -> dict[str, Any]:
+        """The representation report of the global encoder; `accuracy` is the linear probe's."""
+        from splitedge.methods.report import representation_report
+        from splitedge.methods.ssl_augment import ssl_views
+
+        gen = torch.Generator().manual_seed(self.spec.seed)
+
+        @torch.no_grad()
+        def views(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """Encoder features of two augmented views of each image, 256 images at a time."""
+            self.net.eval()
+            pairs = []
+            for sl in batches(len(images), 256):
+                v1, v2 = ssl_views(to_unit(images[sl]), gen, scale=(self.cfg.crop_scale_min, 1.0))
+                pairs.append((self.net.encoder(normalise(v1, self.spec)).numpy(),
+                              self.net.encoder(normalise(v2, self.spec)).numpy()))
+            return np.concatenate([a for a, _ in pairs]), np.concatenate([b for _, b in pairs])
+
+        rep = representation_report(lambda images: encode(self.net, images, self.spec), self.ctx.extra["test"],
+                                    num_classes=self.spec.num_classes, views=views, seed=self.spec.seed,
+                                    probe_epochs=self.cfg.probe_epochs)
+        return {**rep, "accuracy": rep["probe_accuracy"]}
+
+    def state_for_checkpoint(self) -> dict[str, np.ndarray]:
+        return state_to_numpy(self.net)
+
+
+class SSDCloud(SSLCloud):
+    """Draws Q and each device's disjoint scale directions once, before round 1, and sends Q to
+    every device and d_k to device k alone (METHODS.md SSD)."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.scales_sent = False
+
+    def plan(self, round_: int) -> RoundSpec:
+        versions = {MODEL: self.version, SCALES: 1 if self.cfg.dsr else 0}
+        return RoundSpec(versions=versions)
+
+    def before_round(self, round_: int) -> list[Message]:
+        if self.scales_sent or not self.cfg.dsr:
+            return []
+        from splitedge.methods.ssd_scales import dsr_scales
+
+        devices = sorted(self.ctx.view.devices)
+        q, scales = dsr_scales(self.net.dim, devices, self.cfg.alpha, self.ctx.rng)
+        self.scales_sent = True
+        log.info("cloud: SSD scales for %d devices, %d directions each", len(devices), self.net.dim // len(devices))
+        record = lambda name, key, value: {"name": name, "version": 1, "arrays": {key: value}}  # noqa: E731
+        return [Message("arrays", record("ssd_q", "q", q), to=DEVICES, slot="ssd_q"),
+                *(Message("arrays", record("ssd_d", "d", d), to=device(k), slot="ssd_d") for k, d in scales.items())]

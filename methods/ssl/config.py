@@ -1,0 +1,50 @@
+"""Settings of the self-supervised methods (they travel, typed, in the round announcement)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitedge.methods.config import MethodConfig
+
+
+@dataclass(frozen=True)
+class SSLConfig(MethodConfig):
+    # device: two augmented views per image (methods/ssl_augment.py), the method's loss terms
+    local_epochs: int = 1
+    device_lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    device_batch: int = 64
+    crop_scale_min: float = 0.2  # random resized crop keeps 20..100 % of the area
+    # projector (and SimSiam's predictor): hidden width = proj_hidden x the encoder's dimension
+    proj_hidden: int = 4
+    # align-uniform: L = align + beta * (unif(z1) + unif(z2)) / 2
+    beta: float = 1.0
+    # representation report at the cloud every `report_every` rounds and at the last one
+    report_every: int = 5
+    probe_epochs: int = 100
+    knn_k: int = 20
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.local_epochs < 1 or self.device_batch < 2 or self.device_lr <= 0:
+            raise ValueError(f"bad self-supervised config: {self}")
+        if not 0 < self.crop_scale_min <= 1 or self.proj_hidden < 1 or self.report_every < 1 or self.beta < 0:
+            raise ValueError(f"bad self-supervised config: {self}")
+
+
+@dataclass(frozen=True)
+class SSDConfig(SSLConfig):
+    """SSD (METHODS.md): align-uniform + gamma * DSR + delta * PD; `dsr`/`pd` off for the ablation."""
+
+    dsr: bool = True
+    pd: bool = True
+    gamma: float = 1.0
+    delta: float = 0.1
+    alpha: float = 10.0  # scale of a device's own directions in DSR
+    pd_tau: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.alpha <= 0 or self.gamma < 0 or self.delta < 0 or self.pd_tau <= 0:
+            raise ValueError(f"bad SSD config: {self}")

@@ -1,0 +1,80 @@
+"""The self-supervised method entries: SimSiam, align-uniform and SSD (METHODS.md).
+
+Torch-free at import; loss terms import torch when a training tier asks for them. All three
+share the device and cloud parts (methods/ssl) and FedAvg's edge (a sample-weighted average of
+the "model" part); they differ in their loss terms, and SSD in the scales the cloud sends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from splitedge.methods.ssl.config import SSDConfig, SSLConfig
+from splitedge.methods.strategy import Method
+
+MODEL = "model"
+SCALES = "scales"
+"""SSD versions its DSR scales: a device must hold them before it trains."""
+
+_PARTS = {
+    "device:torch": "splitedge.methods.ssl.device:SSLDevice",
+    "edge": "splitedge.methods.fedavg.edge:FedAvgEdge",
+    "cloud": "splitedge.methods.ssl.cloud:SSLCloud",
+}
+
+
+class SimSiam(Method):
+    name = "simsiam"
+    Config = SSLConfig
+    parts = _PARTS
+    predictor = True
+
+    def objective(self, role: str) -> list[Any]:
+        from splitedge.methods.ssl_losses import simsiam_loss
+        from splitedge.methods.training import LossTerm
+
+        return [LossTerm("simsiam", lambda out, b: simsiam_loss(out["p1"], out["p2"], out["z1"], out["z2"]),
+                         needs=("p1", "p2", "z1", "z2"))]
+
+
+class AlignUniform(Method):
+    """The SSD paper's base: L = align(z1, z2) + beta * (unif(z1) + unif(z2)) / 2."""
+
+    name = "align-uniform"
+    Config = SSLConfig
+    parts = _PARTS
+    predictor = False
+
+    def objective(self, role: str) -> list[Any]:
+        from splitedge.methods.ssl_losses import align_loss, uniformity_loss
+        from splitedge.methods.training import LossTerm
+
+        return [LossTerm("align", lambda out, b: align_loss(out["z1"], out["z2"]), needs=("z1", "z2")),
+                LossTerm("uniformity", lambda out, b: (uniformity_loss(out["z1"]) + uniformity_loss(out["z2"])) / 2,
+                         self.config.beta, needs=("z1", "z2"))]
+
+
+class SSD(AlignUniform):
+    """align-uniform + gamma * DSR (the cloud's Q and this device's scales d_k) + delta * PD."""
+
+    name = "ssd"
+    Config = SSDConfig
+    parts = {**_PARTS, "cloud": "splitedge.methods.ssl.cloud:SSDCloud"}
+
+    def objective(self, role: str) -> list[Any]:
+        from splitedge.methods.ssl_losses import dsr_loss, pd_loss
+        from splitedge.methods.training import LossTerm
+
+        cfg, terms = self.config, super().objective(role)
+        if cfg.dsr:  # on the normalised projections zh, with the cloud's Q and this device's d_k
+            def dsr(out: Any, b: Any) -> Any:
+                q, d = b.extra["q"], b.extra["d"]
+                return (dsr_loss(out["zh1"], q, d) + dsr_loss(out["zh2"], q, d)) / 2
+
+            terms.append(LossTerm("dsr", dsr, cfg.gamma, needs=("zh1", "zh2")))
+        if cfg.pd:
+            def pd(out: Any, b: Any) -> Any:
+                return (pd_loss(out["h1"], out["z1"], tau=cfg.pd_tau) + pd_loss(out["h2"], out["z2"], tau=cfg.pd_tau)) / 2
+
+            terms.append(LossTerm("pd", pd, cfg.delta, needs=("h1", "h2", "z1", "z2")))
+        return terms
