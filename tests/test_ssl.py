@@ -84,4 +84,3 @@ def test_ssd_scales_reach_each_device_alone_and_flags_switch_terms_off(mosquitto
     assert {t.to for t in q if t.tier == "cloud"} == {"@all"} and {t.to for t in q if t.tier == "edge"} == {None}
     assert set(no_pd[-1]["loss"]["device"]) - {"total"} == {"align", "uniformity", "dsr"}
     assert set(no_dsr[-1]["loss"]["device"]) - {"total"} == {"align", "uniformity", "pd"}
-    assert no_dsr[0]["versions"].get("scales") == 0

@@ -17,7 +17,7 @@ import torch
 from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.preprocess import batches
-from splitedge.methods.ssl.method import MODEL, SCALES
+from splitedge.methods.ssl.method import MODEL
 from splitedge.methods.ssl.model import build_net, encode, normalise, to_unit
 from splitedge.methods.strategy import (
     DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec, device,
@@ -99,10 +99,6 @@ class SSDCloud(SSLCloud):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.scales_sent = False
-
-    def plan(self, round_: int) -> RoundSpec:
-        versions = {MODEL: self.version, SCALES: 1 if self.cfg.dsr else 0}
-        return RoundSpec(versions=versions)
 
     def before_round(self, round_: int) -> list[Message]:
         if self.scales_sent or not self.cfg.dsr:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from splitedge.methods.checks import check_weights, weight_specs
-from splitedge.methods.ssl.method import MODEL, SCALES
+from splitedge.methods.ssl.method import MODEL
 from splitedge.methods.ssl.model import build_net, normalise, to_unit
 from splitedge.methods.ssl_augment import ssl_views
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
@@ -34,10 +34,11 @@ class SSLDevice(DevicePart):
         self.specs = weight_specs(state_to_numpy(self.net))
         self.version = -1
         self.scales: dict[str, torch.Tensor] = {}  # "q" [D, D], "d" [D] (SSD)
-        self.scales_version = 0
 
     def ready(self, plan: RoundPlan) -> bool:
-        return self.version >= max(plan.version(MODEL), 0) and self.scales_version >= plan.version(SCALES)
+        """The announced global model is here. SSD's scales come before round 1 on the same path
+        (so in order); a device that joins later trains without DSR rather than wait for ever."""
+        return self.version >= max(plan.version(MODEL), 0)
 
     def check(self, env: Any, source: str) -> None:
         body = env.body
@@ -58,8 +59,6 @@ class SSLDevice(DevicePart):
         elif env.kind == "arrays" and body["name"] in SCALE_RECORDS:
             key = "q" if body["name"] == "ssd_q" else "d"
             self.scales[key] = torch.from_numpy(np.array(body["arrays"][key], dtype=np.float32))
-            if len(self.scales) == 2:
-                self.scales_version = int(body["version"])
 
     def forward(self, batch: Batch) -> Outputs:
         """Both views through encoder and projector (and predictor) as one batch of 2B."""

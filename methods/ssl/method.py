@@ -13,8 +13,6 @@ from splitedge.methods.ssl.config import SSDConfig, SSLConfig
 from splitedge.methods.strategy import Method
 
 MODEL = "model"
-SCALES = "scales"
-"""SSD versions its DSR scales: a device must hold them before it trains."""
 
 _PARTS = {
     "device:torch": "splitedge.methods.ssl.device:SSLDevice",
@@ -68,6 +66,8 @@ class SSD(AlignUniform):
         cfg, terms = self.config, super().objective(role)
         if cfg.dsr:  # on the normalised projections zh, with the cloud's Q and this device's d_k
             def dsr(out: Any, b: Any) -> Any:
+                if "q" not in b.extra or "d" not in b.extra:  # joined after the cloud drew the scales
+                    return out["zh1"].sum() * 0.0
                 q, d = b.extra["q"], b.extra["d"]
                 return (dsr_loss(out["zh1"], q, d) + dsr_loss(out["zh2"], q, d)) / 2
 
