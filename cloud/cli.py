@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         transport.close(offline=True)
         write_counters(args.out, args.id, [transport])
+    if args.out is not None:
+        from splitedge.plots import plot_spectra_per_round
+
+        plot_spectra_per_round(history, args.out / "spectrum.png", title=f"{args.method} on {args.dataset}")
     print(json.dumps({"final_accuracy": history[-1].get("accuracy") if history else None}))
     return 0
 

@@ -23,3 +23,14 @@ def plot_run(history: list[dict[str, Any]], path: Path, title: str = "") -> None
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_spectra_per_round(history: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
+    """The representation's singular-value spectrum at every round that reported one (dimensional
+    collapse made visible); None when no round did."""
+    curves = {f"round {h['round']}": h["spectrum"] for h in history if h.get("spectrum")}
+    if not curves:
+        return None
+    from splitedge.methods.report import plot_spectra
+
+    return plot_spectra(curves, path, title=title or "representation per round")

@@ -105,9 +105,10 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
         fed.wait_stopped(timeout=30)
         summary = summarise(history, fed, config, s, time.monotonic() - started, info)
     (s.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
-    from splitedge.plots import plot_run
+    from splitedge.plots import plot_run, plot_spectra_per_round
 
     plot_run(history, s.out / "plot.png", title=f"{s.method} on {s.dataset}")
+    plot_spectra_per_round(history, s.out / "spectrum.png", title=f"{s.method} on {s.dataset}")
     return summary
 
 
