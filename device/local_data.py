@@ -167,8 +167,28 @@ def _mode_of(path: Path) -> str:
 
 
 def open_local_data(path: str | os.PathLike, *, stream: bool) -> tuple[Any, np.ndarray]:
-    """A device's (x, y) from an .npz shard or an image folder; ``stream`` keeps images on disk."""
+    """A device's (x, y) from an .npz shard or an image folder; ``stream`` keeps images on disk.
+
+    Anything that is not a usable shard (missing, not an .npz, no `x` or `y`, float or 3-D
+    images, labels that do not match, empty) is one ValueError naming the file and the problem,
+    raised before the device connects anywhere.
+    """
     path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or folder")
+    try:
+        x, y = _open(path, stream)
+    except KeyError as exc:  # np.load's NpzFile: "y is not a file in the archive"
+        name = str(exc.args[0] if exc.args else exc).split(" is not a file")[0]
+        raise ValueError(f"{path}: no array {name!r} (a shard needs arrays 'x' and 'y')") from None
+    except (ValueError, OSError, EOFError, TypeError, zipfile.BadZipFile) as exc:  # truncated, .npy, text, ...
+        message = str(exc) or type(exc).__name__
+        raise ValueError(message if str(path) in message else f"{path}: {message}") from None
+    check_arrays(path, x, y)
+    return x, y
+
+
+def _open(path: Path, stream: bool) -> tuple[Any, np.ndarray]:
     if not stream:
         if path.is_dir():
             x, y, _ = load_image_folder(path)
@@ -184,6 +204,37 @@ def open_local_data(path: str | os.PathLike, *, stream: bool) -> tuple[Any, np.n
         log.warning("%s: images are compressed, so they are loaded into memory instead of read "
                     "in place (write the shard with np.savez / save_shard to stream it)", path)
         x, y = load_shard(path)
-    if len(x) != len(y) or y.ndim != 1:
-        raise ValueError(f"{path}: {len(x)} images but labels of shape {y.shape}")
     return x, y
+
+
+def check_arrays(path: Path | str, x: Any, y: np.ndarray, num_classes: int | None = None) -> None:
+    """What every device's data must be: uint8 images [N,H,W,C], N >= 1, N integer labels >= 0
+    (and below `num_classes` once the federation's model is known)."""
+    y = np.asarray(y)
+    dtype, shape = getattr(x, "dtype", None), tuple(getattr(x, "shape", ()))
+    if dtype != np.uint8 or len(shape) != 4:
+        raise ValueError(f"{path}: expected uint8 images [N,H,W,C], got {dtype} {shape}")
+    if y.ndim != 1 or len(y) != shape[0]:
+        raise ValueError(f"{path}: {shape[0]} images but labels of shape {y.shape}")
+    if shape[0] == 0:
+        raise ValueError(f"{path}: empty (no images)")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"{path}: labels are {y.dtype}, expected integers")
+    if y.min() < 0:
+        raise ValueError(f"{path}: negative labels (min {int(y.min())})")
+    if num_classes is not None and y.max() >= num_classes:
+        raise ValueError(f"{path}: label {int(y.max())} outside the data set's classes 0..{num_classes - 1}")
+
+
+def fits_model(x: Any, y: np.ndarray, spec: Any) -> str | None:
+    """Why this data cannot train the federation's model (image shape, channels, classes), or None."""
+    want = (spec.image_size, spec.image_size, spec.channels)
+    shape = tuple(getattr(x, "shape", ()))[1:]
+    if shape != want:
+        return (f"the run's model takes {want[0]}x{want[1]} images with {want[2]} channel(s) but this device has "
+                f"{'x'.join(map(str, shape[:2]))} with {shape[2] if len(shape) > 2 else '?'}; make the shard from the "
+                f"run's data set (splitedge data split)")
+    if len(y) and int(np.max(y)) >= spec.num_classes:
+        return (f"label {int(np.max(y))} is outside the run's {spec.num_classes} classes; make the shard from the "
+                f"run's data set (splitedge data split)")
+    return None

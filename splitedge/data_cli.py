@@ -1,0 +1,304 @@
+"""`splitedge data`: cut a data set into per-device shards, and check a shard as a device sees it.
+
+`data split` loads a data set (methods/datasets.py), splits its training set across devices
+(methods/partition.py: IID or Dirichlet label skew, optionally a per-device feature skew) and
+writes one uncompressed `shard-dN.npz` per device with `save_shard` (the format a thin device
+reads in place) plus `shards.json`. With the same --seed, --alpha and --max-train the label
+split is the one `splitedge sim` gives its devices.
+
+`data check` opens a shard or an image folder with the device's own loader
+(device/local_data.py, streamed as the onnx backend does and in memory as the torch backend
+does), which checks what a device needs (device.local_data.check_arrays). It imports
+numpy and the device's data modules only, never torch: run it on the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MANIFEST = "shards.json"
+MANIFEST_FORMAT = 1
+DEFAULT_BROKER = "mqtt://EDGE-HOST:1883"
+DEFAULT_MAX_SHIFT = 0.2  # feature_skew's default
+
+
+def shard_name(device: int) -> str:
+    return f"shard-d{device}.npz"
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except None/False (their help says what happens instead)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    s = sub.add_parser("split", formatter_class=_Help,
+                       help="cut a data set's training split into one shard per device",
+                       description="Cut a data set's training split into one .npz shard per device, "
+                                   "check each as a device opens it, and print each device's command.")
+    s.add_argument("--dataset", required=True, choices=("digits", "cifar10"), help="data set to split")
+    s.add_argument("--data", default=None, metavar="PATH",
+                   help="CIFAR-10: the .tar.gz, an ImageFolder tree (train/, test/) or cifar-10-batches-py "
+                        "(default: ../shared/data/cifar10-jpeg.tar.gz next to the checkout); digits ships "
+                        "with scikit-learn")
+    s.add_argument("--devices", required=True, type=int, metavar="N", help="number of shards, one per device")
+    s.add_argument("--out", required=True, type=Path, metavar="DIR",
+                   help=f"write DIR/shard-d0.npz ... and DIR/{MANIFEST} here")
+    how = s.add_mutually_exclusive_group()
+    how.add_argument("--alpha", type=float, default=None, metavar="A",
+                     help="Dirichlet(A) label skew (NIID-Bench); smaller A, fewer classes per device")
+    how.add_argument("--iid", action="store_true", help="IID split, near-equal sizes (the default without --alpha)")
+    s.add_argument("--min-samples", type=int, default=10, metavar="M",
+                   help="with --alpha: redraw until every device holds at least M images")
+    skew = s.add_argument_group("feature skew (methods/partition.py feature_skew)")
+    skew.add_argument("--feature-skew", action="store_true",
+                      help="give each device a fixed rotation (quarter turns, balanced over devices) and a "
+                           "per-channel colour shift, applied to its images")
+    skew.add_argument("--max-shift", type=float, default=None, metavar="F",
+                      help="with --feature-skew: colour shifts uniform in [-F, F] * 255 per channel "
+                           f"(default: {DEFAULT_MAX_SHIFT})")
+    skew.add_argument("--no-rotate", action="store_true", help="with --feature-skew: colour shift only")
+    s.add_argument("--seed", type=int, default=0, help="seeds the subsample, the split and the skew")
+    s.add_argument("--max-train", type=int, default=None, metavar="N",
+                   help="split a seeded subset of N training images (default: all of them)")
+    s.add_argument("--edges", type=int, default=1, metavar="E",
+                   help="for the printed commands only: device i reports to edge e(i mod E)")
+    s.add_argument("--broker", default=DEFAULT_BROKER, metavar="URL", help="for the printed commands only")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace the shards and manifest already in DIR (default: refuse)")
+
+    c = sub.add_parser("check", formatter_class=_Help,
+                       help="open a shard or image folder as a device would and summarise it",
+                       description="Open a shard (.npz) or an image folder <class>/<image> as a device would "
+                                   "(streamed and in memory) and print what it holds, or what is wrong "
+                                   "(exit 2). Needs no torch.")
+    c.add_argument("path", type=Path, metavar="PATH", help="a shard .npz or an image folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    return split(args) if args.action == "split" else check(args.path)
+
+
+# -- split -------------------------------------------------------------------------------------
+
+def split(args: argparse.Namespace) -> int:
+    from splitedge.methods.datasets import load_dataset, save_shard
+    from splitedge.methods.partition import apply_feature_skew, dirichlet, feature_skew, iid
+
+    if args.devices < 1 or args.edges < 1:
+        raise ValueError(f"need --devices >= 1 and --edges >= 1, got {args.devices} and {args.edges}")
+    if args.max_train is not None and args.max_train < 1:
+        raise ValueError(f"--max-train must be >= 1, got {args.max_train}")
+    if not args.feature_skew and (args.no_rotate or args.max_shift is not None):
+        raise ValueError("--max-shift and --no-rotate only apply with --feature-skew")
+    max_shift = DEFAULT_MAX_SHIFT if args.max_shift is None else args.max_shift
+    out: Path = args.out
+    stale = _existing_shards(out, args.overwrite)  # refuse before the slow part
+
+    (x, y), _, info = load_dataset(args.dataset, args.data, max_train=args.max_train, seed=args.seed)
+    if args.devices > len(y):
+        raise ValueError(f"--devices {args.devices} is more than the {len(y)} training images")
+    rng = np.random.default_rng(args.seed)  # as `splitedge sim` draws its split
+    if args.alpha is None:
+        parts = iid(y, args.devices, rng)
+    else:
+        parts = dirichlet(y, args.devices, args.alpha, rng, min_size=args.min_samples)
+    skews = feature_skew(args.devices, rng, max_shift=max_shift, rotate=not args.no_rotate) \
+        if args.feature_skew else [None] * args.devices
+
+    for p in stale:  # --overwrite: a smaller split must not leave stale shard-dN.npz behind
+        p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    devices = []
+    for d, (idx, skew) in enumerate(zip(parts, skews)):
+        xd = x[idx] if skew is None else apply_feature_skew(x[idx], skew)
+        path = out / shard_name(d)
+        save_shard(path, xd, y[idx], device=d, seed=args.seed)
+        entry: dict[str, Any] = {"id": f"d{d}", "file": path.name, "samples": int(len(idx)),
+                                 "class_counts": np.bincount(y[idx], minlength=info.num_classes).tolist(),
+                                 "sha256": _sha256(path)}
+        if skew is not None:
+            entry["skew"] = {"rotation_k": skew.rotation_k, "colour_shift": list(skew.colour_shift)}
+        devices.append(entry)
+    image_shape = tuple(int(v) for v in x.shape[1:])
+    for entry in devices:
+        verify_shard(out / entry["file"], entry["class_counts"], image_shape, info.num_classes)
+
+    manifest = {
+        "format": MANIFEST_FORMAT, "dataset": args.dataset, "data": args.data,
+        "split": "iid" if args.alpha is None else "dirichlet", "alpha": args.alpha,
+        "min_samples": args.min_samples if args.alpha is not None else None,
+        "seed": args.seed, "max_train": args.max_train, "train_samples": int(len(y)),
+        "feature_skew": {"max_shift": max_shift, "rotate": not args.no_rotate} if args.feature_skew else None,
+        "num_classes": info.num_classes, "classes": list(info.classes), "image_shape": list(image_shape),
+        "devices": devices,
+    }
+    tmp = out / f".{MANIFEST}.tmp"
+    tmp.write_text(_manifest_text(manifest))
+    os.replace(tmp, out / MANIFEST)
+
+    _print_split(args, manifest)
+    return 0
+
+
+def _manifest_text(manifest: dict[str, Any]) -> str:
+    """JSON with one line per setting and per device (diffable, readable with less)."""
+    top = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in manifest.items() if k != "devices"]
+    devices = ",\n".join(f"  {json.dumps(d)}" for d in manifest["devices"])
+    return "{\n" + ",\n".join(top) + ',\n "devices": [\n' + devices + "\n ]\n}\n"
+
+
+def _existing_shards(out: Path, overwrite: bool) -> list[Path]:
+    """The shards and manifest already in DIR (to remove); refused unless --overwrite."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    if not out.is_dir():
+        return []
+    old = sorted(out.glob("shard-d*.npz")) + ([out / MANIFEST] if (out / MANIFEST).exists() else [])
+    if old and not overwrite:
+        names = ", ".join(p.name for p in old[:3]) + (", ..." if len(old) > 3 else "")
+        raise ValueError(f"{out} already holds shards ({names}); pass --overwrite to replace them")
+    return old
+
+
+def verify_shard(path: Path, class_counts: list[int], image_shape: tuple[int, ...], num_classes: int) -> None:
+    """Open `path` as both device backends do; it must hold what was written."""
+    from splitedge.device.local_data import check_arrays
+
+    for stream in (True, False):
+        x, y = open_as_device(path, stream=stream)
+        try:
+            check_arrays(path, x, y, num_classes)
+            if tuple(x.shape[1:]) != image_shape:
+                raise ValueError(f"{path}: images are {tuple(x.shape[1:])}, expected {image_shape}")
+            if np.bincount(y, minlength=num_classes).tolist() != class_counts:
+                raise ValueError(f"{path}: labels read back differ from those written")
+        finally:
+            _close(x)
+
+
+def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
+    split = "IID" if args.alpha is None else f"Dirichlet({args.alpha})"
+    skew = ", feature skew" if args.feature_skew else ""
+    n_cls = manifest["num_classes"]
+    print(f"splitedge data split: {manifest['dataset']}, {manifest['train_samples']} training images "
+          f"-> {args.devices} devices, {split}{skew}, seed {args.seed}")
+    print(f"{'device':<8}{'edge':<7}{'samples':>8}  classes present")
+    for i, d in enumerate(manifest["devices"]):
+        present = sum(1 for c in d["class_counts"] if c)
+        print(f"{d['id']:<8}{'e' + str(i % args.edges):<7}{d['samples']:>8}  {present}/{n_cls}")
+    print(f"wrote {args.out / MANIFEST} and {args.devices} shards; each opened as a device would (onnx and torch)")
+    print(f"Start each device with its shard (copy it there first; --backend torch trains W_c locally "
+          f"and needs torch):")
+    for i, d in enumerate(manifest["devices"]):
+        print(f"  splitedge device --broker {args.broker} --id {d['id']} --edge e{i % args.edges} "
+              f"--data {args.out / d['file']} --backend onnx")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# -- check -------------------------------------------------------------------------------------
+
+def check(path: Path) -> int:
+    """Print what a device would load from `path`; ValueError (one line, exit 2) if it cannot."""
+    from splitedge.device.local_data import NpzImages
+
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or folder")
+    if path.is_file() and not zipfile.is_zipfile(path):
+        raise ValueError(f"{path}: not an .npz (a zip of x.npy and y.npy; a truncated copy is not one either) "
+                         "nor an image folder")
+    xs, ys = open_as_device(path, stream=True)
+    try:
+        streamed = isinstance(xs, NpzImages) or path.is_dir()
+    finally:
+        _close(xs)
+    x, y = open_as_device(path, stream=False)  # the torch backend, and every image decoded once
+    if not np.array_equal(ys, y) or tuple(xs.shape) != tuple(x.shape):
+        raise ValueError(f"{path}: streamed and in-memory reads differ")
+
+    names = _class_names(path, int(y.max()) + 1)
+    counts = np.bincount(y, minlength=len(names))
+    present = [i for i, c in enumerate(counts) if c]
+    print(f"{path}: {'image folder' if path.is_dir() else 'npz shard'}")
+    print(f"images:  {len(x)}")
+    print(f"shape:   {list(x.shape)} (N, H, W, C)")
+    print(f"dtype:   {x.dtype}; labels {y.dtype}")
+    print(f"classes: {len(present)} present, labels {int(y.min())}..{int(y.max())}")
+    print("counts:  " + " ".join(f"{names[i]}:{counts[i]}" for i in present))
+    if path.is_file():
+        from splitedge.methods.datasets import load_shard_meta
+
+        meta = load_shard_meta(path)
+        if meta:
+            print("meta:    " + " ".join(f"{k}={v}" for k, v in meta.items()))
+        _against_manifest(path)
+    print("streams: " + ("yes, a thin (onnx) device reads images a batch at a time" if streamed else
+                         "no (compressed .npz): a thin device loads every image into memory"))
+    return 0
+
+
+def _class_names(path: Path, n_labels: int) -> list[str]:
+    if path.is_dir():
+        from splitedge.methods.datasets import list_image_folder
+
+        return list_image_folder(path)[2]
+    return [str(i) for i in range(n_labels)]
+
+
+def _against_manifest(path: Path) -> None:
+    """When the shard still sits next to the shards.json that `data split` wrote, compare the sha256."""
+    manifest = path.parent / MANIFEST
+    if not manifest.is_file():
+        return
+    try:
+        entries = {d["file"]: d for d in json.loads(manifest.read_text())["devices"]}
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{manifest}: not a manifest written by `splitedge data split`") from None
+    entry = entries.get(path.name)
+    if entry is None:
+        return
+    if _sha256(path) != entry["sha256"]:
+        raise ValueError(f"{path}: sha256 differs from {manifest} (changed or partly copied)")
+    print(f"sha256:  matches {manifest}")
+
+
+# -- shared: the device's loader plus the checks it leaves out -----------------------------------
+
+def open_as_device(path: Path, *, stream: bool) -> tuple[Any, np.ndarray]:
+    """device.local_data.open_local_data (which checks the arrays), without its "compressed,
+    loading into memory" warning: `check` reports that itself."""
+    from splitedge.device.local_data import log, open_local_data
+
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return open_local_data(path, stream=stream)
+    finally:
+        log.setLevel(level)
+
+
+def _close(x: Any) -> None:
+    close = getattr(x, "close", None)
+    if callable(close):
+        close()
