@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import logging
+import sys
 from pathlib import Path
 
 from splitedge.cloud.options import add_run_arguments
@@ -14,31 +15,62 @@ log = logging.getLogger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", required=True, help="broker URL the edges report to")
-    p.add_argument("--id", default="cloud")
-    p.add_argument("--run", default="default", help="run id (topic namespace)")
+    p.add_argument("--id", default="cloud", help="this coordinator's id (edges name it with --cloud)")
+    p.add_argument("--run", default="default", help="run id (topic namespace); the same on every node of a run")
     p.add_argument("--edges", type=int, default=1, help="wait for this many edges before round 1")
     p.add_argument("--devices", type=int, default=0, help="... and this many devices behind them")
-    p.add_argument("--join-timeout", type=float, default=120.0)
-    p.add_argument("--out", type=Path, default=None, help="metrics.jsonl and model.safetensors go here")
+    p.add_argument("--join-timeout", type=float, default=120.0, help="seconds to wait for them before giving up")
+    p.add_argument("--out", type=Path, default=None, help="metrics.jsonl, model.safetensors and spectrum.png go here")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous run in --out")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--takeover", action="store_true",
+                   help="start even if the broker says a cloud with this run and id is online")
     add_run_arguments(p)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every value, before any data is loaded or anything connects."""
+    from splitedge.cloud.options import check_run_arguments, method_overrides
+
+    check_run_arguments(args.method, args.rounds, args.dataset, args.data, args.deadline, args.seed, args.max_train,
+                        args.max_test, method_overrides(args))
+    if args.edges < 1 or args.devices < 0:
+        raise ValueError(f"--edges must be >= 1 and --devices >= 0, got {args.edges} and {args.devices}")
+    if not args.join_timeout > 0:
+        raise ValueError(f"--join-timeout must be > 0 seconds, got {args.join_timeout}")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    from splitedge.cloud.outputs import RunFolder, dumps, json_safe
+
+    with RunFolder(args.out, overwrite=args.overwrite) if args.out else contextlib.nullcontext():
+        history = _run(args)
+    final = json_safe(history[-1].get("accuracy")) if history else None
+    print(dumps({"final_accuracy": final}))
+    if not any(json_safe(h.get("accuracy")) is not None for h in history):
+        print("splitedge cloud: no round produced an evaluation (accuracy is null in every round); see the "
+              "warnings above, or run with -v", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run(args: argparse.Namespace) -> list[dict]:
     import torch
 
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
     from splitedge.cloud.options import build_run_config, method_overrides
     from splitedge.methods.datasets import load_dataset
-    from splitedge.protocol.node import connect, write_counters
+    from splitedge.protocol.node import check_identity_free, connect, write_counters
 
     torch.set_num_threads(args.threads)
+    if not args.takeover:
+        check_identity_free(args.broker, run=args.run, tier="cloud", node_id=args.id)
     _, test, info = load_dataset(args.dataset, args.data, max_test=args.max_test, seed=args.seed)
     config = build_run_config(args.method, info, args.model, args.seed, method_overrides(args))
     settings = CloudSettings(method=args.method, rounds=args.rounds, config=config, deadline_s=args.deadline,
-                             min_edges=args.edges,
-                             min_devices=args.devices, join_timeout_s=args.join_timeout, out_dir=args.out,
-                             seed=args.seed, on_round=_print_round)
+                             min_edges=args.edges, min_devices=args.devices, join_timeout_s=args.join_timeout,
+                             out_dir=args.out, seed=args.seed, on_round=_round_printer(args.rounds))
     transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id)
     try:
         history = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id).run()
@@ -49,10 +81,11 @@ def run(args: argparse.Namespace) -> int:
         from splitedge.plots import plot_spectra_per_round
 
         plot_spectra_per_round(history, args.out / "spectrum.png", title=f"{args.method} on {args.dataset}")
-    print(json.dumps({"final_accuracy": history[-1].get("accuracy") if history else None}))
-    return 0
+    return history
 
 
-def _print_round(record: dict) -> None:
-    print(f"round {record['round']:3d}  accuracy {record.get('accuracy', float('nan')):.4f}  "
-          f"{record['round_seconds']:.1f}s  edges {record['edges']}", flush=True)
+def _round_printer(total: int):
+    def show(record: dict) -> None:
+        print(f"round {record['round']:3d}/{total}  accuracy {record.get('accuracy', float('nan')):.4f}  "
+              f"{record['round_seconds']:.1f}s  edges {record['edges']}", flush=True)
+    return show

@@ -21,8 +21,9 @@ from splitedge.methods.config import RunConfig
 from splitedge.methods.registry import create_method
 from splitedge.methods.losslog import tier_losses
 from splitedge.methods.strategy import CloudPart, FederationView, Message, NodeContext, Placement, RoundPlan
+from splitedge.cloud.outputs import dumps
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import Node, clear_retained, topic_kind
+from splitedge.protocol.node import Node, clear_retained, status, topic_kind
 from splitedge.protocol.rounds import RoundCollector
 from splitedge.protocol.topics import ALL_DEVICES, parse, pattern
 from splitedge.protocol.transport import Transport
@@ -107,13 +108,22 @@ class CloudCoordinator(Node):
 
     def wait_for_edges(self) -> None:
         """Block until enough edges (and devices behind them) joined, or the join timeout."""
-        deadline = time.monotonic() + self.settings.join_timeout_s
+        s = self.settings
+        deadline, shown = time.monotonic() + s.join_timeout_s, None
+        status.info("cloud: %s, %d rounds (run %s); waiting for %d edge(s) and %d device(s)", s.method, s.rounds,
+                    self.run_id, s.min_edges, s.min_devices)
         while time.monotonic() < deadline:
-            if len(self.live) >= self.settings.min_edges and self.live_devices() >= self.settings.min_devices:
+            joined = (len(self.live), self.live_devices())
+            if joined != shown:
+                status.info("cloud: %d/%d edge(s), %d/%d device(s) joined", *joined[:1], s.min_edges, joined[1],
+                            s.min_devices)
+                shown = joined
+            if joined[0] >= s.min_edges and joined[1] >= s.min_devices:
                 return
-            self.dispatch(self.next_event(deadline - time.monotonic()))
-        raise TimeoutError(f"only {len(self.live)} edge(s) with {self.live_devices()} device(s) "
-                           f"joined within {self.settings.join_timeout_s:.0f} s")
+            self.dispatch(self.next_event(min(1.0, deadline - time.monotonic())))
+        raise TimeoutError(f"only {len(self.live)} edge(s) with {self.live_devices()} device(s) joined within "
+                           f"{s.join_timeout_s:.0f} s (waiting for {s.min_edges} and {s.min_devices}); are the edges "
+                           f"and devices started with --run {self.run_id} and this broker?")
 
     def place(self, moves: Mapping[str, Placement]) -> None:
         """Send each moved device its placement (through its current edge) and wait, up to
@@ -137,7 +147,11 @@ class CloudCoordinator(Node):
     def run(self) -> list[dict[str, Any]]:
         """All rounds, then the stop announcement; returns the per-round metrics."""
         self.start()
-        self.wait_for_edges()
+        try:
+            self.wait_for_edges()
+        except TimeoutError:
+            self._announce_stop(reason="the cloud's join timeout passed")  # nobody waits for a round that never comes
+            raise
         try:
             for r in range(1, self.settings.rounds + 1):
                 if self.stopped.is_set():
@@ -195,10 +209,14 @@ class CloudCoordinator(Node):
             out["devices"] = dict(devices)  # summed over this round's devices, each counting since it started
         return out
 
-    def _announce_stop(self) -> None:
+    def _announce_stop(self, reason: str | None = None) -> None:
+        """The end of the run: retained, so a node that (re)joins later still stops. A stop with
+        a `reason` (the run never started) goes only to nodes listening now: as a retained
+        message it would stop the next run's nodes at once."""
         plan = RoundPlan(round=self.round + 1, method=self.method.name, deadline_s=1.0,
-                         config=self.method.run_config.to_wire(), session=self.session, stop=True)
-        self.send(self.transport, "down", "round", plan.to_body(), round_=plan.round, retain=True)
+                         config=self.method.run_config.to_wire(), session=self.session, stop=True,
+                         directives={"reason": reason} if reason else {})
+        self.send(self.transport, "down", "round", plan.to_body(), round_=plan.round, retain=reason is None)
 
     def _persist(self, record: dict[str, Any]) -> None:
         out = self.settings.out_dir
@@ -206,7 +224,7 @@ class CloudCoordinator(Node):
             return
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "metrics.jsonl", "a") as fh:
-            fh.write(json.dumps(record, default=float) + "\n")
+            fh.write(dumps(record) + "\n")
         save_checkpoint(out / "model.safetensors", self.part.state_for_checkpoint(),
                         {"round": str(record["round"]), "method": self.settings.method})
 

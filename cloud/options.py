@@ -56,6 +56,36 @@ def method_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None, deadline_s: float, seed: int,
+                        max_train: int | None, max_test: int | None, overrides: dict[str, Any]) -> None:
+    """The run's command-line values, checked before any data is loaded: one ValueError naming
+    the flag and what to do. The method's settings are checked by its typed config."""
+    from pathlib import Path
+
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    if dataset not in DEFAULT_MODEL:
+        raise ValueError(f"--dataset must be one of {sorted(DEFAULT_MODEL)}, got {dataset!r}")
+    if data is not None:
+        if dataset != "cifar10":
+            raise ValueError(f"--data is read only with --dataset cifar10 (digits come with scikit-learn); "
+                             f"add --dataset cifar10 or drop --data")
+        if not Path(data).exists():
+            raise ValueError(f"--data {data}: no such file or folder (the CIFAR-10 .tar.gz, an ImageFolder tree "
+                             f"or cifar-10-batches-py)")
+    if not deadline_s > 0:
+        raise ValueError(f"--deadline must be > 0 seconds, got {deadline_s}")
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
+    for flag, value in (("--max-train", max_train), ("--max-test", max_test)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    try:
+        default_config(method, ModelSpec(), **overrides)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{method} settings: {exc}") from None
+
+
 def build_run_config(method: str, info: Any, model: str | None, seed: int, overrides: dict[str, Any]) -> RunConfig:
     """Model spec + the method's typed config, each setting checked against the method's Config."""
     spec = ModelSpec(model=model or DEFAULT_MODEL.get(info.name, "cnn"), num_classes=info.num_classes,

@@ -23,10 +23,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from splitedge.device.local_data import fits_model
 from splitedge.methods.registry import create_method
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, Placement, RoundPlan
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import Node, topic_kind
+from splitedge.protocol.node import Node, status, topic_kind
 from splitedge.protocol.topics import parse, pattern
 from splitedge.protocol.transport import Transport
 
@@ -51,6 +52,7 @@ class DeviceAgent(Node):
         self.stale_replies = 0
         self.peer_box: dict[tuple[int, str], dict[str, Envelope]] = {}  # (round, kind) -> sender -> message
         self.subscribed: set[str] = set()
+        self.fatal: str | None = None  # why this device cannot take part in the run (it stops)
 
     @property
     def edge(self) -> str:
@@ -82,6 +84,8 @@ class DeviceAgent(Node):
         self._sync_subscriptions()
         self._hello()
         self.send(self.transport, "up", "status", {"state": "online", "role": "device"}, round_=0, retain=True)
+        status.info("device %s: up with %d images (run %s), waiting for edge %s's round", self.node_id,
+                    len(self.data[1]), self.run_id, self.edge)
 
     def _hello(self) -> None:
         classes = np.unique(self.data[1]).astype(np.int64)
@@ -192,8 +196,8 @@ class DeviceAgent(Node):
         if new == self.placement:
             return
         moved = new.edge != self.edge
-        log.info("device %s: placed at edge %s, groups %s, %d peer(s)", self.node_id, new.edge, list(new.groups),
-                 len(new.peers))
+        status.info("device %s: placed at edge %s, groups %s, %d peer(s)", self.node_id, new.edge, list(new.groups),
+                    len(new.peers))
         self.placement = new
         if self.part is not None:
             self.part.ctx.view = new
@@ -204,9 +208,11 @@ class DeviceAgent(Node):
         if plan.session and plan.session != self.session and not plan.stop:
             self._new_session(plan.session)
         if plan.stop:
-            if self.last_round == 0 and self.pending is None:
+            reason = plan.directives.get("reason")
+            if self.last_round == 0 and self.pending is None and not reason:
                 return  # a retained stop left over from an earlier run with this run id
-            log.info("device %s: run finished at round %d", self.node_id, plan.round)
+            status.info("device %s: run finished%s", self.node_id,
+                        f": {reason}" if reason else f" after round {self.last_round}")
             self.stopped.set()
             return
         if plan.round <= self.last_round:
@@ -220,6 +226,12 @@ class DeviceAgent(Node):
             return True
         try:
             method = create_method(plan.method, plan.config)
+            misfit = fits_model(self.data[0], self.data[1], method.spec)
+            if misfit:  # the data will never fit this run: say so and leave, do not hold rounds open
+                self.fatal = f"device {self.node_id}: {misfit}"
+                log.error("%s", self.fatal)
+                self.stopped.set()
+                return False
             if self.part is not None and self.config[0] == plan.method and self.part.spec == method.spec:
                 log.info("device %s: %s settings changed at round %d", self.node_id, plan.method, plan.round)
                 self.part.reconfigure(method)
@@ -245,7 +257,7 @@ class DeviceAgent(Node):
     def _run(self, plan: RoundPlan) -> None:
         self.round = self.last_round = plan.round
         self.part.losses = {}
-        sent_done = False
+        sent_done, started = False, time.monotonic()
         try:
             for item in self.part.run_round(plan):
                 if item is DONE and not sent_done:
@@ -256,6 +268,9 @@ class DeviceAgent(Node):
         finally:  # even a failed round tells the edge not to wait for us
             if not sent_done:
                 self.send(self.transport, "up", "done", {"phase": "round", "info": {"failed": True}})
+                status.info("device %s: round %d failed (see the log)", self.node_id, plan.round)
+            else:
+                status.info("device %s: round %d done in %.1f s", self.node_id, plan.round, time.monotonic() - started)
 
     def _done_info(self) -> dict[str, Any]:
         info = {**self.part.round_info(), "samples": int(len(self.data[1]))}

@@ -16,12 +16,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, type=Path,
                    help="local data: an .npz shard (x uint8 [N,H,W,C], y) or an image folder <class>/*.jpg; "
                         "the onnx backend reads images from it a batch at a time")
-    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
-                   help="torch trains W_c locally; onnx only computes statistics (no torch in the process)")
-    p.add_argument("--run", default="default", help="run id (topic namespace)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto",
+                   help="torch trains locally; onnx only computes statistics with onnxruntime (no torch in the "
+                        "process, H-SFP only); auto: torch when it is installed, else onnx")
+    p.add_argument("--run", default="default", help="run id (topic namespace); the same on every node of a run")
+    p.add_argument("--seed", type=int, default=0, help="seed of this device's randomness (shuffles, augmentations)")
     p.add_argument("--out", type=Path, default=None, help="write this node's byte counters here at exit")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch backend)")
+    p.add_argument("--takeover", action="store_true",
+                   help="start even if the broker says a device with this id is online")
 
 
 def load_local_data(path: Path, backend: str = "torch"):
@@ -33,23 +36,37 @@ def load_local_data(path: Path, backend: str = "torch"):
     return open_local_data(path, stream=backend == "onnx")
 
 
+def resolve_backend(name: str) -> str:
+    """`auto` is torch where torch is installed (it can train), else the thin onnx backend."""
+    if name != "auto":
+        return name
+    import importlib.util
+
+    return "torch" if importlib.util.find_spec("torch") is not None else "onnx"
+
+
 def run(args: argparse.Namespace) -> int:
     from splitedge.device.agent import DeviceAgent
-    from splitedge.protocol.node import connect, write_counters
+    from splitedge.protocol.node import check_identity_free, connect, status, write_counters
 
-    data = load_local_data(args.data, args.backend)
-    backend = args.backend
+    backend = resolve_backend(args.backend)
+    data = load_local_data(args.data, backend)  # a shard that cannot work is refused before connecting
     if backend == "torch":
         import torch
 
         torch.set_num_threads(args.threads)
+    if not args.takeover:
+        check_identity_free(args.broker, run=args.run, tier="device", node_id=args.id)
     transport = connect(args.broker, run=args.run, tier="device", node_id=args.id)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
                         backend=backend, seed=args.seed)
+    status.info("device %s: backend %s, broker %s", args.id, backend, args.broker)
     try:
         agent.start()
         agent.run_forever()
     finally:
         transport.close(offline=True)
         write_counters(args.out, args.id, [transport])
+    if agent.fatal:
+        raise ValueError(agent.fatal)
     return 0

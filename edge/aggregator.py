@@ -24,7 +24,7 @@ from splitedge.methods.losslog import device_losses
 from splitedge.methods.registry import create_method
 from splitedge.methods.strategy import EdgePart, Message, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import Node, clear_retained, topic_kind
+from splitedge.protocol.node import Node, clear_retained, status, topic_kind
 from splitedge.protocol.rounds import RoundCollector
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
@@ -63,6 +63,8 @@ class EdgeAggregator(Node):
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello"), self.enqueue)
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "status"), self.enqueue)
         self._announce()
+        status.info("edge %s: up (run %s), waiting for devices and for cloud %s's round", self.node_id, self.run_id,
+                    self.cloud)
 
     def _cloud_filters(self) -> set[str]:
         """The cloud's downlink as far as this edge and its devices need it. Round announcements
@@ -124,7 +126,7 @@ class EdgeAggregator(Node):
             return
         if dev not in self.members:
             self.down.subscribe(pattern(self.run_id, "device", dev, "up"), self.enqueue)
-            log.info("edge %s: device %s joined (%d samples)", self.node_id, dev, env.body["samples"])
+            status.info("edge %s: device %s joined (%d samples)", self.node_id, dev, env.body["samples"])
         self.members[dev], self.groups[dev] = int(env.body["samples"]), groups
         self._sync_subscriptions()
         self._announce()
@@ -133,7 +135,7 @@ class EdgeAggregator(Node):
         self.members.pop(dev, None)
         self.groups.pop(dev, None)
         self.down.unsubscribe(pattern(self.run_id, "device", dev, "up"))
-        log.info("edge %s: device %s left for another edge", self.node_id, dev)
+        status.info("edge %s: device %s left for another edge", self.node_id, dev)
         self._sync_subscriptions()
         self._announce()
 
@@ -177,8 +179,11 @@ class EdgeAggregator(Node):
         if plan.session and plan.session != self.session and not plan.stop:
             self._new_session(plan.session)
         if plan.stop:
-            if self.plan is not None:  # else: a retained stop left over from an earlier run
-                self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
+            reason = plan.directives.get("reason")
+            if self.plan is not None or reason:  # else: a retained stop left over from an earlier run
+                self.send(self.down, "down", "round", env.body, round_=env.round, retain=not reason)
+                status.info("edge %s: run finished%s", self.node_id,
+                            f": {reason}" if reason else f" after round {self.plan.round}")
                 self.stopped.set()
             return
         if self.plan is not None and plan.round <= self.plan.round:
@@ -259,6 +264,8 @@ class EdgeAggregator(Node):
         if self.part.losses:
             info["loss"] = dict(self.part.losses)
         self.send(self.up, "up", "done", {"phase": "round", "info": info})
+        status.info("edge %s: round %d closed with %d/%d devices in %.1f s", self.node_id, self.plan.round,
+                    len(infos), len(self.live), time.monotonic() - started)
 
     def rejections(self) -> dict[str, int]:
         """Messages this edge dropped so far, by rule: malformed on either broker, refused by the part."""

@@ -12,18 +12,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--upstream", default=None, help="the cloud's broker URL, when it differs from --broker")
     p.add_argument("--cloud", default="cloud", help="id of the cloud coordinator")
     p.add_argument("--run", default="default", help="run id (topic namespace)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of this edge's randomness (feature sampling)")
     p.add_argument("--out", type=Path, default=None, help="write this node's byte counters here at exit")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--takeover", action="store_true",
+                   help="start even if the broker says an edge with this id is online")
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    import importlib.util
 
     from splitedge.edge.aggregator import EdgeAggregator
-    from splitedge.protocol.node import connect, write_counters
+    from splitedge.protocol.node import check_identity_free, connect, write_counters
 
-    torch.set_num_threads(args.threads)
+    if importlib.util.find_spec("torch") is not None:  # numpy-only methods' edges run without it
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if not args.takeover:
+        check_identity_free(args.upstream or args.broker, run=args.run, tier="edge", node_id=args.id)
     down = connect(args.broker, run=args.run, tier="edge", node_id=args.id)
     up = connect(args.upstream, run=args.run, tier="edge", node_id=args.id) if args.upstream else down
     edge = EdgeAggregator(down, up, run=args.run, node_id=args.id, cloud=args.cloud, seed=args.seed)

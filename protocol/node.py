@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import json
+import os
 import queue
 import threading
 import time
@@ -26,6 +27,9 @@ from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import Transport, kind_of
 
 log = logging.getLogger(__name__)
+status = logging.getLogger("splitedge.status")
+"""Signs of life a person watches (started, joined, round k/N, stopped): the CLI prints them as
+plain lines whatever the log level; a library user sees them as ordinary INFO records."""
 
 
 def carries_session(kind: str) -> bool:
@@ -130,6 +134,28 @@ def connect(url: str, *, run: str, tier: str, node_id: str, **kwargs: Any) -> "T
     will_env = Envelope(kind="status", run=run, round=0, sender=node_id, body={"state": "offline", "role": tier})
     will = (topic(run, tier, node_id, "up", "status"), will_env)
     return MqttTransport(url, client_id=f"{run}-{tier}-{node_id}", role=tier, will=will, **kwargs)
+
+
+def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s: float = 1.0, **kwargs: Any) -> None:
+    """Refuse to start a second live process with this run, tier and id: with the same MQTT
+    client id the two would take the session from each other for ever. The node's retained
+    `status` says "online" while a process holds the id (its last will, or a clean exit, turns
+    it "offline"). ValueError naming the way out; ConnectionError when the broker is not there."""
+    from splitedge.protocol.mqtt import MqttTransport
+
+    seen: list[str] = []
+    probe = MqttTransport(url, client_id=f"{run}-{tier}-{node_id}-probe-{os.getpid()}", role="probe", **kwargs)
+    try:
+        probe.subscribe(topic(run, tier, node_id, "up", "status"), lambda t, env: seen.append(env.body["state"]))
+        wait = time.monotonic() + settle_s
+        while not seen and time.monotonic() < wait:
+            time.sleep(0.05)
+    finally:
+        probe.close()
+    if seen and seen[-1] == "online":
+        raise ValueError(f"another {tier} with id {node_id!r} is online in run {run!r} on {url}; stop it, or give "
+                         f"this one another --id or --run (a process killed without a clean exit counts as online "
+                         f"until the broker's keepalive notices, about a minute; --takeover skips this check)")
 
 
 def clear_retained(transport: "Transport", filter_: str, settle_s: float = 0.5) -> int:

@@ -19,17 +19,26 @@ COMMANDS = {
     "broker": ("splitedge.broker_cli", "run the embedded MQTT broker (amqtt)"),
     "export": ("splitedge.exporters.cli", "export W_c and the global model to ONNX (fp32/fp16/int8) with parity"),
     "bench": ("splitedge.bench.cli", "run a bench suite (bandwidth, ram, throughput, accuracy) into JSON, markdown, plots"),
+    "data": ("splitedge.data_cli", "cut a data set into per-device shards and check them"),
 }
+
+
+HEAVY = ("torch", "torchvision", "amqtt", "sklearn", "matplotlib", "safetensors", "onnx")
+"""Optional dependencies of the [all] extra: a missing one is an install step, not a bug."""
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or with ``only`` the options of that one subcommand (the others are
     listed but their modules are not imported: a thin device process stays small)."""
+    from splitedge import __version__
+
     parser = argparse.ArgumentParser(prog="splitedge", description="Edge-device split learning over MQTT.")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="-v info, -vv debug")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="-v: info logs, -vv: debug logs and full tracebacks")
+    parser.add_argument("--version", action="version", version=f"splitedge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         if only is None or name == only:
             importlib.import_module(module).add_arguments(p)
         p.set_defaults(module=module)
@@ -52,17 +61,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     cap_arenas()  # before any role starts its threads (splitedge/malloc.py says why)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(_chosen_command(argv)).parse_args(argv)
-    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.verbose)
     try:
         return int(importlib.import_module(args.module).run(args) or 0)
-    except ModuleNotFoundError as exc:
-        if exc.name in ("torch", "torchvision", "amqtt", "sklearn", "matplotlib", "safetensors"):
-            print(f"splitedge {args.command} needs {exc.name}: pip install 'splitedge[all]'", file=sys.stderr)
-            return 2
-        raise
-    except ValueError as exc:  # a caller mistake (bad setting, bad data path): say it, no traceback
-        print(f"splitedge {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
+        print(f"splitedge {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # one line that says what to fix; the traceback only with -vv
+        if args.verbose >= 2:
+            raise
+        code, text = explain(exc, args.command)
+        print(text, file=sys.stderr)
+        return code
+
+
+def explain(exc: BaseException, command: str) -> tuple[int, str]:
+    """(exit code, one line) for an exception that ends a command: 2 for what the user can fix
+    (a setting, a path, a missing extra), 1 for a run that failed."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name in HEAVY:
+        hint = ("; a device without torch runs with --backend onnx" if exc.name == "torch" and command == "device"
+                else "")
+        return 2, f"splitedge {command} needs {exc.name}: pip install 'splitedge[all]'{hint}"
+    if isinstance(exc, (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)):
+        return 2, f"splitedge {command}: error: {exc}"
+    if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+        return 1, f"splitedge {command}: {exc}"
+    return 1, f"splitedge {command}: failed: {type(exc).__name__}: {exc} (run with -vv for the traceback)"
+
+
+def configure_logging(verbose: int) -> None:
+    """Warnings (or more with -v) as log lines on stderr; the roles' status lines (logger
+    "splitedge.status": started, joined, round k/N, stopped) always, as plain lines on stdout."""
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    status = logging.getLogger("splitedge.status")
+    status.setLevel(logging.INFO)
+    status.propagate = verbose > 0  # with -v the status lines are also ordinary log lines
+    if not any(getattr(h, "_splitedge_status", False) for h in status.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._splitedge_status = True  # type: ignore[attr-defined]
+        status.addHandler(handler)

@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from splitedge.cloud.outputs import RunFolder, dumps
+
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +38,8 @@ class SimSettings:
     seed: int = 0
     deadline_s: float = 300.0
     broker: str | None = None
-    out: Path = Path("runs/sim")
+    out: Path | None = None  # None: a new folder runs/<method>-<date>-<time>
+    overwrite: bool = False
     run: str = ""
     threads: int = 1
     max_train: int | None = None
@@ -52,6 +55,28 @@ class SimSettings:
                              f"descriptors past 1023). Run larger federations as separate device processes.")
         if self.devices < 1 or self.edges < 1:
             raise ValueError(f"need at least one device and one edge, got {self.devices} and {self.edges}")
+        check_run_settings(self)
+        if self.out is None:
+            self.out = Path("runs") / f"{self.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+BACKENDS = ("torch", "onnx")
+
+
+def check_run_settings(s: Any) -> None:
+    """Every value the command line gives, checked before any data is loaded or node started:
+    each mistake is one ValueError naming the flag and what to do."""
+    from splitedge.cloud.options import check_run_arguments
+
+    check_run_arguments(s.method, s.rounds, s.dataset, s.data, s.deadline_s, s.seed, s.max_train, s.max_test,
+                        s.overrides)
+    if s.alpha is not None and not s.alpha > 0:
+        raise ValueError(f"--alpha must be > 0 (a Dirichlet concentration), got {s.alpha}; omit it for IID")
+    unknown = [b for b in s.backends if b not in BACKENDS]
+    if unknown or not s.backends:
+        raise ValueError(f"--backends takes a comma list of {', '.join(BACKENDS)}, got {','.join(s.backends) or '(empty)'}")
+    if s.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {s.threads}")
 
 
 MAX_SIM_NODES = 320
@@ -89,26 +114,33 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
 
     torch.set_num_threads(s.threads)
     started = time.monotonic()
-    train, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
-    config = build_run_config(s.method, info, s.model, s.seed, s.overrides)
-    shards = partition(train[1], s)
-    run = s.run or f"sim-{uuid.uuid4().hex[:8]}"  # unique: two sims may share a broker
-    s.out.mkdir(parents=True, exist_ok=True)
-    (s.out / "metrics.jsonl").unlink(missing_ok=True)
-    with broker_url(s.broker) as url, Federation(url, run, s, train, shards) as fed:
-        settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
-                                 min_edges=s.edges,
-                                 min_devices=s.devices, out_dir=s.out, seed=s.seed, on_round=on_round)
-        cloud_transport = fed.connect("cloud", "cloud")
-        cloud = CloudCoordinator(cloud_transport, settings, run=run, test=test)
-        history = cloud.run()
-        fed.wait_stopped(timeout=30)
-        summary = summarise(history, fed, config, s, time.monotonic() - started, info)
-    (s.out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
-    from splitedge.plots import plot_run, plot_spectra_per_round
+    with RunFolder(s.out, overwrite=s.overwrite):  # claimed before any work, released at the end
+        train, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
+        config = build_run_config(s.method, info, s.model, s.seed, s.overrides)
+        shards = partition(train[1], s)
+        run = s.run or f"sim-{uuid.uuid4().hex[:8]}"  # unique: two sims may share a broker
+        with broker_url(s.broker) as url, Federation(url, run, s, train, shards) as fed:
+            per_device = fed.per_device_bytes(on_round)
+            settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
+                                     min_edges=s.edges, min_devices=s.devices, out_dir=s.out, seed=s.seed,
+                                     on_round=per_device.record)
+            cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test)
+            try:
+                history = cloud.run()
+            except KeyboardInterrupt:  # what finished is kept, and marked as such
+                summary = summarise(cloud.history, fed, config, s, time.monotonic() - started, info, "interrupted")
+                (s.out / "summary.json").write_text(dumps(summary, indent=1))
+                raise
+            fed.wait_stopped(timeout=30)
+            summary = summarise(history, fed, config, s, time.monotonic() - started, info)
+        (s.out / "summary.json").write_text(dumps(summary, indent=1))
+        from splitedge.plots import plot_run, plot_spectra_per_round
 
-    plot_run(history, s.out / "plot.png", title=f"{s.method} on {s.dataset}")
-    plot_spectra_per_round(history, s.out / "spectrum.png", title=f"{s.method} on {s.dataset}")
+        plot_run(history, s.out / "plot.png",
+                 title=f"{s.method} on {s.dataset}, {s.devices} devices, {s.edges} edges, "
+                       f"{'IID' if s.alpha is None else f'Dirichlet({s.alpha:g})'}, {s.rounds} rounds",
+                 chance=summary["chance"], personalised=cloud.method.personalised, device_bytes=per_device.rows)
+        plot_spectra_per_round(history, s.out / "spectrum.png", title=f"{s.method} on {s.dataset}")
     return summary
 
 
@@ -182,6 +214,10 @@ class Federation:
                     acc["payload"] += row["payload"]
         return out
 
+    def per_device_bytes(self, then: Callable[[dict], None] | None = None) -> "PerDeviceBytes":
+        """A round callback that records the devices' mean payload up and down per round."""
+        return PerDeviceBytes(self, then)
+
     def bytes_by_tier(self) -> dict[str, dict[str, int]]:
         """Payload and packet bytes sent (out) and received (in) by each tier, summed over nodes."""
         out: dict[str, dict[str, int]] = {}
@@ -194,13 +230,36 @@ class Federation:
         return out
 
 
+class PerDeviceBytes:
+    """(up, down) payload bytes per device for each round, from the device transports' counters."""
+
+    def __init__(self, fed: Federation, then: Callable[[dict], None] | None) -> None:
+        self.fed, self.then = fed, then
+        self.rows: list[tuple[int, int]] = []
+        self.last = (0, 0)
+
+    def record(self, round_record: dict) -> None:
+        tier = self.fed.bytes_by_tier()["device"]
+        now = (tier["out_payload"], tier["in_payload"])
+        n = max(1, self.fed.s.devices)
+        self.rows.append(((now[0] - self.last[0]) // n, (now[1] - self.last[1]) // n))
+        self.last = now
+        if self.then is not None:
+            self.then(round_record)
+
+
 def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings, seconds: float,
-              info: Any) -> dict[str, Any]:
+              info: Any, status: str = "complete") -> dict[str, Any]:
+    """The run in one JSON document; `status` "complete" or "interrupted", `evaluated_rounds`
+    how many rounds produced an accuracy (0 means the run learnt nothing that was measured)."""
     acc = [h.get("accuracy", float("nan")) for h in history]  # a method may report no accuracy
     by_tier = fed.bytes_by_tier()
     sizes = [len(idx) for idx in fed.shards]
     rounds = max(1, len(history))
     return {
+        "status": status,
+        "rounds_done": len(history),
+        "evaluated_rounds": sum(1 for a in acc if a == a),
         "final_accuracy": acc[-1] if acc else None,
         "best_accuracy": max((a for a in acc if a == a), default=None),
         "accuracy_per_round": acc,

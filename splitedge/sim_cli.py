@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -11,13 +12,17 @@ from splitedge.cloud.options import add_run_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--devices", type=int, default=4)
-    p.add_argument("--edges", type=int, default=2)
+    p.add_argument("--devices", type=int, default=4, help="device agents (threads, each with its own MQTT client)")
+    p.add_argument("--edges", type=int, default=2, help="edge aggregators; device i reports to edge i mod edges")
     p.add_argument("--alpha", type=float, default=None, help="Dirichlet(alpha) label split; IID when omitted")
     p.add_argument("--broker", default=None, help="use this broker (e.g. mqtt://127.0.0.1:1883) instead of an embedded one")
-    p.add_argument("--out", type=Path, default=Path("runs/sim"), help="metrics.jsonl, summary.json, plot.png")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder for metrics.jsonl, summary.json, model.safetensors, plots (default: a new "
+                        "runs/<method>-<date>-<time>)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous run in --out")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the whole process")
-    p.add_argument("--backends", default="torch", help="comma-separated device backends, assigned round-robin")
+    p.add_argument("--backends", default="torch",
+                   help="comma-separated device backends (torch, onnx), assigned to devices round-robin")
     add_run_arguments(p)
     p.set_defaults(rounds=10)
 
@@ -28,15 +33,22 @@ def run(args: argparse.Namespace) -> int:
 
     s = SimSettings(rounds=args.rounds, devices=args.devices, edges=args.edges, method=args.method,
                     dataset=args.dataset, data=args.data, model=args.model, alpha=args.alpha, seed=args.seed,
-                    deadline_s=args.deadline, broker=args.broker, out=args.out, threads=args.threads,
-                    max_train=args.max_train, max_test=args.max_test,
-                    backends=tuple(args.backends.split(",")), overrides=method_overrides(args))
+                    deadline_s=args.deadline, broker=args.broker, out=args.out, overwrite=args.overwrite,
+                    threads=args.threads, max_train=args.max_train, max_test=args.max_test,
+                    backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
+                    overrides=method_overrides(args))
+    if not args.verbose:  # the progress line says it all; the nodes' own status lines would drown it
+        logging.getLogger("splitedge.status").setLevel(logging.WARNING)
     print(f"splitedge sim: {s.method} on {s.dataset}, {s.devices} devices, {s.edges} edges, "
-          f"{s.rounds} rounds, {'IID' if s.alpha is None else f'Dirichlet({s.alpha})'}", flush=True)
+          f"{s.rounds} rounds, {'IID' if s.alpha is None else f'Dirichlet({s.alpha})'}, into {s.out}", flush=True)
     summary = run_sim(s, on_round=_progress(s.rounds))
     print(json.dumps({k: summary[k] for k in ("final_accuracy", "wall_seconds",
                                               "device_up_bytes_per_device_per_round")}))
     print(f"wrote {s.out}/metrics.jsonl, summary.json, plot.png")
+    if not summary["evaluated_rounds"]:
+        print(f"splitedge sim: no round produced an evaluation (accuracy is null in every round); "
+              f"see the warnings above or run with -v", file=sys.stderr)
+        return 1
     return 0
 
 

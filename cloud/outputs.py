@@ -1,0 +1,98 @@
+"""A run's output folder: valid JSON only, no silent overwrite, one writer at a time.
+
+`metrics.jsonl` and `summary.json` are read by other programs, so a NaN (no evaluation yet)
+is written as null, never as the invalid token NaN. A folder that holds a previous run is
+refused unless the caller says `overwrite`; a lock file refuses a second run writing into the
+same folder at the same time (a lock left by a process that is gone is taken over).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RUN_FILES = ("metrics.jsonl", "summary.json", "model.safetensors")
+LOCK = ".splitedge.lock"
+
+
+def json_safe(obj: Any) -> Any:
+    """`obj` with NaN and infinities as None and numpy scalars as Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """Strict JSON (allow_nan=False) of json_safe(obj)."""
+    return json.dumps(json_safe(obj), allow_nan=False, **kw)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunFolder:
+    """Claim `path` for one run: refuse a previous run's files unless `overwrite`, and a folder
+    another live process is writing into. Use as a context manager; the lock goes at exit."""
+
+    def __init__(self, path: Path, *, overwrite: bool = False) -> None:
+        self.path, self.overwrite = Path(path), overwrite
+        self.lock = self.path / LOCK
+
+    def __enter__(self) -> "RunFolder":
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"--out {self.path} is a file; give a folder")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        try:
+            previous = [f for f in RUN_FILES if (self.path / f).exists()]
+            if previous and not self.overwrite:
+                raise ValueError(f"--out {self.path} holds a previous run ({', '.join(previous)}); "
+                                 f"choose another --out or pass --overwrite")
+            for name in previous:
+                (self.path / name).unlink()
+        except BaseException:
+            self.lock.unlink(missing_ok=True)
+            raise
+        return self
+
+    def _take_lock(self) -> None:
+        for _ in range(2):
+            try:
+                fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    pid = int(self.lock.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid and _alive(pid) and pid != os.getpid():
+                    raise ValueError(f"--out {self.path} is in use by another run (pid {pid}); "
+                                     f"choose another --out") from None
+                log.warning("taking over the lock of a run that is gone (pid %s) in %s", pid or "?", self.path)
+                self.lock.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(str(os.getpid()))
+            return
+        raise ValueError(f"--out {self.path}: cannot take its lock file {self.lock}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.unlink(missing_ok=True)
