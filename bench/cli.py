@@ -20,7 +20,8 @@ SUITES = {
     "accuracy": "splitedge.bench.accuracy",
     "ssl": "splitedge.bench.ssl",
 }
-DEFAULT_OUT = Path("bench/results")
+DEFAULT_OUT = Path("runs/bench")
+"""Where a suite writes without --out: a new folder per run, never the committed bench/results."""
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -31,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", choices=(*SUITES, "all"))
     p.add_argument("--quick", action="store_true", help="small settings that finish in well under a minute")
     p.add_argument("--out", type=Path, default=None,
-                   help="output folder (default bench/results/<suite>/; with 'all', one subfolder per suite)")
+                   help="output folder (default: a new runs/bench/<suite>-<date>-<time>; with 'all', one subfolder "
+                        "per suite); bench/results holds the committed results, write there only on purpose")
     p.add_argument("--no-plots", action="store_true", help="skip the matplotlib figures")
     p.add_argument("--rerender", action="store_true",
                    help="run nothing: rewrite the markdown (and plots) of the JSON already in --out with this "
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     names = list(SUITES) if args.suite == "all" else [args.suite]
     for name in names:
         if args.out is None:
-            out_dir = DEFAULT_OUT / name
+            out_dir = DEFAULT_OUT / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         else:
             out_dir = args.out / name if args.suite == "all" else args.out
         run_suite(name, args, out_dir, argv)

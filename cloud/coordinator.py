@@ -156,7 +156,7 @@ class CloudCoordinator(Node):
             for r in range(1, self.settings.rounds + 1):
                 if self.stopped.is_set():
                     break
-                self.history.append(self.run_round(r))
+                self.run_round(r)
         finally:
             self._announce_stop()
         return self.history
@@ -191,6 +191,7 @@ class CloudCoordinator(Node):
                   "rejected": self.rejections(reports),
                   "bytes": self.transport.counters.snapshot()}
         self._persist(record)
+        self.history.append(record)
         if self.settings.on_round:
             self.settings.on_round(record)
         return record

@@ -56,10 +56,12 @@ class RunFolder:
     def __init__(self, path: Path, *, overwrite: bool = False) -> None:
         self.path, self.overwrite = Path(path), overwrite
         self.lock = self.path / LOCK
+        self.created = False
 
     def __enter__(self) -> "RunFolder":
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"--out {self.path} is a file; give a folder")
+        self.created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         self._take_lock()
         try:
@@ -96,3 +98,5 @@ class RunFolder:
 
     def __exit__(self, *exc: object) -> None:
         self.lock.unlink(missing_ok=True)
+        if self.created and not any(self.path.iterdir()):  # a run that failed before writing anything
+            self.path.rmdir()

@@ -14,6 +14,7 @@ import pickle  # only for torchvision's cifar-10-batches-py, a standard third-pa
 import shutil
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -142,7 +143,12 @@ def _load_archive(archive: Path, root: Path) -> tuple[Split, Split, list[str], S
         with _file_lock(root / f"cifar10-{key}.lock"):
             if not npz.exists():  # another process may have built it while we waited
                 log.info("building CIFAR-10 cache %s from %s (once, ~20 s)", npz, archive)
-                tree = _unpack_once(archive, root / f"cifar10-{key}")
+                try:
+                    tree = _unpack_once(archive, root / f"cifar10-{key}")
+                except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+                    reason = str(exc).splitlines()[-1].lstrip("- ") if str(exc) else type(exc).__name__
+                    raise ValueError(f"{archive}: not a readable CIFAR-10 archive ({reason}); is the file complete? "
+                                     f"(../shared/data/README.md gives its sha256)") from None
                 (xtr, ytr), (xte, yte), classes = _load_tree(tree)
                 mean, std = channel_stats(xtr)
                 _atomic_savez(npz, x_train=xtr, y_train=ytr, x_test=xte, y_test=yte, classes=np.array(classes),

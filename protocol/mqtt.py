@@ -136,7 +136,8 @@ class MqttTransport(Transport):
         self._client.disconnect()
         self._client.loop_stop()
         reason = self._connect_error or self._diagnose(timeout)
-        raise ConnectionError(f"{self.client_id}: cannot connect to MQTT broker {self.url}: {reason}")
+        raise ConnectionError(f"cannot connect to the MQTT broker at {self.url}: {reason}; is it running, and is "
+                              f"the URL right?")
 
     def _diagnose(self, timeout: float) -> str:
         """Explain a connect timeout: is anything listening at all?"""

@@ -6,12 +6,33 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", type=int, default=1883)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=1883, help="TCP port to listen on")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; 0.0.0.0 opens it to the network (anonymous clients)")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A port already taken (often by a Mosquitto) is a one-line error, before amqtt starts."""
+    import socket
+
+    if not 0 < port < 65536:
+        raise ValueError(f"--port must be 1..65535, got {port}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror}); another broker may be running "
+                             f"there: use it, or pick another --port") from None
 
 
 def run(args: argparse.Namespace) -> int:
+    import logging
+
     from splitedge.protocol.broker import serve_forever
 
+    check_port_free(args.host, args.port)
+    logging.getLogger("splitedge.status").info("splitedge broker: listening on mqtt://%s:%d (anonymous clients; "
+                                               "Ctrl-C stops it)", args.host, args.port)
     serve_forever(args.port, args.host)
     return 0

@@ -97,8 +97,22 @@ def configure_logging(verbose: int) -> None:
     status = logging.getLogger("splitedge.status")
     status.setLevel(logging.INFO)
     status.propagate = verbose > 0  # with -v the status lines are also ordinary log lines
-    if not any(getattr(h, "_splitedge_status", False) for h in status.handlers):
-        handler = logging.StreamHandler(sys.stdout)
+    if not any(isinstance(h, _StdoutHandler) for h in status.handlers):
+        handler = _StdoutHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
-        handler._splitedge_status = True  # type: ignore[attr-defined]
         status.addHandler(handler)
+
+
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever sys.stdout is at the time (a test may swap it between commands)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stdout)
+
+    @property  # type: ignore[override]
+    def stream(self) -> object:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
