@@ -29,7 +29,7 @@ def _csv(value: str) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", choices=(*SUITES, "all"))
+    p.add_argument("suite", choices=(*SUITES, "all"), help="what to measure (all: every suite)")
     p.add_argument("--quick", action="store_true", help="small settings that finish in well under a minute")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: a new runs/bench/<suite>-<date>-<time>; with 'all', one subfolder "
@@ -40,17 +40,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "checkout's report code")
     g = p.add_argument_group("federation (bandwidth, accuracy, ram)")
     g.add_argument("--methods", type=_csv, default=(), help="comma-separated; default: every registered method")
-    g.add_argument("--dataset", default="digits", choices=("digits", "cifar10"))
+    g.add_argument("--dataset", default="digits", choices=("digits", "cifar10"), help="data set of the federations")
     g.add_argument("--data", default=None, help="CIFAR-10 archive / folder (see splitedge sim --help)")
     g.add_argument("--model", default=None, help="cnn | resnet18; default by data set")
-    g.add_argument("--devices", type=int, default=None)
-    g.add_argument("--edges", type=int, default=None)
-    g.add_argument("--rounds", type=int, default=None)
+    g.add_argument("--devices", type=int, default=None, help="devices per federation (default: the suite's)")
+    g.add_argument("--edges", type=int, default=None, help="edges per federation (default: the suite's)")
+    g.add_argument("--rounds", type=int, default=None, help="rounds per federation (default: the suite's)")
     g.add_argument("--alpha", type=float, default=None, help="bandwidth: Dirichlet(alpha) split; IID if omitted")
     g.add_argument("--alphas", default=None, help="accuracy: comma-separated splits, 'iid' or a Dirichlet alpha")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-train", type=int, default=None)
-    g.add_argument("--max-test", type=int, default=None)
+    g.add_argument("--seed", type=int, default=0, help="seed of the split and the models")
+    g.add_argument("--max-train", type=int, default=None, help="use at most this many training images")
+    g.add_argument("--max-test", type=int, default=None, help="evaluate on at most this many test images")
     g.add_argument("--variant", action="append", default=[], metavar="NAME=METHOD:KEY=VALUE,...",
                    help="accuracy: also run METHOD with these settings as row NAME (repeatable), "
                         "e.g. hsfp-ic2=hsfp:ic=2,ie=2")

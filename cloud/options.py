@@ -16,23 +16,25 @@ DEFAULT_MODEL = {"digits": "cnn", "cifar10": "cnn"}
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="hsfp", choices=list_methods())
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--dataset", default="digits", choices=("digits", "cifar10"))
+    p.add_argument("--method", default="hsfp", choices=list_methods(), help="the learning method (docs/methods.md)")
+    p.add_argument("--rounds", type=int, default=10, help="rounds to run")
+    p.add_argument("--dataset", default="digits", choices=("digits", "cifar10"),
+                   help="digits (bundled with scikit-learn) or cifar10 (needs --data)")
     p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")
     p.add_argument("--model", default=None, help="network split (cnn | resnet18); default by data set")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds before a round closes without stragglers")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the data split, the models' initial weights and sampling")
     p.add_argument("--max-train", type=int, default=None, help="use at most this many training images")
     p.add_argument("--max-test", type=int, default=None, help="evaluate on at most this many test images")
     g = p.add_argument_group("H-SFP")
     g.add_argument("--mean-only", action="store_true", help="ablation: prototypes without variance")
     g.add_argument("--no-slow-averaging", action="store_true", help="ablation: never average W_c / W_e")
-    g.add_argument("--resend-moments", choices=("on-change", "every-round"), default=None)
+    g.add_argument("--resend-moments", choices=("on-change", "every-round"), default=None,
+                   help="send device moments only when W_c changed (on-change), or every round")
     g.add_argument("--feature-dtype", choices=("f2", "f4"), default=None, help="moments on the wire")
     g.add_argument("--ic", type=int, default=None, help="rounds between W_c averages")
     g.add_argument("--ie", type=int, default=None, help="rounds between W_e averages")
-    g.add_argument("--local-epochs", type=int, default=None)
+    g.add_argument("--local-epochs", type=int, default=None, help="local epochs per round on a device")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any method setting by name (repeatable), e.g. --set edge_samples=4096")
 

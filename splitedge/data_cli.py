@@ -45,7 +45,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION", help="split or check")
     s = sub.add_parser("split", formatter_class=_Help,
                        help="cut a data set's training split into one shard per device",
                        description="Cut a data set's training split into one .npz shard per device, "

@@ -176,3 +176,14 @@ def test_a_run_without_any_evaluation_exits_non_zero(tmp_path, capsys) -> None:
                      "--max-train", "40", "--out", str(tmp_path / "run"))
     assert code == 1 and "no round produced an evaluation" in err
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["final_accuracy"] is None
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    from splitedge.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = parser._subparsers._group_actions
+    undocumented = [f"{name} {a.option_strings[0] if a.option_strings else a.dest}"
+                    for name, sub in commands.choices.items() for a in sub._actions
+                    if not a.help and a.dest != "help"]
+    assert undocumented == []
