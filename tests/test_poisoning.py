@@ -19,7 +19,8 @@ from splitedge.sim import SimSettings, run_sim
 
 
 class Rogue:
-    """Device d9 of edge e0: valid frames, values that do not fit the federation."""
+    """Device d9 of edge e0: valid frames, values that do not fit the federation (another feature
+    dimension, a class id beyond the model's, weights of other shapes)."""
 
     def __init__(self, url: str, run: str) -> None:
         self.run, self.t = run, connect(url, run=run, tier="device", node_id="d9")
@@ -38,6 +39,9 @@ class Rogue:
         r, rng = env.round, np.random.default_rng(env.round)
         self.say("moments", {"classes": np.arange(3, dtype=np.int64), "counts": np.full(3, 50, np.int64),
                              "mean": rng.normal(size=(3, 7)).astype("f4"), "var": np.ones((3, 7), "f4"),
+                             "space": "wc", "versions": {"wc": env.body["versions"]["wc"]}}, r)
+        self.say("moments", {"classes": np.array([51], dtype=np.int64), "counts": np.array([50], np.int64),
+                             "mean": np.zeros((1, 512), "f4"), "var": np.ones((1, 512), "f4"),  # digits: 10 classes
                              "space": "wc", "versions": {"wc": env.body["versions"]["wc"]}}, r)
         self.say("weights", {"part": "wc", "version": env.body["versions"]["wc"], "samples": 10_000,
                              "weights": {"block1.conv.weight": np.ones((3, 3), "f4")}}, r)
@@ -70,4 +74,5 @@ def test_a_rogue_device_is_refused_and_changes_nothing(mosquitto, tmp_path) -> N
     # ... and e0 refused the rogue's two messages of every round, by rule
     refused = poisoned[-1]["rejected"]["e0"]
     assert refused.get("state.dim") == 3 and refused.get("state.weights") == 3, refused
+    assert refused.get("state.classes") == 3, refused  # a label beyond the model's classes never reaches training
     assert "e0" not in clean[-1]["rejected"]
