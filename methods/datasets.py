@@ -136,7 +136,7 @@ def _load_tree(root: Path) -> tuple[Split, Split, list[str]]:
 
 def _load_archive(archive: Path, root: Path) -> tuple[Split, Split, list[str], Stats]:
     """Unpack and decode once into `root`, keyed by the archive's sha256; later loads read the .npz."""
-    key = _sha256(archive)[:16]
+    key = file_sha256(archive)[:16]
     npz = root / f"cifar10-{key}-v{CACHE_FORMAT}.npz"
     if not npz.exists():
         root.mkdir(parents=True, exist_ok=True)
@@ -158,7 +158,8 @@ def _load_archive(archive: Path, root: Path) -> tuple[Split, Split, list[str], S
         return (z["x_train"], z["y_train"]), (z["x_test"], z["y_test"]), [str(c) for c in z["classes"]], stats
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read a megabyte at a time."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

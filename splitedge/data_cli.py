@@ -15,7 +15,6 @@ numpy and the device's data modules only, never torch: run it on the device.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from splitedge.methods.datasets import file_sha256
 
 MANIFEST = "shards.json"
 MANIFEST_FORMAT = 1
@@ -130,7 +131,7 @@ def split(args: argparse.Namespace) -> int:
         save_shard(path, xd, y[idx], device=d, seed=args.seed)
         entry: dict[str, Any] = {"id": f"d{d}", "file": path.name, "samples": int(len(idx)),
                                  "class_counts": np.bincount(y[idx], minlength=info.num_classes).tolist(),
-                                 "sha256": _sha256(path)}
+                                 "sha256": file_sha256(path)}
         if skew is not None:
             entry["skew"] = {"rotation_k": skew.rotation_k, "colour_shift": list(skew.colour_shift)}
         devices.append(entry)
@@ -209,14 +210,6 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
               f"--data {args.out / d['file']} --backend onnx")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # -- check -------------------------------------------------------------------------------------
 
 def check(path: Path) -> int:
@@ -278,7 +271,7 @@ def _against_manifest(path: Path) -> None:
     entry = entries.get(path.name)
     if entry is None:
         return
-    if _sha256(path) != entry["sha256"]:
+    if file_sha256(path) != entry["sha256"]:
         raise ValueError(f"{path}: sha256 differs from {manifest} (changed or partly copied)")
     print(f"sha256:  matches {manifest}")
 

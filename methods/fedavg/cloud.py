@@ -19,12 +19,22 @@ log = logging.getLogger(__name__)
 
 
 class FedAvgCloud(CloudPart):
+    """The whole model merged every round and sent to every device. Methods on the same pattern
+    (the self-supervised ones) override `build_model` and `evaluate` only."""
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self.model = build_split(self.spec).eval()
+        self.model = self.build_model().eval()
         self.specs = weight_specs(state_to_numpy(self.model))
         self.version = 0
         self.samples = 0
+
+    def build_model(self) -> Any:
+        return build_split(self.spec)
+
+    def evaluate(self, plan: RoundPlan) -> dict[str, Any]:
+        """Metrics of the merged model after round `plan.round`."""
+        return evaluate(self.model, self.ctx.extra["test"], self.spec)
 
     def _model_message(self) -> Message:
         body = {"part": MODEL, "version": self.version, "samples": self.samples,
@@ -52,9 +62,7 @@ class FedAvgCloud(CloudPart):
             out.append(self._model_message())
         else:
             log.warning("cloud: round %d without any edge model; keeping version %d", plan.round, self.version)
-        metrics = {**evaluate(self.model, self.ctx.extra["test"], self.spec),
-                   "model_version": self.version, "samples": self.samples}
-        return out, metrics
+        return out, {**self.evaluate(plan), "model_version": self.version, "samples": self.samples}
 
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
         return state_to_numpy(self.model)

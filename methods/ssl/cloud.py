@@ -9,61 +9,30 @@ singular-value spectrum. `accuracy` in the metrics is the linear probe's.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from splitedge.methods.averaging import weight_updates
-from splitedge.methods.checks import check_weights, weight_specs
+from splitedge.methods.fedavg.cloud import FedAvgCloud
 from splitedge.methods.preprocess import batches
-from splitedge.methods.ssl.method import MODEL
 from splitedge.methods.ssl.model import build_net, encode, normalise, to_unit
-from splitedge.methods.strategy import (
-    DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec, device,
-)
-from splitedge.models import load_numpy_state, state_to_numpy
+from splitedge.methods.strategy import DEVICES, Message, NodeContext, RoundPlan, device
 
 log = logging.getLogger(__name__)
 
 
-class SSLCloud(CloudPart):
-    def __init__(self, ctx: NodeContext) -> None:
-        super().__init__(ctx)
-        self.net = build_net(self.spec, self.cfg.proj_hidden, self.method.predictor).eval()
-        self.specs = weight_specs(state_to_numpy(self.net))
-        self.version = 0
-        self.samples = 0
+class SSLCloud(FedAvgCloud):
+    """FedAvg's cloud with the self-supervised network and the representation report."""
 
-    def _model_message(self) -> Message:
-        body = {"part": MODEL, "version": self.version, "samples": self.samples, "weights": state_to_numpy(self.net)}
-        return Message("weights", body, to=DEVICES, slot=MODEL)
+    def build_model(self) -> Any:
+        return build_net(self.spec, self.cfg.proj_hidden, self.method.predictor)
 
-    def initial_messages(self) -> list[Message]:
-        return [self._model_message()]
-
-    def plan(self, round_: int) -> RoundSpec:
-        return RoundSpec(versions={MODEL: self.version})
-
-    def check(self, env: Any, source: str) -> None:
-        if env.kind == "weights":
-            check_weights(env.body, self.specs, part=MODEL)
-
-    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
-        parts = weight_updates(reports, MODEL, plan.version(MODEL))
-        out: list[Message] = []
-        if parts:
-            load_numpy_state(self.net, self.method.merge_weights(parts))
-            self.version += 1
-            self.samples = sum(n for _, n in parts)
-            out.append(self._model_message())
-        else:
-            log.warning("cloud: round %d without any edge model; keeping version %d", plan.round, self.version)
-        metrics: dict[str, Any] = {"model_version": self.version, "samples": self.samples}
+    def evaluate(self, plan: RoundPlan) -> dict[str, Any]:
         last = self.ctx.extra.get("rounds")
         if plan.round % self.cfg.report_every == 0 or plan.round == last:
-            metrics.update(self.report())
-        return out, metrics
+            return self.report()
+        return {}
 
     def report(self) -> dict[str, Any]:
         """The representation report of the global encoder; `accuracy` is the linear probe's."""
@@ -75,21 +44,18 @@ class SSLCloud(CloudPart):
         @torch.no_grad()
         def views(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             """Encoder features of two augmented views of each image, 256 images at a time."""
-            self.net.eval()
+            self.model.eval()
             pairs = []
             for sl in batches(len(images), 256):
                 v1, v2 = ssl_views(to_unit(images[sl]), gen, scale=(self.cfg.crop_scale_min, 1.0))
-                pairs.append((self.net.encoder(normalise(v1, self.spec)).numpy(),
-                              self.net.encoder(normalise(v2, self.spec)).numpy()))
+                pairs.append((self.model.encoder(normalise(v1, self.spec)).numpy(),
+                              self.model.encoder(normalise(v2, self.spec)).numpy()))
             return np.concatenate([a for a, _ in pairs]), np.concatenate([b for _, b in pairs])
 
-        rep = representation_report(lambda images: encode(self.net, images, self.spec), self.ctx.extra["test"],
+        rep = representation_report(lambda images: encode(self.model, images, self.spec), self.ctx.extra["test"],
                                     num_classes=self.spec.num_classes, views=views, seed=self.spec.seed,
                                     probe_epochs=self.cfg.probe_epochs)
         return {**rep, "accuracy": rep["probe_accuracy"]}
-
-    def state_for_checkpoint(self) -> dict[str, np.ndarray]:
-        return state_to_numpy(self.net)
 
 
 class SSDCloud(SSLCloud):
@@ -106,9 +72,9 @@ class SSDCloud(SSLCloud):
         from splitedge.methods.ssd_scales import dsr_scales
 
         devices = sorted(self.ctx.view.devices)
-        q, scales = dsr_scales(self.net.dim, devices, self.cfg.alpha, self.ctx.rng)
+        q, scales = dsr_scales(self.model.dim, devices, self.cfg.alpha, self.ctx.rng)
         self.scales_sent = True
-        log.info("cloud: SSD scales for %d devices, %d directions each", len(devices), self.net.dim // len(devices))
+        log.info("cloud: SSD scales for %d devices, %d directions each", len(devices), self.model.dim // len(devices))
         record = lambda name, key, value: {"name": name, "version": 1, "arrays": {key: value}}  # noqa: E731
         return [Message("arrays", record("ssd_q", "q", q), to=DEVICES, slot="ssd_q"),
                 *(Message("arrays", record("ssd_d", "d", d), to=device(k), slot="ssd_d") for k, d in scales.items())]

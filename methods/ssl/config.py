@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from splitedge.methods.config import MethodConfig
+from splitedge.methods.fedavg.config import FedAvgConfig
 
 
 @dataclass(frozen=True)
-class SSLConfig(MethodConfig):
-    # device: two augmented views per image (methods/ssl_augment.py), the method's loss terms
-    local_epochs: int = 1
-    device_lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
+class SSLConfig(FedAvgConfig):
+    """FedAvg's device settings (local_epochs, device_lr, momentum, weight_decay), larger batches
+    (more pairs for the contrastive terms), and the views, projector and report."""
+
     device_batch: int = 64
     crop_scale_min: float = 0.2  # random resized crop keeps 20..100 % of the area
     # projector (and SimSiam's predictor): hidden width = proj_hidden x the encoder's dimension
@@ -27,8 +25,6 @@ class SSLConfig(MethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.local_epochs < 1 or self.device_batch < 2 or self.device_lr <= 0:
-            raise ValueError(f"bad self-supervised config: {self}")
         if not 0 < self.crop_scale_min <= 1 or self.proj_hidden < 1 or self.report_every < 1 or self.beta < 0:
             raise ValueError(f"bad self-supervised config: {self}")
 
