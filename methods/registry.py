@@ -21,6 +21,7 @@ _METHODS: dict[str, Any] = {
     "simsiam": "splitedge.methods.ssl.method:SimSiam",
     "align-uniform": "splitedge.methods.ssl.method:AlignUniform",
     "ssd": "splitedge.methods.ssl.method:SSD",
+    "cflhkd": "splitedge.methods.cflhkd.method:CFLHKD",
 }
 
 

@@ -46,6 +46,8 @@ class SimSettings:
     max_test: int | None = None
     backends: tuple[str, ...] = ("torch",)
     overrides: dict[str, Any] = field(default_factory=dict)
+    groups: int = 0  # planted device groups (clustered methods): 0 none
+    group_skew: str = "rotate"  # group g's images turned by g quarter turns, or "labels": permuted per group
 
     def __post_init__(self) -> None:
         nodes = self.devices + self.edges + 1
@@ -77,6 +79,27 @@ def check_run_settings(s: Any) -> None:
         raise ValueError(f"--backends takes a comma list of {', '.join(BACKENDS)}, got {','.join(s.backends) or '(empty)'}")
     if s.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {s.threads}")
+    if not 0 <= s.groups <= s.devices or s.group_skew not in ("rotate", "labels"):
+        raise ValueError(f"--groups must be in 0..--devices and --group-skew rotate or labels, got {s.groups} and "
+                         f"{s.group_skew!r}")
+
+
+def planted_group(device: int, s: SimSettings) -> int:
+    """Devices in contiguous blocks: d0.. in group 0, the next block in group 1, ... (edges are
+    dealt round-robin, so a clustered method has devices to move)."""
+    return device * s.groups // s.devices if s.groups else 0
+
+
+def plant(data: tuple[np.ndarray, np.ndarray], group: int, s: SimSettings) -> tuple[np.ndarray, np.ndarray]:
+    """A planted group's skew: its images turned by `group` quarter turns, or its labels permuted
+    (a fixed permutation per group, seeded; group 0 is left as it is)."""
+    x, y = data
+    if group == 0:
+        return x, y
+    if s.group_skew == "rotate":
+        return np.ascontiguousarray(np.rot90(x, k=group, axes=(1, 2))), y
+    perm = np.random.default_rng([s.seed, group]).permutation(int(y.max()) + 1)
+    return x, perm[y]
 
 
 MAX_SIM_NODES = 320
@@ -175,7 +198,7 @@ class Federation:
             self._start(edge)
         for d, idx in enumerate(self.shards):
             backend = self.s.backends[d % len(self.s.backends)]
-            data = (self.train[0][idx], self.train[1][idx])
+            data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
             agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
                                 edge=f"e{d % self.s.edges}", data=data, backend=backend, seed=self.s.seed)
             self._start(agent)
@@ -269,6 +292,7 @@ def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings,
         "device_up_bytes_per_device_per_round": by_tier["device"]["out_payload"] / max(1, s.devices) / rounds,
         "device_bytes_by_kind": fed.bytes_by_kind("device"),
         "chance": 1.0 / info.num_classes,
+        **({"planted_groups": {f"d{d}": planted_group(d, s) for d in range(s.devices)}} if s.groups else {}),
         "train_images": int(sum(len(idx) for idx in fed.shards)),
         "images_per_device": {"min": int(min(sizes)), "median": float(np.median(sizes)), "max": int(max(sizes))},
         "config": {"method": s.method, "settings": config.to_wire()["method"], "model": config.to_wire()["model"],

@@ -23,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the whole process")
     p.add_argument("--backends", default="torch",
                    help="comma-separated device backends (torch, onnx), assigned to devices round-robin")
+    p.add_argument("--groups", type=int, default=0,
+                   help="planted device groups for clustered methods (contiguous blocks of devices); 0: none")
+    p.add_argument("--group-skew", choices=("rotate", "labels"), default="rotate",
+                   help="what sets a planted group apart: its images turned by g quarter turns, or permuted labels")
     add_run_arguments(p)
     p.set_defaults(rounds=10)
 
@@ -36,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
                     deadline_s=args.deadline, broker=args.broker, out=args.out, overwrite=args.overwrite,
                     threads=args.threads, max_train=args.max_train, max_test=args.max_test,
                     backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
-                    overrides=method_overrides(args))
+                    overrides=method_overrides(args), groups=args.groups, group_skew=args.group_skew)
     if not args.verbose:  # the progress line says it all; the nodes' own status lines would drown it
         logging.getLogger("splitedge.status").setLevel(logging.WARNING)
     print(f"splitedge sim: {s.method} on {s.dataset}, {s.devices} devices, {s.edges} edges, "

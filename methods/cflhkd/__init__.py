@@ -1,0 +1,1 @@
+"""CFLHKD (METHODS.md): clustered FL with clusters on edges and hierarchical distillation."""

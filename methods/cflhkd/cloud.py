@@ -1,0 +1,130 @@
+"""CFLHKD cloud: FedAvg during warm-up; then it clusters the devices by their signals, moves each
+cluster to its own edge, and from then on the global model is the sample-weighted merge of the
+cluster models the edges send. Every round it sends every device the teacher tables: each
+cluster's class-wise mean logits and counts (the global teacher and the peer teachers derive
+from them on the device). Re-clusters every `recluster_every` rounds or when a device drifts.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from splitedge.methods.cflhkd.distill import merge_tables
+from splitedge.methods.cflhkd.method import CLUSTERED, MODEL, SIGNALS, TEACHERS, WARMUP
+from splitedge.methods.fedavg.cloud import FedAvgCloud
+from splitedge.methods.fedproto.protos import weighted_accuracy
+from splitedge.methods.strategy import DEVICES, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
+from splitedge.methods.averaging import weight_updates
+from splitedge.models import load_numpy_state, state_to_numpy
+
+log = logging.getLogger(__name__)
+
+
+class CFLHKDCloud(FedAvgCloud):
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.phase = WARMUP
+        self.assignment: dict[str, int] = {}  # device -> cluster
+        self.cluster_edges: dict[int, str] = {}  # cluster -> its edge
+        self.signals: dict[str, np.ndarray] = {}
+        self.moves: dict[str, Placement] | None = None
+        self.clustered_at = 0
+
+    def plan(self, round_: int) -> RoundSpec:
+        """Devices train from the model of the previous round (global, or their cluster's)."""
+        return RoundSpec(versions={MODEL: round_ - 1}, directives={"phase": self.phase})
+
+    def placement(self, round_: int) -> dict[str, Placement] | None:
+        moves, self.moves = self.moves, None
+        return moves
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
+        out: list[Message] = []
+        parts = weight_updates(reports, MODEL, plan.round)  # edges version their merge by the round
+        if parts:  # warm-up: the devices' merge (through edges); clustered: the merge of the cluster models
+            load_numpy_state(self.model, self.method.merge_weights(parts))
+            self.version, self.samples = plan.round, sum(n for _, n in parts)
+            if self.phase == WARMUP:
+                out.append(self._model_message())
+        for r in reports:
+            for env in r.all("arrays"):
+                if env.body["name"] == SIGNALS:
+                    self.signals.update({d: np.asarray(v) for d, v in env.body["arrays"].items()})
+        if self._clustering_due(plan.round):
+            self._cluster(plan.round)
+        if self.cfg.kd:
+            out.extend(self._teachers(reports))
+        return out, {**self.evaluate(plan), **self._cluster_metrics(plan, reports), "model_version": self.version,
+                     "samples": self.samples}
+
+    # -- clustering --------------------------------------------------------------------------
+    def _clustering_due(self, round_: int) -> bool:
+        cfg = self.cfg
+        if not cfg.clustering or len(self.signals) < 2:
+            return False
+        if self.phase == WARMUP:
+            return round_ >= cfg.warmup_rounds
+        if cfg.recluster_every and round_ - self.clustered_at >= cfg.recluster_every:
+            return True
+        if cfg.drift_threshold > 0:
+            from splitedge.methods.cflhkd.clustering import drifted
+
+            known = {d: v for d, v in self.signals.items() if d in self.assignment}
+            moved = drifted(known, self.assignment, cfg.drift_threshold) if len(known) > 1 else []
+            if moved:
+                log.info("cloud: devices %s drifted from their clusters; re-clustering", moved[:5])
+                return True
+        return False
+
+    def _cluster(self, round_: int) -> None:
+        from splitedge.methods.cflhkd.clustering import cluster_devices, write_clusters
+
+        edges = sorted(self.ctx.view.members)
+        live = {d: v for d, v in self.signals.items() if d in self.ctx.view.devices}
+        kw = {"n_clusters": min(self.cfg.clusters, len(live))} if self.cfg.clusters else \
+            {"distance_threshold": self.cfg.distance_threshold}
+        self.assignment = cluster_devices(live, max_clusters=len(edges), **kw)
+        self.cluster_edges = {k: edges[k] for k in sorted(set(self.assignment.values()))}
+        self.moves = {d: Placement(edge=self.cluster_edges[k], groups=(f"c{k}",),
+                                   peers=self.ctx.view.placement(d).peers) for d, k in self.assignment.items()}
+        self.phase, self.clustered_at = CLUSTERED, round_
+        log.info("cloud: %d devices in %d clusters after round %d", len(self.assignment), len(self.cluster_edges), round_)
+        out_dir = self.ctx.extra.get("out_dir")
+        if out_dir is not None:
+            write_clusters(Path(out_dir), self.assignment, live, edges=self.cluster_edges, round_=round_)
+
+    # -- distillation ------------------------------------------------------------------------
+    def _teachers(self, reports: Sequence[Report]) -> list[Message]:
+        """Each cluster's table: its edge's merged logits (before clustering: one table, everyone)."""
+        c = self.spec.num_classes
+        by_cluster: dict[int, list[tuple]] = {}
+        edge_cluster = {e: k for k, e in self.cluster_edges.items()}
+        for r in reports:
+            for env in r.all("logits"):
+                k = edge_cluster.get(r.sender, 0) if self.phase == CLUSTERED else 0
+                by_cluster.setdefault(k, []).append((env.body["classes"], env.body["counts"], env.body["logits"]))
+        if not by_cluster:
+            return []
+        ks = sorted(by_cluster)
+        tables = [merge_tables(by_cluster[k], c) for k in ks]
+        arrays = {"clusters": np.array(ks, dtype=np.int64), "counts": np.stack([t[0] for t in tables]),
+                  "logits": np.stack([t[1] for t in tables]).astype(np.float32)}
+        return [Message("arrays", {"name": TEACHERS, "version": 1, "arrays": arrays}, to=DEVICES, slot=TEACHERS)]
+
+    def _cluster_metrics(self, plan: RoundPlan, reports: Sequence[Report]) -> dict[str, Any]:
+        """Each cluster model on its own devices' held-out data (edges report it), and overall."""
+        infos = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
+        per_edge = {e: i["accuracy"] for e, i in infos.items() if "accuracy" in i}
+        acc, _ = weighted_accuracy(list(infos.values()))
+        out: dict[str, Any] = {"phase": plan.directives.get("phase"), "clusters": len(self.cluster_edges) or 1,
+                               "cluster_accuracy": per_edge, "personalised_accuracy": acc}
+        if self.assignment:
+            out["assignment"] = dict(self.assignment)
+        return out
+
+    def state_for_checkpoint(self) -> dict[str, np.ndarray]:
+        return state_to_numpy(self.model)

@@ -1,0 +1,39 @@
+"""CFLHKD settings (they travel, typed, in the round announcement). METHODS.md "CFLHKD"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitedge.methods.fedavg.config import FedAvgConfig
+
+
+@dataclass(frozen=True)
+class CFLHKDConfig(FedAvgConfig):
+    """FedAvg's device settings, the clustering, and the hierarchical distillation."""
+
+    # clustering at the cloud, after `warmup_rounds` of plain FedAvg
+    clustering: bool = True  # False: one global model (FedAvg, with KD from the global table)
+    warmup_rounds: int = 1
+    clusters: int = 0  # 0: chosen by distance_threshold (and at most the number of edges)
+    distance_threshold: float = 0.5  # cosine distance at which clusters stop merging
+    signal: str = "updates"  # what devices are clustered by: "updates" (classifier update) or "labels"
+    recluster_every: int = 0  # re-cluster every R rounds (0: never)
+    drift_threshold: float = 0.0  # re-cluster when a device's signal is this far from its cluster (0: off)
+    # hierarchical knowledge distillation on class-wise mean logits
+    kd: bool = True  # False: plain clustered FL
+    temperature: float = 3.0
+    lambda_g: float = 0.5  # global teacher
+    lambda_p: float = 0.5  # peer clusters' teachers, weighted by their counts per class
+    # per-cluster evaluation: each device's held-out share
+    holdout: float = 0.2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.signal not in ("updates", "labels"):
+            raise ValueError(f"signal must be updates or labels, got {self.signal!r}")
+        if self.warmup_rounds < 1 or self.clusters < 0 or self.recluster_every < 0:
+            raise ValueError("warmup_rounds must be >= 1, clusters and recluster_every >= 0")
+        if not 0 < self.distance_threshold <= 2 or self.drift_threshold < 0:
+            raise ValueError("distance_threshold must be in (0, 2] and drift_threshold >= 0")
+        if self.temperature <= 0 or self.lambda_g < 0 or self.lambda_p < 0 or not 0 < self.holdout < 1:
+            raise ValueError(f"bad CFLHKD config: {self}")

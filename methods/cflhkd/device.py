@@ -1,0 +1,123 @@
+"""CFLHKD device: train its cluster's model with CE + distillation from the teachers, and send
+up the model, its clustering signal and the class-wise mean logits of the model it received.
+
+Before clustering the "cluster" model is the global one (from the cloud); afterwards it comes
+from the device's edge, which averages its cluster. Each round the device also scores the model
+it received on a fixed held-out share of its data: the cluster model on its own devices' data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from splitedge.methods.checks import check_stats, check_weights, weight_specs
+from splitedge.methods.cflhkd.distill import teachers
+from splitedge.methods.cflhkd.method import MODEL, SIGNAL, TEACHERS
+from splitedge.methods.fedproto.device import holdout_split
+from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.torch_utils import accuracy, build_split, local_tensors, model_outputs, sgd, shuffled_batches
+from splitedge.methods.training import Batch, Outputs, train_epochs
+from splitedge.models import load_numpy_state, state_to_numpy
+from splitedge.protocol.errors import ProtocolError
+
+
+class CFLHKDDevice(DevicePart):
+    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+        super().__init__(ctx, data, backend)
+        self.model = build_split(self.spec).eval()
+        self.specs = weight_specs(state_to_numpy(self.model))
+        x, y = local_tensors(data, self.spec)
+        train, held = holdout_split(len(y), self.cfg.holdout, ctx.rng)
+        self.x, self.y, self.x_eval, self.y_eval = x[train], y[train], x[held], y[held]
+        self.version = -1
+        self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # cluster -> (counts [C], logits [C, C])
+        self.info: dict[str, Any] = {}
+
+    @property
+    def cluster(self) -> int | None:
+        """The cluster the cloud placed this device in (its group "c<k>"), None before clustering."""
+        groups = [g for g in getattr(self.ctx.view, "groups", ()) if g.startswith("c") and g[1:].isdigit()]
+        return int(groups[0][1:]) if groups else None
+
+    def ready(self, plan: RoundPlan) -> bool:
+        return self.version >= max(plan.version(MODEL), 0)
+
+    def check(self, env: Any, source: str) -> None:
+        body = env.body
+        if env.kind == "weights":
+            check_weights(body, self.specs, part=MODEL)
+        elif env.kind == "arrays" and body["name"] == TEACHERS:
+            c = self.spec.num_classes
+            logits, counts = body["arrays"].get("logits"), body["arrays"].get("counts")
+            if logits is None or counts is None or logits.shape[1:] != (c, c) or counts.shape != logits.shape[:2]:
+                raise ProtocolError("state.shape", f"teachers need logits [K, {c}, {c}] and counts [K, {c}]")
+
+    def on_message(self, env: Any) -> None:
+        body = env.body
+        if env.kind == "weights" and body["version"] > self.version:
+            load_numpy_state(self.model, body["weights"])
+            self.version = int(body["version"])
+        elif env.kind == "arrays" and body["name"] == TEACHERS:
+            arrays = body["arrays"]
+            self.tables = {int(k): (np.asarray(n), np.asarray(t, dtype=np.float32))
+                           for k, n, t in zip(arrays["clusters"], arrays["counts"], arrays["logits"])}
+
+    def forward(self, batch: Batch) -> Outputs:
+        return model_outputs(self.model, batch.x)
+
+    def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
+        self.info = {"accuracy": accuracy(self.model, self.x_eval, self.y_eval), "eval_samples": int(len(self.y_eval))}
+        yield Message("logits", self.mean_logits())
+        start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
+        gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
+        extra = self.teacher_tensors()
+
+        def epoch() -> Iterator[Batch]:
+            for idx in shuffled_batches(len(self.y), self.cfg.device_batch, gen):
+                yield Batch(self.x[idx], self.y[idx], extra)
+
+        self.losses = train_epochs(self.forward, self.method.loss_terms("device"), epoch, opt, [self.model],
+                                   epochs=self.cfg.local_epochs)
+        yield Message("weights", {"part": MODEL, "version": self.version, "samples": int(len(self.y)),
+                                  "weights": state_to_numpy(self.model)})
+        yield Message("arrays", {"name": SIGNAL, "version": plan.round, "arrays": {"v": self.signal(start)}})
+        yield DONE
+
+    def teacher_tensors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        if not self.cfg.kd or not self.tables:
+            return {}
+        g, has_g, p, has_p = teachers(self.tables, self.cluster)
+        as_t = lambda a, h: (torch.from_numpy(np.asarray(a, np.float32)), torch.from_numpy(h))  # noqa: E731
+        return {"teacher_global": as_t(g, has_g), "teacher_peers": as_t(p, has_p)}
+
+    @torch.no_grad()
+    def mean_logits(self) -> dict[str, Any]:
+        """Class-wise mean logits of the model this device received, on its training share."""
+        self.model.eval()
+        logits = model_outputs(self.model, self.x)["logits"].numpy().astype(np.float64)
+        y = self.y.numpy()
+        classes = np.unique(y)
+        means = np.stack([logits[y == c].mean(axis=0) for c in classes]).astype(np.float32)
+        counts = np.array([(y == c).sum() for c in classes], dtype=np.int64)
+        body = {"classes": classes.astype(np.int64), "counts": counts, "logits": means,
+                "versions": {MODEL: max(self.version, 0)}}
+        check_stats(body, "logits", dim=self.spec.num_classes, num_classes=self.spec.num_classes)
+        return body
+
+    def signal(self, start: dict[str, torch.Tensor]) -> np.ndarray:
+        """What the cloud clusters devices by: the update of the classifier this round (cosine
+        similarity of updates, METHODS.md), or the device's label histogram."""
+        if self.cfg.signal == "labels":
+            counts = np.bincount(self.y.numpy(), minlength=self.spec.num_classes).astype(np.float32)
+            return counts / max(counts.sum(), 1.0)
+        classifier = f"wg.{list(self.model.wg.named_children())[-1][0]}."  # the head's last layer
+        state = self.model.state_dict()
+        names = [k for k in state if k.startswith(classifier) and state[k].dtype.is_floating_point]
+        return torch.cat([(state[k] - start[k]).flatten() for k in names]).numpy().astype(np.float32)
+
+    def round_info(self) -> dict[str, Any]:
+        return dict(self.info)

@@ -1,0 +1,60 @@
+"""Teachers from class-wise mean logits, and the distillation term (torch only in kd_term)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def merge_tables(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Count-weighted mean logits per class over parts (classes i8[K], counts i8[K], logits [K, C]):
+    returns (counts [C], logits [C, C]) with zero rows for classes nobody holds."""
+    counts = np.zeros(num_classes, dtype=np.int64)
+    sums = np.zeros((num_classes, num_classes), dtype=np.float64)
+    for classes, n, logits in parts:
+        idx = np.asarray(classes, dtype=np.int64)
+        counts[idx] += np.asarray(n, dtype=np.int64)
+        sums[idx] += np.asarray(n, dtype=np.float64)[:, None] * np.asarray(logits, dtype=np.float64)
+    return counts, sums / np.maximum(counts, 1)[:, None]
+
+
+def teachers(tables: Mapping[int, tuple[np.ndarray, np.ndarray]], own: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(global [C, C], has_global [C], peers [C, C], has_peers [C]) from each cluster's
+    (counts [C], logits [C, C]): the global teacher weighs every cluster by its count for the
+    class, the peer teacher every cluster but `own` (none known: the peer teacher is absent)."""
+    def weighted(keys: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        counts = sum((tables[k][0] for k in keys), np.zeros_like(next(iter(tables.values()))[0]))
+        sums = sum((tables[k][0][:, None] * tables[k][1] for k in keys), 0.0)
+        return np.asarray(sums, dtype=np.float64) / np.maximum(counts, 1)[:, None], counts > 0
+
+    g, has_g = weighted(sorted(tables))
+    peers = [k for k in sorted(tables) if own is not None and k != own]
+    if peers:
+        p, has_p = weighted(peers)
+    else:
+        p, has_p = np.zeros_like(g), np.zeros(len(g), dtype=bool)
+    return g, has_g, p, has_p
+
+
+def kd_term(name: str, key: str, temperature: float, weight: float) -> Any:
+    """KL(softmax(teacher[y] / T) || softmax(logits / T)) x T^2 over the samples whose class has
+    a teacher row (`batch.extra[key]` = (table [C, C] tensor, has [C] bool)); 0 without one."""
+    import torch.nn.functional as F
+
+    from splitedge.methods.training import LossTerm
+
+    def fn(out: Any, b: Any) -> Any:
+        table = b.extra.get(key)
+        if table is None:
+            return out["logits"].sum() * 0.0
+        teacher, has = table
+        mask = has[b.y]
+        if not bool(mask.any()):
+            return out["logits"].sum() * 0.0
+        t = F.softmax(teacher[b.y[mask]] / temperature, dim=1)
+        log_s = F.log_softmax(out["logits"][mask] / temperature, dim=1)
+        kl = (t * (t.clamp_min(1e-12).log() - log_s)).sum(dim=1).mean()
+        return kl * temperature ** 2 * mask.float().mean()  # a batch mean over every sample, 0 where no teacher
+
+    return LossTerm(name, fn, weight, needs=("logits",))

@@ -1,0 +1,66 @@
+"""CFLHKD edge: one cluster. It merges its devices' models (the cluster model, sent back down once
+clustering has started, and up for the global model), merges their class-wise mean logits into
+the cluster's teacher table, and forwards their clustering signals. numpy only."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from splitedge.methods.averaging import averaged_body, weight_updates
+from splitedge.methods.cflhkd.distill import merge_tables
+from splitedge.methods.cflhkd.method import CLUSTERED, MODEL, SIGNAL, SIGNALS
+from splitedge.methods.checks import check_stats, check_weights, weight_specs
+from splitedge.methods.fedproto.protos import weighted_accuracy
+from splitedge.methods.strategy import CHILDREN, EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.protocol.errors import ProtocolError
+
+
+class CFLHKDEdge(EdgePart):
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.specs: dict | None = None  # the model's names and shapes, from the first global model
+        self.signal_dim: int | None = None
+        self.info: dict[str, Any] = {}
+
+    def check(self, env: Any, source: str) -> None:
+        body, c = env.body, self.spec.num_classes
+        if env.kind == "weights" and self.specs is not None:
+            check_weights(body, self.specs, part=MODEL)
+        elif env.kind == "logits":
+            check_stats(body, "logits", dim=c, num_classes=c)
+        elif env.kind == "arrays" and body["name"] == SIGNAL:
+            v = body["arrays"].get("v")
+            if v is None or v.ndim != 1 or (self.signal_dim is not None and len(v) != self.signal_dim):
+                raise ProtocolError("state.shape", f"a signal is one vector of the federation's length")
+            self.signal_dim = len(v)
+
+    def on_message(self, env: Any) -> list[Message]:
+        if env.kind == "weights" and env.body["part"] == MODEL:
+            self.specs = self.specs or weight_specs(env.body["weights"])
+        return []
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
+        out: list[Message] = []
+        parts = weight_updates(reports, MODEL, plan.version(MODEL))
+        if parts:
+            body = averaged_body(parts, MODEL, plan.round, self.method.merge_weights)  # versioned by round
+            if plan.directives.get("phase") == CLUSTERED:
+                out.append(Message("weights", body, to=CHILDREN, slot=MODEL))  # the cluster model, for its devices
+            out.append(Message("weights", body))
+        tables = [(e.body["classes"], e.body["counts"], e.body["logits"]) for r in reports for e in r.all("logits")]
+        if tables:
+            counts, logits = merge_tables(tables, self.spec.num_classes)
+            held = np.flatnonzero(counts)
+            out.append(Message("logits", {"classes": held.astype(np.int64), "counts": counts[held],
+                                          "logits": logits[held].astype(np.float32)}))
+        signals = {r.sender: e.body["arrays"]["v"] for r in reports for e in r.all("arrays") if e.body["name"] == SIGNAL}
+        if signals:
+            out.append(Message("arrays", {"name": SIGNALS, "version": plan.round, "arrays": signals}))
+        acc, n = weighted_accuracy([r.get("done").body["info"] for r in reports if r.get("done") is not None])
+        self.info = {"accuracy": acc, "eval_samples": n} if n else {}
+        return out
+
+    def round_info(self) -> dict[str, Any]:
+        return dict(self.info)
