@@ -128,16 +128,20 @@ class EdgeAggregator(Node):
             self.down.subscribe(pattern(self.run_id, "device", dev, "up"), self.enqueue)
             status.info("edge %s: device %s joined (%d samples)", self.node_id, dev, env.body["samples"])
         self.members[dev], self.groups[dev] = int(env.body["samples"]), groups
-        self._sync_subscriptions()
-        self._announce()
+        self._members_changed()
 
     def _drop(self, dev: str) -> None:
         self.members.pop(dev, None)
         self.groups.pop(dev, None)
         self.down.unsubscribe(pattern(self.run_id, "device", dev, "up"))
         status.info("edge %s: device %s left for another edge", self.node_id, dev)
+        self._members_changed()
+
+    def _members_changed(self) -> None:
         self._sync_subscriptions()
         self._announce()
+        if self.part is not None:
+            self.part.members_changed(set(self.members))
 
     def _on_status(self, env: Envelope) -> None:
         """Kept for every device: a status may arrive before the hello that makes it a member."""
@@ -224,6 +228,7 @@ class EdgeAggregator(Node):
                     self.up.unsubscribe(f)
                 self.subscribed = set()
             self.part = method.edge_part(NodeContext(node_id=self.node_id, method=method, rng=self.rng))
+            self.part.members_changed(set(self.members))
         self.config = wanted
         self._sync_subscriptions()
         return True

@@ -250,6 +250,10 @@ class EdgePart(Part):
         """Before the round is relayed down: messages for devices (e.g. ask one to resend)."""
         return []
 
+    def members_changed(self, members: set[str]) -> None:
+        """The edge's devices changed (one joined, or left for another edge): state kept per
+        device (cached statistics) should forget those that left."""
+
 
 class CloudPart(Part):
     """Cloud side: schedule, merge edge reports, train the head, evaluate, publish models."""

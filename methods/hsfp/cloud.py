@@ -16,11 +16,11 @@ import torch
 
 from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_space, check_stats, check_version, check_weights, weight_specs
-from splitedge.methods.hsfp.method import AVERAGE, WC, WE
+from splitedge.methods.hsfp.method import AVERAGE, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body
 from splitedge.methods.torch_utils import evaluate, retune
-from splitedge.methods.strategy import DEVICES, CHILDREN, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
+from splitedge.methods.strategy import CHILDREN, DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
@@ -41,6 +41,7 @@ class HSFPCloud(CloudPart):
         self.opt = torch.optim.Adam(self.model.wg.parameters(), lr=self.cfg.cloud_lr)
         self.cache: dict[str, tuple[int, int, ClassMoments]] = {}  # edge -> (wc_v, we_v, moments)
         self.cached_ids: dict[str, str] = {}  # edge -> msg_id of its cached moments
+        self.moves: dict[str, Placement] | None = None
 
     def reconfigure(self, method: Any) -> None:
         super().reconfigure(method)
@@ -71,7 +72,27 @@ class HSFPCloud(CloudPart):
         """Versions in use; W_c averaged every ic rounds and W_e every ie (the slow time scale)."""
         slow = self.cfg.slow_averaging
         average = [part for part, every in ((WC, self.cfg.ic), (WE, self.cfg.ie)) if slow and round_ % every == 0]
-        return RoundSpec(versions={WC: self.wc_version, WE: self.we_version}, directives={AVERAGE: average})
+        directives: dict = {AVERAGE: average}
+        if self.cfg.assign != "random" and round_ == 1:
+            directives[REPORT_LABELS] = True
+        return RoundSpec(versions={WC: self.wc_version, WE: self.we_version}, directives=directives)
+
+    def placement(self, round_: int) -> dict[str, Placement] | None:
+        moves, self.moves = self.moves, None
+        return moves
+
+    def _assign(self, reports: Sequence[Report]) -> None:
+        """Place devices on edges by their label histograms instead of the order they started in."""
+        from splitedge.methods.hsfp.assign import balanced, by_clusters
+
+        hists = {d: np.asarray(v) for r in reports for e in r.all("arrays") if e.body["name"] == LABELS
+                 for d, v in e.body["arrays"].items()}
+        edges = sorted(self.ctx.view.members)
+        if len(hists) < 2 or len(edges) < 2:
+            return
+        where = (by_clusters if self.cfg.assign == "clusters" else balanced)(hists, edges)
+        self.moves = {d: Placement(edge=e) for d, e in where.items()}
+        log.info("cloud: devices placed on edges (%s): %s", self.cfg.assign, where)
 
     def check(self, env: Any, source: str) -> None:
         """Edges send moments of W_e outputs and averaged W_c / W_e of this run's model."""
@@ -112,6 +133,8 @@ class HSFPCloud(CloudPart):
         out = []
         for part in plan.directives.get(AVERAGE, ()):
             out += self._average(part, self.model.part(part), reports)
+        if plan.directives.get(REPORT_LABELS):
+            self._assign(reports)
         return out, metrics
 
     def forward(self, batch: Batch) -> Outputs:

@@ -38,6 +38,10 @@ class HSFPConfig(MethodConfig):
     eps: float = 1e-5
     # moments of W_e outputs with the global W_e (consistency rule extended to the edge tier)
     we_moments: str = "global"  # or "local"
+    # device-to-edge assignment after round 1: as the devices were started ("random"); "clusters":
+    # devices with similar label histograms share an edge (CFLHKD's clustering, one cluster per
+    # edge); "balanced": each edge gets devices whose labels together match the federation's mix
+    assign: str = "random"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -45,6 +49,8 @@ class HSFPConfig(MethodConfig):
             raise ValueError(f"feature_dtype must be f2 or f4, got {self.feature_dtype!r}")
         if self.resend_moments not in ("on-change", "every-round"):
             raise ValueError(f"resend_moments must be on-change or every-round, got {self.resend_moments!r}")
+        if self.assign not in ("random", "clusters", "balanced"):
+            raise ValueError(f"assign must be random, clusters or balanced, got {self.assign!r}")
         if self.we_moments not in ("global", "local"):
             raise ValueError(f"we_moments must be global or local, got {self.we_moments!r}")
         if self.ic < 1 or self.ie < 1 or self.local_epochs < 0:

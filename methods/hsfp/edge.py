@@ -11,7 +11,7 @@ import torch
 
 from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_space, check_stats, check_version, check_weights, weight_specs
-from splitedge.methods.hsfp.method import AVERAGE, WC, WE
+from splitedge.methods.hsfp.method import AVERAGE, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import output_moments, sample_batches, with_counts
 from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body, moments_to_body
 from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan, device
@@ -69,6 +69,12 @@ class HSFPEdge(EdgePart):
             self.we_version = int(env.body["version"])
         return []
 
+    def members_changed(self, members: set[str]) -> None:
+        """Moments of a device that moved to another edge must not count here any more."""
+        for dev in set(self.cache) - members:
+            del self.cache[dev]
+            self.cached_ids.pop(dev, None)
+
     def on_device_message(self, env: Any) -> list[Message]:
         """Moments are state, kept whenever they arrive: a device sends them only when they change."""
         if env.kind == "moments":
@@ -108,7 +114,18 @@ class HSFPEdge(EdgePart):
             total = sum(int(m.counts.sum()) for _, m in self.cache.values())
             out.append(Message("weights", {"part": WE, "version": self.we_version, "samples": total,
                                            "weights": state_to_numpy(self.we_local)}))
+        if plan.directives.get(REPORT_LABELS):
+            out.extend(self._label_histograms(plan))
         return out
+
+    def _label_histograms(self, plan: RoundPlan) -> list[Message]:
+        """Each device's class counts (from the moments it sent) for the cloud's assignment."""
+        hists = {}
+        for dev, (_, m) in self.cache.items():
+            counts = np.zeros(self.spec.num_classes, dtype=np.float32)
+            counts[m.classes] = m.counts
+            hists[dev] = counts
+        return [Message("arrays", {"name": LABELS, "version": plan.round, "arrays": hists})] if hists else []
 
     def forward(self, batch: Batch) -> Outputs:
         return {"features": pool(self.we_local(batch.x))}

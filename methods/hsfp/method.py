@@ -19,6 +19,7 @@ from splitedge.methods.strategy import Method
 # round averages (`{"average": ["wc"]}` every ic rounds, "we" every ie rounds).
 WC, WE = "wc", "we"
 AVERAGE = "average"
+REPORT_LABELS, LABELS = "report_labels", "labels"  # directive, and the edges' `arrays` record of label histograms
 
 
 class HSFP(Method):
