@@ -48,7 +48,8 @@ class AccuracySettings(FederationSettings):
         return cls(methods=a.methods, splits=parse_splits(a.alphas), dataset=a.dataset, data=a.data, model=a.model,
                    devices=a.devices or 4, edges=a.edges or 2, rounds=a.rounds or (1 if quick else 5), seed=a.seed,
                    max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None),
-                   variants=variants)
+                   variants=variants, groups=getattr(a, "groups", None) or 0,
+                   group_skew=getattr(a, "group_skew", None) or "rotate")
 
     def entries(self) -> list[tuple[str, str, dict[str, str]]]:
         """(row label, registered method, overrides): the methods, then the variants."""
@@ -72,6 +73,7 @@ def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, s
             "total_device_payload_bytes": device_bytes(res["tiers"]),
             "all_tiers_out_payload_bytes": sum(r["out_payload"] for r in res["tiers"].values()),
             "train_images": summary.get("train_images"), "images_per_device": summary.get("images_per_device"),
+            "planted_groups": summary.get("planted_groups"),
             "per_round": res["per_round"], "round_seconds": summary["round_seconds"],
             "wall_seconds": summary["wall_seconds"]}
 

@@ -19,6 +19,7 @@ SUITES = {
     "throughput": "splitedge.bench.throughput",
     "accuracy": "splitedge.bench.accuracy",
     "ssl": "splitedge.bench.ssl",
+    "cluster": "splitedge.bench.cluster",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""
@@ -51,6 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of the split and the models")
     g.add_argument("--max-train", type=int, default=None, help="use at most this many training images")
     g.add_argument("--max-test", type=int, default=None, help="evaluate on at most this many test images")
+    g.add_argument("--groups", type=int, default=None,
+                   help="planted device groups (cluster suite: default 3; others: none)")
+    g.add_argument("--group-skew", choices=("rotate", "labels"), default=None,
+                   help="what sets a planted group apart (default rotate): turned images or permuted labels")
     g.add_argument("--variant", action="append", default=[], metavar="NAME=METHOD:KEY=VALUE,...",
                    help="accuracy: also run METHOD with these settings as row NAME (repeatable), "
                         "e.g. hsfp-ic2=hsfp:ic=2,ie=2")
@@ -124,6 +129,10 @@ def command_line(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import logging
+
+    if not args.verbose:  # a suite runs whole federations in this process; their nodes' status lines are noise
+        logging.getLogger("splitedge.status").setLevel(logging.WARNING)
     argv = command_line(args)
     names = list(SUITES) if args.suite == "all" else [args.suite]
     for name in names:

@@ -38,6 +38,8 @@ class FederationSettings:
     max_train: int | None = None
     max_test: int | None = None
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    groups: int = 0  # planted device groups (see splitedge.sim)
+    group_skew: str = "rotate"
 
     def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
         from splitedge.sim import SimSettings
@@ -45,7 +47,8 @@ class FederationSettings:
         return SimSettings(rounds=self.rounds, devices=self.devices, edges=self.edges, method=method,
                            dataset=self.dataset, data=self.data, model=self.model, alpha=alpha, seed=self.seed,
                            max_train=self.max_train, max_test=self.max_test, run=run,
-                           overrides={**self.overrides, **(overrides or {})})
+                           overrides={**self.overrides, **(overrides or {})}, groups=self.groups,
+                           group_skew=self.group_skew)
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
@@ -85,10 +88,8 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]
             per_round: list[dict[str, Any]] = []
             with capture_transports() as opened:
                 def on_round(record: dict[str, Any]) -> None:
-                    kept = {k: record[k] for k in REPRESENTATION_KEYS if k in record}
-                    per_round.append({"round": record["round"], "accuracy": record.get("accuracy"), **kept,
-                                      "loss": record.get("loss"), "round_seconds": record.get("round_seconds"),
-                                      "bytes": tier_totals(opened)})
+                    kept = {k: v for k, v in record.items() if k != "bytes"}  # the cloud's own counters
+                    per_round.append({**kept, "accuracy": record.get("accuracy"), "bytes": tier_totals(opened)})
 
                 summary = run_sim(s, on_round=on_round)
             if not opened:

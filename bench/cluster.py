@@ -1,0 +1,116 @@
+"""Clustered FL on planted device groups: how well the clusters are recovered (adjusted Rand
+index against the planted groups), each cluster model on its own devices' held-out data, the
+rounds to reach clustered FL's final accuracy, and bytes per device per round.
+
+Rows by default: CFLHKD, clustered FL without distillation (`kd=false`), and one global model
+(`clustering=false,kd=false`: FedAvg, scored the same way on each device's held-out data).
+Devices come in `--groups` planted groups (contiguous blocks; `--group-skew rotate` turns group
+g's images by g quarter turns, `labels` permutes its labels).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from splitedge.bench import accuracy
+from splitedge.bench.report import pyplot, save_figure, table
+
+DEFAULT_VARIANTS = ("clustered-fl=cflhkd:kd=false", "global-model=cflhkd:clustering=false,kd=false")
+REFERENCE = "clustered-fl"
+
+
+@dataclass
+class ClusterSettings(accuracy.AccuracySettings):
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "ClusterSettings":
+        if not a.methods:
+            a.methods = ("cflhkd",)
+            a.variant = [*DEFAULT_VARIANTS, *(a.variant or [])]
+        a.alphas = a.alphas or "iid"
+        a.groups = a.groups or 3
+        base = accuracy.AccuracySettings.from_args(a)
+        return cls(**vars(base))
+
+
+def _personalised(row: dict[str, Any]) -> list[float | None]:
+    return [r.get("personalised_accuracy") for r in row.get("per_round", [])]
+
+
+def _summarise(row: dict[str, Any]) -> None:
+    from splitedge.methods.cflhkd.clustering import adjusted_rand
+
+    acc = _personalised(row)
+    finite = [a for a in acc if a is not None and a == a]
+    row["personalised_final"] = acc[-1] if acc else None
+    row["personalised_best"] = max(finite) if finite else None
+    last = (row.get("per_round") or [{}])[-1]
+    row["cluster_accuracy"] = last.get("cluster_accuracy")
+    assignment, truth = last.get("assignment"), row.get("planted_groups")
+    row["clusters"] = last.get("clusters")
+    row["ari"] = adjusted_rand(assignment, truth) if assignment and truth else None
+
+
+def run(s: ClusterSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    config, results = accuracy.run(s)
+    refresh(results)
+    return config, results
+
+
+def refresh(results: dict[str, Any]) -> None:
+    """Per row: final/best personalised accuracy, ARI, and rounds to the reference's final."""
+    rows = [r for r in results["runs"] if "error" not in r]
+    for row in rows:
+        _summarise(row)
+    for split in dict.fromkeys(r["split"] for r in rows):
+        ref = next((r for r in rows if r["split"] == split and r["method"] == REFERENCE), None)
+        target = None if ref is None else ref.get("personalised_final")
+        for row in (r for r in rows if r["split"] == split):
+            acc = _personalised(row)
+            row["target"] = target
+            row["rounds_to_target"] = next((i + 1 for i, a in enumerate(acc) if target is not None and a is not None
+                                            and a >= target), None)
+
+
+def _cell(value: Any) -> Any:
+    return "-" if value is None or value != value else round(float(value), 4)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    ok = [r for r in results["runs"] if "error" not in r]
+    rows = [(r["method"], r["split"], _cell(r.get("personalised_final")), _cell(r.get("personalised_best")),
+             _cell(r.get("ari")), r.get("clusters") or "-",
+             r.get("rounds_to_target") or "never", round(r["device_payload_per_device_per_round"]),
+             ", ".join(f"{e} {_cell(a)}" for e, a in sorted((r.get("cluster_accuracy") or {}).items())))
+            for r in ok]
+    groups = next((r.get("planted_groups") for r in ok if r.get("planted_groups")), None)
+    out = ["## Planted groups, clusters and accuracy on the devices' own data\n",
+           table(["method", "split", "held-out acc (final)", "best", "ARI", "clusters",
+                  f"round reaching {REFERENCE}'s final", "device B/device/round (up+down)", "per edge (final)"], rows),
+           "",
+           "held-out acc: each device's model of its cluster (or the global model) on the device's own held-out "
+           "share, weighted by its size. ARI: adjusted Rand index of the cloud's clusters against the planted "
+           "groups. Per edge: after clustering, one cluster per edge."]
+    if groups:
+        out.append(f"\nPlanted groups: {groups}")
+    out += [f"- {r['method']}: settings {r['overrides']}" for r in ok if r.get("overrides") and r["split"] == ok[0]["split"]]
+    out += [f"- {r['method']} / {r['split']} failed: {r['error']}" for r in results["runs"] if "error" in r]
+    return "\n".join(out)
+
+
+def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results["runs"]:
+        if "error" not in r:
+            acc = _personalised(r)
+            ax.plot(range(1, len(acc) + 1), [float("nan") if a is None else a for a in acc], marker="o",
+                    label=f"{r['method']} {r['split']}")
+    ax.set(xlabel="round", ylabel="held-out accuracy on the devices' own data")
+    ax.legend(fontsize=7)
+    return save_figure(fig, out_dir / "cluster.png")
+
+
+Settings = ClusterSettings
