@@ -75,6 +75,19 @@ def parse_url(url: str) -> tuple[str, str, int, str | None, str | None]:
     return scheme, parts.hostname, parts.port or DEFAULT_PORTS[scheme], user, password
 
 
+def check_reachable(url: str, timeout: float = 5.0) -> None:
+    """One TCP connect to the broker: a wrong URL or a broker that is not running fails in
+    seconds, before a simulation opens hundreds of clients that would each retry for a minute."""
+    _, host, port, _, _ = parse_url(url)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise ConnectionError(f"cannot connect to the MQTT broker at {url}: {reason}; is it running, and is the "
+                              f"URL right?") from None
+
+
 class MqttTransport(Transport):
     """A connected MQTT client with splitedge semantics (see module docstring)."""
 

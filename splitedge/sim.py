@@ -137,6 +137,10 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
 
     torch.set_num_threads(s.threads)
     started = time.monotonic()
+    if s.broker:  # a wrong URL fails in seconds, not after every node's connect timeout
+        from splitedge.protocol.mqtt import check_reachable
+
+        check_reachable(s.broker)
     with RunFolder(s.out, overwrite=s.overwrite):  # claimed before any work, released at the end
         train, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
         config = build_run_config(s.method, info, s.model, s.seed, s.overrides)

@@ -187,3 +187,24 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
                     for name, sub in commands.choices.items() for a in sub._actions
                     if not a.help and a.dest != "help"]
     assert undocumented == []
+
+
+@pytest.mark.parametrize("content", [b"hello, not a tarball", None])
+def test_a_broken_cifar_archive_is_one_line(content, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("SPLITEDGE_CACHE", str(tmp_path / "cache"))
+    archive = tmp_path / "cifar.tar.gz"
+    real = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg.tar.gz"
+    archive.write_bytes(content if content is not None else real.read_bytes()[:200_000])  # or a truncated copy
+    code, err = _run(capsys, "sim", "--dataset", "cifar10", "--data", str(archive), "--out", str(tmp_path / "o"))
+    assert code == 2 and "not a readable CIFAR-10 archive" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_unreachable_broker_is_one_line_and_leaves_no_folder(tmp_path, capsys) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, err = _run(capsys, "sim", "--broker", f"mqtt://127.0.0.1:{port}", "--rounds", "1", "--out",
+                     str(tmp_path / "o"))
+    assert code == 1 and "cannot connect to the MQTT broker" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
