@@ -56,7 +56,8 @@ class CloudCoordinator(Node):
         self.method = create_method(settings.method, settings.config)  # registers the method's kinds
         self.view = FederationView()
         ctx = NodeContext(node_id=node_id, method=self.method, rng=np.random.default_rng(settings.seed),
-                          extra={"test": test, "rounds": settings.rounds, "out_dir": settings.out_dir}, view=self.view)
+                          extra={"test": test, "rounds": settings.rounds, "out_dir": settings.out_dir,
+                                 "run": run}, view=self.view)
         self.part: CloudPart = self.method.cloud_part(ctx)
         self.online: set[str] = set()
         self.rounds = RoundCollector()

@@ -22,6 +22,8 @@ _METHODS: dict[str, Any] = {
     "align-uniform": "splitedge.methods.ssl.method:AlignUniform",
     "ssd": "splitedge.methods.ssl.method:SSD",
     "cflhkd": "splitedge.methods.cflhkd.method:CFLHKD",
+    "fedmar": "splitedge.methods.mar.method:FedMAR",
+    "decmar": "splitedge.methods.mar.method:DecMAR",
 }
 
 

@@ -155,3 +155,11 @@ def retune(opt: Any, **settings: float) -> None:
 def sgd(params: Iterable[nn.Parameter], lr: float, momentum: float, weight_decay: float) -> PlainSGD:
     """The device optimiser of every method: torch.optim.SGD's arithmetic in a device-sized process."""
     return PlainSGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def device_optimizer(params: Iterable[nn.Parameter], cfg: Any) -> Any:
+    """The optimiser a method's config names: `optimizer = "adamw"` (transformers need it:
+    torch.optim.AdamW with device_lr and weight_decay), else PlainSGD with momentum."""
+    if getattr(cfg, "optimizer", "sgd") == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.device_lr, weight_decay=cfg.weight_decay)
+    return sgd(params, cfg.device_lr, cfg.momentum, cfg.weight_decay)

@@ -16,7 +16,7 @@ import torch
 
 from splitedge.methods.fedavg.cloud import FedAvgCloud
 from splitedge.methods.preprocess import batches
-from splitedge.methods.ssl.model import build_net, encode, normalise, to_unit
+from splitedge.methods.ssl.model import build_net, normalise, to_unit
 from splitedge.methods.strategy import DEVICES, Message, NodeContext, RoundPlan, device
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,18 @@ class SSLCloud(FedAvgCloud):
     """FedAvg's cloud with the self-supervised network and the representation report."""
 
     def build_model(self) -> Any:
-        return build_net(self.spec, self.cfg.proj_hidden, self.method.predictor)
+        return build_net(self.spec, self.cfg.proj_hidden, self.method.predictor, self.cfg)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """The representation the report measures, of normalised images (the encoder's output)."""
+        return self.model.encoder(x)
+
+    @torch.no_grad()
+    def features(self, images: np.ndarray) -> np.ndarray:
+        """`embed` of uint8 images [N, H, W, C], eval mode, 256 at a time."""
+        self.model.eval()
+        return np.concatenate([self.embed(normalise(to_unit(images[sl]), self.spec)).numpy()
+                               for sl in batches(len(images), 256)])
 
     def evaluate(self, plan: RoundPlan) -> dict[str, Any]:
         last = self.ctx.extra.get("rounds")
@@ -48,11 +59,11 @@ class SSLCloud(FedAvgCloud):
             pairs = []
             for sl in batches(len(images), 256):
                 v1, v2 = ssl_views(to_unit(images[sl]), gen, scale=(self.cfg.crop_scale_min, 1.0))
-                pairs.append((self.model.encoder(normalise(v1, self.spec)).numpy(),
-                              self.model.encoder(normalise(v2, self.spec)).numpy()))
+                pairs.append((self.embed(normalise(v1, self.spec)).numpy(),
+                              self.embed(normalise(v2, self.spec)).numpy()))
             return np.concatenate([a for a, _ in pairs]), np.concatenate([b for _, b in pairs])
 
-        rep = representation_report(lambda images: encode(self.model, images, self.spec), self.ctx.extra["test"],
+        rep = representation_report(self.features, self.ctx.extra["test"],
                                     num_classes=self.spec.num_classes, views=views, seed=self.spec.seed,
                                     probe_epochs=self.cfg.probe_epochs)
         return {**rep, "accuracy": rep["probe_accuracy"]}

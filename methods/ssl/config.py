@@ -22,11 +22,26 @@ class SSLConfig(FedAvgConfig):
     report_every: int = 5
     probe_epochs: int = 100
     knn_k: int = 20
+    # the encoder: "split" (the run's split model up to its classifier) or "vit" (the small ViT
+    # of models/vit_mae.py, the masked-modelling methods' encoder, for a like-for-like baseline)
+    encoder: str = "split"
+    patch: int = 4
+    vit_dim: int = 128
+    vit_depth: int = 4
+    vit_heads: int = 4
+    # the device optimiser: "sgd" (momentum, weight_decay) or "adamw" (ViTs need it)
+    optimizer: str = "sgd"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 < self.crop_scale_min <= 1 or self.proj_hidden < 1 or self.report_every < 1 or self.beta < 0:
             raise ValueError(f"bad self-supervised config: {self}")
+        if self.encoder not in ("split", "vit") or self.optimizer not in ("sgd", "adamw"):
+            raise ValueError(f"encoder must be split or vit (got {self.encoder!r}), "
+                             f"optimizer sgd or adamw (got {self.optimizer!r})")
+        if self.patch < 1 or self.vit_dim % 4 or self.vit_dim % self.vit_heads:
+            raise ValueError(f"bad ViT settings: patch {self.patch}, vit_dim {self.vit_dim} "
+                             f"(a multiple of 4 and of vit_heads {self.vit_heads})")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from splitedge.methods.ssl.method import MODEL
 from splitedge.methods.ssl.model import build_net, normalise, to_unit
 from splitedge.methods.ssl_augment import ssl_views
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import sgd, shuffled_batches
+from splitedge.methods.torch_utils import device_optimizer, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
@@ -30,7 +30,7 @@ SCALE_RECORDS = ("ssd_q", "ssd_d")
 class SSLDevice(DevicePart):
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
-        self.net = build_net(self.spec, self.cfg.proj_hidden, self.method.predictor)
+        self.net = build_net(self.spec, self.cfg.proj_hidden, self.method.predictor, self.cfg)
         self.specs = weight_specs(state_to_numpy(self.net))
         self.version = -1
         self.scales: dict[str, torch.Tensor] = {}  # "q" [D, D], "d" [D] (SSD)
@@ -76,7 +76,7 @@ class SSLDevice(DevicePart):
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         # A fresh optimiser each round: momentum from the last local model does not fit the new global one.
-        opt = sgd(self.net.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
+        opt = device_optimizer(self.net.parameters(), self.cfg)
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
         x = self.data[0]
 

@@ -4,6 +4,8 @@ the module ("encoder.", "projector.", "predictor."), averaged together as one "m
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -32,10 +34,17 @@ class SSLNet(nn.Module):
         return self.encoder(x)
 
 
-def build_net(spec: ModelSpec, proj_hidden: int, predictor: bool) -> SSLNet:
+def build_net(spec: ModelSpec, proj_hidden: int, predictor: bool, cfg: Any = None) -> SSLNet:
     """The encoder is the split model `spec.model` up to its classifier's input (the pooled
-    penultimate features: 64-d for "cnn", 512-d for "resnet18"), built from the spec's seed."""
+    penultimate features: 64-d for "cnn", 512-d for "resnet18"), or with `cfg.encoder == "vit"`
+    the small ViT of the masked-modelling methods (its mean token); built from the spec's seed."""
     with seeded_init(spec.seed):
+        if cfg is not None and cfg.encoder == "vit":
+            from splitedge.models.vit_mae import ViTEncoder
+
+            vit = ViTEncoder(spec.image_size, spec.channels, patch=cfg.patch, dim=cfg.vit_dim, depth=cfg.vit_depth,
+                             heads=cfg.vit_heads)
+            return SSLNet(vit, vit.dim, proj_hidden, predictor)
         split = create_split(spec.model, num_classes=spec.num_classes, in_channels=spec.channels,
                              image_size=spec.image_size)
         encoder = nn.Sequential(split.wc, split.we, *split.wg[:-1])

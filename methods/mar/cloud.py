@@ -1,0 +1,113 @@
+"""FedMAR / DecMAR clouds.
+
+FedMAR: FedAvg of the whole autoencoder (SSLCloud's pattern, so the same representation
+report, measured on the encoder's latent with every patch visible), and after each round
+z_bar, the unweighted mean of the devices' mean latents, sent to every device.
+
+DecMAR: no aggregation. Before round 1 the cloud draws the peer graph from the run's seed
+(Erdos-Renyi resampled until connected, or a ring), writes graph.json, graph.png and a
+Mosquitto ACL (peers.acl) into the run folder, and gives each device its neighbours. On report
+rounds it asks devices to upload their models and evaluates their average (the consensus).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from splitedge.methods.averaging import weight_updates
+from splitedge.methods.mar.device import build_mae
+from splitedge.methods.mar.method import LATENTS, MODEL, UPLOAD, ZBAR
+from splitedge.methods.ssl.cloud import SSLCloud
+from splitedge.methods.strategy import DEVICES, Message, Placement, Report, RoundPlan, RoundSpec
+from splitedge.models import load_numpy_state
+from splitedge.protocol.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+class MARCloud(SSLCloud):
+    zbar_version = 0
+
+    def build_model(self) -> Any:
+        return build_mae(self.spec, self.cfg)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.encode(x)
+
+    def plan(self, round_: int) -> RoundSpec:
+        """Devices train from the announced model and the z_bar of the previous round."""
+        return RoundSpec(versions={MODEL: self.version, ZBAR: self.zbar_version})
+
+    def check(self, env: Any, source: str) -> None:
+        super().check(env, source)
+        if env.kind == "arrays" and env.body["name"] == LATENTS:
+            for dev, z in env.body["arrays"].items():
+                if z.ndim != 1 or len(z) != self.model.dim:
+                    raise ProtocolError("state.shape", f"latent of {dev} must be a vector of length {self.model.dim}")
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
+        out, metrics = super().aggregate(plan, reports)
+        latents = [np.asarray(z, dtype=np.float64) for r in reports for e in r.all("arrays")
+                   if e.body["name"] == LATENTS for z in e.body["arrays"].values()]
+        if latents and self.cfg.mar:
+            self.zbar_version = plan.round
+            zbar = np.mean(np.stack(latents), axis=0).astype(np.float32)
+            out.append(Message("arrays", {"name": ZBAR, "version": plan.round, "arrays": {"z": zbar}},
+                               to=DEVICES, slot=ZBAR))
+        return out, {**metrics, "latents": len(latents)}
+
+
+class DecMARCloud(MARCloud):
+    """Announces rounds and observes: places devices on the peer graph, evaluates the consensus."""
+
+    graph: dict[str, tuple[str, ...]] | None = None
+
+    def placement(self, round_: int) -> dict[str, Placement] | None:
+        if self.graph is not None:
+            return None
+        from splitedge.methods import topology
+
+        devices = sorted(self.ctx.view.devices)
+        if self.cfg.graph == "ring" or len(devices) < 3:
+            self.graph = topology.ring(devices)
+        else:
+            self.graph = topology.erdos_renyi(devices, min(self.cfg.degree, len(devices) - 1), self.ctx.rng)
+        log.info("cloud: DecMAR %s graph on %d devices, mean degree %.2f", self.cfg.graph, len(devices),
+                 topology.mean_degree(self.graph))
+        self.write_topology()
+        return {d: Placement(self.ctx.view.devices[d], peers=self.graph[d]) for d in devices}
+
+    def write_topology(self) -> None:
+        """graph.json, graph.png and peers.acl (each device reads only its neighbours' peer
+        topics) in the run folder."""
+        from splitedge.methods import topology
+
+        out = self.ctx.extra.get("out_dir")
+        if out is None or self.graph is None:
+            return
+        topology.write_graph(Path(out), self.graph, title=f"DecMAR peers, mean degree {topology.mean_degree(self.graph):.2f}")
+        edges = {d: self.ctx.view.devices[d] for d in self.graph}
+        topology.write_acl(Path(out) / "peers.acl", topology.peer_acl(self.ctx.extra.get("run", "run"), self.graph, edges=edges))
+
+    def plan(self, round_: int) -> RoundSpec:
+        last = self.ctx.extra.get("rounds")
+        report = round_ % self.cfg.report_every == 0 or round_ == last
+        return RoundSpec(versions={MODEL: 0}, directives={UPLOAD: True} if report else {})
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
+        heard = {d: n for r in reports if r.get("done") is not None
+                 for d, n in (r.get("done").body["info"].get("neighbours_heard") or {}).items()}
+        metrics: dict[str, Any] = {"neighbours_heard": heard}
+        if self.graph is not None:
+            metrics["mean_degree"] = sum(len(p) for p in self.graph.values()) / max(1, len(self.graph))
+        parts = weight_updates(reports, MODEL, plan.round)
+        if not parts:
+            return [], metrics
+        load_numpy_state(self.model, self.method.merge_weights(parts))
+        self.version, self.samples = plan.round, sum(n for _, n in parts)
+        return [], {**metrics, **self.report(), "model_version": self.version, "samples": self.samples}

@@ -1,0 +1,134 @@
+"""FedMAR / DecMAR devices: train the small ViT MAE on their unlabelled images with
+MAE + gamma_k * A-MMD(batch latents, z_bar), and send their model and mean latent.
+
+FedMAR sends them up (edges and the cloud average); DecMAR sends them to its graph neighbours,
+waits (bounded) for theirs, and averages itself with them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from splitedge.methods.checks import check_weights, weight_specs
+from splitedge.methods.mar.method import LATENT, MODEL, UPLOAD, ZBAR
+from splitedge.methods.mar_losses import mar_gamma
+from splitedge.methods.ssl.model import normalise, to_unit
+from splitedge.methods.strategy import DONE, PEERS, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.torch_utils import device_optimizer, shuffled_batches
+from splitedge.methods.training import Batch, Outputs, train_epochs
+from splitedge.models import load_numpy_state, state_to_numpy
+from splitedge.protocol.errors import ProtocolError
+
+
+def build_mae(spec: Any, cfg: Any) -> Any:
+    """The run's small ViT MAE, from the spec's seed (models/vit_mae.py)."""
+    from splitedge.models import seeded_init
+    from splitedge.models.vit_mae import MaskedAutoencoder
+
+    with seeded_init(spec.seed):
+        return MaskedAutoencoder(spec.image_size, spec.channels, patch=cfg.patch, dim=cfg.vit_dim,
+                                 depth=cfg.vit_depth, heads=cfg.vit_heads, decoder_dim=cfg.decoder_dim,
+                                 decoder_depth=cfg.decoder_depth, mask_ratio=cfg.mask_ratio)
+
+
+class MARDevice(DevicePart):
+    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+        super().__init__(ctx, data, backend)
+        self.model = build_mae(self.spec, self.cfg).eval()
+        self.specs = weight_specs(state_to_numpy(self.model))
+        self.version = -1
+        self.zbar: torch.Tensor | None = None
+        self.zbar_version = 0
+        self.participations = 0
+        self.mean_latent: np.ndarray | None = None
+
+    def ready(self, plan: RoundPlan) -> bool:
+        return self.version >= max(plan.version(MODEL), 0) and self.zbar_version >= plan.version(ZBAR)
+
+    def check(self, env: Any, source: str) -> None:
+        body = env.body
+        if env.kind == "weights":
+            check_weights(body, self.specs, part=MODEL)
+        elif env.kind == "arrays" and body["name"] in (ZBAR, LATENT):
+            z = body["arrays"].get("z")
+            if z is None or z.shape[-1] != self.model.dim or z.ndim not in (1, 2):
+                raise ProtocolError("state.shape", f"{body['name']} needs z of width {self.model.dim}")
+
+    def on_message(self, env: Any) -> None:
+        body = env.body
+        if env.kind == "weights" and body["version"] > self.version:
+            load_numpy_state(self.model, body["weights"])
+            self.version = int(body["version"])
+        elif env.kind == "arrays" and body["name"] == ZBAR and body["version"] > self.zbar_version:
+            self.zbar = torch.from_numpy(np.array(body["arrays"]["z"], dtype=np.float32))
+            self.zbar_version = int(body["version"])
+
+    def forward(self, batch: Batch) -> Outputs:
+        out = self.model(normalise(batch.x, self.spec), generator=batch.extra["gen"])
+        latent = out["latent"]
+        batch.extra["latents"].append((latent.detach().sum(dim=0), len(latent)))
+        return {"mae": out["loss"], "latent": latent, "features": latent}
+
+    def train_round(self) -> None:
+        """Local epochs of MAE (+ MAR); keeps the mean latent of the last epoch's batches."""
+        opt = device_optimizer(self.model.parameters(), self.cfg)
+        gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
+        x = self.data[0]
+        extra = {"gen": gen, "zbar": self.zbar, "latents": [],
+                 "gamma": mar_gamma(self.participations, g_min=self.cfg.g_min, g_max=self.cfg.g_max,
+                                    cap=self.cfg.gamma_cap)}
+
+        def epoch() -> Iterator[Batch]:
+            extra["latents"] = []
+            for idx in shuffled_batches(len(x), self.cfg.device_batch, gen):
+                yield Batch(to_unit(x[idx.numpy()]), None, extra)
+
+        self.losses = train_epochs(self.forward, self.method.loss_terms("device"), epoch, opt, [self.model],
+                                   epochs=self.cfg.local_epochs)
+        sums = [s for s, _ in extra["latents"]]
+        self.mean_latent = (torch.stack(sums).sum(0) / max(1, sum(n for _, n in extra["latents"]))).numpy()
+        self.participations += 1
+
+    def latent_message(self, round_: int, to: Any = None) -> Message:
+        body = {"name": LATENT, "version": round_, "arrays": {"z": self.mean_latent.astype(np.float32)}}
+        return Message("arrays", body) if to is None else Message("arrays", body, to=to)
+
+    def model_body(self) -> dict[str, Any]:
+        return {"part": MODEL, "version": max(self.version, 0), "samples": int(len(self.data[0])),
+                "weights": state_to_numpy(self.model)}
+
+    def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
+        self.train_round()
+        yield Message("weights", self.model_body())
+        yield self.latent_message(plan.round)
+        yield DONE
+
+
+class DecMARDevice(MARDevice):
+    """Trains, sends its model and mean latent to its neighbours, waits (bounded) for theirs,
+    averages itself with them; z_bar for the next round is the mean of their mean latents."""
+
+    def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
+        self.train_round()
+        yield Message("weights", self.model_body(), to=PEERS, slot=MODEL)
+        yield self.latent_message(plan.round, to=PEERS)
+        gather, wait = self.ctx.extra["gather"], min(self.cfg.gather_timeout_s, plan.deadline_s / 2)
+        models = gather("weights", timeout=wait)
+        latents = gather("arrays", timeout=wait)
+        own = self.model_body()
+        parts = [(own["weights"], 1)] + [(env.body["weights"], 1) for env in models.values()]
+        load_numpy_state(self.model, self.method.merge_weights(parts))  # self and neighbours, equally
+        means = [self.mean_latent] + [np.asarray(e.body["arrays"]["z"]) for e in latents.values()
+                                      if e.body["name"] == LATENT]
+        self.zbar = torch.from_numpy(np.mean(np.stack(means), axis=0).astype(np.float32))
+        self.version = plan.round
+        self.info = {"neighbours_heard": len(models)}
+        if plan.directives.get(UPLOAD):  # the cloud evaluates the consensus of the devices' models
+            yield Message("weights", self.model_body())
+        yield DONE
+
+    def round_info(self) -> dict[str, Any]:
+        return dict(getattr(self, "info", {}))

@@ -1,0 +1,62 @@
+"""FedMAR / DecMAR edges. numpy only.
+
+FedMAR: FedAvg's edge, plus it forwards its devices' mean latents up as one `latents` record
+(the cloud's z_bar is their unweighted mean, so the edge must not pre-average them).
+DecMAR: devices average among themselves over peer topics; the edge only merges the models
+they send up on the rounds the cloud evaluates (directive `upload`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from splitedge.methods.averaging import averaged_body, weight_updates
+from splitedge.methods.checks import check_weights
+from splitedge.methods.fedavg.edge import FedAvgEdge
+from splitedge.methods.mar.method import LATENT, LATENTS, MODEL, UPLOAD
+from splitedge.methods.strategy import Message, Report, RoundPlan
+from splitedge.protocol.errors import ProtocolError
+
+
+def check_latent(body: Any, dim: int | None) -> int:
+    """A device's mean latent: one finite vector z, of the federation's width once known."""
+    z = body["arrays"].get("z")
+    if z is None or z.ndim != 1 or (dim is not None and len(z) != dim):
+        raise ProtocolError("state.shape", f"a {LATENT} record is one vector z"
+                                           + (f" of length {dim}" if dim else ""))
+    return len(z)
+
+
+class MAREdge(FedAvgEdge):
+    latent_dim: int | None = None
+
+    def check(self, env: Any, source: str) -> None:
+        super().check(env, source)
+        if env.kind == "arrays" and env.body["name"] == LATENT:
+            self.latent_dim = check_latent(env.body, self.latent_dim)
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
+        out = super().aggregate(plan, reports)
+        latents = {r.sender: e.body["arrays"]["z"] for r in reports for e in r.all("arrays")
+                   if e.body["name"] == LATENT}
+        if latents:
+            out.append(Message("arrays", {"name": LATENTS, "version": plan.round, "arrays": latents}))
+        return out
+
+
+class DecMAREdge(FedAvgEdge):
+    """Learns the model's shapes from the initial model it relays (FedAvgEdge.on_message)."""
+
+    def check(self, env: Any, source: str) -> None:
+        if env.kind == "weights" and self.specs is not None:
+            check_weights(env.body, self.specs, part=MODEL)  # no global version: devices version by round
+
+    def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
+        done = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
+        self.heard = {d: int(info["neighbours_heard"]) for d, info in done.items() if "neighbours_heard" in info}
+        parts = weight_updates(reports, MODEL, plan.round) if plan.directives.get(UPLOAD) else []
+        return [Message("weights", averaged_body(parts, MODEL, plan.round, self.method.merge_weights))] if parts else []
+
+    def round_info(self) -> dict[str, Any]:
+        """How many neighbours each of its devices heard this round (the cloud reports them)."""
+        return {"neighbours_heard": dict(getattr(self, "heard", {}))}

@@ -1,0 +1,316 @@
+"""Peer graphs for decentralised learning (DecMAR) and the broker ACL that enforces them.
+
+A graph is a plain ``dict`` mapping each device id to the sorted tuple of its neighbours'
+ids: undirected (symmetric), no self-loops, keys in the order the devices were given.
+
+* :func:`erdos_renyi` draws G(n, p) with p = mean_degree / (n - 1), resampled until connected
+  (../shared/METHODS.md, "FedMAR and DecMAR"); :func:`ring` is the deterministic baseline.
+* :func:`write_graph` saves ``graph.json`` and ``graph.png`` for a run's report.
+* :func:`peer_acl` writes a Mosquitto ``acl_file`` that lets each device login publish only as
+  itself and read only its edge's downlink for it and its graph neighbours' peer topics
+  (PROTOCOL.md, "Topics"), so the graph is enforced by the broker, not only by the devices.
+
+numpy at import time; matplotlib only inside :func:`write_graph`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from splitedge.protocol.topics import PREFIX, pattern
+
+Graph = dict[str, tuple[str, ...]]
+
+
+# -- building graphs ------------------------------------------------------------------------
+def _check_devices(devices: Sequence[str]) -> list[str]:
+    ids = list(devices)
+    if not ids:
+        raise ValueError("a graph needs at least one device")
+    bad = [d for d in ids if not isinstance(d, str) or not d]
+    if bad:
+        raise ValueError(f"device ids must be non-empty strings, got {bad!r}")
+    dupes = sorted({d for d in ids if ids.count(d) > 1})
+    if dupes:
+        raise ValueError(f"duplicate device ids: {dupes}")
+    return ids
+
+
+def _from_adjacency(ids: list[str], adj: np.ndarray) -> Graph:
+    return {d: tuple(sorted(ids[j] for j in np.flatnonzero(adj[i]))) for i, d in enumerate(ids)}
+
+
+def _adjacency_connected(adj: np.ndarray) -> bool:
+    n = len(adj)
+    seen = np.zeros(n, dtype=bool)
+    seen[0] = True
+    frontier = np.zeros(n, dtype=bool)
+    frontier[0] = True
+    while frontier.any():
+        reach = adj[frontier].any(axis=0) & ~seen
+        seen |= reach
+        frontier = reach
+    return bool(seen.all())
+
+
+def erdos_renyi(devices: Sequence[str], mean_degree: float, rng: np.random.Generator,
+                max_tries: int = 1000) -> Graph:
+    """A connected Erdos-Renyi graph G(n, p), p = mean_degree / (n - 1) clipped to [0, 1].
+
+    Each try draws every pair independently (one ``rng.random`` matrix, upper triangle), and
+    is kept only if connected; after ``max_tries`` failures a ValueError names the degree. The
+    result depends only on the device order, the degree and the rng state. ``mean_degree`` is
+    the expected degree of the unconditioned draw: keeping only connected graphs raises the
+    realised mean somewhat at low degrees (a connected graph has >= n - 1 edges, so a mean
+    degree >= 2 (n - 1) / n). mean_degree >= n - 1 gives the complete graph.
+    """
+    ids = _check_devices(devices)
+    if not isinstance(mean_degree, (int, float, np.integer, np.floating)) or not math.isfinite(mean_degree) \
+            or mean_degree < 0:
+        raise ValueError(f"mean_degree must be a finite number >= 0, got {mean_degree!r}")
+    if max_tries < 1:
+        raise ValueError(f"max_tries must be >= 1, got {max_tries}")
+    n = len(ids)
+    if n == 1:
+        return {ids[0]: ()}
+    p = min(1.0, max(0.0, float(mean_degree) / (n - 1)))
+    upper = np.triu(np.ones((n, n), dtype=bool), k=1)
+    if p > 0:
+        for _ in range(max_tries):
+            adj = (rng.random((n, n)) < p) & upper
+            adj |= adj.T
+            if _adjacency_connected(adj):
+                return _from_adjacency(ids, adj)
+    raise ValueError(f"no connected Erdos-Renyi graph on {n} devices with mean degree {mean_degree:g} "
+                     f"(p = {p:.4g}) in {max_tries} tries; raise the mean degree (about ln(n) = "
+                     f"{math.log(n):.2f} or more connects most draws) or max_tries")
+
+
+def ring(devices: Sequence[str]) -> Graph:
+    """Each device linked to the ones before and after it (in the given order, wrapping round).
+
+    Two devices get one neighbour each, a single device none."""
+    ids = _check_devices(devices)
+    n = len(ids)
+    return {d: tuple(sorted({ids[(i - 1) % n], ids[(i + 1) % n]} - {d})) for i, d in enumerate(ids)}
+
+
+# -- reading graphs -------------------------------------------------------------------------
+def check_graph(graph: Mapping[str, Sequence[str]]) -> None:
+    """ValueError unless the graph is undirected: neighbours are known devices, listed once,
+    never the device itself, and every link appears at both ends."""
+    _check_devices(list(graph))
+    for d, nbrs in graph.items():
+        if isinstance(nbrs, str):
+            raise ValueError(f"neighbours of {d!r} must be a sequence of ids, not the string {nbrs!r}")
+        nbrs = list(nbrs)
+        if d in nbrs:
+            raise ValueError(f"device {d!r} lists itself as a neighbour")
+        if len(set(nbrs)) != len(nbrs):
+            raise ValueError(f"device {d!r} lists a neighbour twice: {nbrs}")
+        unknown = [p for p in nbrs if p not in graph]
+        if unknown:
+            raise ValueError(f"device {d!r} has neighbours that are not in the graph: {unknown}")
+        one_way = [p for p in nbrs if d not in graph[p]]
+        if one_way:
+            raise ValueError(f"links {d!r} -> {one_way} have no way back (the graph must be undirected)")
+
+
+def is_connected(graph: Mapping[str, Sequence[str]]) -> bool:
+    """True when every device reaches every other one (a single device is connected, an empty
+    graph is not)."""
+    if not graph:
+        return False
+    start = next(iter(graph))
+    seen = {start}
+    queue = deque([start])
+    while queue:
+        for p in graph[queue.popleft()]:
+            if p not in seen:
+                seen.add(p)
+                queue.append(p)
+    return len(seen) == len(graph)
+
+
+def degrees(graph: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """Number of neighbours per device."""
+    return {d: len(nbrs) for d, nbrs in graph.items()}
+
+
+def edge_list(graph: Mapping[str, Sequence[str]]) -> list[list[str]]:
+    """Each link once as ``[a, b]`` with a < b, the list sorted."""
+    return sorted([a, b] for a, nbrs in graph.items() for b in nbrs if a < b)
+
+
+def mean_degree(graph: Mapping[str, Sequence[str]]) -> float:
+    """Average number of neighbours (2 |E| / n); 0 for an empty graph."""
+    return float(np.mean(list(degrees(graph).values()))) if graph else 0.0
+
+
+# -- files ----------------------------------------------------------------------------------
+def write_graph(out_dir: Path, graph: Mapping[str, Sequence[str]], *, title: str = "") -> list[Path]:
+    """Write ``graph.json`` and ``graph.png`` into ``out_dir`` (created); returns both paths.
+
+    The JSON holds ``edges`` (:func:`edge_list`), ``neighbours`` (sorted, per device, in the
+    graph's order), ``degrees``, ``mean_degree``, ``connected``, ``devices`` and ``title``.
+    The picture puts the devices on a circle in the graph's order, links as straight lines.
+    """
+    check_graph(graph)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    devices = list(graph)
+    doc: dict[str, Any] = {
+        "title": title,
+        "devices": devices,
+        "edges": edge_list(graph),
+        "neighbours": {d: sorted(graph[d]) for d in devices},
+        "degrees": degrees(graph),
+        "mean_degree": mean_degree(graph),
+        "connected": is_connected(graph),
+    }
+    json_path = out / "graph.json"
+    json_path.write_text(json.dumps(doc, indent=1) + "\n")
+    png_path = out / "graph.png"
+    _plot(png_path, graph, title or f"{len(devices)} devices, mean degree {doc['mean_degree']:.2f}")
+    return [json_path, png_path]
+
+
+def _plot(path: Path, graph: Mapping[str, Sequence[str]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = list(graph)
+    angle = np.pi / 2 - 2 * np.pi * np.arange(len(devices)) / max(1, len(devices))
+    xy = {d: (math.cos(a), math.sin(a)) for d, a in zip(devices, angle)}
+    fig, ax = plt.subplots(figsize=(4, 4))
+    try:
+        for a, b in edge_list(graph):
+            ax.plot([xy[a][0], xy[b][0]], [xy[a][1], xy[b][1]], color="0.6", linewidth=0.8, zorder=1)
+        ax.scatter([xy[d][0] for d in devices], [xy[d][1] for d in devices], s=120, color="tab:blue", zorder=2)
+        fontsize = 8 if len(devices) <= 20 else 5
+        for d in devices:
+            x, y = xy[d]
+            ax.annotate(d, (x, y), xytext=(x * 1.15, y * 1.15), ha="center", va="center", fontsize=fontsize)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlim(-1.35, 1.35)
+        ax.set_ylim(-1.35, 1.35)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        fig.tight_layout()
+        fig.savefig(path, dpi=80)
+    finally:
+        plt.close(fig)
+
+
+# -- broker ACL -----------------------------------------------------------------------------
+def _control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def _check_acl_name(what: str, value: object) -> str:
+    """An id written into the ACL: one line, no spaces (on top of the topic segment rules)."""
+    if not isinstance(value, str) or _control(value) or any(c.isspace() for c in value):
+        raise ValueError(f"{what} must be a string without spaces or control characters, got {value!r}")
+    return value
+
+
+def _check_login(device: str, user: object) -> str:
+    if not isinstance(user, str) or not user or user != user.strip() or _control(user):
+        raise ValueError(f"login for device {device!r} must be a non-empty one-line string without "
+                         f"surrounding spaces, got {user!r}")
+    return user
+
+
+def _check_keys(name: str, mapping: Mapping[str, Any] | None, graph: Mapping[str, Any]) -> None:
+    unknown = sorted(set(mapping or ()) - set(graph))
+    if unknown:
+        raise ValueError(f"{name} names devices that are not in the graph: {unknown}")
+
+
+def peer_acl(run: str, graph: Mapping[str, Sequence[str]], *, edges: Mapping[str, str] | None = None,
+             users: Mapping[str, str] | None = None, groups: Mapping[str, Sequence[str]] | None = None) -> str:
+    """A Mosquitto ``acl_file`` with one ``user`` block per device of ``graph`` for run ``run``.
+
+    Device D (login ``users.get(D, D)``) may exactly:
+
+    * write ``splitedge/<run>/device/<D>/#`` (its up, peer, hello, status and last will);
+    * with ``edges`` (device -> its edge E; then every device needs one) read
+      ``splitedge/<run>/edge/<E>/down/+`` and ``.../down/+/<D>``, and with ``groups``
+      (device -> group names) ``.../down/+/@<g>`` for each of its groups;
+    * for each neighbour P read ``splitedge/<run>/device/<P>/peer/+`` and
+      ``splitedge/<run>/device/<P>/peer/+/<D>``.
+
+    Nothing else: not other devices' up topics, not non-neighbours' peer topics, not peer
+    messages addressed to another device, not the cloud's topics. Add the edges' and cloud's
+    own logins (deploy/mosquitto/cloud.acl) to the file as needed; a device moved to another
+    edge needs a regenerated ACL (Mosquitto rereads it on SIGHUP).
+    """
+    check_graph(graph)
+    for name, mapping in (("edges", edges), ("users", users), ("groups", groups)):
+        _check_keys(name, mapping, graph)
+    if edges is not None:
+        missing = [d for d in graph if d not in edges]
+        if missing:
+            raise ValueError(f"edges gives no edge for devices {missing}")
+    if groups and edges is None:
+        raise ValueError("groups need edges: a group's messages come down from the device's edge")
+    _check_acl_name("run", run)
+    for d in graph:
+        pattern(run, "device", _check_acl_name("device id", d))  # and valid topic segments
+        if d.startswith("@"):
+            raise ValueError(f"device id {d!r} must not start with '@' (that addresses a group)")
+    logins = {d: _check_login(d, (users or {}).get(d, d)) for d in graph}
+    shared = sorted({u for u in logins.values() if list(logins.values()).count(u) > 1})
+    if shared:
+        raise ValueError(f"devices must have their own logins; shared: {shared}")
+
+    n_links = len(edge_list(graph))
+    lines = [
+        f"# Mosquitto acl_file for splitedge run {run!r}: {len(graph)} device logins, {n_links} peer links",
+        f"# (mean degree {mean_degree(graph):.2f}). Generated by splitedge.methods.topology.peer_acl.",
+        "# Each device login D may write only its own topics splitedge/<run>/device/<D>/# and read only",
+        *(["# its edge E's downlink edge/<E>/down/+, edge/<E>/down/+/<D> and edge/<E>/down/+/@<its groups>,"]
+          if edges is not None else []),
+        "# its neighbours' peer topics device/<P>/peer/+ and device/<P>/peer/+/<D>; not other devices'",
+        "# up topics, not non-neighbours' peer topics, not peer messages addressed to other devices.",
+        "# Use with allow_anonymous false and a password_file holding these logins.",
+    ]
+    for d, nbrs in graph.items():
+        lines += ["", f"# device {d}: neighbours {', '.join(nbrs) if nbrs else '(none)'}", f"user {logins[d]}",
+                  f"topic write {PREFIX}/{run}/device/{d}/#"]
+        if edges is not None:
+            e = _check_acl_name(f"edge of {d!r}", edges[d])
+            lines += [f"topic read {pattern(run, 'edge', e, 'down')}",
+                      f"topic read {pattern(run, 'edge', e, 'down', to=d)}"]
+            mine = (groups or {}).get(d, ())
+            if isinstance(mine, str):
+                raise ValueError(f"groups of {d!r} must be a sequence of names, not the string {mine!r}")
+            for g in sorted(set(mine)):
+                if _check_acl_name(f"group of {d!r}", g).startswith("@"):
+                    raise ValueError(f"group names are strings given without '@', got {g!r} for device {d!r}")
+                lines.append(f"topic read {pattern(run, 'edge', e, 'down', to=f'@{g}')}")
+        for p in nbrs:
+            lines += [f"topic read {pattern(run, 'device', p, 'peer')}",
+                      f"topic read {pattern(run, 'device', p, 'peer', to=d)}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_acl(path: Path | str, text: str) -> Path:
+    """Write an ACL (e.g. from :func:`peer_acl`) to ``path``, parents created; returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text if text.endswith("\n") else text + "\n")
+    return out
+
+
+__all__ = ["Graph", "erdos_renyi", "ring", "check_graph", "is_connected", "degrees", "edge_list", "mean_degree",
+           "write_graph", "peer_acl", "write_acl"]

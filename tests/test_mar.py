@@ -1,0 +1,161 @@
+"""FedMAR and DecMAR end to end over a real Mosquitto (digits, 2 rounds).
+
+FedMAR: the devices' mean latents reach the cloud, z_bar comes back down and switches the MAR
+term on in round 2. DecMAR: four devices on a ring exchange models and latents only with their
+neighbours, on a broker that enforces the ACL generated from the graph: a device login that
+subscribes to a non-neighbour's peer topic receives nothing, while a neighbour's arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from brokers import require_mosquitto
+from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
+from splitedge.cloud.options import build_run_config
+from splitedge.device.agent import DeviceAgent
+from splitedge.edge.aggregator import EdgeAggregator
+from splitedge.methods import topology
+from splitedge.methods.datasets import load_dataset
+from splitedge.methods.partition import iid
+from splitedge.protocol.broker import MosquittoBroker
+from splitedge.protocol.mqtt import MqttTransport
+from splitedge.protocol.node import connect
+from splitedge.sim import SimSettings, run_sim
+
+SMALL = {"patch": "2", "vit_dim": "32", "vit_depth": "2", "decoder_dim": "16", "decoder_depth": "1",
+         "report_every": "1", "probe_epochs": "20"}
+PASSWORD = "mar-secret"
+
+
+def test_fedmar_latents_up_zbar_down_over_mosquitto(mosquitto, tmp_path) -> None:
+    # Execute
+    torch.set_num_threads(1)
+    s = SimSettings(rounds=2, devices=4, edges=2, method="fedmar", broker=mosquitto.url, run="fedmar-e2e",
+                    out=tmp_path, deadline_s=120.0, max_train=800, overrides=SMALL)
+    run_sim(s)
+    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # Assert: every device's latent reached the cloud each round; z_bar of round 1 was announced
+    # for round 2, and only then did the MAR term weigh anything
+    assert [r["latents"] for r in history] == [4, 4]
+    assert history[0]["versions"]["zbar"] == 0 and history[1]["versions"]["zbar"] == 1
+    loss1, loss2 = history[0]["loss"]["device"], history[1]["loss"]["device"]
+    assert loss1["mar"] == 0.0 and loss2["mar"] != 0.0, (loss1, loss2)  # A-MMD to one vector may be < 0
+    assert loss2["mae"] < loss1["mae"]  # the autoencoder learns
+    assert all(r["rejected"] == {"cloud": {}} for r in history)
+    assert history[-1]["model_version"] == 2 and len(history[-1]["spectrum"]) == 32
+
+
+def test_fedmar_without_mar_is_plain_mae(mosquitto, tmp_path) -> None:
+    torch.set_num_threads(1)
+    s = SimSettings(rounds=2, devices=2, edges=1, method="fedmar", broker=mosquitto.url, run="mae-e2e",
+                    out=tmp_path, deadline_s=120.0, max_train=400, overrides={**SMALL, "mar": "false"})
+    run_sim(s)
+    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert set(history[1]["loss"]["device"]) == {"mae", "total"}
+    assert history[1]["versions"]["zbar"] == 0  # no reference is sent, and none is waited for
+
+
+# -- DecMAR on a broker that enforces the peer graph ------------------------------------------
+def _passwords(path: Path, users: list[str]) -> Path:
+    for i, user in enumerate(users):
+        subprocess.run(["mosquitto_passwd", *(["-c"] if i == 0 else []), "-b", str(path), user, PASSWORD],
+                       check=True, capture_output=True)
+    return path
+
+
+def _login(broker: MosquittoBroker, user: str) -> str:
+    return f"mqtt://{user}:{PASSWORD}@{broker.host}:{broker.port}"
+
+
+def test_decmar_ring_of_four_under_the_generated_acl(tmp_path) -> None:
+    require_mosquitto("mosquitto", "mosquitto_passwd")
+    torch.set_num_threads(1)
+    # Prepare: the ring DecMAR's cloud will draw (sorted device ids), its ACL, and logins for all
+    run, devices, rounds = "decmar-acl", ["d0", "d1", "d2", "d3"], 2
+    homes = {d: f"e{i % 2}" for i, d in enumerate(devices)}
+    graph = topology.ring(devices)
+    device_acl = topology.peer_acl(run, graph, edges=homes)
+    trusted = "".join(f"\nuser {u}\ntopic readwrite splitedge/{run}/#\n" for u in ("cloud", "e0", "e1", "observer"))
+    acl = topology.write_acl(tmp_path / "broker.acl", device_acl + trusted)
+    passwd = _passwords(tmp_path / "passwd", [*devices, "cloud", "e0", "e1", "observer"])
+    train, test, info = load_dataset("digits", max_train=800)
+    shards = iid(train[1], len(devices), np.random.default_rng(0))
+    config = build_run_config("decmar", info, None, 0, {**SMALL, "graph": "ring"})
+
+    conf = f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\n"
+    with MosquittoBroker(extra_conf=conf) as broker:
+        heard: dict[str, list[str]] = {"neighbour": [], "stranger": [], "observer": []}
+        lock = threading.Lock()
+
+        def keep(where: str):
+            def on(topic: str, env: Any) -> None:
+                with lock:
+                    heard[where].append(env.sender)
+            return on
+
+        # d0's login tries to read its neighbour d1's and its non-neighbour d2's peer topics
+        spy = MqttTransport(_login(broker, "d0"), client_id="d0-spy", role="observer")
+        spy.subscribe(f"splitedge/{run}/device/d1/peer/#", keep("neighbour"))
+        spy.subscribe(f"splitedge/{run}/device/d2/peer/#", keep("stranger"))
+        observer = MqttTransport(_login(broker, "observer"), client_id="observer", role="observer")
+        observer.subscribe(f"splitedge/{run}/device/d2/peer/#", keep("observer"))
+        nodes, threads, transports = [], [], [spy, observer]
+
+        def start(node: Any) -> None:
+            node.start()
+            nodes.append(node)
+            threads.append(threading.Thread(target=node.run_forever, daemon=True))
+            threads[-1].start()
+
+        def transport(tier: str, node: str) -> Any:
+            transports.append(connect(_login(broker, node), run=run, tier=tier, node_id=node))
+            return transports[-1]
+
+        try:
+            for e in ("e0", "e1"):
+                start(EdgeAggregator(transport("edge", e), run=run, node_id=e))
+            for d, idx in zip(devices, shards):
+                start(DeviceAgent(transport("device", d), run=run, node_id=d, edge=homes[d],
+                                  data=(train[0][idx], train[1][idx])))
+            settings = CloudSettings(method="decmar", rounds=rounds, config=config, deadline_s=120.0, min_edges=2,
+                                     min_devices=4, out_dir=tmp_path / "run")
+            (tmp_path / "run").mkdir()
+            history = CloudCoordinator(transport("cloud", "cloud"), settings, run=run, test=test).run()
+        finally:
+            for node in nodes:
+                node.stop()
+            for t in threads:
+                t.join(10)
+            for t in transports:
+                t.close()
+
+    # Assert: the rounds ran, each device averaging with both ring neighbours
+    assert [r["round"] for r in history] == [1, 2]
+    assert all(r["neighbours_heard"] == {d: 2 for d in devices} for r in history), history
+    assert history[-1]["model_version"] == 2 and history[-1]["samples"] == 800
+    assert history[-1]["mean_degree"] == 2.0
+    # the cloud wrote the graph and exactly the device ACL the broker enforced
+    assert (tmp_path / "run" / "peers.acl").read_text() == device_acl
+    assert json.loads((tmp_path / "run" / "graph.json").read_text())
+    # d2 did publish peer messages (the observer saw them), d1's reached d0, d2's never did
+    assert heard["observer"] and set(heard["observer"]) == {"d2"}
+    assert heard["neighbour"] and set(heard["neighbour"]) == {"d1"}
+    assert heard["stranger"] == []
+
+
+@pytest.mark.parametrize("graph,degree", [("ring", 4.0), ("er", 2.0)])
+def test_decmar_config(graph: str, degree: float) -> None:
+    from splitedge.methods.mar.config import DecMARConfig
+
+    assert DecMARConfig(graph=graph, degree=degree).degree == degree
+    with pytest.raises(ValueError):
+        DecMARConfig(graph="star")
