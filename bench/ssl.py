@@ -62,9 +62,21 @@ def markdown(results: dict[str, Any]) -> str:
            "the test split and scored on the other; alignment (two augmented views), uniformity (t=2) and "
            "effective rank on the whole split, of the final global encoder (FedAvg: its penultimate features). "
            "Spectra: spectrum.png."]
+    out += drops(ok)
     out += [f"- {r['method']}: settings {r['overrides']}" for r in ok if r.get("overrides") and r["split"] == ok[0]["split"]]
     out += [f"- {r['method']} / {r['split']} failed: {r['error']}" for r in results["runs"] if "error" in r]
     return "\n".join(out)
+
+
+def drops(rows: list[dict[str, Any]]) -> list[str]:
+    """A table of each method's accuracy drop from IID to each non-IID split (how robust it is
+    to heterogeneity), when the run has an IID row for it."""
+    iid = {r["method"]: r["final_accuracy"] for r in rows if r["split"] == "IID"}
+    cells = [(r["method"], r["split"], _cell(iid[r["method"]] - r["final_accuracy"])) for r in rows
+             if r["split"] != "IID" and r["method"] in iid and r["final_accuracy"] is not None]
+    if not cells:
+        return []
+    return ["", "## Drop from IID\n", table(["method", "split", "accuracy IID - accuracy split"], cells)]
 
 
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
