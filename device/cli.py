@@ -12,7 +12,10 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", required=True, help="broker URL, e.g. mqtt://edge-site:1883 or mqtts://...")
     p.add_argument("--id", required=True, help="this device's id (unique in the run)")
-    p.add_argument("--edge", required=True, help="id of the edge aggregator this device reports to")
+    p.add_argument("--edge", default=None, help="id of the edge aggregator this device reports to")
+    p.add_argument("--peers", type=Path, default=None, metavar="PLAN",
+                   help="instead of --edge: run with no cloud and no edge, peer to peer, from the plan.json that "
+                        "`splitedge peers` wrote (the same file on every device); --run comes from the plan")
     p.add_argument("--data", required=True, type=Path,
                    help="local data: an .npz shard (x uint8 [N,H,W,C], y) or an image folder <class>/*.jpg; "
                         "the onnx backend reads images from it a batch at a time")
@@ -21,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "process, H-SFP only); auto: torch when it is installed, else onnx")
     p.add_argument("--run", default="default", help="run id (topic namespace); the same on every node of a run")
     p.add_argument("--seed", type=int, default=0, help="seed of this device's randomness (shuffles, augmentations)")
-    p.add_argument("--out", type=Path, default=None, help="write this node's byte counters here at exit")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write this node's byte counters here at exit (with --peers also its rounds and model)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch backend)")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says a device with this id is online")
@@ -49,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
     from splitedge.device.agent import DeviceAgent
     from splitedge.protocol.node import check_identity_free, connect, status, write_counters
 
+    if (args.edge is None) == (args.peers is None):
+        raise ValueError("give --edge ID (a device of a federated run) or --peers PLAN (a run with no cloud), not "
+                         + ("both" if args.edge else "neither"))
+    if args.peers is not None:
+        return run_peer(args)
     backend = resolve_backend(args.backend)
     data = load_local_data(args.data, backend)  # a shard that cannot work is refused before connecting
     if backend == "torch":
@@ -60,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     transport = connect(args.broker, run=args.run, tier="device", node_id=args.id)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
                         backend=backend, seed=args.seed)
-    status.info("device %s: backend %s, broker %s", args.id, backend, args.broker)
+    status.info("device %s: backend %s, broker %s", args.id, backend, getattr(transport, "url", args.broker))
     try:
         agent.start()
         agent.run_forever()
@@ -69,4 +78,41 @@ def run(args: argparse.Namespace) -> int:
         write_counters(args.out, args.id, [transport])
     if agent.fatal:
         raise ValueError(agent.fatal)
+    return 0
+
+
+def run_peer(args: argparse.Namespace) -> int:
+    """A device of a cloud-less run: the plan and the data are checked before connecting."""
+    from splitedge.device.local_data import fits_model
+    from splitedge.device.peer_agent import PeerAgent, PeerPlan
+    from splitedge.methods.registry import create_method
+    from splitedge.protocol.node import check_identity_free, connect, status, write_counters
+
+    plan = PeerPlan.load(args.peers)
+    if args.id not in plan.graph:
+        raise ValueError(f"--id {args.id} is not in {args.peers} (its devices: {', '.join(sorted(plan.graph))})")
+    backend = resolve_backend(args.backend)
+    if backend != "torch":
+        raise ValueError(f"{plan.method} trains on the device: it needs the torch backend (pip install torch)")
+    data = load_local_data(args.data, backend)
+    misfit = fits_model(data[0], data[1], create_method(plan.method, plan.config).spec)
+    if misfit:
+        raise ValueError(f"--data {args.data}: {misfit}")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if not args.takeover:
+        check_identity_free(args.broker, run=plan.run, tier="device", node_id=args.id)
+    transport = connect(args.broker, run=plan.run, tier="device", node_id=args.id)
+    agent = PeerAgent(transport, plan=plan, node_id=args.id, data=data, backend=backend, seed=args.seed)
+    status.info("device %s: broker %s, no cloud", args.id, transport.url)
+    try:
+        agent.start()
+        agent.run_rounds()
+    finally:
+        transport.close(offline=True)
+        write_counters(args.out, args.id, [transport])
+        if args.out is not None and agent.records:
+            for path in agent.save(args.out):
+                status.info("device %s: wrote %s", args.id, path)
     return 0

@@ -229,6 +229,11 @@ class DevicePart(Part):
     def on_message(self, env: Any) -> None:
         """A message from above (its edge, or the cloud through the edge), e.g. a global model."""
 
+    def local_state(self) -> dict[str, np.ndarray]:
+        """The device's own model as name -> array, for a device that keeps it (a run with no
+        cloud saves it at the end); empty when the device holds nothing worth saving."""
+        return {}
+
 
 class EdgePart(Part):
     """Edge side: merge what devices sent, train, report upward."""
@@ -310,6 +315,9 @@ class Method:
     personalised: bool = False
     """True when the reported accuracy is each device's own model on its own held-out data
     (FedProto), which is not comparable with a global model's test accuracy."""
+    serverless: bool = False
+    """True when the device part can run with no cloud and no edge, its rounds clocked by the
+    devices themselves from a shared plan (`splitedge peers`, device/peer_agent.py): DecMAR."""
 
     def __init__(self, config: RunConfig, name: str | None = None) -> None:
         if not isinstance(config.method, self.Config):

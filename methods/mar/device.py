@@ -92,9 +92,13 @@ class MARDevice(DevicePart):
         self.mean_latent = (torch.stack(sums).sum(0) / max(1, sum(n for _, n in extra["latents"]))).numpy()
         self.participations += 1
 
+    def local_state(self) -> dict[str, np.ndarray]:
+        return state_to_numpy(self.model)
+
     def latent_message(self, round_: int, to: Any = None) -> Message:
         body = {"name": LATENT, "version": round_, "arrays": {"z": self.mean_latent.astype(np.float32)}}
-        return Message("arrays", body) if to is None else Message("arrays", body, to=to)
+        # to peers, retained (a slot): a neighbour that subscribes late still gets this round's
+        return Message("arrays", body) if to is None else Message("arrays", body, to=to, slot=LATENT)
 
     def model_body(self) -> dict[str, Any]:
         return {"part": MODEL, "version": max(self.version, 0), "samples": int(len(self.data[0])),
@@ -109,7 +113,13 @@ class MARDevice(DevicePart):
 
 class DecMARDevice(MARDevice):
     """Trains, sends its model and mean latent to its neighbours, waits (bounded) for theirs,
-    averages itself with them; z_bar for the next round is the mean of their mean latents."""
+    averages itself with them; z_bar for the next round is the mean of their mean latents.
+    Every device builds the same initial model from the run's seed, so it needs nobody's
+    model to start (a run with no cloud, device/peer_agent.py)."""
+
+    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+        super().__init__(ctx, data, backend)
+        self.version = 0
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         self.train_round()

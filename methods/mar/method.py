@@ -42,10 +42,12 @@ class FedMAR(Method):
 
 class DecMAR(FedMAR):
     """No aggregator: each device averages itself with its graph neighbours every round, over
-    device-to-device topics; the cloud announces rounds and evaluates, nothing more."""
+    device-to-device topics. A cloud, if present, announces rounds and evaluates, nothing
+    more; without one the devices clock their rounds from a shared plan (`splitedge peers`)."""
 
     name = "decmar"
     Config = DecMARConfig
+    serverless = True
     parts = {
         "device:torch": "splitedge.methods.mar.device:DecMARDevice",
         "edge": "splitedge.methods.mar.edge:DecMAREdge",
