@@ -60,7 +60,9 @@ def _progress(total: int):
     def show(record: dict) -> None:
         up = sum(v["payload"] for v in record["bytes"]["in"].values())
         bar = "#" * int(20 * record["round"] / total)
-        sys.stdout.write(f"[{bar:<20}] round {record['round']}/{total}  accuracy {record.get('accuracy', float('nan')):.3f}  "
+        acc = record.get("accuracy")
+        acc_text = "  -  " if acc is None else f"{acc:.3f}"  # not measured this round (report_every)
+        sys.stdout.write(f"[{bar:<20}] round {record['round']}/{total}  accuracy {acc_text}  "
                          f"{record['round_seconds']:.1f}s  cloud in {up / 1e6:.2f} MB\n")
         sys.stdout.flush()
     return show
