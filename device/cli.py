@@ -51,7 +51,7 @@ def resolve_backend(name: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from splitedge.device.agent import DeviceAgent
-    from splitedge.protocol.node import check_identity_free, connect, status, write_counters
+    from splitedge.protocol.node import status, write_counters
 
     if (args.edge is None) == (args.peers is None):
         raise ValueError("give --edge ID (a device of a federated run) or --peers PLAN (a run with no cloud), not "
@@ -60,13 +60,7 @@ def run(args: argparse.Namespace) -> int:
         return run_peer(args)
     backend = resolve_backend(args.backend)
     data = load_local_data(args.data, backend)  # a shard that cannot work is refused before connecting
-    if backend == "torch":
-        import torch
-
-        torch.set_num_threads(args.threads)
-    if not args.takeover:
-        check_identity_free(args.broker, run=args.run, tier="device", node_id=args.id)
-    transport = connect(args.broker, run=args.run, tier="device", node_id=args.id)
+    transport = _connect(args, args.run, backend)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
                         backend=backend, seed=args.seed)
     status.info("device %s: backend %s, broker %s", args.id, backend, getattr(transport, "url", args.broker))
@@ -81,12 +75,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connect(args: argparse.Namespace, run_id: str, backend: str):
+    """Torch's threads for a training device, the identity check, then the MQTT connection."""
+    from splitedge.protocol.node import check_identity_free, connect
+
+    if backend == "torch":
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if not args.takeover:
+        check_identity_free(args.broker, run=run_id, tier="device", node_id=args.id)
+    return connect(args.broker, run=run_id, tier="device", node_id=args.id)
+
+
 def run_peer(args: argparse.Namespace) -> int:
     """A device of a cloud-less run: the plan and the data are checked before connecting."""
     from splitedge.device.local_data import fits_model
     from splitedge.device.peer_agent import PeerAgent, PeerPlan
     from splitedge.methods.registry import create_method
-    from splitedge.protocol.node import check_identity_free, connect, status, write_counters
+    from splitedge.protocol.node import status, write_counters
 
     plan = PeerPlan.load(args.peers)
     if args.id not in plan.graph:
@@ -98,12 +105,7 @@ def run_peer(args: argparse.Namespace) -> int:
     misfit = fits_model(data[0], data[1], create_method(plan.method, plan.config).spec)
     if misfit:
         raise ValueError(f"--data {args.data}: {misfit}")
-    import torch
-
-    torch.set_num_threads(args.threads)
-    if not args.takeover:
-        check_identity_free(args.broker, run=plan.run, tier="device", node_id=args.id)
-    transport = connect(args.broker, run=plan.run, tier="device", node_id=args.id)
+    transport = _connect(args, plan.run, backend)
     agent = PeerAgent(transport, plan=plan, node_id=args.id, data=data, backend=backend, seed=args.seed)
     status.info("device %s: broker %s, no cloud", args.id, transport.url)
     try:
