@@ -159,3 +159,46 @@ def test_decmar_config(graph: str, degree: float) -> None:
     assert DecMARConfig(graph=graph, degree=degree).degree == degree
     with pytest.raises(ValueError):
         DecMARConfig(graph="star")
+
+
+# -- hostile input, part by part (no broker) ---------------------------------------------------
+def test_mar_parts_refuse_what_does_not_fit_the_federation() -> None:
+    from parts import ctx_for, env, wire
+
+    from splitedge.methods.checks import weight_specs
+    from splitedge.methods.mar.cloud import MARCloud
+    from splitedge.methods.mar.device import DecMARDevice
+    from splitedge.methods.mar.edge import MAREdge
+    from splitedge.models import state_to_numpy
+    from splitedge.protocol.codec import decode, encode
+    from splitedge.protocol.errors import ProtocolError
+
+    settings = {k: v for k, v in SMALL.items() if k not in ("report_every", "probe_epochs")}
+    data = (np.zeros((8, 8, 8, 1), np.uint8), np.arange(8) % 10)
+    device = DecMARDevice(ctx_for("decmar", "d0", **settings), data, "torch")
+    good = state_to_numpy(device.model)
+    dim = device.model.dim
+    bad_shape = {**good, next(iter(good)): np.zeros((3, 3), np.float32)}
+    missing = dict(list(good.items())[1:])
+    for weights in (bad_shape, missing):
+        with pytest.raises(ProtocolError):
+            device.check(wire("weights", {"part": "model", "version": 1, "samples": 8, "weights": weights}, "d1"), "peer")
+    for z in (np.zeros(dim + 1, np.float32), np.zeros((2, 3), np.float32)):
+        with pytest.raises(ProtocolError):
+            device.check(wire("arrays", {"name": "latent", "version": 1, "arrays": {"z": z}}, "d1"), "peer")
+    device.check(wire("weights", {"part": "model", "version": 1, "samples": 8, "weights": good}, "d1"), "peer")
+    # non-finite values never reach a part: the codec refuses them
+    nan = env("arrays", {"name": "latent", "version": 1, "arrays": {"z": np.full(dim, np.nan, np.float32)}})
+    with pytest.raises(ProtocolError):
+        decode(encode(nan, validate=False))
+
+    edge = MAREdge(ctx_for("fedmar", "e0", **settings))
+    edge.check(wire("arrays", {"name": "latent", "version": 1, "arrays": {"z": np.zeros(dim, np.float32)}}, "d0"), "child")
+    with pytest.raises(ProtocolError):  # a second device with another width
+        edge.check(wire("arrays", {"name": "latent", "version": 1, "arrays": {"z": np.zeros(dim + 4, np.float32)}}, "d1"),
+                   "child")
+    cloud = MARCloud(ctx_for("fedmar", "cloud", extra={"rounds": 2}, **settings))
+    assert weight_specs(state_to_numpy(cloud.model)) == device.specs
+    with pytest.raises(ProtocolError):
+        cloud.check(wire("arrays", {"name": "latents", "version": 1,
+                                    "arrays": {"d0": np.zeros(dim + 1, np.float32)}}, "e0"), "child")
