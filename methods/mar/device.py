@@ -7,6 +7,7 @@ waits (bounded) for theirs, and averages itself with them.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -111,6 +112,10 @@ class MARDevice(DevicePart):
         yield DONE
 
 
+SUSPECT_WAIT_S = 1.0
+"""How long a round waits for a neighbour that was missing the round before."""
+
+
 class DecMARDevice(MARDevice):
     """Trains, sends its model and mean latent to its neighbours, waits (bounded) for theirs,
     averages itself with them; z_bar for the next round is the mean of their mean latents.
@@ -120,14 +125,13 @@ class DecMARDevice(MARDevice):
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.version = 0
+        self.missed: set[str] = set()  # neighbours not heard last round
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         self.train_round()
         yield Message("weights", self.model_body(), to=PEERS, slot=MODEL)
         yield self.latent_message(plan.round, to=PEERS)
-        gather, wait = self.ctx.extra["gather"], min(self.cfg.gather_timeout_s, plan.deadline_s / 2)
-        models = gather("weights", timeout=wait)
-        latents = gather("arrays", timeout=wait)
+        models, latents = self.hear_neighbours(min(self.cfg.gather_timeout_s, plan.deadline_s / 2))
         own = self.model_body()
         parts = [(own["weights"], 1)] + [(env.body["weights"], 1) for env in models.values()]
         load_numpy_state(self.model, self.method.merge_weights(parts))  # self and neighbours, equally
@@ -135,10 +139,26 @@ class DecMARDevice(MARDevice):
                                       if e.body["name"] == LATENT]
         self.zbar = torch.from_numpy(np.mean(np.stack(means), axis=0).astype(np.float32))
         self.version = plan.round
-        self.info = {"neighbours_heard": len(models)}
+        self.info = {"neighbours_heard": len(models), "neighbours_missed": sorted(self.missed)}
         if plan.directives.get(UPLOAD):  # the cloud evaluates the consensus of the devices' models
             yield Message("weights", self.model_body())
         yield DONE
+
+    def hear_neighbours(self, wait: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        """This round's models and latents from the neighbours, within one window of `wait` s.
+        A neighbour that was missing last round gets only a short grace (SUSPECT_WAIT_S) until it
+        is heard again: a dead peer must not cost every round the whole window, or the live
+        devices fall out of step with each other and miss each other's rounds too."""
+        gather, peers = self.ctx.extra["gather"], list(self.ctx.view.peers)
+        deadline = time.monotonic() + wait
+        left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
+        models = gather("weights", senders=[p for p in peers if p not in self.missed], timeout=wait)
+        suspects = [p for p in peers if p in self.missed]
+        if suspects:
+            models.update(gather("weights", senders=suspects, timeout=min(SUSPECT_WAIT_S, left())))
+        latents = gather("arrays", senders=sorted(models), timeout=max(left(), SUSPECT_WAIT_S))
+        self.missed = set(peers) - set(models)
+        return models, latents
 
     def round_info(self) -> dict[str, Any]:
         return dict(getattr(self, "info", {}))
