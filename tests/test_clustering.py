@@ -192,3 +192,24 @@ def test_import_pulls_in_no_heavy_module() -> None:
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert json.loads(out.stdout) == []
+
+
+def test_centring_separates_groups_hidden_under_a_common_update() -> None:
+    # Prepare: 3 groups of 4 devices; every update is a large shared direction plus its group's
+    # small one (what early FedAvg updates look like: everyone learns the same first)
+    rng = np.random.default_rng(0)
+    common, groups = rng.normal(size=64) * 10, rng.normal(size=(3, 64))
+    signals = {f"d{i:02d}": common + groups[i // 4] + 0.05 * rng.normal(size=64) for i in range(12)}
+    # Execute
+    raw = cluster_devices(signals, distance_threshold=0.5)
+    centred = cluster_devices(signals, distance_threshold=0.5, center=True)
+    # Assert: uncentred, the shared part makes one cluster; centred, the planted groups come back
+    assert set(raw.values()) == {0}
+    assert [centred[f"d{i:02d}"] for i in range(12)] == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_centring_keeps_two_devices_or_identical_signals_defined() -> None:
+    same = {"a": np.ones(4), "b": np.ones(4), "c": np.ones(4)}
+    assert set(cluster_devices(same, distance_threshold=0.5, center=True).values()) == {0}
+    two = {"a": np.array([1.0, 0.0]), "b": np.array([1.0, 0.1])}
+    assert cluster_devices(two, n_clusters=1, center=True) == {"a": 0, "b": 0}

@@ -87,7 +87,12 @@ class CFLHKDCloud(FedAvgCloud):
         live = {d: v for d, v in self.signals.items() if d in self.ctx.view.devices}
         kw = {"n_clusters": min(self.cfg.clusters, len(live))} if self.cfg.clusters else \
             {"distance_threshold": self.cfg.distance_threshold}
-        self.assignment = cluster_devices(live, max_clusters=len(edges), **kw)
+        assignment = cluster_devices(live, max_clusters=len(edges), center=self.cfg.signal == "updates", **kw)
+        if len(set(assignment.values())) < 2 and self.phase == WARMUP:  # no structure (yet): one global model
+            log.info("cloud: the %d devices form one cluster after round %d; staying with the global model",
+                     len(assignment), round_)
+            return  # devices stay on their edges; clustering is tried again next round
+        self.assignment = assignment
         self.cluster_edges = {k: edges[k] for k in sorted(set(self.assignment.values()))}
         self.moves = {d: Placement(edge=self.cluster_edges[k], groups=(f"c{k}",),
                                    peers=self.ctx.view.placement(d).peers) for d, k in self.assignment.items()}

@@ -47,13 +47,21 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def cosine_distances(signals: Mapping[str, np.ndarray]) -> tuple[list[str], np.ndarray]:
+def cosine_distances(signals: Mapping[str, np.ndarray], center: bool = False) -> tuple[list[str], np.ndarray]:
     """Sorted device ids and the [N, N] matrix of 1 - cos between their signals.
 
+    With `center`, the devices' mean signal is subtracted first: model updates share a large
+    common part (what every device learns early on), which makes all of them point the same
+    way; what is left says where each device's data pulls differently. (Kept uncentred when
+    that leaves a zero row, e.g. two devices or identical signals.)
     Clipped to [0, 2] with an exact zero diagonal, so round-off never gives a negative distance
     or a device at a distance from itself (average linkage and the threshold cut read it as is).
     """
     ids, x = _rows(signals)
+    if center and len(ids) > 2:
+        centred = x - x.mean(axis=0, keepdims=True)
+        if np.all(np.linalg.norm(centred, axis=1) > EPS * max(1.0, float(np.abs(x).max()))):
+            x = centred
     z = _unit(x)
     d = np.clip(1.0 - z @ z.T, 0.0, 2.0)
     d = (d + d.T) / 2.0
@@ -68,7 +76,8 @@ def _number_by_smallest_id(ids: list[str], labels: np.ndarray) -> dict[str, int]
 
 
 def cluster_devices(signals: Mapping[str, np.ndarray], *, n_clusters: int | None = None,
-                    distance_threshold: float | None = None, max_clusters: int | None = None) -> dict[str, int]:
+                    distance_threshold: float | None = None, max_clusters: int | None = None,
+                    center: bool = False) -> dict[str, int]:
     """Device -> cluster index (0..K-1, numbered by each cluster's smallest device id).
 
     Exactly one of `n_clusters` (K fixed) or `distance_threshold` (clusters at a linkage
@@ -89,7 +98,7 @@ def cluster_devices(signals: Mapping[str, np.ndarray], *, n_clusters: int | None
             raise ValueError(f"max_clusters must be >= 1, got {max_clusters}")
         if n_clusters is not None and n_clusters > max_clusters:
             raise ValueError(f"n_clusters={n_clusters} exceeds max_clusters={max_clusters}")
-    ids, dist = cosine_distances(signals)
+    ids, dist = cosine_distances(signals, center=center)
     if n_clusters is not None and n_clusters > len(ids):
         raise ValueError(f"n_clusters={n_clusters} but only {len(ids)} devices")
     if len(ids) == 1:
