@@ -91,6 +91,7 @@ class EmbeddedBroker:
 
     def start(self, timeout: float = 10.0) -> EmbeddedBroker:
         """Start and wait until the listener accepts connections; a busy port gets one retry."""
+        import amqtt.broker  # noqa: F401 - a missing extra raises here, in the caller's thread, by name
         chosen = self.port
         for attempt in range(3):
             self.port = chosen or free_port(self.host)

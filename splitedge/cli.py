@@ -79,10 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def explain(exc: BaseException, command: str) -> tuple[int, str]:
     """(exit code, one line) for an exception that ends a command: 2 for what the user can fix
     (a setting, a path, a missing extra), 1 for a run that failed."""
-    if isinstance(exc, ModuleNotFoundError) and exc.name in HEAVY:
-        hint = ("; a device without torch runs with --backend onnx" if exc.name == "torch" and command == "device"
-                else "")
-        return 2, f"splitedge {command} needs {exc.name}: pip install 'splitedge[all]'{hint}"
+    top = (getattr(exc, "name", None) or "").split(".")[0]  # amqtt.broker missing: amqtt is
+    if isinstance(exc, ModuleNotFoundError) and top in HEAVY:
+        hint = "; a device without torch runs with --backend onnx" if top == "torch" and command == "device" else ""
+        return 2, f"splitedge {command} needs {top}: pip install 'splitedge[all]'{hint}"
     if isinstance(exc, (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)):
         return 2, f"splitedge {command}: error: {exc}"
     if isinstance(exc, (ConnectionError, TimeoutError, OSError)):

@@ -208,3 +208,38 @@ def test_an_unreachable_broker_is_one_line_and_leaves_no_folder(tmp_path, capsys
                      str(tmp_path / "o"))
     assert code == 1 and "cannot connect to the MQTT broker" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_extra_names_it_and_a_device_without_torch_is_pointed_at_onnx(capsys, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "amqtt", None)  # as in the base install: `import amqtt` fails
+    monkeypatch.setitem(sys.modules, "amqtt.broker", None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, err = _run(capsys, "broker", "--port", str(port))
+    assert code == 2 and err == "splitedge broker needs amqtt: pip install 'splitedge[all]'", err
+    from splitedge.cli import explain
+
+    code, text = explain(ModuleNotFoundError("No module named 'torch'", name="torch"), "device")
+    assert code == 2 and text.endswith("a device without torch runs with --backend onnx")
+
+
+def test_device_backend_auto_is_torch_where_installed_else_onnx(monkeypatch) -> None:
+    import importlib.util
+
+    from splitedge.device.cli import resolve_backend
+
+    assert resolve_backend("auto") == "torch" and resolve_backend("onnx") == "onnx"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert resolve_backend("auto") == "onnx" and resolve_backend("torch") == "torch"
+
+
+def test_bench_without_out_writes_a_new_folder_never_the_committed_results(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "throughput", "--quick", "--no-plots"]) == 0
+    (made,) = (tmp_path / "runs" / "bench").iterdir()
+    assert made.name.startswith("throughput-") and (made / "throughput.json").exists()
+    assert not (tmp_path / "bench").exists()
