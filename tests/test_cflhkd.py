@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from splitedge.methods.cflhkd.clustering import adjusted_rand
 from splitedge.methods.cflhkd.distill import merge_tables, teachers
@@ -69,3 +70,42 @@ def test_distillation_term_hand_computed() -> None:
     assert float(value.detach()) == pytest.approx(expected, rel=1e-6) and term.weight == 0.5
     value.backward()
     assert out["logits"].grad[1].abs().sum() == 0  # no teacher for class 1: no pull
+
+
+@st.composite
+def _devices_on_edges(draw) -> tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]], list[int]]:
+    """Device tables (held classes, counts, mean logits) and each device's edge."""
+    c = draw(st.integers(2, 10))
+    n_dev = draw(st.integers(1, 12))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    tables = []
+    for _ in range(n_dev):
+        held = np.flatnonzero(rng.random(c) < 0.6)
+        held = held if held.size else np.array([int(rng.integers(c))])
+        tables.append((held.astype(np.int64), rng.integers(1, 500, held.size),
+                       rng.normal(0, 5, (held.size, c)).astype(np.float32)))
+    edges = [draw(st.integers(0, 3)) for _ in range(n_dev)]
+    return c, tables, edges
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(_devices_on_edges())
+def test_teacher_tables_merged_through_edges_equal_one_merge_of_all_devices(case) -> None:
+    # Prepare: every device's class-wise mean logits, spread over edges in any way
+    c, tables, edges = case
+    # Execute: each edge merges its devices and sends its held classes in float32 (as edge.py
+    # does), the cloud merges the edges; and, for reference, one merge of every device
+    sent = []
+    for e in sorted(set(edges)):
+        counts, logits = merge_tables([t for t, where in zip(tables, edges) if where == e], c)
+        held = np.flatnonzero(counts)
+        sent.append((held, counts[held], logits[held].astype(np.float32)))
+    via_edges = merge_tables(sent, c)
+    direct = merge_tables(tables, c)
+    # Assert: counts exactly, logits up to the float32 the wire carries
+    np.testing.assert_array_equal(via_edges[0], direct[0])
+    np.testing.assert_allclose(via_edges[1], direct[1], rtol=1e-5, atol=1e-5)
+    # and the global teacher over per-edge clusters is that same merge
+    g, has_g, _, _ = teachers({e: merge_tables([s], c) for e, s in enumerate(sent)}, own=None)
+    np.testing.assert_allclose(g, direct[1], rtol=1e-5, atol=1e-5)
+    assert has_g.tolist() == (direct[0] > 0).tolist()
