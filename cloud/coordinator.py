@@ -67,7 +67,7 @@ class CloudCoordinator(Node):
     def start(self) -> None:
         clear_retained(self.transport, pattern(self.run_id, "cloud", self.node_id, "down", "#"))
         self.transport.subscribe(pattern(self.run_id, "edge", "+", "up"), self.enqueue)
-        self.send(self.transport, "up", "status", {"state": "online", "role": "cloud"}, round_=0, retain=True)
+        self.announce_online(self.transport)
         for msg in self.part.initial_messages():
             self.publish(msg, round_=0)
 

@@ -83,7 +83,7 @@ class DeviceAgent(Node):
     def start(self) -> None:
         self._sync_subscriptions()
         self._hello()
-        self.send(self.transport, "up", "status", {"state": "online", "role": "device"}, round_=0, retain=True)
+        self.announce_online(self.transport)
         status.info("device %s: up with %d images (run %s), waiting for edge %s's round", self.node_id,
                     len(self.data[1]), self.run_id, self.edge)
 

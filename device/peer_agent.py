@@ -102,7 +102,7 @@ class PeerAgent(DeviceAgent):
         """No edge to greet."""
 
     def start(self) -> None:
-        self.send(self.transport, "up", "status", {"state": "online", "role": "device"}, round_=0, retain=True)
+        self.announce_online(self.transport)
         status.info("device %s: up with %d images (run %s, no cloud), %d rounds with peers %s", self.node_id,
                     len(self.data[1]), self.run_id, self.plan.rounds, list(self.placement.peers))
 

@@ -90,7 +90,7 @@ class EdgeAggregator(Node):
         hello = {"role": "edge", "parent": self.cloud, "samples": sum(self.members.values()),
                  "backend": "torch", "classes": np.zeros(0, dtype=np.int64), "members": sorted(self.live)}
         self.send(self.up, "up", "hello", hello, round_=0, retain=True)
-        self.send(self.up, "up", "status", {"state": "online", "role": "edge"}, round_=0, retain=True)
+        self.announce_online(self.up)
 
     def run_forever(self, poll: float = 0.2) -> None:
         while not self.stopped.is_set():

@@ -34,7 +34,7 @@ _MAX_ID_LEN = 128
 _KEYS = ("v", "k", "r", "n", "s", "i", "b")
 
 
-def _new_msg_id() -> str:
+def new_msg_id() -> str:
     return uuid.uuid4().hex
 
 
@@ -47,7 +47,7 @@ class Envelope:
     round: int
     sender: str
     body: Mapping[str, Any]
-    msg_id: str = field(default_factory=_new_msg_id)
+    msg_id: str = field(default_factory=new_msg_id)
     version: int = PROTOCOL_VERSION
 
 

@@ -174,6 +174,7 @@ class MqttTransport(Transport):
             self._subscribe_now(pattern, qos)
         if self._had_connection:
             self.reconnects += 1
+            self._republish_births()  # the broker fired our will while we were away
             logger.info("%s: reconnected to %s, resubscribed %d pattern(s)", self.client_id, self.url, len(patterns))
         self._had_connection = True
         self._connected.set()

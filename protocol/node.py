@@ -114,6 +114,12 @@ class Node:
         except queue.Empty:
             return None
 
+    def announce_online(self, transport: Transport) -> None:
+        """Retained `status: online`, published again by the transport after every reconnect."""
+        env = Envelope(kind="status", run=self.run_id, round=0, sender=self.node_id,
+                       body={"state": "online", "role": self.tier})
+        transport.publish_birth(self.topic("up", "status"), env)
+
     def send(self, transport: Transport, direction: str, kind: str, body: Mapping[str, Any], *,
              round_: int | None = None, retain: bool = False, topic_kind: str | None = None,
              to: str | None = None) -> Envelope:

@@ -13,6 +13,7 @@ message is queued and delivered, in order, when the current delivery returns (MQ
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 import threading
 import time
@@ -28,7 +29,7 @@ from splitedge.protocol.accounting import (
     subscribe_packet_bytes,
     unsubscribe_packet_bytes,
 )
-from splitedge.protocol.codec import DEFAULT_MAX_BYTES, Envelope, decode, encode
+from splitedge.protocol.codec import DEFAULT_MAX_BYTES, Envelope, decode, encode, new_msg_id
 from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.topics import matches, parse, validate_filter, validate_topic_name
 
@@ -97,6 +98,7 @@ class Transport(abc.ABC):
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.duplicates = 0
         self._state_lock = threading.Lock()
+        self._births: dict[str, Envelope] = {}
 
     # -- outbound -------------------------------------------------------------------------
     def publish(self, topic: str, env: Envelope, *, qos: int = 1, retain: bool = False,
@@ -107,6 +109,21 @@ class Transport(abc.ABC):
         """
         payload = encode(env)
         self._publish_bytes(topic, payload, qos=qos, retain=retain, kind=env.kind, wait=wait)
+
+    def publish_birth(self, topic: str, env: Envelope) -> None:
+        """Publish a retained message (a node's `status: online`) now and again after every
+        reconnect: a broker restart fires the node's will (offline), and without this the node
+        would stay offline to everyone although it is back. Each copy gets a fresh msg_id, or
+        receivers would drop it as a duplicate of the first."""
+        with self._state_lock:
+            self._births[topic] = env
+        self.publish(topic, env, qos=1, retain=True)
+
+    def _republish_births(self) -> None:
+        with self._state_lock:
+            births = list(self._births.items())
+        for topic, env in births:
+            self.publish(topic, dataclasses.replace(env, msg_id=new_msg_id()), qos=1, retain=True)
 
     def publish_raw(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,
                     wait: float | None = None) -> None:

@@ -87,6 +87,34 @@ def test_reconnect_and_resubscribe_after_broker_restart() -> None:
         sub.close()
 
 
+@needs_mosquitto
+@pytest.mark.parametrize("persistence", [False, True])
+def test_a_node_is_online_again_after_a_graceful_broker_restart(persistence: bool, tmp_path: Path) -> None:
+    from splitedge.protocol.node import Node, check_identity_free, connect
+
+    conf = f"persistence true\npersistence_location {tmp_path}/\n" if persistence else ""
+    with MosquittoBroker(extra_conf=conf) as broker:
+        # Prepare: an edge announces itself online (its will says offline); a watcher follows it
+        node = Node(run=RUN, tier="edge", node_id="e0")
+        transport = connect(broker.url, run=RUN, tier="edge", node_id="e0", keepalive=2, reconnect_min=0.1,
+                            reconnect_max=0.5)
+        node.announce_online(transport)
+        seen: list[str] = []
+        watcher = MqttTransport(broker.url, client_id="watch", role="cloud", keepalive=2, reconnect_min=0.1,
+                                reconnect_max=0.5)
+        watcher.subscribe(topic(RUN, "edge", "e0", "up", "status"), lambda t, e: seen.append(e.body["state"]))
+        assert wait_for(lambda: seen == ["online"], 5)
+        # Execute: SIGTERM and start again on the port (Mosquitto fires every client's will)
+        broker.restart()
+        assert wait_for(lambda: transport.reconnects == 1 and watcher.reconnects == 1, 15)
+        # Assert: the node said online again, to those listening and to those who come later
+        assert wait_for(lambda: seen and seen[-1] == "online" and len(seen) > 1, 5), seen
+        with pytest.raises(ValueError, match="another edge with id 'e0' is online"):
+            check_identity_free(broker.url, run=RUN, tier="edge", node_id="e0")
+        watcher.close()
+        transport.close(offline=True)
+
+
 def test_serve_forever_runs_until_ctrl_c() -> None:
     pytest.importorskip("amqtt")
     port = free_port()
