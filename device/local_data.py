@@ -176,6 +176,9 @@ def open_local_data(path: str | os.PathLike, *, stream: bool) -> tuple[Any, np.n
     path = Path(path)
     if not path.exists():
         raise ValueError(f"{path}: no such file or folder")
+    if path.is_file() and not zipfile.is_zipfile(path):  # np.load would guess pickle and say so
+        raise ValueError(f"{path}: not an .npz shard (not a zip archive, or a truncated one); make shards with "
+                         "splitedge data split")
     try:
         x, y = _open(path, stream)
     except KeyError as exc:  # np.load's NpzFile: "y is not a file in the archive"
