@@ -58,7 +58,7 @@ def test_sim_refuses_bad_values_at_once(argv: list[str], message: str, capsys, t
     (lambda p: _shard(p, np.zeros((0, 8, 8, 1), np.uint8), np.zeros(0, np.int64)), "empty (no images)"),
     (lambda p: _shard(p, np.zeros((4, 8, 8, 1), np.uint8), np.arange(3)), "4 images but labels of shape (3,)"),
     (lambda p: (np.savez(p, x=np.zeros((4, 8, 8, 1), np.uint8)), p)[1], "no array 'y'"),
-    (lambda p: (p.write_text("not a zip"), p)[1], "shard.npz: not an .npz shard (not a zip archive)"),
+    (lambda p: (p.write_text("not a zip"), p)[1], "shard.npz: not an .npz shard (not a zip archive"),
     (lambda p: p, "no such file or folder"),
 ])
 def test_device_refuses_unusable_data_before_connecting(make, message: str, capsys, tmp_path) -> None:
