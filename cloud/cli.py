@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 
 from splitedge.cloud.options import add_run_arguments
+from splitedge.protocol import credentials
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", required=True, help="broker URL the edges report to")
+    credentials.add_arguments(p)
     p.add_argument("--id", default="cloud", help="this coordinator's id (edges name it with --cloud)")
     p.add_argument("--run", default="default", help="run id (topic namespace); the same on every node of a run")
     p.add_argument("--edges", type=int, default=1, help="wait for this many edges before round 1")
@@ -63,15 +65,16 @@ def _run(args: argparse.Namespace) -> list[dict]:
     from splitedge.methods.datasets import load_dataset
     from splitedge.protocol.node import check_identity_free, connect, write_counters
 
+    options = credentials.connect_options(args, args.broker)
     torch.set_num_threads(args.threads)
     if not args.takeover:
-        check_identity_free(args.broker, run=args.run, tier="cloud", node_id=args.id)
+        check_identity_free(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     _, test, info = load_dataset(args.dataset, args.data, max_test=args.max_test, seed=args.seed)
     config = build_run_config(args.method, info, args.model, args.seed, method_overrides(args))
     settings = CloudSettings(method=args.method, rounds=args.rounds, config=config, deadline_s=args.deadline,
                              min_edges=args.edges, min_devices=args.devices, join_timeout_s=args.join_timeout,
                              out_dir=args.out, seed=args.seed, on_round=_round_printer(args.rounds))
-    transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id)
+    transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     try:
         history = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id).run()
     finally:

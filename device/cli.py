@@ -6,6 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
+from splitedge.protocol import credentials
+
 log = logging.getLogger(__name__)
 
 
@@ -29,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch backend)")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says a device with this id is online")
+    credentials.add_arguments(p)
 
 
 def load_local_data(path: Path, backend: str = "torch"):
@@ -56,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.edge is None) == (args.peers is None):
         raise ValueError("give --edge ID (a device of a federated run) or --peers PLAN (a run with no cloud), not "
                          + ("both" if args.edge else "neither"))
+    credentials.connect_options(args, args.broker)  # a credential mistake is refused before the data is read
     if args.peers is not None:
         return run_peer(args)
     backend = resolve_backend(args.backend)
@@ -83,9 +87,10 @@ def _connect(args: argparse.Namespace, run_id: str, backend: str):
         import torch
 
         torch.set_num_threads(args.threads)
+    options = credentials.connect_options(args, args.broker)
     if not args.takeover:
-        check_identity_free(args.broker, run=run_id, tier="device", node_id=args.id)
-    return connect(args.broker, run=run_id, tier="device", node_id=args.id)
+        check_identity_free(args.broker, run=run_id, tier="device", node_id=args.id, **options)
+    return connect(args.broker, run=run_id, tier="device", node_id=args.id, **options)
 
 
 def run_peer(args: argparse.Namespace) -> int:

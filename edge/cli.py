@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from splitedge.protocol import credentials
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", required=True, help="broker the devices use, e.g. mqtt://127.0.0.1:1883")
@@ -17,6 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says an edge with this id is online")
+    credentials.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,14 +28,15 @@ def run(args: argparse.Namespace) -> int:
     from splitedge.edge.aggregator import EdgeAggregator
     from splitedge.protocol.node import check_identity_free, connect, write_counters
 
+    options = credentials.connect_options(args, args.broker, args.upstream)
     if importlib.util.find_spec("torch") is not None:  # numpy-only methods' edges run without it
         import torch
 
         torch.set_num_threads(args.threads)
     if not args.takeover:
-        check_identity_free(args.upstream or args.broker, run=args.run, tier="edge", node_id=args.id)
-    down = connect(args.broker, run=args.run, tier="edge", node_id=args.id)
-    up = connect(args.upstream, run=args.run, tier="edge", node_id=args.id) if args.upstream else down
+        check_identity_free(args.upstream or args.broker, run=args.run, tier="edge", node_id=args.id, **options)
+    down = connect(args.broker, run=args.run, tier="edge", node_id=args.id, **options)
+    up = connect(args.upstream, run=args.run, tier="edge", node_id=args.id, **options) if args.upstream else down
     edge = EdgeAggregator(down, up, run=args.run, node_id=args.id, cloud=args.cloud, seed=args.seed)
     try:
         edge.start()

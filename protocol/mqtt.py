@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -121,8 +122,13 @@ class MqttTransport(Transport):
                      keyfile: str | None, reconnect_min: float, reconnect_max: float) -> paho.Client:
         client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
                              protocol=paho.MQTTv311, clean_session=True)
-        if scheme in TLS_SCHEMES:
-            client.tls_set(ca_certs=ca_certs, certfile=certfile, keyfile=keyfile)
+        self._tls = (ca_certs, certfile, keyfile) if scheme in TLS_SCHEMES else None
+        if self._tls is not None:
+            try:
+                client.tls_set(ca_certs=ca_certs, certfile=certfile, keyfile=keyfile)
+            except (ssl.SSLError, OSError) as exc:  # not PEM, a key that does not match its certificate, ...
+                raise ValueError(f"cannot use the TLS files (CA {ca_certs}, certificate {certfile}, key {keyfile}): "
+                                 f"{getattr(exc, 'reason', None) or exc}") from None
         if self._username is not None:
             client.username_pw_set(self._username, self._password)
         if self._will:
@@ -153,12 +159,38 @@ class MqttTransport(Transport):
                               f"the URL right?")
 
     def _diagnose(self, timeout: float) -> str:
-        """Explain a connect timeout: is anything listening at all?"""
+        """Explain a connect timeout: is anything listening at all, and does TLS work?"""
         try:
-            with socket.create_connection((self.host, self.port), timeout=1.0):
+            with socket.create_connection((self.host, self.port), timeout=1.0) as raw:
+                if self._tls is not None:
+                    return self._diagnose_tls(raw, timeout)
                 return f"TCP connects but no CONNACK within {timeout:g}s (TLS/port mismatch?)"
         except OSError as exc:
             return f"no broker reachable within {timeout:g}s ({exc})"
+
+    def _diagnose_tls(self, raw: socket.socket, timeout: float) -> str:
+        """Our own handshake with the same files, to name what TLS refused."""
+        ca, cert, key = self._tls or (None, None, None)
+        context = ssl.create_default_context(cafile=ca)
+        if cert:
+            context.load_cert_chain(cert, key)
+        try:
+            with context.wrap_socket(raw, server_hostname=self.host) as tls:
+                tls.settimeout(1.0)
+                try:  # TLS 1.3: a broker that wants a client certificate says so after the handshake
+                    tls.recv(1)
+                except ssl.SSLError as exc:
+                    if "CERTIFICATE_REQUIRED" in str(exc) or "certificate required" in str(exc):
+                        return "the broker requires a client certificate: give --cert-file and --key-file"
+                    return f"the broker closed the TLS connection ({getattr(exc, 'reason', None) or exc})"
+                except OSError:
+                    pass
+        except ssl.SSLCertVerificationError as exc:
+            where = f"--ca-file {ca}" if ca else "the system's CA store (give --ca-file)"
+            return f"the broker's certificate is not trusted: {exc.verify_message}; is it signed by {where}?"
+        except ssl.SSLError as exc:
+            return f"TLS handshake failed: {getattr(exc, 'reason', None) or exc} (is this port TLS?)"
+        return f"TLS works but no CONNACK within {timeout:g}s (does the broker accept this login?)"
 
     # -- paho callbacks (network thread: must never raise) ------------------------------
     def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
