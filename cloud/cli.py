@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--edges", type=int, default=1, help="wait for this many edges before round 1")
     p.add_argument("--devices", type=int, default=0, help="... and this many devices behind them")
     p.add_argument("--join-timeout", type=float, default=120.0, help="seconds to wait for them before giving up")
+    p.add_argument("--rejoin-timeout", type=float, default=120.0,
+                   help="before a round, seconds to wait for edges that went offline (a broker restart) before going "
+                        "on without them, or stopping when none is back")
     p.add_argument("--out", type=Path, default=None, help="metrics.jsonl, model.safetensors and spectrum.png go here")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in --out")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -40,6 +43,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--edges must be >= 1 and --devices >= 0, got {args.edges} and {args.devices}")
     if not args.join_timeout > 0:
         raise ValueError(f"--join-timeout must be > 0 seconds, got {args.join_timeout}")
+    if not args.rejoin_timeout > 0:
+        raise ValueError(f"--rejoin-timeout must be > 0 seconds, got {args.rejoin_timeout}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +78,7 @@ def _run(args: argparse.Namespace) -> list[dict]:
     config = build_run_config(args.method, info, args.model, args.seed, method_overrides(args))
     settings = CloudSettings(method=args.method, rounds=args.rounds, config=config, deadline_s=args.deadline,
                              min_edges=args.edges, min_devices=args.devices, join_timeout_s=args.join_timeout,
+                             rejoin_timeout_s=args.rejoin_timeout,
                              out_dir=args.out, seed=args.seed, on_round=_round_printer(args.rounds))
     transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     try:

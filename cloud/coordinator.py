@@ -31,6 +31,7 @@ from splitedge.protocol.transport import Transport
 log = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 30.0  # how long a round waits for moved devices to show up at their new edge
+REJOIN_GRACE_S = 5.0  # after one edge is back, how long a round waits for the others
 
 
 @dataclass
@@ -42,6 +43,7 @@ class CloudSettings:
     min_edges: int = 1
     min_devices: int = 0
     join_timeout_s: float = 60.0
+    rejoin_timeout_s: float = 120.0  # before a round, wait this long for edges that went offline
     out_dir: Path | None = None
     seed: int = 0
     on_round: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
@@ -63,6 +65,7 @@ class CloudCoordinator(Node):
         self.rounds = RoundCollector()
         self.history: list[dict[str, Any]] = []
         self.stopped = threading.Event()
+        self.enough_edges = settings.min_edges  # lowered when edges stay away past the rejoin timeout
 
     def start(self) -> None:
         clear_retained(self.transport, pattern(self.run_id, "cloud", self.node_id, "down", "#"))
@@ -126,6 +129,33 @@ class CloudCoordinator(Node):
                            f"{s.join_timeout_s:.0f} s (waiting for {s.min_edges} and {s.min_devices}); are the edges "
                            f"and devices started with --run {self.run_id} and this broker?")
 
+    def wait_for_live_edges(self, r: int) -> None:
+        """Before round r, with fewer live edges than the run needs, wait for them. With none
+        live (a broker restart fires every node's will; the nodes are back within seconds) a
+        round opened now would close at once with nobody in it: wait up to `rejoin_timeout_s`
+        for one, else stop (TimeoutError). Then give the others REJOIN_GRACE_S; an edge still
+        missing is not waited for again (it died: rounds go on with the edges that are left)."""
+        s = self.settings
+        if len(self.live) >= self.enough_edges:
+            return
+        if not self.live:
+            status.info("cloud: no edge online before round %d; waiting up to %.0f s for them to come back", r,
+                        s.rejoin_timeout_s)
+            self._dispatch_until(lambda: bool(self.live), s.rejoin_timeout_s)
+            if not self.live:
+                raise TimeoutError(f"no edge is online before round {r}, and none came back within "
+                                   f"{s.rejoin_timeout_s:g} s (--rejoin-timeout); the run stops here, its rounds "
+                                   f"so far are kept")
+        self._dispatch_until(lambda: len(self.live) >= self.enough_edges, REJOIN_GRACE_S)
+        if len(self.live) < self.enough_edges:
+            log.warning("cloud: round %d goes on with %d of %d edge(s)", r, len(self.live), self.enough_edges)
+            self.enough_edges = len(self.live)
+
+    def _dispatch_until(self, done: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            self.dispatch(self.next_event(min(0.5, max(0.0, deadline - time.monotonic()))))
+
     def place(self, moves: Mapping[str, Placement]) -> None:
         """Send each moved device its placement (through its current edge) and wait, up to
         PLACEMENT_TIMEOUT_S, until the new edges report them."""
@@ -170,6 +200,7 @@ class CloudCoordinator(Node):
 
     def run_round(self, r: int) -> dict[str, Any]:
         started = time.monotonic()
+        self.wait_for_live_edges(r)
         moves = self.part.placement(r)
         if moves:
             self.place(moves)

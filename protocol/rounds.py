@@ -77,8 +77,13 @@ class RoundCollector:
         return False
 
     def complete(self, live: set[str]) -> bool:
-        """Every expected child that is still alive has finished."""
-        return self.is_open and not (self.expected & live) - self.done
+        """Every expected child that is still alive has finished. A round in which nobody has
+        finished and no expected child is alive is not complete: its children went offline
+        together (a broker restart) and may be back before the deadline."""
+        alive = self.expected & live
+        if self.expected and not (self.done or alive):
+            return False
+        return self.is_open and not alive - self.done
 
     def expired(self) -> bool:
         return self.is_open and self.clock() >= self.deadline

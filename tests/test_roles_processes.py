@@ -171,3 +171,50 @@ def test_killed_edge_does_not_stall_the_run(tmp_path: Path, mosquitto) -> None:
     assert [m["round"] for m in metrics] == [1, 2, 3], fed.log("cloud")
     assert metrics[0]["edges"] == 2 and metrics[-1]["edges"] == 1
     assert metrics[-1]["accuracy"] > 0.2
+
+
+def test_a_graceful_broker_restart_mid_run_loses_no_round(tmp_path: Path) -> None:
+    from splitedge.protocol.broker import MosquittoBroker
+    from splitedge.sim import SimSettings, run_sim
+
+    # Prepare: a private Mosquitto this test may restart; every node has its own MQTT client
+    with MosquittoBroker() as broker:
+        def restart_after_round_1(record: dict) -> None:
+            if record["round"] == 1:
+                broker.restart()  # SIGTERM: Mosquitto fires every client's will, then starts again
+        # Execute
+        s = SimSettings(rounds=4, devices=4, edges=2, method="fedavg", broker=broker.url, out=tmp_path / "run",
+                        deadline_s=60)
+        run_sim(s, on_round=restart_after_round_1)
+    # Assert: the nodes came back online and every round had both edges and moved the model on
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in metrics] == [1, 2, 3, 4]
+    assert [m["edges"] for m in metrics] == [2, 2, 2, 2], metrics
+    assert [m["versions"]["model"] for m in metrics] == [0, 1, 2, 3]
+
+
+def test_before_a_round_the_cloud_waits_for_edges_that_went_offline_then_goes_on_or_stops() -> None:
+    from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
+    from splitedge.methods.config import RunConfig
+    from splitedge.methods.fedavg.config import FedAvgConfig
+    from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
+
+    from parts import SPEC
+
+    # Prepare: a cloud whose two edges joined; both are offline now (as after a broker restart)
+    settings = CloudSettings(method="fedavg", rounds=3, config=RunConfig(SPEC, FedAvgConfig()), min_edges=2,
+                             rejoin_timeout_s=0.5)
+    cloud = CloudCoordinator(LoopbackTransport(LoopbackBus(), role="cloud", client_id="c"), settings, run="r",
+                             test=(np.zeros((1, 8, 8, 1), np.uint8), np.zeros(1, np.int64)))
+    cloud.view.members.update({"e0": [], "e1": []})
+    # Execute / Assert: nobody back within the rejoin timeout: the run stops, saying why
+    with pytest.raises(TimeoutError, match="no edge is online before round 2, and none came back within 0.5 s"):
+        cloud.wait_for_live_edges(2)
+    # one edge back, the other dead: round 2 waits its grace once, later rounds no more
+    cloud.online.add("e0")
+    started = time.monotonic()
+    cloud.wait_for_live_edges(2)
+    assert 4 < time.monotonic() - started < 10 and cloud.enough_edges == 1
+    started = time.monotonic()
+    cloud.wait_for_live_edges(3)
+    assert time.monotonic() - started < 0.5
