@@ -234,7 +234,7 @@ class EdgeAggregator(Node):
         return True
 
     def _from_device(self, env: Envelope) -> None:
-        if not self.current(env) or not self.accepts(self.part, env, "child"):
+        if not self.current(env) or not self.accepts(self.part, env, "child", announced=self.members.get(env.sender)):
             return
         if self.part is not None:
             replies = self.part.on_device_message(env)

@@ -65,3 +65,17 @@ def check_version(name: str, got: int, *, at_most: int) -> None:
     from another incarnation of the run."""
     if got > at_most:
         raise ProtocolError("state.version", f"{name} version {got} is newer than the current {at_most}")
+
+
+def check_within_samples(body: Mapping[str, Any], announced: int) -> None:
+    """A device cannot count more samples than its hello announced: per-class `counts` (moments,
+    logits) may sum to at most that, and a `weights` body's `samples` may not exceed it. Counts
+    are summed as Python ints, so values near 2**63 cannot wrap around to something small."""
+    counts = body.get("counts")
+    if counts is not None:
+        total = sum(int(c) for c in np.asarray(counts).ravel())
+        if total > announced:
+            raise ProtocolError("state.samples", f"counts sum to {total}, the sender announced {announced} samples")
+    samples = body.get("samples")
+    if isinstance(samples, (int, np.integer)) and int(samples) > announced:
+        raise ProtocolError("state.samples", f"samples {int(samples)}, the sender announced {announced}")

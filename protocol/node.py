@@ -71,13 +71,18 @@ class Node:
     def handle(self, topic_: str, env: Envelope) -> None:
         raise NotImplementedError
 
-    def accepts(self, part: Any, env: Envelope, source: str) -> bool:
+    def accepts(self, part: Any, env: Envelope, source: str, *, announced: int | None = None) -> bool:
         """Whether `part` takes a message from its "parent", a "child" or a "peer": its `check`
-        may refuse it (ProtocolError) for not fitting the federation. Refusals are logged with
-        their rule and counted; the message never reaches the part's state."""
+        may refuse it (ProtocolError) for not fitting the federation, and a child that announced
+        `announced` samples may not count more (methods.checks.check_within_samples). Refusals
+        are logged with their rule and counted; the message never reaches the part's state."""
         if part is None:
             return True
         try:
+            if announced is not None:
+                from splitedge.methods.checks import check_within_samples
+
+                check_within_samples(env.body, announced)
             part.check(env, source)
         except ProtocolError as exc:
             self.refused[exc.rule] += 1

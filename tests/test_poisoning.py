@@ -20,11 +20,11 @@ from splitedge.sim import SimSettings, run_sim
 
 class Rogue:
     """Device d9 of edge e0: valid frames, values that do not fit the federation (another feature
-    dimension, a class id beyond the model's, weights of other shapes)."""
+    dimension, a class id beyond the model's, weights of other shapes, counts beyond its hello)."""
 
     def __init__(self, url: str, run: str) -> None:
         self.run, self.t = run, connect(url, run=run, tier="device", node_id="d9")
-        self.say("hello", {"role": "device", "parent": "e0", "samples": 50, "backend": "torch",
+        self.say("hello", {"role": "device", "parent": "e0", "samples": 100_000, "backend": "torch",
                            "classes": np.arange(3, dtype=np.int64)}, 0, retain=True)
         self.say("status", {"state": "online", "role": "device"}, 0, retain=True)
         self.t.subscribe(pattern(run, "edge", "e0", "down", "round"), self.on_round)
@@ -44,6 +44,12 @@ class Rogue:
                              "mean": np.zeros((1, 512), "f4"), "var": np.ones((1, 512), "f4"),  # digits: 10 classes
                              "space": "wc", "versions": {"wc": env.body["versions"]["wc"]}}, r)
         self.say("weights", {"part": "wc", "version": env.body["versions"]["wc"], "samples": 10_000,
+                             "weights": {"block1.conv.weight": np.ones((3, 3), "f4")}}, r)
+        for counts in ([10**12, 1, 1], [2**63 - 1, 2**63 - 1, 2]):  # beyond its hello; a sum that wraps in i8
+            self.say("moments", {"classes": np.arange(3, dtype=np.int64), "counts": np.array(counts, np.int64),
+                                 "mean": np.zeros((3, 7), "f4"), "var": np.ones((3, 7), "f4"),
+                                 "space": "wc", "versions": {"wc": env.body["versions"]["wc"]}}, r)
+        self.say("weights", {"part": "wc", "version": env.body["versions"]["wc"], "samples": 10**12,
                              "weights": {"block1.conv.weight": np.ones((3, 3), "f4")}}, r)
         self.say("done", {"phase": "round", "info": {}}, r)
 
@@ -75,4 +81,23 @@ def test_a_rogue_device_is_refused_and_changes_nothing(mosquitto, tmp_path) -> N
     refused = poisoned[-1]["rejected"]["e0"]
     assert refused.get("state.dim") == 3 and refused.get("state.weights") == 3, refused
     assert refused.get("state.classes") == 3, refused  # a label beyond the model's classes never reaches training
+    assert refused.get("state.samples") == 9, refused  # counts beyond what its hello announced, 3 per round
     assert "e0" not in clean[-1]["rejected"]
+
+
+def test_counts_are_bounded_by_the_announced_samples_without_wrapping() -> None:
+    import pytest
+
+    from splitedge.methods.checks import check_within_samples
+    from splitedge.protocol.errors import ProtocolError
+
+    check_within_samples({"counts": np.array([40, 60], np.int64)}, 100)  # exactly what it holds
+    check_within_samples({"samples": 100, "weights": {}}, 100)
+    with pytest.raises(ProtocolError, match="counts sum to 101, the sender announced 100"):
+        check_within_samples({"counts": np.array([41, 60], np.int64)}, 100)
+    wraps = np.array([2**63 - 1, 2**63 - 1, 2], np.int64)  # numpy's i8 sum of these is 0
+    assert int(wraps.sum()) == 0
+    with pytest.raises(ProtocolError, match="state|counts sum to 18446744073709551616"):
+        check_within_samples({"counts": wraps}, 100)
+    with pytest.raises(ProtocolError, match="samples 101, the sender announced 100"):
+        check_within_samples({"samples": 101, "weights": {}}, 100)
