@@ -63,7 +63,8 @@ class DeviceAgent(Node):
         """Control topics always; data topics (its edge's downlink for all, for this device, for
         its groups, and its peers') once a method is loaded, so the method's kinds decode."""
         e, me = self.edge, self.node_id
-        out = {pattern(self.run_id, "edge", e, "down", "round"), pattern(self.run_id, "edge", e, "down", "assign", to=me)}
+        out = {pattern(self.run_id, "edge", e, "down", "round"), pattern(self.run_id, "edge", e, "down", "assign", to=me),
+               pattern(self.run_id, "edge", e, "up", "status")}
         if self.part is not None:
             out |= {pattern(self.run_id, "edge", e, "down"), pattern(self.run_id, "edge", e, "down", to=me),
                     *(pattern(self.run_id, "edge", e, "down", to=f"@{g}") for g in self.placement.groups)}
@@ -98,6 +99,8 @@ class DeviceAgent(Node):
         """Process events until the cloud announces the end of the run (or stop() is called)."""
         while not self.stopped.is_set():
             self.dispatch(self.next_event(poll))
+            if self.held_stop_due():
+                self.stopped.set()
 
     def stop(self) -> None:
         self.stopped.set()
@@ -168,7 +171,9 @@ class DeviceAgent(Node):
         where = parse(topic)
         if where.tier == "edge" and where.node_id != self.edge:
             return  # the downlink of an edge we left
-        if env.kind == "round":
+        if env.kind == "status" and where.tier == "edge":
+            self.on_parent_status(env.body["state"])
+        elif env.kind == "round":
             self._on_round(RoundPlan.from_body(env.round, env.body))
         elif env.kind == "assign":
             self._on_assign(env)
@@ -210,11 +215,13 @@ class DeviceAgent(Node):
         if plan.stop:
             reason = plan.directives.get("reason")
             if self.last_round == 0 and self.pending is None and not reason:
-                return  # a retained stop left over from an earlier run with this run id
+                self.hold_stop(plan.session)  # the run is over, or a new one with this id is starting
+                return
             status.info("device %s: run finished%s", self.node_id,
                         f": {reason}" if reason else f" after round {self.last_round}")
             self.stopped.set()
             return
+        self.held_stop = None
         if plan.round <= self.last_round:
             return  # a retained announcement seen again after a reconnect or a move
         if self._ensure_part(plan):

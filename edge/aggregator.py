@@ -55,6 +55,7 @@ class EdgeAggregator(Node):
         self.rounds = RoundCollector()
         self.stopped = threading.Event()
         self.subscribed: set[str] = set()  # the cloud's addressed downlink filters we read
+        self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
 
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -72,7 +73,8 @@ class EdgeAggregator(Node):
         rest: messages for all edges, for this edge, for all devices, for each member and for
         each group a member is in."""
         cloud = lambda **kw: pattern(self.run_id, "cloud", self.cloud, "down", **kw)  # noqa: E731
-        out = {cloud(kind="round"), *(cloud(kind="assign", to=d) for d in self.members)}
+        out = {cloud(kind="round"), *(cloud(kind="assign", to=d) for d in self.members),
+               pattern(self.run_id, "cloud", self.cloud, "up", "status")}
         if self.part is not None:
             addressed = {self.node_id, ALL_DEVICES, *self.members, *(f"@{g}" for gs in self.groups.values() for g in gs)}
             out |= {cloud(), *(cloud(to=to) for to in addressed)}
@@ -96,6 +98,9 @@ class EdgeAggregator(Node):
         while not self.stopped.is_set():
             self.dispatch(self.next_event(poll))
             self._maybe_close_round()
+            if self.held_stop_due():
+                self._relay_stop()
+                self.stopped.set()
 
     def stop(self) -> None:
         self.stopped.set()
@@ -159,7 +164,16 @@ class EdgeAggregator(Node):
         """Members whose last status is online."""
         return {d for d in self.members if d in self.online}
 
+    def _relay_stop(self) -> None:
+        """Pass a held stop to the devices (retained), so they leave too."""
+        if self.last_stop is not None:
+            env = self.last_stop
+            self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
+
     def _from_cloud(self, where: Topic, env: Envelope) -> None:
+        if env.kind == "status":
+            self.on_parent_status(env.body["state"])
+            return
         if env.kind == "round":
             self._on_round(env)
             return
@@ -184,12 +198,16 @@ class EdgeAggregator(Node):
             self._new_session(plan.session)
         if plan.stop:
             reason = plan.directives.get("reason")
-            if self.plan is not None or reason:  # else: a retained stop left over from an earlier run
+            if self.plan is not None or reason:
                 self.send(self.down, "down", "round", env.body, round_=env.round, retain=not reason)
                 status.info("edge %s: run finished%s", self.node_id,
                             f": {reason}" if reason else f" after round {self.plan.round}")
                 self.stopped.set()
+            else:  # found at start: the run is over, or a new one with this id is starting
+                self.last_stop = env
+                self.hold_stop(plan.session)
             return
+        self.held_stop = None
         if self.plan is not None and plan.round <= self.plan.round:
             return  # seen already (a retained announcement delivered again)
         if not self._ensure_part(plan):

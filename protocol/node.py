@@ -46,11 +46,17 @@ def topic_kind(kind: str, slot: str | None) -> str:
     return kind if slot is None else f"{kind}-{slot}"
 
 
+HELD_STOP_GRACE_S = 15.0
+"""How long a node that finds a retained stop before any round waits for a new run's parent."""
+
+
 class Node:
     """A named participant of a run, publishing under `splitedge/<run>/<tier>/<id>/...`."""
 
     def __init__(self, *, run: str, tier: str, node_id: str) -> None:
         self.run_id, self.tier, self.node_id = run, tier, node_id
+        self.held_stop: float | None = None  # deadline to obey a retained stop seen before any round
+        self.parent_online = False
         self.inbox: "queue.Queue[tuple[str, Envelope]]" = queue.Queue()
         self.round = 0
         self.errors = 0  # events whose handling raised; logged, counted, the loop goes on
@@ -118,6 +124,31 @@ class Node:
             return self.inbox.get(timeout=max(0.0, timeout))
         except queue.Empty:
             return None
+
+    # -- a retained stop found at start ----------------------------------------------------
+    def hold_stop(self, session: str) -> None:
+        """A retained stop before this node saw any round: either its run ended while it was
+        away (a node restarted late: it must stop too, or it waits for ever) or a new run with
+        the same id is about to start (its cloud clears the old stop). Obey it after
+        HELD_STOP_GRACE_S unless the parent comes online meanwhile (`held_stop_due`)."""
+        if self.held_stop is None:
+            self.held_stop = time.monotonic() + HELD_STOP_GRACE_S
+            log.info("%s %s: the run's stop (session %s) is retained; leaving in %.0f s unless the parent comes "
+                     "online", self.tier, self.node_id, session, HELD_STOP_GRACE_S)
+
+    def on_parent_status(self, state: str) -> None:
+        self.parent_online = state == "online"
+        if self.parent_online:
+            self.held_stop = None  # a live parent: the stop is old, a new run of this id is starting
+
+    def held_stop_due(self) -> bool:
+        """True once a held stop's grace passed with the parent still offline: the run is over."""
+        if self.held_stop is None or self.parent_online or time.monotonic() < self.held_stop:
+            return False
+        status.info("%s %s: run %s had already finished when this %s started (its stop is retained); exiting. "
+                    "For a new run with this id start its cloud first, or use another --run", self.tier,
+                    self.node_id, self.run_id, self.tier)
+        return True
 
     def announce_online(self, transport: Transport) -> None:
         """Retained `status: online`, published again by the transport after every reconnect."""

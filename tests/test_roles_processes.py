@@ -218,3 +218,54 @@ def test_before_a_round_the_cloud_waits_for_edges_that_went_offline_then_goes_on
     started = time.monotonic()
     cloud.wait_for_live_edges(3)
     assert time.monotonic() - started < 0.5
+
+
+@pytest.mark.parametrize("cloud_state, leaves", [("offline", True), ("online", False)])
+def test_a_node_that_finds_a_finished_run_leaves_unless_a_new_cloud_is_up(mosquitto, monkeypatch, cloud_state: str,
+                                                                          leaves: bool) -> None:
+    import threading
+
+    from splitedge.device.agent import DeviceAgent
+    from splitedge.edge.aggregator import EdgeAggregator
+    from splitedge.methods.config import RunConfig
+    from splitedge.methods.fedavg.config import FedAvgConfig
+    from splitedge.methods.strategy import RoundPlan
+    from splitedge.protocol import node as node_module
+    from splitedge.protocol.node import Node, connect
+
+    from parts import SPEC
+
+    monkeypatch.setattr(node_module, "HELD_STOP_GRACE_S", 1.0)
+    run = f"late-{cloud_state}"
+    # Prepare: what a finished run leaves on the broker: the cloud's retained stop, its status
+    cloud, transport = Node(run=run, tier="cloud", node_id="cloud"), connect(mosquitto.url, run=run, tier="cloud",
+                                                                              node_id="cloud")
+    stop = RoundPlan(round=4, method="fedavg", deadline_s=1.0, config=RunConfig(SPEC, FedAvgConfig()).to_wire(),
+                     session="0123456789abcdef", stop=True)
+    cloud.send(transport, "down", "round", stop.to_body(), round_=4, retain=True)
+    cloud.send(transport, "up", "status", {"state": cloud_state, "role": "cloud"}, round_=0, retain=True)
+    transport.flush()
+    # Execute: an edge and a device start late
+    (x, y), _, _ = load_dataset("digits")
+    nodes = [EdgeAggregator(connect(mosquitto.url, run=run, tier="edge", node_id="e0"), run=run, node_id="e0"),
+             DeviceAgent(connect(mosquitto.url, run=run, tier="device", node_id="d0"), run=run, node_id="d0",
+                         edge="e0", data=(x[:50], y[:50]))]
+    threads = []
+    for n in nodes:
+        n.start()
+        threads.append(threading.Thread(target=n.run_forever, daemon=True))
+        threads[-1].start()
+    try:
+        # Assert: with the cloud gone the edge leaves after the grace (passing the stop down and
+        # going offline, as `splitedge edge` does at exit), then the device; with a cloud up both stay
+        threads[0].join(10 if leaves else 3)
+        if nodes[0].stopped.is_set():
+            nodes[0].down.close(offline=True)
+        threads[1].join(10 if leaves else 1)
+        assert [n.stopped.is_set() for n in nodes] == [leaves, leaves]
+    finally:
+        nodes[0].stop()
+        nodes[1].stop()
+        nodes[0].down.close(offline=True)
+        nodes[1].transport.close(offline=True)
+        transport.close()
