@@ -16,6 +16,10 @@ import numpy as np
 from splitedge.protocol.errors import ProtocolError
 
 WeightSpecs = Mapping[str, tuple[tuple[int, ...], str]]
+MAX_ABS_WEIGHT = 1e6
+"""No trained parameter or float buffer of these models comes near it (BatchNorm running
+variances are the largest, in the hundreds); a finite 1e37 would overflow the float32 average
+of a round to inf and make every later round NaN."""
 
 
 def weight_specs(state: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -41,6 +45,9 @@ def check_weight_map(weights: Mapping[str, Any], specs: WeightSpecs) -> None:
             raise ProtocolError("state.weights", f"{name}: shape {tuple(arr.shape)}, the model has {shape}")
         if (arr.dtype.kind == "f") != (kind == "f"):
             raise ProtocolError("state.weights", f"{name}: dtype {arr.dtype} where the model has kind {kind!r}")
+        if kind == "f" and arr.size and float(np.max(np.abs(arr))) > MAX_ABS_WEIGHT:
+            raise ProtocolError("state.magnitude", f"{name}: |w| up to {float(np.max(np.abs(arr))):.3g}, beyond "
+                                                   f"{MAX_ABS_WEIGHT:g}")
 
 
 def check_stats(body: Mapping[str, Any], key: str, *, dim: int, num_classes: int, dtype: str | None = None) -> None:

@@ -101,3 +101,16 @@ def test_counts_are_bounded_by_the_announced_samples_without_wrapping() -> None:
         check_within_samples({"counts": wraps}, 100)
     with pytest.raises(ProtocolError, match="samples 101, the sender announced 100"):
         check_within_samples({"samples": 101, "weights": {}}, 100)
+
+
+def test_weights_beyond_any_trained_magnitude_are_refused() -> None:
+    import pytest
+
+    from splitedge.methods.checks import MAX_ABS_WEIGHT, check_weight_map
+    from splitedge.protocol.errors import ProtocolError
+
+    specs = {"w": ((2, 2), "f"), "n": ((), "i")}
+    check_weight_map({"w": np.full((2, 2), MAX_ABS_WEIGHT, np.float32), "n": np.array(10**12)}, specs)  # int buffers
+    with pytest.raises(ProtocolError, match="w: \\|w\\| up to 1e\\+37") as caught:
+        check_weight_map({"w": np.array([[0, 1e37], [0, 0]], np.float32), "n": np.array(1)}, specs)
+    assert caught.value.rule == "state.magnitude"
