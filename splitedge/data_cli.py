@@ -27,6 +27,7 @@ import numpy as np
 from splitedge.methods.datasets import file_sha256
 
 MANIFEST = "shards.json"
+ACL = "broker.acl"
 MANIFEST_FORMAT = 1
 DEFAULT_BROKER = "mqtt://EDGE-HOST:1883"
 DEFAULT_MAX_SHIFT = 0.2  # feature_skew's default
@@ -81,6 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--broker", default=DEFAULT_BROKER, metavar="URL", help="for the printed commands only")
     s.add_argument("--overwrite", action="store_true",
                    help="replace the shards and manifest already in DIR (default: refuse)")
+    s.add_argument("--acl", default=None, metavar="RUN",
+                   help="also write DIR/broker.acl, a Mosquitto acl_file for run RUN: each device, edge and the "
+                        "cloud (login = its id) reads and writes only what its role needs")
 
     c = sub.add_parser("check", formatter_class=_Help,
                        help="open a shard or image folder as a device would and summarise it",
@@ -109,6 +113,10 @@ def split(args: argparse.Namespace) -> int:
     max_shift = DEFAULT_MAX_SHIFT if args.max_shift is None else args.max_shift
     out: Path = args.out
     stale = _existing_shards(out, args.overwrite)  # refuse before the slow part
+    if args.acl is not None:  # a run id that cannot go into topics or the ACL fails here, not after the split
+        from splitedge.methods.topology import federation_acl
+
+        federation_acl(args.acl, {f"d{i}": f"e{i % args.edges}" for i in range(args.devices)})
 
     (x, y), _, info = load_dataset(args.dataset, args.data, max_train=args.max_train, seed=args.seed)
     if args.devices > len(y):
@@ -151,6 +159,11 @@ def split(args: argparse.Namespace) -> int:
     tmp = out / f".{MANIFEST}.tmp"
     tmp.write_text(_manifest_text(manifest))
     os.replace(tmp, out / MANIFEST)
+    if args.acl is not None:
+        from splitedge.methods.topology import write_acl
+
+        homes = {d["id"]: f"e{i % args.edges}" for i, d in enumerate(devices)}
+        write_acl(out / ACL, federation_acl(args.acl, homes))
 
     _print_split(args, manifest)
     return 0
@@ -208,6 +221,10 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
     for i, d in enumerate(manifest["devices"]):
         print(f"  splitedge device --broker {args.broker} --id {d['id']} --edge e{i % args.edges} "
               f"--data {args.out / d['file']} --backend onnx")
+    if args.acl is not None:
+        print(f"wrote {args.out / ACL} for run {args.acl}: give the broker `acl_file` it, `allow_anonymous false` "
+              f"and a password_file with one login per node id (mosquitto_passwd); start every node with --run "
+              f"{args.acl} and its login in the URL (mqtt://d0@host) with --password-file")
 
 
 # -- check -------------------------------------------------------------------------------------

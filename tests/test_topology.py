@@ -118,9 +118,10 @@ def test_peer_acl_text_for_a_ring() -> None:
     assert lines[0].startswith("#")
     block = lines[lines.index("user d0") + 1:lines.index("user d1")]
     rules = [ln for ln in block if ln.startswith("topic ")]
-    assert rules == ["topic write splitedge/r1/device/d0/#",
+    assert rules == ["topic readwrite splitedge/r1/device/d0/#",
                      "topic read splitedge/r1/edge/e0/down/+",
                      "topic read splitedge/r1/edge/e0/down/+/d0",
+                     "topic read splitedge/r1/edge/e0/up/status",
                      "topic read splitedge/r1/edge/e0/down/+/@blue",
                      "topic read splitedge/r1/device/d1/peer/+",
                      "topic read splitedge/r1/device/d1/peer/+/d0",
@@ -128,9 +129,10 @@ def test_peer_acl_text_for_a_ring() -> None:
                      "topic read splitedge/r1/device/d3/peer/+/d0"]
     assert "splitedge/r1/device/d2/peer" not in "\n".join(block)  # d2 is not d0's neighbour
     assert "user dev-3" in lines and "user d3" not in lines
-    assert "topic write splitedge/r1/device/d3/#" in lines
-    assert not any("/up" in ln and ln.startswith("topic read") for ln in lines)
-    # without edges: only the write rule and the peers
+    assert "topic readwrite splitedge/r1/device/d3/#" in lines
+    # the only other up topic a device reads is its edge's status
+    assert {ln for ln in lines if "/up" in ln and ln.startswith("topic read ")} == {"topic read splitedge/r1/edge/e0/up/status"}
+    # without edges: only its own topics and the peers
     bare = peer_acl("r1", g).splitlines()
     assert not any("/edge/" in ln for ln in bare if ln.startswith("topic"))
     assert sum(ln.startswith("topic ") for ln in bare) == 4 * (1 + 2 * 2)

@@ -1,0 +1,109 @@
+"""Least privilege at the broker: `splitedge data split --acl RUN` writes a Mosquitto ACL in
+which each device, edge and the cloud logs in as itself and reads and writes only what its role
+needs. A federation runs under it, and a device login can neither read another device's
+messages nor publish as another node or as its edge."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from brokers import require_mosquitto
+from splitedge.cli import main
+from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
+from splitedge.cloud.options import build_run_config
+from splitedge.device.agent import DeviceAgent
+from splitedge.edge.aggregator import EdgeAggregator
+from splitedge.methods.datasets import load_dataset
+from splitedge.methods.topology import federation_acl
+from splitedge.protocol.broker import MosquittoBroker
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.mqtt import MqttTransport
+from splitedge.protocol.node import connect
+
+PASSWORD = "pw"
+
+
+def test_federation_acl_confines_each_login_to_its_role() -> None:
+    text = federation_acl("r", {"d0": "e0", "d1": "e1"}, users={"e1": "site1"})
+    blocks = {b.split("\n")[0]: b for b in ("user " + part for part in text.split("\nuser ")[1:])}
+    assert "topic readwrite splitedge/r/device/d0/#" in blocks["user d0"]
+    assert "topic read splitedge/r/edge/e0/down/+/d0" in blocks["user d0"]
+    assert "e1" not in blocks["user d0"] and "device/d1" not in blocks["user d0"]
+    assert "topic read splitedge/r/device/+/up/#" in blocks["user site1"]  # an edge's login may be renamed
+    assert "topic read splitedge/r/edge/+/up/#" in blocks["user cloud"] and "device" not in blocks["user cloud"]
+    with pytest.raises(ValueError, match="own login"):
+        federation_acl("r", {"d0": "e0"}, users={"e0": "d0"})
+
+
+def test_a_federation_runs_under_the_generated_acl_and_a_device_cannot_spy_or_forge(tmp_path: Path,
+                                                                                       capsys) -> None:
+    require_mosquitto("mosquitto", "mosquitto_passwd")
+    torch.set_num_threads(1)
+    run, devices = "acl-run", ["d0", "d1"]
+    # Prepare: shards and the ACL from the CLI; one login per node, plus a trusted observer
+    assert main(["data", "split", "--dataset", "digits", "--devices", "2", "--max-train", "400", "--out",
+                 str(tmp_path / "shards"), "--acl", run]) == 0
+    assert "broker.acl for run acl-run" in capsys.readouterr().out
+    acl = tmp_path / "shards" / "broker.acl"
+    acl.write_text(acl.read_text() + f"\nuser observer\ntopic read splitedge/{run}/#\n")
+    passwd = tmp_path / "passwd"
+    for i, user in enumerate([*devices, "e0", "cloud", "observer"]):
+        subprocess.run(["mosquitto_passwd", *(["-c"] if i == 0 else []), "-b", str(passwd), user, PASSWORD],
+                       check=True, capture_output=True)
+    train, test, info = load_dataset("digits", max_train=400)
+    config = build_run_config("fedavg", info, None, 0, {})
+
+    with MosquittoBroker(extra_conf=f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\n") as broker:
+        url = lambda user: f"mqtt://{user}:{PASSWORD}@127.0.0.1:{broker.port}"  # noqa: E731
+        heard: dict[str, list[Any]] = {"spy": [], "observer": []}
+        spy = MqttTransport(url("d1"), client_id="d1-spy", role="observer")
+        spy.subscribe(f"splitedge/{run}/device/d0/#", lambda t, e: heard["spy"].append(e.kind))
+        observer = MqttTransport(url("observer"), client_id="observer", role="observer")
+        observer.subscribe(f"splitedge/{run}/device/d0/up/hello",
+                           lambda t, e: heard["observer"].append(e.body["samples"]))
+        nodes, threads, transports = [], [], [spy, observer]
+        try:
+            def start(node: Any) -> None:
+                node.start()
+                nodes.append(node)
+                threads.append(threading.Thread(target=node.run_forever, daemon=True))
+                threads[-1].start()
+
+            def transport(tier: str, node: str) -> Any:
+                transports.append(connect(url(node), run=run, tier=tier, node_id=node))
+                return transports[-1]
+
+            start(EdgeAggregator(transport("edge", "e0"), run=run, node_id="e0"))
+            for i, d in enumerate(devices):
+                shard = np.load(tmp_path / "shards" / f"shard-d{i}.npz")
+                start(DeviceAgent(transport("device", d), run=run, node_id=d, edge="e0",
+                                  data=(shard["x"], shard["y"])))
+            # Execute: d1's login forges d0's hello (a ghost sample count), then the run goes on
+            forger = MqttTransport(url("d1"), client_id="d1-forger", role="device")
+            transports.append(forger)
+            forger.publish(f"splitedge/{run}/device/d0/up/hello",
+                           Envelope(kind="hello", run=run, round=0, sender="d0",
+                                    body={"role": "device", "parent": "e0", "samples": 12345, "backend": "torch",
+                                          "classes": np.arange(3, dtype=np.int64)}), wait=5)
+            settings = CloudSettings(method="fedavg", rounds=2, config=config, deadline_s=60.0, min_edges=1,
+                                     min_devices=2)
+            history = CloudCoordinator(transport("cloud", "cloud"), settings, run=run, test=test).run()
+        finally:
+            for node in nodes:
+                node.stop()
+            for t in threads:
+                t.join(10)
+            for t in transports:
+                t.close()
+    # Assert: every round ran (the cloud waited for both devices behind e0) ...
+    assert [r["round"] for r in history] == [1, 2] and history[-1]["accuracy"] > 0.3
+    # ... d1's login read nothing of d0's, and its forged hello never reached anyone
+    assert heard["spy"] == []
+    assert heard["observer"] and 12345 not in heard["observer"], heard["observer"]
