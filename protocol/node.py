@@ -129,17 +129,19 @@ class Node:
     def hold_stop(self, session: str) -> None:
         """A retained stop before this node saw any round: either its run ended while it was
         away (a node restarted late: it must stop too, or it waits for ever) or a new run with
-        the same id is about to start (its cloud clears the old stop). Obey it after
-        HELD_STOP_GRACE_S unless the parent comes online meanwhile (`held_stop_due`)."""
+        the same id is about to start (its cloud clears the old stop). Obey it once
+        HELD_STOP_GRACE_S passed and the parent is offline (`held_stop_due`); a round of a new
+        session clears it."""
         if self.held_stop is None:
             self.held_stop = time.monotonic() + HELD_STOP_GRACE_S
             log.info("%s %s: the run's stop (session %s) is retained; leaving in %.0f s unless the parent comes "
                      "online", self.tier, self.node_id, session, HELD_STOP_GRACE_S)
 
     def on_parent_status(self, state: str) -> None:
+        """A live parent means a new run of this id is starting (the held stop is old); the
+        stop stays held until that run's first round, so a parent that was only on its way out
+        (the old cloud between its stop and its exit) still lets the node leave."""
         self.parent_online = state == "online"
-        if self.parent_online:
-            self.held_stop = None  # a live parent: the stop is old, a new run of this id is starting
 
     def held_stop_due(self) -> bool:
         """True once a held stop's grace passed with the parent still offline: the run is over."""
