@@ -6,7 +6,6 @@ messages nor publish as another node or as its edge."""
 from __future__ import annotations
 
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from brokers import require_mosquitto
+from live_nodes import LiveNodes
 from splitedge.cli import main
 from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
 from splitedge.cloud.options import build_run_config
@@ -25,7 +25,6 @@ from splitedge.methods.topology import federation_acl
 from splitedge.protocol.broker import MosquittoBroker
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.mqtt import MqttTransport
-from splitedge.protocol.node import connect
 
 PASSWORD = "pw"
 
@@ -68,40 +67,23 @@ def test_a_federation_runs_under_the_generated_acl_and_a_device_cannot_spy_or_fo
         observer = MqttTransport(url("observer"), client_id="observer", role="observer")
         observer.subscribe(f"splitedge/{run}/device/d0/up/hello",
                            lambda t, e: heard["observer"].append(e.body["samples"]))
-        nodes, threads, transports = [], [], [spy, observer]
-        try:
-            def start(node: Any) -> None:
-                node.start()
-                nodes.append(node)
-                threads.append(threading.Thread(target=node.run_forever, daemon=True))
-                threads[-1].start()
-
-            def transport(tier: str, node: str) -> Any:
-                transports.append(connect(url(node), run=run, tier=tier, node_id=node))
-                return transports[-1]
-
-            start(EdgeAggregator(transport("edge", "e0"), run=run, node_id="e0"))
+        with LiveNodes(url, run) as live:
+            live.adopt(spy)
+            live.adopt(observer)
+            live.start(EdgeAggregator(live.transport("edge", "e0"), run=run, node_id="e0"))
             for i, d in enumerate(devices):
                 shard = np.load(tmp_path / "shards" / f"shard-d{i}.npz")
-                start(DeviceAgent(transport("device", d), run=run, node_id=d, edge="e0",
-                                  data=(shard["x"], shard["y"])))
+                live.start(DeviceAgent(live.transport("device", d), run=run, node_id=d, edge="e0",
+                                       data=(shard["x"], shard["y"])))
             # Execute: d1's login forges d0's hello (a ghost sample count), then the run goes on
-            forger = MqttTransport(url("d1"), client_id="d1-forger", role="device")
-            transports.append(forger)
+            forger = live.adopt(MqttTransport(url("d1"), client_id="d1-forger", role="device"))
             forger.publish(f"splitedge/{run}/device/d0/up/hello",
                            Envelope(kind="hello", run=run, round=0, sender="d0",
                                     body={"role": "device", "parent": "e0", "samples": 12345, "backend": "torch",
                                           "classes": np.arange(3, dtype=np.int64)}), wait=5)
             settings = CloudSettings(method="fedavg", rounds=2, config=config, deadline_s=60.0, min_edges=1,
                                      min_devices=2)
-            history = CloudCoordinator(transport("cloud", "cloud"), settings, run=run, test=test).run()
-        finally:
-            for node in nodes:
-                node.stop()
-            for t in threads:
-                t.join(10)
-            for t in transports:
-                t.close()
+            history = CloudCoordinator(live.transport("cloud", "cloud"), settings, run=run, test=test).run()
     # Assert: every round ran (the cloud waited for both devices behind e0) ...
     assert [r["round"] for r in history] == [1, 2] and history[-1]["accuracy"] > 0.3
     # ... d1's login read nothing of d0's, and its forged hello never reached anyone

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from brokers import require_mosquitto
+from live_nodes import LiveNodes
 from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
 from splitedge.cloud.options import build_run_config
 from splitedge.device.agent import DeviceAgent
@@ -28,7 +29,6 @@ from splitedge.methods.datasets import load_dataset
 from splitedge.methods.partition import iid
 from splitedge.protocol.broker import MosquittoBroker
 from splitedge.protocol.mqtt import MqttTransport
-from splitedge.protocol.node import connect
 from splitedge.sim import SimSettings, run_sim
 
 SMALL = {"patch": "2", "vit_dim": "32", "vit_depth": "2", "decoder_dim": "16", "decoder_depth": "1",
@@ -108,35 +108,18 @@ def test_decmar_ring_of_four_under_the_generated_acl(tmp_path) -> None:
         spy.subscribe(f"splitedge/{run}/device/d2/peer/#", keep("stranger"))
         observer = MqttTransport(_login(broker, "observer"), client_id="observer", role="observer")
         observer.subscribe(f"splitedge/{run}/device/d2/peer/#", keep("observer"))
-        nodes, threads, transports = [], [], [spy, observer]
-
-        def start(node: Any) -> None:
-            node.start()
-            nodes.append(node)
-            threads.append(threading.Thread(target=node.run_forever, daemon=True))
-            threads[-1].start()
-
-        def transport(tier: str, node: str) -> Any:
-            transports.append(connect(_login(broker, node), run=run, tier=tier, node_id=node))
-            return transports[-1]
-
-        try:
+        with LiveNodes(lambda node: _login(broker, node), run) as live:
+            live.adopt(spy)
+            live.adopt(observer)
             for e in ("e0", "e1"):
-                start(EdgeAggregator(transport("edge", e), run=run, node_id=e))
+                live.start(EdgeAggregator(live.transport("edge", e), run=run, node_id=e))
             for d, idx in zip(devices, shards):
-                start(DeviceAgent(transport("device", d), run=run, node_id=d, edge=homes[d],
-                                  data=(train[0][idx], train[1][idx])))
+                live.start(DeviceAgent(live.transport("device", d), run=run, node_id=d, edge=homes[d],
+                                       data=(train[0][idx], train[1][idx])))
             settings = CloudSettings(method="decmar", rounds=rounds, config=config, deadline_s=120.0, min_edges=2,
                                      min_devices=4, out_dir=tmp_path / "run")
             (tmp_path / "run").mkdir()
-            history = CloudCoordinator(transport("cloud", "cloud"), settings, run=run, test=test).run()
-        finally:
-            for node in nodes:
-                node.stop()
-            for t in threads:
-                t.join(10)
-            for t in transports:
-                t.close()
+            history = CloudCoordinator(live.transport("cloud", "cloud"), settings, run=run, test=test).run()
 
     # Assert: the rounds ran, each device averaging with both ring neighbours
     assert [r["round"] for r in history] == [1, 2]
