@@ -62,6 +62,14 @@ def check_stats(body: Mapping[str, Any], key: str, *, dim: int, num_classes: int
         raise ProtocolError("state.dtype", f"{key} is {values.dtype.str}, the config says {dtype}")
 
 
+def check_vector(v: Any, length: int | None, what: str) -> int:
+    """One 1-D array of `length` entries (any length while the federation's is not known yet):
+    a mean latent, a clustering signal. Returns its length, for the caller to keep."""
+    if v is None or np.ndim(v) != 1 or (length is not None and len(v) != length):
+        raise ProtocolError("state.shape", f"{what} must be one vector" + (f" of length {length}" if length else ""))
+    return len(v)
+
+
 def check_space(body: Mapping[str, Any], space: str) -> None:
     if body["space"] != space:
         raise ProtocolError("state.space", f"statistics of space {body['space']!r}, expected {space!r}")

@@ -11,10 +11,9 @@ import numpy as np
 from splitedge.methods.averaging import averaged_body, weight_updates
 from splitedge.methods.cflhkd.distill import merge_tables
 from splitedge.methods.cflhkd.method import CLUSTERED, MODEL, SIGNAL, SIGNALS
-from splitedge.methods.checks import check_stats, check_weights, weight_specs
+from splitedge.methods.checks import check_stats, check_vector, check_weights, weight_specs
 from splitedge.methods.fedproto.protos import weighted_accuracy
 from splitedge.methods.strategy import CHILDREN, EdgePart, Message, NodeContext, Report, RoundPlan
-from splitedge.protocol.errors import ProtocolError
 
 
 class CFLHKDEdge(EdgePart):
@@ -31,10 +30,7 @@ class CFLHKDEdge(EdgePart):
         elif env.kind == "logits":
             check_stats(body, "logits", dim=c, num_classes=c)
         elif env.kind == "arrays" and body["name"] == SIGNAL:
-            v = body["arrays"].get("v")
-            if v is None or v.ndim != 1 or (self.signal_dim is not None and len(v) != self.signal_dim):
-                raise ProtocolError("state.shape", f"a signal is one vector of the federation's length")
-            self.signal_dim = len(v)
+            self.signal_dim = check_vector(body["arrays"].get("v"), self.signal_dim, "a clustering signal")
 
     def on_message(self, env: Any) -> list[Message]:
         if env.kind == "weights" and env.body["part"] == MODEL:

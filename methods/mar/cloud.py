@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from splitedge.methods.averaging import weight_updates
+from splitedge.methods.checks import check_vector
 from splitedge.methods.mar.device import build_mae
 from splitedge.methods.mar.method import LATENTS, MODEL, UPLOAD, ZBAR
 from splitedge.methods.ssl.cloud import SSLCloud
 from splitedge.methods.strategy import DEVICES, Message, Placement, Report, RoundPlan, RoundSpec
 from splitedge.models import load_numpy_state
-from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,7 @@ class MARCloud(SSLCloud):
         super().check(env, source)
         if env.kind == "arrays" and env.body["name"] == LATENTS:
             for dev, z in env.body["arrays"].items():
-                if z.ndim != 1 or len(z) != self.model.dim:
-                    raise ProtocolError("state.shape", f"latent of {dev} must be a vector of length {self.model.dim}")
+                check_vector(z, self.model.dim, f"the latent of {dev}")
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
         out, metrics = super().aggregate(plan, reports)

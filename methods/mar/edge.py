@@ -11,20 +11,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from splitedge.methods.averaging import averaged_body, weight_updates
-from splitedge.methods.checks import check_weights
+from splitedge.methods.checks import check_vector, check_weights
 from splitedge.methods.fedavg.edge import FedAvgEdge
 from splitedge.methods.mar.method import LATENT, LATENTS, MODEL, UPLOAD
 from splitedge.methods.strategy import Message, Report, RoundPlan
-from splitedge.protocol.errors import ProtocolError
-
-
-def check_latent(body: Any, dim: int | None) -> int:
-    """A device's mean latent: one finite vector z, of the federation's width once known."""
-    z = body["arrays"].get("z")
-    if z is None or z.ndim != 1 or (dim is not None and len(z) != dim):
-        raise ProtocolError("state.shape", f"a {LATENT} record is one vector z"
-                                           + (f" of length {dim}" if dim else ""))
-    return len(z)
 
 
 class MAREdge(FedAvgEdge):
@@ -33,7 +23,7 @@ class MAREdge(FedAvgEdge):
     def check(self, env: Any, source: str) -> None:
         super().check(env, source)
         if env.kind == "arrays" and env.body["name"] == LATENT:
-            self.latent_dim = check_latent(env.body, self.latent_dim)
+            self.latent_dim = check_vector(env.body["arrays"].get("z"), self.latent_dim, f"a {LATENT} record's z")
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
         out = super().aggregate(plan, reports)
