@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import Any
 
 from splitedge.protocol import credentials
 
@@ -59,12 +60,12 @@ def run(args: argparse.Namespace) -> int:
     if (args.edge is None) == (args.peers is None):
         raise ValueError("give --edge ID (a device of a federated run) or --peers PLAN (a run with no cloud), not "
                          + ("both" if args.edge else "neither"))
-    credentials.connect_options(args, args.broker)  # a credential mistake is refused before the data is read
+    options = credentials.connect_options(args, args.broker)  # refused before the data is read
     if args.peers is not None:
-        return run_peer(args)
+        return run_peer(args, options)
     backend = resolve_backend(args.backend)
     data = load_local_data(args.data, backend)  # a shard that cannot work is refused before connecting
-    transport = _connect(args, args.run, backend)
+    transport = _connect(args, args.run, backend, options)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
                         backend=backend, seed=args.seed)
     status.info("device %s: backend %s, broker %s", args.id, backend, getattr(transport, "url", args.broker))
@@ -79,21 +80,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _connect(args: argparse.Namespace, run_id: str, backend: str):
-    """Torch's threads for a training device, the identity check, then the MQTT connection."""
+def _connect(args: argparse.Namespace, run_id: str, backend: str, options: dict[str, Any]):
+    """Torch's threads for a training device, the identity check, then the MQTT connection
+    (`options`: the checked credentials, credentials.connect_options)."""
     from splitedge.protocol.node import check_identity_free, connect
 
     if backend == "torch":
         import torch
 
         torch.set_num_threads(args.threads)
-    options = credentials.connect_options(args, args.broker)
     if not args.takeover:
         check_identity_free(args.broker, run=run_id, tier="device", node_id=args.id, **options)
     return connect(args.broker, run=run_id, tier="device", node_id=args.id, **options)
 
 
-def run_peer(args: argparse.Namespace) -> int:
+def run_peer(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """A device of a cloud-less run: the plan and the data are checked before connecting."""
     from splitedge.device.local_data import fits_model
     from splitedge.device.peer_agent import PeerAgent, PeerPlan
@@ -110,7 +111,7 @@ def run_peer(args: argparse.Namespace) -> int:
     misfit = fits_model(data[0], data[1], create_method(plan.method, plan.config).spec)
     if misfit:
         raise ValueError(f"--data {args.data}: {misfit}")
-    transport = _connect(args, plan.run, backend)
+    transport = _connect(args, plan.run, backend, options)
     agent = PeerAgent(transport, plan=plan, node_id=args.id, data=data, backend=backend, seed=args.seed)
     status.info("device %s: broker %s, no cloud", args.id, transport.url)
     try:
