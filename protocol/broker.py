@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -261,12 +261,15 @@ def start_embedded_broker(port: int = 1883, host: str = "127.0.0.1") -> Embedded
     return EmbeddedBroker(port=port, host=host).start()
 
 
-def serve_forever(port: int = 1883, host: str = "127.0.0.1") -> None:
+def serve_forever(port: int = 1883, host: str = "127.0.0.1", on_ready: Callable[[str], None] | None = None) -> None:
     """Blocking entry point for ``splitedge broker``: run until Ctrl-C (or SIGTERM).
+    ``on_ready(url)`` is called once the broker listens.
 
     ``host="0.0.0.0"`` exposes the broker to the network; it accepts anonymous clients.
     """
     broker = start_embedded_broker(port, host)
+    if on_ready is not None:
+        on_ready(broker.url)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

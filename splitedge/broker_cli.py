@@ -32,8 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from splitedge.protocol.broker import serve_forever
 
     check_port_free(args.host, args.port)
-    import amqtt.broker  # noqa: F401 - the [all] extra; missing, it is named before "listening" is printed
-    logging.getLogger("splitedge.status").info("splitedge broker: listening on mqtt://%s:%d (anonymous clients; "
-                                               "Ctrl-C stops it)", args.host, args.port)
-    serve_forever(args.port, args.host)
+    status = logging.getLogger("splitedge.status")
+    serve_forever(args.port, args.host, on_ready=lambda url: status.info(
+        "splitedge broker: listening on %s (anonymous clients; Ctrl-C stops it)", url))
     return 0
