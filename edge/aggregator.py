@@ -99,7 +99,8 @@ class EdgeAggregator(Node):
             self.dispatch(self.next_event(poll))
             self._maybe_close_round()
             if self.held_stop_due():
-                self._relay_stop()
+                if self.last_stop is not None:  # the devices leave too
+                    self._pass_round_down(self.last_stop)
                 self.stopped.set()
 
     def stop(self) -> None:
@@ -164,11 +165,9 @@ class EdgeAggregator(Node):
         """Members whose last status is online."""
         return {d for d in self.members if d in self.online}
 
-    def _relay_stop(self) -> None:
-        """Pass a held stop to the devices (retained), so they leave too."""
-        if self.last_stop is not None:
-            env = self.last_stop
-            self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
+    def _pass_round_down(self, env: Envelope, *, retain: bool = True) -> None:
+        """The cloud's round announcement (or stop), republished on this edge's downlink."""
+        self.send(self.down, "down", "round", env.body, round_=env.round, retain=retain)
 
     def _from_cloud(self, where: Topic, env: Envelope) -> None:
         if env.kind == "status":
@@ -199,7 +198,7 @@ class EdgeAggregator(Node):
         if plan.stop:
             reason = plan.directives.get("reason")
             if self.plan is not None or reason:
-                self.send(self.down, "down", "round", env.body, round_=env.round, retain=not reason)
+                self._pass_round_down(env, retain=not reason)
                 status.info("edge %s: run finished%s", self.node_id,
                             f": {reason}" if reason else f" after round {self.plan.round}")
                 self.stopped.set()
@@ -214,7 +213,7 @@ class EdgeAggregator(Node):
             return
         self.plan, self.round = plan, plan.round
         self._send_all(self.part.on_round_open(plan, set(self.live)))
-        self.send(self.down, "down", "round", env.body, round_=env.round, retain=True)
+        self._pass_round_down(env)
         self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, set(self.live))
 
     def _new_session(self, session: str) -> None:
