@@ -163,14 +163,12 @@ class CloudCoordinator(Node):
             self.view.placements[dev] = where
             body = {"edge": where.edge, "groups": list(where.groups), "peers": list(where.peers)}
             self.send(self.transport, "down", "assign", body, retain=True, to=dev)
-        deadline = time.monotonic() + PLACEMENT_TIMEOUT_S
 
         def pending() -> list[str]:  # moved devices not yet listed by their new edge alone
             listed = {d: [e for e, ds in self.view.members.items() if d in ds] for d in moves}
             return [d for d, w in moves.items() if listed[d] != [w.edge]]
 
-        while pending() and time.monotonic() < deadline:
-            self.dispatch(self.next_event(0.2))
+        self._dispatch_until(lambda: not pending(), PLACEMENT_TIMEOUT_S)
         if pending():
             log.warning("cloud: devices %s not at their assigned edge after %.0f s", pending()[:10], PLACEMENT_TIMEOUT_S)
 
