@@ -280,10 +280,16 @@ class CloudPart(Part):
         placement) is known, e.g. what each device needs for that round (addressed to it)."""
         return []
 
+    moves: Mapping[str, Placement] | None = None
+    """Devices to move before the next round, as a part decides while it aggregates (clusters
+    found, an assignment computed); `placement` hands them to the runtime once."""
+
     def placement(self, round_: int) -> Mapping[str, Placement] | None:
         """Before round `round_`: devices to move (device -> Placement), or None. The runtime
-        sends each an `assign` through its edge and opens the round once the edges report them."""
-        return None
+        sends each an `assign` through its edge and opens the round once the edges report them.
+        By default the pending `moves`, cleared as they are handed over."""
+        moves, self.moves = self.moves, None
+        return moves
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
         """Close the round: returns (messages, metrics such as accuracy)."""

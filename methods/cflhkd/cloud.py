@@ -31,16 +31,11 @@ class CFLHKDCloud(FedAvgCloud):
         self.assignment: dict[str, int] = {}  # device -> cluster
         self.cluster_edges: dict[int, str] = {}  # cluster -> its edge
         self.signals: dict[str, np.ndarray] = {}
-        self.moves: dict[str, Placement] | None = None
         self.clustered_at = 0
 
     def plan(self, round_: int) -> RoundSpec:
         """Devices train from the model of the previous round (global, or their cluster's)."""
         return RoundSpec(versions={MODEL: round_ - 1}, directives={"phase": self.phase})
-
-    def placement(self, round_: int) -> dict[str, Placement] | None:
-        moves, self.moves = self.moves, None
-        return moves
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
         out: list[Message] = []

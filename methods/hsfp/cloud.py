@@ -41,7 +41,6 @@ class HSFPCloud(CloudPart):
         self.opt = torch.optim.Adam(self.model.wg.parameters(), lr=self.cfg.cloud_lr)
         self.cache: dict[str, tuple[int, int, ClassMoments]] = {}  # edge -> (wc_v, we_v, moments)
         self.cached_ids: dict[str, str] = {}  # edge -> msg_id of its cached moments
-        self.moves: dict[str, Placement] | None = None
 
     def reconfigure(self, method: Any) -> None:
         super().reconfigure(method)
@@ -76,10 +75,6 @@ class HSFPCloud(CloudPart):
         if self.cfg.assign != "random" and round_ == 1:
             directives[REPORT_LABELS] = True
         return RoundSpec(versions={WC: self.wc_version, WE: self.we_version}, directives=directives)
-
-    def placement(self, round_: int) -> dict[str, Placement] | None:
-        moves, self.moves = self.moves, None
-        return moves
 
     def _assign(self, reports: Sequence[Report]) -> None:
         """Place devices on edges by their label histograms instead of the order they started in."""
