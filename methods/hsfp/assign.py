@@ -27,7 +27,9 @@ def balanced(hists: Mapping[str, np.ndarray], edges: Sequence[str]) -> dict[str,
     for dev in sorted(hists, key=lambda d: (-float(np.sum(hists[d])), d)):
         h = np.asarray(hists[dev], dtype=np.float64)
         least = min(float(v.sum()) for v in held.values())
-        open_edges = [e for e in edges if held[e].sum() <= least + h.sum()]  # keep edges' sizes even
+        # keep edges' sizes even: only edges that, with this device, would not pass the smallest one's
+        # size plus the device's own (an edge already at that size waits for the others)
+        open_edges = [e for e in edges if held[e].sum() == least or held[e].sum() < least + h.sum()]
 
         def gap(e: str) -> float:
             mix = held[e] + h
