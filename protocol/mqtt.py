@@ -41,6 +41,7 @@ from splitedge.protocol.accounting import (
     unsubscribe_packet_bytes,
 )
 from splitedge.protocol.codec import Envelope, encode
+from splitedge.protocol.signing import KeyRing, Signer
 from splitedge.protocol.topics import validate_topic_name
 from splitedge.protocol.transport import DEFAULT_MAX_BYTES, Transport, kind_of, wait_for
 
@@ -96,13 +97,15 @@ class MqttTransport(Transport):
                  max_bytes: int = DEFAULT_MAX_BYTES, username: str | None = None, password: str | None = None,
                  ca_certs: str | None = None, certfile: str | None = None, keyfile: str | None = None,
                  connect_timeout: float = 10.0, keepalive: int = 30,
-                 reconnect_min: float = 0.5, reconnect_max: float = 10.0, subscribe_timeout: float = 5.0) -> None:
-        super().__init__(role=role, client_id=client_id, max_bytes=max_bytes)
+                 reconnect_min: float = 0.5, reconnect_max: float = 10.0, subscribe_timeout: float = 5.0,
+                 signer: Signer | None = None, keyring: KeyRing | None = None) -> None:
+        super().__init__(role=role, client_id=client_id, max_bytes=max_bytes, signer=signer, keyring=keyring)
         scheme, self.host, self.port, url_user, url_password = parse_url(url)
         self.url = f"{scheme}://{self.host}:{self.port}"  # never keep the password in the URL
         self._username = username if username is not None else url_user
         self._password = password if password is not None else url_password
-        self._will = (validate_topic_name(will[0]), encode(will[1])) if will else None
+        # signed now, fired by the broker later: a will has its own replay window (signing.py)
+        self._will = (validate_topic_name(will[0]), self._seal(will[0], encode(will[1]), will=True)) if will else None
         self._connected = threading.Event()
         self._connect_error: str | None = None
         self._closed = False

@@ -31,6 +31,7 @@ from splitedge.protocol.accounting import (
 )
 from splitedge.protocol.codec import DEFAULT_MAX_BYTES, Envelope, decode, encode, new_msg_id
 from splitedge.protocol.errors import ProtocolError
+from splitedge.protocol.signing import KeyRing, Signer, Verifier, split_trailer
 from splitedge.protocol.topics import matches, parse, validate_filter, validate_topic_name
 
 logger = logging.getLogger(__name__)
@@ -85,12 +86,19 @@ class Transport(abc.ABC):
 
     Subscriptions are a map pattern -> (handler, qos): subscribing to the same pattern again
     replaces its handler. A message is routed to every pattern that matches its topic.
+    With a ``signer`` every frame sent is signed (protocol/signing.py); with a ``keyring``
+    every frame received must carry a valid, fresh signature of the node its topic names.
     """
 
-    def __init__(self, *, role: str, client_id: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, *, role: str, client_id: str, max_bytes: int = DEFAULT_MAX_BYTES,
+                 signer: Signer | None = None, keyring: KeyRing | None = None) -> None:
+        if type(max_bytes) is not int or max_bytes < 1:
+            raise ValueError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
         self.role = role
         self.client_id = client_id
         self.max_bytes = max_bytes
+        self.signer = signer
+        self.verifier = Verifier(keyring) if keyring is not None else None
         self.counters = ByteCounters(role)
         self.rejected: dict[str, int] = {}
         self.handler_errors = 0
@@ -107,8 +115,12 @@ class Transport(abc.ABC):
 
         ``wait`` (seconds) blocks until the broker acknowledged the message (QoS 1).
         """
-        payload = encode(env)
+        payload = self._seal(topic, encode(env))
         self._publish_bytes(topic, payload, qos=qos, retain=retain, kind=env.kind, wait=wait)
+
+    def _seal(self, topic: str, frame: bytes, *, will: bool = False) -> bytes:
+        """The payload for ``frame`` on ``topic``: signed when this node has a key."""
+        return frame if self.signer is None else self.signer.seal(topic, frame, will=will)
 
     def publish_birth(self, topic: str, env: Envelope) -> None:
         """Publish a retained message (a node's `status: online`) now and again after every
@@ -151,6 +163,8 @@ class Transport(abc.ABC):
             # retained messages re-sent for this new subscription are not duplicates
             for key in [k for k in self._seen if matches(pattern, k[0])]:
                 del self._seen[key]
+        if self.verifier is not None:  # ... nor replays
+            self.verifier.reopen(pattern)
         self._send_subscribe(pattern, qos)
 
     def unsubscribe(self, pattern: str) -> None:
@@ -193,7 +207,7 @@ class Transport(abc.ABC):
             self.counters.record("in", kind_of(topic), 0, packet)
             return
         try:
-            env = decode(payload, max_bytes=self.max_bytes)
+            env = self._open(topic, payload)
         except ProtocolError as exc:
             self.counters.record("in", kind_of(topic), len(payload), packet)
             self._reject(topic, exc.rule, str(exc))
@@ -201,6 +215,11 @@ class Transport(abc.ABC):
         except Exception as exc:  # a codec bug must not kill the loop either
             self.counters.record("in", kind_of(topic), len(payload), packet)
             self._reject(topic, "decode.internal", repr(exc))
+            return
+        if env is None:  # a signed copy of the newest frame on its topic: the broker re-sent it
+            self.counters.record("in", kind_of(topic), len(payload), packet)
+            with self._state_lock:
+                self.duplicates += 1
             return
         self.counters.record("in", env.kind, len(payload), packet)
         mismatch = topic_mismatch(topic, env)
@@ -216,6 +235,23 @@ class Transport(abc.ABC):
                 with self._state_lock:
                     self.handler_errors += 1
                 logger.exception("%s: handler for %s (kind %s) raised", self.client_id, topic, env.kind)
+
+    def _open(self, topic: str, payload: bytes) -> Envelope | None:
+        """The envelope in ``payload``: size cap first, then (with a keyring) the signature, so a
+        frame that is too big or not from its topic's node is refused before anything parses it;
+        None for a signed duplicate. Without a keyring a signature trailer is skipped unchecked."""
+        if len(payload) > self.max_bytes:
+            raise ProtocolError("frame.too_large", f"{len(payload)} bytes > cap of {self.max_bytes}")
+        if self.verifier is not None:
+            frame = self.verifier.open(topic, payload)
+            return None if frame is None else decode(frame, max_bytes=self.max_bytes)
+        parts = split_trailer(payload)
+        if parts is not None:
+            try:
+                return decode(parts[0], max_bytes=self.max_bytes)
+            except ProtocolError:
+                pass  # an unsigned frame that merely ends like a trailer: judge it whole
+        return decode(payload, max_bytes=self.max_bytes)
 
     def _is_duplicate(self, topic: str, msg_id: str) -> bool:
         """True for a copy already routed: MQTT 3.1.1 lets a broker (amqtt does) send one copy per
@@ -308,10 +344,11 @@ class LoopbackTransport(Transport):
     """
 
     def __init__(self, bus: LoopbackBus, *, role: str, client_id: str,
-                 will: tuple[str, Envelope] | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        super().__init__(role=role, client_id=client_id, max_bytes=max_bytes)
+                 will: tuple[str, Envelope] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+                 signer: Signer | None = None, keyring: KeyRing | None = None) -> None:
+        super().__init__(role=role, client_id=client_id, max_bytes=max_bytes, signer=signer, keyring=keyring)
         self.bus = bus
-        self._will = (will[0], encode(will[1])) if will else None
+        self._will = (will[0], self._seal(will[0], encode(will[1]), will=True)) if will else None
         self._closed = False
         bus.attach(self)
 
