@@ -7,6 +7,11 @@ and ``--password-file``, each also from an environment variable (a systemd unit'
 a missing file, a certificate without its key, or TLS files for a broker URL that is not
 ``mqtts://`` are one-line errors. TLS files apply to every ``mqtts://`` URL a role uses (an
 edge's ``--broker`` and ``--upstream``); a plain ``mqtt://`` URL ignores them.
+
+The same goes for what a node trusts beyond the broker: ``--sign-key`` (this node's Ed25519
+key) and ``--verify-keys`` (a folder of ``<node-id>.pub``) turn on message signatures
+(signing.py), and ``--max-frame-bytes`` caps what a receiver parses. All three are checked
+here, before any data is read or anything connects.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from splitedge.protocol.codec import DEFAULT_MAX_BYTES
+
 ENV = {
     "ca_file": "SPLITEDGE_CA_FILE",
     "cert_file": "SPLITEDGE_CERT_FILE",
@@ -23,6 +30,9 @@ ENV = {
     "password_file": "SPLITEDGE_PASSWORD_FILE",
 }
 TLS_SCHEMES = ("mqtts://", "ssl://")
+SIGN_ENV = {"sign_key": "SPLITEDGE_SIGN_KEY", "verify_keys": "SPLITEDGE_VERIFY_KEYS"}
+MAX_FRAME_ENV = "SPLITEDGE_MAX_FRAME_BYTES"
+MIN_FRAME_BYTES = 1024  # below this not even a hello fits
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,12 +49,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--password-file", type=Path, default=None, metavar="FILE",
                    help=f"read the broker password from the first line of FILE instead of the URL, where `ps` "
                         f"shows it (the user name stays in the URL: mqtt://name@host; env {ENV['password_file']})")
+    s = p.add_argument_group("message signing and limits (each also from its environment variable)")
+    s.add_argument("--sign-key", type=Path, default=None, metavar="PEM",
+                   help=f"this node's Ed25519 private key: sign every message (`splitedge keys generate`; env "
+                        f"{SIGN_ENV['sign_key']})")
+    s.add_argument("--verify-keys", type=Path, default=None, metavar="DIR",
+                   help=f"folder of <node-id>.pub public keys: refuse messages not signed by their topic's node "
+                        f"(needs --sign-key and this node's own .pub; env {SIGN_ENV['verify_keys']})")
+    s.add_argument("--max-frame-bytes", type=int, default=None, metavar="N",
+                   help=f"refuse received frames longer than N bytes (default {DEFAULT_MAX_BYTES}; env "
+                        f"{MAX_FRAME_ENV})")
 
 
-def _chosen(args: argparse.Namespace, name: str) -> Path | None:
+def _chosen(args: argparse.Namespace, name: str, env: dict[str, str] = ENV) -> Path | None:
     value = getattr(args, name, None)
-    if value is None and os.environ.get(ENV[name]):
-        value = Path(os.environ[ENV[name]])
+    if value is None and os.environ.get(env[name]):
+        value = Path(os.environ[env[name]])
     return value
 
 
@@ -82,4 +102,48 @@ def connect_options(args: argparse.Namespace, *urls: str | None) -> dict[str, An
         if any(":" in user for user in users):
             raise ValueError("the broker URL already holds a password: drop it from the URL or drop --password-file")
         options["password"] = password
+    options["max_bytes"] = max_frame_bytes(args)
+    options.update(signing_options(args))
     return options
+
+
+def max_frame_bytes(args: argparse.Namespace) -> int:
+    """--max-frame-bytes, else its environment variable, else the codec's default."""
+    value: Any = getattr(args, "max_frame_bytes", None)
+    where = "--max-frame-bytes"
+    if value is None and os.environ.get(MAX_FRAME_ENV):
+        value, where = os.environ[MAX_FRAME_ENV].strip(), MAX_FRAME_ENV
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{where}={value!r}: not an integer number of bytes") from None
+    if value is None:
+        return DEFAULT_MAX_BYTES
+    if value < MIN_FRAME_BYTES:
+        raise ValueError(f"{where} {value}: must be at least {MIN_FRAME_BYTES} bytes (default {DEFAULT_MAX_BYTES})")
+    return value
+
+
+def signing_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`signer` and `keyring` for the transport from --sign-key/--verify-keys, checked against
+    each other and this node's --id: ValueError naming the fix."""
+    from splitedge.protocol import signing
+
+    key, folder = _chosen(args, "sign_key", SIGN_ENV), _chosen(args, "verify_keys", SIGN_ENV)
+    if key is None and folder is None:
+        return {}
+    if folder is not None and key is None:
+        raise ValueError("--verify-keys without --sign-key: peers that verify would refuse this node's unsigned "
+                         "messages; give this node's private key with --sign-key")
+    signer = signing.load_signer(key)
+    if folder is None:
+        return {"signer": signer}
+    keyring = signing.load_keyring(folder)
+    node_id = getattr(args, "id", None)
+    if node_id is not None and node_id not in keyring:
+        raise ValueError(f"--verify-keys {folder} has no {node_id}.pub: copy this node's own public key there "
+                         f"(a node reads its own retained status, and a keyring without it is the wrong folder)")
+    if node_id is not None and not keyring.matches(node_id, signer):
+        raise ValueError(f"--sign-key {key} is not the private key of {folder / (node_id + '.pub')}: give node "
+                         f"{node_id}'s own key, or regenerate both with `splitedge keys generate`")
+    return {"signer": signer, "keyring": keyring}

@@ -21,11 +21,14 @@ COMMANDS = {
     "bench": ("splitedge.bench.cli", "run a bench suite (bandwidth, ram, throughput, accuracy) into JSON, markdown, plots"),
     "data": ("splitedge.data_cli", "cut a data set into per-device shards and check them"),
     "peers": ("splitedge.peers_cli", "plan a run with no cloud: peer graph, its broker ACL, the devices' commands"),
+    "keys": ("splitedge.keys_cli", "make the Ed25519 keys that sign each node's messages (--sign-key/--verify-keys)"),
 }
 
 
-HEAVY = ("torch", "torchvision", "amqtt", "sklearn", "matplotlib", "safetensors", "onnx")
+HEAVY = ("torch", "torchvision", "amqtt", "sklearn", "matplotlib", "safetensors", "onnx", "cryptography")
 """Optional dependencies of the [all] extra: a missing one is an install step, not a bug."""
+EXTRA_OF = {"cryptography": "sign"}
+"""Optional dependencies that also have a small extra of their own (a thin device installs that)."""
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -82,7 +85,7 @@ def explain(exc: BaseException, command: str) -> tuple[int, str]:
     top = (getattr(exc, "name", None) or "").split(".")[0]  # amqtt.broker missing: amqtt is
     if isinstance(exc, ModuleNotFoundError) and top in HEAVY:
         hint = "; a device without torch runs with --backend onnx" if top == "torch" and command == "device" else ""
-        return 2, f"splitedge {command} needs {top}: pip install 'splitedge[all]'{hint}"
+        return 2, f"splitedge {command} needs {top}: pip install 'splitedge[{EXTRA_OF.get(top, 'all')}]'{hint}"
     if isinstance(exc, (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)):
         return 2, f"splitedge {command}: error: {exc}"
     if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
