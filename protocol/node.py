@@ -8,6 +8,7 @@ runtime's own thread takes events off the inbox and does the work (training may 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import json
 import os
@@ -172,12 +173,17 @@ class Node:
 
 
 def connect(url: str, *, run: str, tier: str, node_id: str, **kwargs: Any) -> "Transport":
-    """An MQTT transport for a node, with its last will (`status` offline, retained) set."""
+    """An MQTT transport for a node, with its last will (`status` offline, retained) set; a clean
+    `close()` publishes that offline status itself (`close(offline=False)` does not)."""
     from splitedge.protocol.mqtt import MqttTransport
 
     will_env = Envelope(kind="status", run=run, round=0, sender=node_id, body={"state": "offline", "role": tier})
     will = (topic(run, tier, node_id, "up", "status"), will_env)
-    return MqttTransport(url, client_id=f"{run}-{tier}-{node_id}", role=tier, will=will, **kwargs)
+    transport = MqttTransport(url, client_id=f"{run}-{tier}-{node_id}", role=tier, will=will, **kwargs)
+    # A clean disconnect makes the broker drop the will, so a node that simply closed would stay
+    # `online` (retained) for ever: its close says `offline` itself unless told otherwise.
+    transport.close = functools.partial(transport.close, offline=True)  # type: ignore[method-assign]
+    return transport
 
 
 def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s: float = 1.0, **kwargs: Any) -> None:
