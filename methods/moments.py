@@ -5,6 +5,7 @@ dtype (f2/f4/f8) is chosen only when a message body is built.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -202,3 +203,133 @@ def moments_from_body(body: Mapping[str, Any]) -> ClassMoments:
     if mean.dtype.kind != "f" or var.dtype.kind != "f":
         raise ValueError("mean/var must be float arrays")
     return ClassMoments(np.asarray(body["classes"]), np.asarray(body["counts"]), mean, var)
+
+
+# -- robust merges (an option; the exact merge above stays the default) ---------------------
+
+ROBUST_MERGES = ("none", "clip", "trimmed", "median")
+"""How moments of several sources (devices at an edge, edges at the cloud) are combined:
+"none" the exact merge; "clip" each source's class mean pulled back to within `clip_k` reference
+standard deviations (and its variance capped likewise) before the exact merge; "trimmed" a
+coordinate-wise count-weighted mean of the sources left after dropping the `trim` fraction with
+the smallest and largest values at each end; "median" the same with only the middle one or two
+sources left."""
+
+
+def robust_merge(parts: Sequence[ClassMoments], how: str = "none", *, reference: ClassMoments | None = None,
+                 clip_k: float = 2.0, trim: float = 0.2) -> ClassMoments:
+    """Merge `parts` by `how` (ROBUST_MERGES). "none" is merge_moments itself (bit for bit).
+
+    Counts are always the exact sums (they are bounded by what each sender announced); only
+    means and variances are made robust. With at most two sources holding a class, "trimmed"
+    and "median" cannot tell an outlier from the others and merge that class exactly."""
+    if how == "none":
+        return merge_moments(parts)
+    if how == "clip":
+        return clipped_merge(parts, reference, k=clip_k)
+    if how == "trimmed":
+        return trimmed_merge(parts, lambda m: min(math.ceil(trim * m - 1e-9), (m - 1) // 2))
+    if how == "median":
+        return trimmed_merge(parts, _median_trim)
+    raise ValueError(f"robust merge must be one of {ROBUST_MERGES}, got {how!r}")
+
+
+def _median_trim(m: int) -> int:
+    """Sources dropped at each end to leave the middle one (m odd) or two (m even)."""
+    return (m - 1) // 2
+
+
+def _sources(parts: Sequence[ClassMoments]) -> tuple[int, np.ndarray, list[list[tuple[int, int]]]]:
+    """Feature dimension, the union of classes, and per class the (part, row) pairs holding it."""
+    if not parts:
+        raise ValueError("a merge needs at least one part")
+    dims = {p.dim for p in parts}
+    if len(dims) != 1:
+        raise ValueError(f"parts have different feature dimensions: {sorted(dims)}")
+    classes = np.unique(np.concatenate([p.classes for p in parts]))
+    rows: list[list[tuple[int, int]]] = [[] for _ in classes]
+    for k, p in enumerate(parts):
+        for i, j in enumerate(np.searchsorted(classes, p.classes).tolist()):
+            rows[j].append((k, i))
+    return dims.pop(), classes, rows
+
+
+def trimmed_merge(parts: Sequence[ClassMoments], drop: Any) -> ClassMoments:
+    """Coordinate-wise trimmed merge: per class and feature, the sources are ranked by their
+    mean and `drop(m)` of the m sources are dropped at each end; the mean is the count-weighted
+    mean of the rest. The variance is merged the same way: within-source variance pooled over
+    the sources left after the same trimming by variance, plus the between-source term of the
+    kept means,
+        var = [(N_S - |S|) W + sum_S n_k (mu_k - mu)^2] / (N_S - 1),  W = sum_T (n_k-1) var_k / sum_T (n_k-1),
+    which is the exact merge's formula when nothing is dropped."""
+    dim, classes, rows = _sources(parts)
+    counts = np.zeros(len(classes), dtype=np.int64)
+    mean, var = np.zeros((len(classes), dim)), np.zeros((len(classes), dim))
+    for j, held in enumerate(rows):
+        n = np.array([parts[k].counts[i] for k, i in held], dtype=np.int64)
+        mu = np.stack([parts[k].mean[i] for k, i in held])
+        v = np.stack([parts[k].var[i] for k, i in held])
+        counts[j] = sum(int(c) for c in n)
+        mean[j], var[j] = _trimmed_class(n.astype(np.float64), mu, v, int(drop(len(held))))
+    return ClassMoments(classes, counts, mean, var)
+
+
+def _trimmed_class(n: np.ndarray, mu: np.ndarray, v: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """One class: n [m], mu and v [m, D]; b sources dropped at each end of every coordinate."""
+    m = len(n)
+    b = max(0, min(b, (m - 1) // 2))
+    by_count = np.argsort(n, kind="stable")  # equal values rank by count: the merge is then order-free
+    n, mu, v = n[by_count], mu[by_count], v[by_count]
+    if b == 0:
+        keep_mu, keep_v = mu, v
+        n_mu = n_v = np.broadcast_to(n[:, None], mu.shape)
+    else:
+        by_mean = np.argsort(mu, axis=0, kind="stable")[b:m - b]
+        by_var = np.argsort(v, axis=0, kind="stable")[b:m - b]
+        keep_mu, n_mu = np.take_along_axis(mu, by_mean, 0), n[by_mean]
+        keep_v, n_v = np.take_along_axis(v, by_var, 0), n[by_var]
+    total = n_mu.sum(axis=0)
+    centre = (n_mu * keep_mu).sum(axis=0) / total
+    dof_v = (n_v - 1).sum(axis=0)
+    within = np.divide((n_v - 1) * keep_v, dof_v, out=np.zeros_like(keep_v), where=dof_v > 0).sum(axis=0)
+    m2 = (total - len(keep_mu)) * within + (n_mu * np.square(keep_mu - centre)).sum(axis=0)
+    spread = np.divide(np.maximum(m2, 0.0), total - 1, out=np.zeros_like(m2), where=total > 1)
+    return centre, spread
+
+
+def clipped_merge(parts: Sequence[ClassMoments], reference: ClassMoments | None, *, k: float) -> ClassMoments:
+    """Exact merge of the parts after clipping each class mean to within k reference standard
+    deviations of the reference mean, ||mu_k - mu_ref|| <= k sqrt(sum_d var_ref) (the mean is
+    moved towards the reference onto that sphere), and scaling a variance whose total exceeds
+    k^2 sum_d var_ref down to it. The reference is the caller's running one (the last merge of
+    the same feature space and model version); for a class it lacks, the coordinate-wise
+    median of this merge's sources. A class whose reference variance is 0 is not clipped.
+    A part nothing is clipped from enters the exact merge unchanged."""
+    dim, classes, rows = _sources(parts)
+    ref_mean, ref_var = np.full((len(classes), dim), np.nan), np.zeros((len(classes), dim))
+    if reference is not None and reference.dim == dim:
+        row = {c: i for i, c in enumerate(reference.classes.tolist())}
+        for j, c in enumerate(classes.tolist()):
+            if c in row:
+                ref_mean[j], ref_var[j] = reference.mean[row[c]], reference.var[row[c]]
+    missing = np.isnan(ref_mean).any(axis=1)
+    if missing.any():
+        fallback = trimmed_merge(parts, _median_trim)
+        ref_mean[missing], ref_var[missing] = fallback.mean[missing], fallback.var[missing]
+    clipped = []
+    for p in parts:
+        at = np.searchsorted(classes, p.classes)
+        centre, spread = ref_mean[at], ref_var[at].sum(axis=1)
+        radius = k * np.sqrt(spread)
+        dist = np.sqrt(np.square(p.mean - centre).sum(axis=1))
+        over = (dist > radius) & (spread > 0)
+        total_var = p.var.sum(axis=1)
+        too_wide = (total_var > k * k * spread) & (spread > 0)
+        if not (over.any() or too_wide.any()):
+            clipped.append(p)
+            continue
+        mean, var = p.mean.copy(), p.var.copy()
+        mean[over] = centre[over] + (p.mean[over] - centre[over]) * (radius[over] / dist[over])[:, None]
+        var[too_wide] = p.var[too_wide] * (k * k * spread[too_wide] / total_var[too_wide])[:, None]
+        clipped.append(ClassMoments(p.classes, p.counts, mean, var))
+    return merge_moments(clipped)

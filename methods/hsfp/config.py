@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splitedge.methods.config import MethodConfig
+from splitedge.methods.moments import ROBUST_MERGES
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class HSFPConfig(MethodConfig):
     # devices with similar label histograms share an edge (CFLHKD's clustering, one cluster per
     # edge); "balanced": each edge gets devices whose labels together match the federation's mix
     assign: str = "random"
+    # how an edge merges its devices' moments and the cloud its edges' (methods/moments.py
+    # robust_merge): "none" the exact merge; "clip" each source's class mean clipped to
+    # robust_clip_k reference standard deviations of the last merge (variance capped alike);
+    # "trimmed" a coordinate-wise trimmed mean dropping robust_trim of the sources at each end;
+    # "median" a coordinate-wise median
+    robust: str = "none"
+    robust_clip_k: float = 2.0
+    robust_trim: float = 0.2
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -53,5 +62,10 @@ class HSFPConfig(MethodConfig):
             raise ValueError(f"assign must be random, clusters or balanced, got {self.assign!r}")
         if self.we_moments not in ("global", "local"):
             raise ValueError(f"we_moments must be global or local, got {self.we_moments!r}")
+        if self.robust not in ROBUST_MERGES:
+            raise ValueError(f"robust must be one of {', '.join(ROBUST_MERGES)}, got {self.robust!r}")
+        if not self.robust_clip_k > 0 or not 0 <= self.robust_trim < 0.5:
+            raise ValueError(f"robust_clip_k must be > 0 and robust_trim in [0, 0.5), got {self.robust_clip_k} and "
+                             f"{self.robust_trim}")
         if self.ic < 1 or self.ie < 1 or self.local_epochs < 0:
             raise ValueError("ic and ie must be >= 1 and local_epochs >= 0")

@@ -6,12 +6,12 @@ trains asks for them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from splitedge.methods.hsfp.config import HSFPConfig
-from splitedge.methods.moments import ClassMoments
+from splitedge.methods.moments import ClassMoments, robust_merge
 from splitedge.methods.sampling import sample_features
 from splitedge.methods.strategy import Method
 
@@ -49,3 +49,10 @@ class HSFP(Method):
         """Synthetic features the edge (W_c space) and cloud (W_e space) train on."""
         cfg = self.config
         return sample_features(merged, total, rng, eps=cfg.eps, floor=cfg.sample_floor, mean_only=cfg.mean_only)
+
+    def merge_moments(self, parts: Sequence[ClassMoments], reference: ClassMoments | None = None) -> ClassMoments:
+        """How an edge merges its devices' moments and the cloud its edges': exactly (`robust =
+        "none"`, merge_moments bit for bit) or robustly; `reference` is the caller's last merge
+        of the same space and model versions (used by "clip")."""
+        cfg = self.config
+        return robust_merge(parts, cfg.robust, reference=reference, clip_k=cfg.robust_clip_k, trim=cfg.robust_trim)
