@@ -322,3 +322,22 @@ def test_a_signed_federation_runs_while_forged_unsigned_and_replayed_frames_are_
     assert 12345 not in members.values() and "dx" not in members and set(members) == {"d0", "d1"}
     assert all(d.transport.rejected == {} for d in devices), [d.transport.rejected for d in devices]
     assert json.dumps(edge_t.rejected)  # the counts write_counters leaves for the bench
+
+
+@pytest.mark.parametrize("role", ["device", "edge", "cloud"])
+def test_every_role_takes_the_signing_and_cap_flags(role: str) -> None:
+    from splitedge.cli import build_parser
+
+    sub = next(a for a in build_parser(role)._actions if a.dest == "command").choices[role]
+    flags = {s for a in sub._actions for s in a.option_strings}
+    assert {"--sign-key", "--verify-keys", "--max-frame-bytes"} <= flags
+
+
+def test_the_size_cap_comes_before_the_signature(keys: Path) -> None:
+    bus, got = LoopbackBus(), []
+    edge = LoopbackTransport(bus, role="edge", client_id="e0", keyring=load_keyring(keys / "ring"), max_bytes=2048)
+    edge.subscribe(HELLO, lambda t, e: got.append(e))
+    big = Envelope(kind="hello", run=RUN, round=0, sender="d0",
+                   body={**hello().body, "classes": np.arange(300, dtype=np.int64)})
+    LoopbackTransport(bus, role="device", client_id="d0", signer=signer(keys, "d0")).publish(HELLO, big)
+    assert got == [] and edge.rejected == {"frame.too_large": 1}
