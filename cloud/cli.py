@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="before a round, seconds to wait for edges that went offline (a broker restart) before going "
                         "on without them, or stopping when none is back")
     p.add_argument("--out", type=Path, default=None, help="metrics.jsonl, model.safetensors and spectrum.png go here")
-    p.add_argument("--overwrite", action="store_true", help="replace a previous run in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a previous run in --out (without it, a run that stopped early is resumed)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says a cloud with this run and id is online")
@@ -51,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     check_arguments(args)
     from splitedge.cloud.outputs import RunFolder, dumps, json_safe
 
-    with RunFolder(args.out, overwrite=args.overwrite) if args.out else contextlib.nullcontext():
-        history = _run(args)
+    with RunFolder(args.out, overwrite=args.overwrite, resumable=True) if args.out else contextlib.nullcontext() as folder:
+        history = _run(args, resuming=bool(folder and folder.resuming))
     final = json_safe(history[-1].get("accuracy")) if history else None
     print(dumps({"final_accuracy": final}))
     if not any(json_safe(h.get("accuracy")) is not None for h in history):
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> list[dict]:
+def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
     import torch
 
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
@@ -76,13 +77,15 @@ def _run(args: argparse.Namespace) -> list[dict]:
         check_identity_free(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     _, test, info = load_dataset(args.dataset, args.data, max_test=args.max_test, seed=args.seed)
     config = build_run_config(args.method, info, args.model, args.seed, method_overrides(args))
+    saved = _resume_state(args, config) if resuming else None
     settings = CloudSettings(method=args.method, rounds=args.rounds, config=config, deadline_s=args.deadline,
                              min_edges=args.edges, min_devices=args.devices, join_timeout_s=args.join_timeout,
                              rejoin_timeout_s=args.rejoin_timeout,
                              out_dir=args.out, seed=args.seed, on_round=_round_printer(args.rounds))
     transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     try:
-        history = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id).run()
+        history = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id,
+                                   resume_from=saved).run()
     finally:
         transport.close(offline=True)
         write_counters(args.out, args.id, [transport])
@@ -91,6 +94,16 @@ def _run(args: argparse.Namespace) -> list[dict]:
 
         plot_spectra_per_round(history, args.out / "spectrum.png", title=f"{args.method} on {args.dataset}")
     return history
+
+
+def _resume_state(args: argparse.Namespace, config) -> "object":
+    """The state of the run in --out that this cloud carries on: same run, method, settings."""
+    from splitedge.cloud import resume
+
+    saved = resume.load(args.out)
+    resume.check_same_run(saved, out=args.out, run=args.run, method=args.method, config=config.to_wire(),
+                          seed=args.seed, rounds=args.rounds)
+    return saved
 
 
 def _round_printer(total: int):

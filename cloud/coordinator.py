@@ -21,6 +21,8 @@ from splitedge.methods.config import RunConfig
 from splitedge.methods.registry import create_method
 from splitedge.methods.losslog import tier_losses
 from splitedge.methods.strategy import CloudPart, FederationView, Message, NodeContext, Placement, RoundPlan
+from splitedge.cloud import resume
+from splitedge.methods import snapshot
 from splitedge.cloud.outputs import dumps
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.node import Node, clear_retained, status, topic_kind
@@ -51,9 +53,11 @@ class CloudSettings:
 
 class CloudCoordinator(Node):
     def __init__(self, transport: Transport, settings: CloudSettings, *, run: str,
-                 test: tuple[np.ndarray, np.ndarray], node_id: str = "cloud") -> None:
+                 test: tuple[np.ndarray, np.ndarray], node_id: str = "cloud",
+                 resume_from: resume.CloudState | None = None) -> None:
         super().__init__(run=run, tier="cloud", node_id=node_id)
         self.session = uuid.uuid4().hex[:16]
+        self.attempt = 0  # how many times this session was resumed: nodes redo a round of a higher attempt
         self.transport, self.settings = transport, settings
         self.method = create_method(settings.method, settings.config)  # registers the method's kinds
         self.view = FederationView()
@@ -66,13 +70,31 @@ class CloudCoordinator(Node):
         self.history: list[dict[str, Any]] = []
         self.stopped = threading.Event()
         self.enough_edges = settings.min_edges  # lowered when edges stay away past the rejoin timeout
+        self.resumed = resume_from
+        if resume_from is not None:
+            self._restore(resume_from)
+
+    def _restore(self, saved: resume.CloudState) -> None:
+        """Carry on the run of `saved` (its session, round, part and randomness)."""
+        self.session, self.round, self.attempt = saved.session, saved.round, saved.attempt + 1
+        self.enough_edges = saved.enough_edges
+        self.view.placements = snapshot.from_plain(saved.placements)
+        self.part.restore_state(saved.part)
+        self.part.ctx.rng.bit_generator.state = snapshot.from_plain(saved.rng).bit_generator.state
+        if self.settings.out_dir is not None:
+            self.history = resume.committed_history(self.settings.out_dir, saved.round)
+        status.info("cloud: resuming run %s (session %s) after round %d", self.run_id, self.session, saved.round)
 
     def start(self) -> None:
-        clear_retained(self.transport, pattern(self.run_id, "cloud", self.node_id, "down", "#"))
+        """Clear a previous incarnation's downlink and publish the initial models; a resumed
+        cloud keeps its downlink instead: the retained models are its session's latest."""
+        if self.resumed is None:
+            clear_retained(self.transport, pattern(self.run_id, "cloud", self.node_id, "down", "#"))
         self.transport.subscribe(pattern(self.run_id, "edge", "+", "up"), self.enqueue)
         self.announce_online(self.transport)
-        for msg in self.part.initial_messages():
-            self.publish(msg, round_=0)
+        if self.resumed is None:
+            for msg in self.part.initial_messages():
+                self.publish(msg, round_=0)
 
     # -- routing ----------------------------------------------------------------------------
     def publish(self, msg: Message, round_: int | None = None) -> None:
@@ -182,19 +204,20 @@ class CloudCoordinator(Node):
             self._announce_stop(reason="the cloud's join timeout passed")  # nobody waits for a round that never comes
             raise
         try:
-            for r in range(1, self.settings.rounds + 1):
+            for r in range(self.round + 1, self.settings.rounds + 1):
                 if self.stopped.is_set():
                     break
                 self.run_round(r)
         finally:
             self._announce_stop()
+        self._save_state(finished=True)
         return self.history
 
     def plan(self, r: int) -> RoundPlan:
         spec = self.part.plan(r)
         return RoundPlan(round=r, method=self.method.name, deadline_s=self.settings.deadline_s,
                          config=self.method.run_config.to_wire(), versions=dict(spec.versions),
-                         directives=dict(spec.directives), session=self.session)
+                         directives=dict(spec.directives), session=self.session, attempt=self.attempt)
 
     def run_round(self, r: int) -> dict[str, Any]:
         started = time.monotonic()
@@ -258,13 +281,37 @@ class CloudCoordinator(Node):
             fh.write(dumps(record) + "\n")
         save_checkpoint(out / "model.safetensors", self.part.state_for_checkpoint(),
                         {"round": str(record["round"]), "method": self.settings.method})
+        self._save_state()
+
+    def _save_state(self, finished: bool = False) -> None:
+        """The round's commit point (cloud.resume): what a restarted cloud carries on from."""
+        if self.settings.out_dir is None:
+            return
+        s = self.settings
+        resume.save(s.out_dir, resume.CloudState(
+            run=self.run_id, method=s.method, config=self.method.run_config.to_wire(), seed=s.seed,
+            session=self.session, round=self.round, attempt=self.attempt, enough_edges=self.enough_edges,
+            placements=snapshot.to_plain(dict(self.view.placements)), rng=snapshot.to_plain(self.part.ctx.rng),
+            part=self.part.resume_state(), finished=finished))
 
 
 def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-    """Write the served model without pickle (safetensors), atomically."""
+    """Write the served model without pickle (safetensors), atomically; never over a
+    checkpoint of a later round (a cloud resumed from an older state must not erase it)."""
     if not weights:
         return
+    from safetensors import safe_open
     from safetensors.numpy import save_file
+
+    if path.exists() and "round" in meta:
+        try:
+            with safe_open(str(path), framework="numpy") as fh:
+                later = int((fh.metadata() or {}).get("round", 0)) > int(meta["round"])
+        except (OSError, ValueError, RuntimeError):  # unreadable: a crash cut it short
+            later = False
+        if later:
+            log.error("cloud: %s holds a later round than %s; not overwritten", path, meta["round"])
+            return
 
     tmp = path.with_suffix(".tmp")
     save_file({k: np.array(v, order="C") for k, v in weights.items()}, str(tmp), metadata=meta)  # keeps 0-d

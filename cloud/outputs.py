@@ -17,7 +17,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-RUN_FILES = ("metrics.jsonl", "summary.json", "model.safetensors")
+RUN_FILES = ("metrics.jsonl", "summary.json", "model.safetensors", "resume.state")
+RESUME_FILE = "resume.state"  # cloud.resume.STATE_FILE
 LOCK = ".splitedge.lock"
 
 
@@ -51,12 +52,15 @@ def _alive(pid: int) -> bool:
 
 class RunFolder:
     """Claim `path` for one run: refuse a previous run's files unless `overwrite`, and a folder
-    another live process is writing into. Use as a context manager; the lock goes at exit."""
+    another live process is writing into. Use as a context manager; the lock goes at exit.
+    With `resumable`, a folder holding a cloud's resume state is kept as it is (`resuming`):
+    the caller carries that run on."""
 
-    def __init__(self, path: Path, *, overwrite: bool = False) -> None:
-        self.path, self.overwrite = Path(path), overwrite
+    def __init__(self, path: Path, *, overwrite: bool = False, resumable: bool = False) -> None:
+        self.path, self.overwrite, self.resumable = Path(path), overwrite, resumable
         self.lock = self.path / LOCK
         self.created = False
+        self.resuming = False
 
     def __enter__(self) -> "RunFolder":
         if self.path.exists() and not self.path.is_dir():
@@ -66,6 +70,9 @@ class RunFolder:
         self._take_lock()
         try:
             previous = [f for f in RUN_FILES if (self.path / f).exists()]
+            self.resuming = self.resumable and not self.overwrite and RESUME_FILE in previous
+            if self.resuming:
+                return self
             if previous and not self.overwrite:
                 raise ValueError(f"--out {self.path} holds a previous run ({', '.join(previous)}); "
                                  f"choose another --out or pass --overwrite")

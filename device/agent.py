@@ -47,6 +47,7 @@ class DeviceAgent(Node):
         self.config: tuple[str, dict] | None = None  # (method, wire config) the part was built with
         self.pending: RoundPlan | None = None
         self.last_round = 0
+        self.last_attempt = 0  # of the last round done: a resumed cloud announces a done round again, higher
         self.stopped = threading.Event()
         self.deferred: collections.deque[tuple[str, Envelope]] = collections.deque()
         self.stale_replies = 0
@@ -222,8 +223,8 @@ class DeviceAgent(Node):
             self.stopped.set()
             return
         self.held_stop = None
-        if plan.round <= self.last_round:
-            return  # a retained announcement seen again after a reconnect or a move
+        if (plan.round, plan.attempt) <= (self.last_round, self.last_attempt):
+            return  # a retained announcement seen again after a reconnect or a move (a resumed cloud's has a higher attempt)
         if self._ensure_part(plan):
             self.pending = plan
 
@@ -259,10 +260,12 @@ class DeviceAgent(Node):
         if self.session:
             log.info("device %s: new session %s (was %s)", self.node_id, session, self.session)
         self.session, self.part, self.config, self.pending, self.last_round = session, None, None, None, 0
+        self.last_attempt = 0
         self.peer_box.clear()
 
     def _run(self, plan: RoundPlan) -> None:
         self.round = self.last_round = plan.round
+        self.last_attempt = plan.attempt
         self.part.losses = {}
         sent_done, started = False, time.monotonic()
         try:

@@ -17,8 +17,11 @@ import collections
 import logging
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
+
+from splitedge.methods import snapshot
 
 from splitedge.methods.losslog import device_losses
 from splitedge.methods.registry import create_method
@@ -42,7 +45,7 @@ def retained(kind_segment: str) -> bool:
 
 class EdgeAggregator(Node):
     def __init__(self, down: Transport, up: Transport | None = None, *, run: str, node_id: str,
-                 cloud: str = "cloud", seed: int = 0) -> None:
+                 cloud: str = "cloud", seed: int = 0, state_dir: Path | None = None) -> None:
         super().__init__(run=run, tier="edge", node_id=node_id)
         self.down, self.up, self.cloud = down, up or down, cloud
         self.rng = self.seeded_rng(seed)
@@ -56,9 +59,11 @@ class EdgeAggregator(Node):
         self.stopped = threading.Event()
         self.subscribed: set[str] = set()  # the cloud's addressed downlink filters we read
         self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
+        self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
 
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
+        self._resume()
         clear_retained(self.down, pattern(self.run_id, "edge", self.node_id, "down", "#"))
         self._sync_subscriptions()
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello"), self.enqueue)
@@ -207,7 +212,7 @@ class EdgeAggregator(Node):
                 self.hold_stop(plan.session)
             return
         self.held_stop = None
-        if self.plan is not None and plan.round <= self.plan.round:
+        if not plan.newer_than(self.plan):
             return  # seen already (a retained announcement delivered again)
         if not self._ensure_part(plan):
             return
@@ -286,8 +291,40 @@ class EdgeAggregator(Node):
         if self.part.losses:
             info["loss"] = dict(self.part.losses)
         self.send(self.up, "up", "done", {"phase": "round", "info": info})
+        self._save_state()
         status.info("edge %s: round %d closed with %d/%d devices in %.1f s", self.node_id, self.plan.round,
                     len(infos), len(self.live), time.monotonic() - started)
+
+    # -- crash safety ------------------------------------------------------------------------
+    def _save_state(self) -> None:
+        """After each round: what a restarted edge needs to carry on in the same session (its
+        part's models, optimiser and cached statistics), written atomically."""
+        if self.state_file is None or self.plan is None or self.part is None:
+            return
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        state = {"format": 1, "run": self.run_id, "node": self.node_id, "session": self.session,
+                 "round": self.plan.round, "plan": self.plan.to_body(), "method": self.config[0],
+                 "config": self.config[1], "part": self.part.resume_state(), "rng": snapshot.to_plain(self.rng)}
+        snapshot.write_atomic(self.state_file, snapshot.dumps(state))
+
+    def _resume(self) -> None:
+        """Take back the state a previous process of this edge saved; a round of the same
+        session then carries on with it (a new session drops it, as ever)."""
+        if self.state_file is None or not self.state_file.exists():
+            return
+        state = snapshot.loads(self.state_file.read_bytes())
+        if not isinstance(state, dict) or state.get("format") != 1 or state.get("run") != self.run_id:
+            log.warning("edge %s: %s is not this run's state; starting afresh", self.node_id, self.state_file)
+            return
+        method = create_method(state["method"], state["config"])
+        self.rng.bit_generator.state = snapshot.from_plain(state["rng"]).bit_generator.state
+        self.part = method.edge_part(NodeContext(node_id=self.node_id, method=method, rng=self.rng))
+        self.part.restore_state(state["part"])
+        self.config = (state["method"], dict(state["config"]))
+        self.session, self.round = state["session"], int(state["round"])
+        self.plan = RoundPlan.from_body(self.round, state["plan"])
+        status.info("edge %s: resuming session %s after round %d (%s)", self.node_id, self.session, self.round,
+                    self.state_file)
 
     def rejections(self) -> dict[str, int]:
         """Messages this edge dropped so far, by rule: malformed on either broker, refused by the part."""

@@ -17,6 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of this edge's randomness (feature sampling)")
     p.add_argument("--out", type=Path, default=None, help="write this node's byte counters here at exit")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="save this edge's state here after every round and resume from it when restarted")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says an edge with this id is online")
     credentials.add_arguments(p)
@@ -28,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
     from splitedge.edge.aggregator import EdgeAggregator
     from splitedge.protocol.node import check_identity_free, connect, write_counters
 
+    if args.state_dir is not None and args.state_dir.exists() and not args.state_dir.is_dir():
+        raise ValueError(f"--state-dir {args.state_dir} is a file; give a folder")
     options = credentials.connect_options(args, args.broker, args.upstream)
     if importlib.util.find_spec("torch") is not None:  # numpy-only methods' edges run without it
         import torch
@@ -37,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         check_identity_free(args.upstream or args.broker, run=args.run, tier="edge", node_id=args.id, **options)
     down = connect(args.broker, run=args.run, tier="edge", node_id=args.id, **options)
     up = connect(args.upstream, run=args.run, tier="edge", node_id=args.id, **options) if args.upstream else down
-    edge = EdgeAggregator(down, up, run=args.run, node_id=args.id, cloud=args.cloud, seed=args.seed)
+    edge = EdgeAggregator(down, up, run=args.run, node_id=args.id, cloud=args.cloud, seed=args.seed,
+                          state_dir=args.state_dir)
     try:
         edge.start()
         edge.run_forever()

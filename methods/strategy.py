@@ -108,6 +108,9 @@ class RoundPlan:
     directives: Mapping[str, Any] = field(default_factory=dict)
     session: str = ""
     stop: bool = False
+    attempt: int = 0
+    """How many times the cloud resumed this session after a crash: a node that already did
+    round r under the dead cloud does it again when r is announced with a higher attempt."""
 
     def to_body(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
@@ -118,7 +121,13 @@ class RoundPlan:
     def from_body(cls, round_: int, body: Mapping[str, Any]) -> "RoundPlan":
         return cls(round=round_, method=body["method"], deadline_s=body["deadline_s"], config=body["config"],
                    versions=dict(body["versions"]), directives=dict(body.get("directives") or {}),
-                   session=body.get("session", ""), stop=bool(body.get("stop", False)))
+                   session=body.get("session", ""), stop=bool(body.get("stop", False)),
+                   attempt=int(body.get("attempt", 0)))
+
+    def newer_than(self, other: "RoundPlan | None") -> bool:
+        """Whether this announcement is work to do after `other`: a later round, or the same
+        round again from a cloud resumed after a crash (a higher attempt)."""
+        return other is None or (self.round, self.attempt) > (other.round, other.attempt)
 
     def version(self, name: str) -> int:
         """The announced version of model `name` (0 when the method does not version it)."""
@@ -213,6 +222,21 @@ class Part:
     def round_info(self) -> dict[str, Any]:
         """Plain data for this node's `done` info (e.g. losses, a personalised accuracy)."""
         return {}
+
+    def resume_state(self) -> dict[str, Any]:
+        """What a restarted cloud or edge needs to carry on where this part was: by default
+        every attribute methods.snapshot can keep (models, optimisers, arrays, counters,
+        caches). A part with state it cannot see that way overrides both hooks."""
+        from splitedge.methods.snapshot import capture
+
+        return capture(self)
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Take back `resume_state()`'s data into this freshly built part (SnapshotError when
+        it does not fit: another model, another version of the method)."""
+        from splitedge.methods.snapshot import restore_into
+
+        restore_into(self, state)
 
 
 class DevicePart(Part):

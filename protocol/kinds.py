@@ -48,7 +48,7 @@ BUILTIN_KINDS: dict[str, Schema] = {
     "round": Schema({
         "method": Str(max_len=64), "session": _SESSION, "deadline_s": Float(gt=0), "versions": _VERSIONS,
         "config": Data(), "directives": Data(optional=True, default={}),
-        "stop": Bool(optional=True, default=False),
+        "stop": Bool(optional=True, default=False), "attempt": Int(ge=0, optional=True, default=0),
     }, doc="cloud/edge -> down (retained); `config` is the method's typed config as a nested map, "
            "`directives` what the method asks of this round, `stop` ends the run"),
     "assign": Schema({

@@ -1,0 +1,249 @@
+"""A part's state as bytes and back, without pickle: what a restarted cloud or edge resumes from.
+
+A part's attributes are walked and each value is kept in a tagged msgpack form: numpy arrays
+(``np.save`` with ``allow_pickle=False``), torch modules and optimisers (their state dicts),
+tensors, numpy generators (their bit-generator state), tuples, sets, maps with non-string keys
+and this package's own dataclasses (e.g. ClassMoments, Placement). Anything else (the context,
+callables, loggers) is left out: the freshly built part keeps its own.
+
+Restoring loads modules and optimisers *in place*, so an optimiser still points at the very
+parameters of the module it trains; every other attribute is replaced by its saved value. A
+file is decoded with an allow-list (only dataclasses of ``splitedge.*`` are rebuilt), so a
+state file cannot make the loader run arbitrary code.
+
+This module is torch-free at import: torch is touched only when a value is a torch object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import io
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+_EXT_NDARRAY = 42
+SKIPPED_ATTRS = frozenset({"ctx", "data", "backend"})
+"""Attributes a part gets from its runtime, rebuilt on restart rather than saved."""
+
+
+class SnapshotError(ValueError):
+    """A state file that cannot be read, or does not fit the part it is loaded into."""
+
+
+class _Skip(Exception):
+    pass
+
+
+# -- values -> tagged plain data ----------------------------------------------------------
+
+def _is_torch(obj: Any, name: str) -> bool:
+    mod = type(obj).__module__ or ""
+    if not mod.startswith("torch"):
+        return False
+    import torch
+
+    return isinstance(obj, {"module": torch.nn.Module, "optim": torch.optim.Optimizer,
+                            "tensor": torch.Tensor}[name])
+
+
+def to_plain(obj: Any) -> Any:
+    """`obj` as tagged, msgpack-ready data; raises _Skip for what cannot be kept."""
+    if isinstance(obj, int) and not isinstance(obj, bool) and not -2**63 <= obj < 2**64:
+        return {"__t": "int", "v": str(obj)}  # e.g. PCG64's 128-bit state, past msgpack's integers
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise _Skip
+        return obj
+    if isinstance(obj, np.random.Generator):
+        return {"__t": "rng", "state": to_plain(obj.bit_generator.state)}
+    if _is_torch(obj, "module"):
+        return {"__t": "module", "state": {k: v.detach().cpu().numpy() for k, v in obj.state_dict().items()}}
+    if _is_torch(obj, "optim"):
+        return {"__t": "optim", "state": to_plain(obj.state_dict())}
+    if _is_torch(obj, "tensor"):
+        return {"__t": "tensor", "a": obj.detach().cpu().numpy()}
+    if isinstance(obj, tuple):
+        return {"__t": "tuple", "v": [to_plain(v) for v in obj]}
+    if isinstance(obj, (set, frozenset)):
+        return {"__t": "set", "v": [to_plain(v) for v in sorted(obj, key=repr)]}
+    if isinstance(obj, list):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj) and "__t" not in obj:
+            return {k: to_plain(v) for k, v in obj.items()}
+        return {"__t": "map", "items": [[to_plain(k), to_plain(v)] for k, v in obj.items()]}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and type(obj).__module__.startswith("splitedge."):
+        cls = type(obj)
+        return {"__t": "dc", "cls": f"{cls.__module__}:{cls.__qualname__}",
+                "fields": {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+    raise _Skip
+
+
+def from_plain(data: Any) -> Any:
+    """The value `to_plain` made (modules and optimisers stay state dicts: see `restore_into`)."""
+    if isinstance(data, list):
+        return [from_plain(v) for v in data]
+    if not isinstance(data, dict):
+        return data
+    tag = data.get("__t")
+    if tag is None:
+        return {k: from_plain(v) for k, v in data.items()}
+    if tag == "int":
+        return int(data["v"])
+    if tag == "tuple":
+        return tuple(from_plain(v) for v in data["v"])
+    if tag == "set":
+        return {from_plain(v) for v in data["v"]}
+    if tag == "map":
+        return {_hashable(from_plain(k)): from_plain(v) for k, v in data["items"]}
+    if tag == "rng":
+        gen_state = from_plain(data["state"])
+        bit_gen = getattr(np.random, gen_state["bit_generator"])()
+        bit_gen.state = gen_state
+        return np.random.Generator(bit_gen)
+    if tag == "tensor":
+        import torch
+
+        return torch.from_numpy(np.array(data["a"]))
+    if tag in ("module", "optim"):
+        return data  # loaded in place by restore_into
+    if tag == "dc":
+        module, _, name = str(data["cls"]).partition(":")
+        if not module.startswith("splitedge.") or not name.isidentifier():
+            raise SnapshotError(f"a state file names class {data['cls']!r}, which is not splitedge's")
+        cls = getattr(importlib.import_module(module), name, None)
+        if cls is None or not dataclasses.is_dataclass(cls):
+            raise SnapshotError(f"a state file names class {data['cls']!r}, which no longer exists")
+        return cls(**{k: from_plain(v) for k, v in data["fields"].items()})
+    raise SnapshotError(f"a state file holds an unknown tag {tag!r}")
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+def _optimizer_state(data: Any) -> Any:
+    """An optimiser state dict read back: its tensors as tensors again."""
+    import torch
+
+    value = from_plain(data)
+
+    def tensors(v: Any) -> Any:
+        if isinstance(v, np.ndarray):
+            return torch.from_numpy(np.array(v))
+        if isinstance(v, dict):
+            return {k: tensors(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [tensors(x) for x in v]
+        return v
+
+    return tensors(value)
+
+
+# -- parts ----------------------------------------------------------------------------------
+
+def capture(obj: Any, skip: frozenset[str] = SKIPPED_ATTRS) -> dict[str, Any]:
+    """The attributes of `obj` that can be kept, as tagged plain data."""
+    out = {}
+    for name, value in vars(obj).items():
+        if name in skip:
+            continue
+        try:
+            out[name] = to_plain(value)
+        except _Skip:
+            log.debug("snapshot: %s.%s (%s) is not kept", type(obj).__name__, name, type(value).__name__)
+    return out
+
+
+def restore_into(obj: Any, state: dict[str, Any]) -> None:
+    """Put `capture`d attributes back: modules and optimisers in place, the rest replaced."""
+    current = vars(obj)
+    for name, data in state.items():
+        setattr(obj, name, _restore(current.get(name), data, f"{type(obj).__name__}.{name}"))
+
+
+def _restore(target: Any, data: Any, where: str) -> Any:
+    tag = data.get("__t") if isinstance(data, dict) else None
+    if tag == "module":
+        if not _is_torch(target, "module"):
+            raise SnapshotError(f"{where} is no longer a model; the state file is of another version of this method")
+        import torch
+
+        try:
+            target.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in data["state"].items()})
+        except RuntimeError as exc:
+            raise SnapshotError(f"{where} does not fit the saved weights: {str(exc).splitlines()[0]}") from None
+        return target
+    if tag == "optim":
+        if not _is_torch(target, "optim"):
+            raise SnapshotError(f"{where} is no longer an optimiser")
+        try:
+            target.load_state_dict(_optimizer_state(data["state"]))
+        except (ValueError, KeyError) as exc:
+            raise SnapshotError(f"{where}: the saved optimiser state does not fit ({exc})") from None
+        return target
+    if tag is None and isinstance(data, dict) and isinstance(target, dict) and _holds_torch(data):
+        return {k: _restore(target.get(k), v, f"{where}[{k!r}]") for k, v in data.items()}
+    return from_plain(data)
+
+
+def _holds_torch(data: dict) -> bool:
+    return any(isinstance(v, dict) and v.get("__t") in ("module", "optim") for v in data.values())
+
+
+# -- bytes and files -----------------------------------------------------------------------
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(obj), allow_pickle=False)
+        return msgpack.ExtType(_EXT_NDARRAY, buf.getvalue())
+    raise TypeError(f"cannot keep a {type(obj).__name__} in a state file")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code != _EXT_NDARRAY:
+        raise SnapshotError(f"a state file holds an unknown extension {code}")
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def dumps(state: Any) -> bytes:
+    return msgpack.packb(state, default=_default, use_bin_type=True, strict_types=False)
+
+
+def loads(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.exceptions.ExtraData, msgpack.exceptions.UnpackException) as exc:
+        raise SnapshotError(f"not a readable state file ({exc})") from None
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write, fsync, rename, fsync the folder: a crash leaves the old file or the new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
