@@ -8,107 +8,15 @@ of the tiers agree with each other, and that a device killed mid-run does not st
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from splitedge.methods.datasets import load_dataset, save_shard
-from splitedge.methods.partition import iid
+from splitedge.methods.datasets import load_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    fh = open(log, "w")
-    return subprocess.Popen([sys.executable, "-m", "splitedge", *args], stdout=fh, stderr=subprocess.STDOUT,
-                            env=env, cwd=log.parent)
-
-
-def _shards(tmp: Path, n: int, seed: int = 0) -> list[Path]:
-    (x, y), _, _ = load_dataset("digits")
-    paths = []
-    for d, idx in enumerate(iid(y, n, np.random.default_rng(seed))):
-        paths.append(tmp / f"d{d}.npz")
-        save_shard(paths[-1], x[idx], y[idx])
-    return paths
-
-
-class Federation:
-    """Cloud + edges + devices as processes; `kill()` one, `wait()` for the cloud."""
-
-    def __init__(self, tmp: Path, url: str, *, edges: int, devices: int, rounds: int, extra: list[str]) -> None:
-        self.tmp, self.out = tmp, tmp / "out"
-        shards = _shards(tmp, devices)
-        common = ["--broker", url, "--run", "itest"]  # same run id on purpose: leftovers of earlier tests must not leak in
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.procs["cloud"] = _spawn(["cloud", *common, "--edges", str(edges), "--devices", str(devices),
-                                      "--rounds", str(rounds), "--out", str(self.out), "--join-timeout", "90",
-                                      *extra], tmp / "cloud.log")
-        for e in range(edges):
-            self.procs[f"e{e}"] = _spawn(["edge", *common, "--id", f"e{e}", "--out", str(self.out)],
-                                         tmp / f"e{e}.log")
-        for d, shard in enumerate(shards):
-            self.procs[f"d{d}"] = _spawn(["device", *common, "--id", f"d{d}", "--edge", f"e{d % edges}",
-                                          "--data", str(shard), "--out", str(self.out)], tmp / f"d{d}.log")
-
-    def metrics(self) -> list[dict]:
-        path = self.out / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def wait_for_round(self, r: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and len(self.metrics()) < r:
-            self._check_alive("cloud")
-            time.sleep(0.2)
-        assert len(self.metrics()) >= r, f"round {r} not reached\n{self.log('cloud')}"
-
-    def kill(self, name: str) -> None:
-        self.procs[name].send_signal(signal.SIGKILL)
-        self.procs[name].wait(10)
-
-    def kill_after_round_1(self, victim: str, survivors: tuple[str, ...]) -> tuple[list[dict], float]:
-        """SIGKILL `victim` once round 1 is done; returns the metrics and how long the rest took."""
-        try:
-            self.wait_for_round(1, timeout=120)
-            self.kill(victim)
-            started = time.monotonic()
-            for name in survivors:
-                self.procs[name].wait(120)
-            return self.metrics(), time.monotonic() - started
-        finally:
-            self.close()
-
-    def wait(self, timeout: float) -> None:
-        """Every process exits by itself once the cloud announces the end of the run."""
-        deadline = time.monotonic() + timeout
-        for name, proc in self.procs.items():
-            try:
-                proc.wait(max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"{name} did not exit\n{self.log(name)}")
-
-    def _check_alive(self, name: str) -> None:
-        if self.procs[name].poll() is not None:
-            pytest.fail(f"{name} exited with {self.procs[name].returncode}\n{self.log(name)}")
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text()[-3000:]
-
-    def counters(self, node: str) -> list[dict]:
-        return json.loads((self.out / f"counters-{node}.json").read_text())["transports"]
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+from federation import Federation
 
 
 def _payload(counters: list[dict], direction: str, kind: str) -> int:
