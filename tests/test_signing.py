@@ -341,3 +341,21 @@ def test_the_size_cap_comes_before_the_signature(keys: Path) -> None:
                    body={**hello().body, "classes": np.arange(300, dtype=np.int64)})
     LoopbackTransport(bus, role="device", client_id="d0", signer=signer(keys, "d0")).publish(HELLO, big)
     assert got == [] and edge.rejected == {"frame.too_large": 1}
+
+
+def test_the_trailer_of_protocol_md_worked_example_byte_for_byte(monkeypatch) -> None:
+    """Ed25519 is deterministic: key bytes 00..1f, seq 1767225600000000, the page's moments frame."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from splitedge.protocol import signing
+    from splitedge.protocol.examples import worked_example
+
+    monkeypatch.setattr(signing, "_now_us", lambda: 1767225600000000)
+    s = Signer(ed25519.Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
+    frame = encode(worked_example())
+    sealed = s.seal("splitedge/demo/device/d1/up/moments", frame)
+    assert s.public_bytes().hex() == "03a107bff3ce10be1d70dd18e74bc09967e4d6309ba50d5f1ddc8664125531b8"
+    assert sealed[len(frame):].hex() == (
+        "c7490200" "0040204648470600"
+        "cc939a88d93f77a2f976ef3d8d1cd925e8524bf1d6ccc32775e94573b7da8a28"
+        "d5007fb2193931b76137970c80a044f7b9197c00367020d38773ce6ae6e7a902")
