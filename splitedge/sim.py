@@ -275,6 +275,12 @@ class PerDeviceBytes:
             self.then(round_record)
 
 
+def closed_on_quorum(history: list[dict]) -> bool:
+    """True when no round closed without a child it expected (at a deadline or with a node
+    gone): then a run is reproducible, the same seed giving the same accuracy in every round."""
+    return not any(h.get("rounds", {}).get("missed") for h in history)
+
+
 def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings, seconds: float,
               info: Any, status: str = "complete") -> dict[str, Any]:
     """The run in one JSON document; `status` "complete" or "interrupted", `evaluated_rounds`
@@ -291,6 +297,7 @@ def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings,
         "best_accuracy": max((a for a in acc if a == a), default=None),
         "accuracy_per_round": acc,
         "round_seconds": [h["round_seconds"] for h in history],
+        "closed_on_quorum": closed_on_quorum(history),
         "wall_seconds": seconds,
         "bytes": by_tier,
         "device_up_bytes_per_device_per_round": by_tier["device"]["out_payload"] / max(1, s.devices) / rounds,

@@ -128,7 +128,7 @@ class SplitFedEdge(EdgePart):
         wc = weight_updates(reports, "wc", version)
         if wc:
             out.append(Message("weights", averaged_body(wc, "wc", version, self.method.merge_weights)))
-        copies = [c for c in self.copies.values() if c.samples > 0]
+        copies = [self.copies[d] for d in sorted(self.copies) if self.copies[d].samples > 0]  # one order, one sum
         for part in SERVER_PARTS:
             if copies:
                 parts = [(state_to_numpy(getattr(c.model, part)), c.samples) for c in copies]
