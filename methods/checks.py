@@ -50,16 +50,34 @@ def check_weight_map(weights: Mapping[str, Any], specs: WeightSpecs) -> None:
                                                    f"{MAX_ABS_WEIGHT:g}")
 
 
+STATS_COMPANIONS = ("var",)
+"""Arrays that travel beside a statistic's values (moments: `var` beside `mean`) and must have
+their shape and dtype."""
+
+
 def check_stats(body: Mapping[str, Any], key: str, *, dim: int, num_classes: int, dtype: str | None = None) -> None:
-    """Per-class statistics (moments' `mean`, logits' `logits`): the federation's feature
-    dimension, class ids inside the model's range, and the configured wire dtype."""
+    """Per-class statistics (moments' `mean` and `var`, logits' `logits`): the federation's
+    feature dimension, class ids inside the model's range, and the configured wire dtype.
+
+    Together these bound the message: at most `num_classes` rows (ids are unique and in range)
+    of `dim` values per array, so a moments body can never exceed num_classes x dim x 2 values of
+    the wire dtype plus two i8 vectors, whatever the transport's frame cap allows."""
     classes, values = np.asarray(body["classes"]), body[key]
-    if values.shape[1] != dim:
-        raise ProtocolError("state.dim", f"{key} has dimension {values.shape[1]}, the federation uses {dim}")
-    if len(classes) and int(classes.max()) >= num_classes:
+    if np.ndim(values) != 2 or values.shape[1] != dim:
+        raise ProtocolError("state.dim", f"{key} has shape {np.shape(values)}, the federation uses dimension {dim}")
+    if len(classes) > num_classes or (len(classes) and int(classes.max()) >= num_classes):
         raise ProtocolError("state.classes", f"class {int(classes.max())} outside the model's {num_classes} classes")
+    if values.shape[0] != len(classes):
+        raise ProtocolError("state.shape", f"{key} has {values.shape[0]} rows for {len(classes)} classes")
     if dtype is not None and values.dtype != np.dtype(dtype).newbyteorder("<"):
         raise ProtocolError("state.dtype", f"{key} is {values.dtype.str}, the config says {dtype}")
+    for other in STATS_COMPANIONS:
+        if other == key or other not in body:
+            continue
+        if np.shape(body[other]) != values.shape:
+            raise ProtocolError("state.shape", f"{other} has shape {np.shape(body[other])}, {key} {values.shape}")
+        if body[other].dtype != values.dtype:
+            raise ProtocolError("state.dtype", f"{other} is {body[other].dtype.str}, {key} {values.dtype.str}")
 
 
 def check_vector(v: Any, length: int | None, what: str) -> int:

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from splitedge.methods.averaging import weight_updates
-from splitedge.methods.checks import check_space, check_stats, check_version, check_weights, weight_specs
+from splitedge.methods.checks import check_space, check_stats, check_vector, check_version, check_weights, weight_specs
 from splitedge.methods.hsfp.method import AVERAGE, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import sample_batches
-from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body
+from splitedge.methods.moments import ClassMoments, moments_from_body
 from splitedge.methods.torch_utils import evaluate, retune
 from splitedge.methods.strategy import CHILDREN, DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
 from splitedge.methods.training import Batch, Outputs, train_epochs
@@ -41,6 +41,8 @@ class HSFPCloud(CloudPart):
         self.opt = torch.optim.Adam(self.model.wg.parameters(), lr=self.cfg.cloud_lr)
         self.cache: dict[str, tuple[int, int, ClassMoments]] = {}  # edge -> (wc_v, we_v, moments)
         self.cached_ids: dict[str, str] = {}  # edge -> msg_id of its cached moments
+        self.cached_at: dict[str, tuple[int, int, int]] = {}  # edge -> (wc_v, we_v, round) of its cached moments
+        self.reference: tuple[tuple[int, int], ClassMoments] | None = None  # robust="clip": last merge, its versions
 
     def reconfigure(self, method: Any) -> None:
         super().reconfigure(method)
@@ -98,28 +100,63 @@ class HSFPCloud(CloudPart):
                         dtype=self.cfg.feature_dtype)
             for name, current in ((WC, self.wc_version), (WE, self.we_version)):
                 check_version(name, int(body["versions"].get(name, 0)), at_most=current)
+            self._check_newer(env)
+        elif env.kind == "arrays":
+            self._check_labels(body)
         elif env.kind == "weights":
             if body["part"] not in self.specs:
                 raise ProtocolError("state.part", f"edges send W_c or W_e, not {body['part']!r}")
             check_weights(body, self.specs[body["part"]])
 
+    def _check_labels(self, body: Any) -> None:
+        """The only record edges send: per-device label histograms, one count per class."""
+        if body["name"] != LABELS:
+            raise ProtocolError("state.name", f"edges send {LABELS!r} records, not {body['name']!r}")
+        for dev, hist in body["arrays"].items():
+            check_vector(hist, self.spec.num_classes, f"the label histogram of {dev}")
+
+    @staticmethod
+    def _stamp(env: Any) -> tuple[int, int, int]:
+        versions = env.body["versions"]
+        return int(versions.get(WC, 0)), int(versions.get(WE, 0)), int(env.round)
+
+    def _check_newer(self, env: Any) -> None:
+        """An edge's cached moments are replaced only by newer ones (versions, then round): older
+        ones are refused as `state.stale`, a second one of the same versions and round under a
+        fresh id as `state.replay` (as at the edge, HSFPEdge._check_newer)."""
+        at, held = self._stamp(env), self.cached_at.get(env.sender)
+        if held is None or self.cached_ids.get(env.sender) == env.msg_id or at > held:
+            return
+        if at < held:
+            raise ProtocolError("state.stale", f"moments of (wc, we, round) {at}; {env.sender}'s cached ones are {held}")
+        raise ProtocolError("state.replay", f"second moments of (wc, we, round) {at} under a new id")
+
     def on_edge_message(self, env: Any) -> None:
-        """Edge moments are state: kept whenever they arrive, even after their round closed."""
+        """Edge moments are state: kept whenever they arrive, even after their round closed;
+        never replaced by older ones."""
         if env.kind == "moments" and self.cached_ids.get(env.sender) != env.msg_id:  # not twice
-            versions = env.body["versions"]
-            self.cache[env.sender] = (int(versions.get(WC, 0)), int(versions.get(WE, 0)), moments_from_body(env.body))
-            self.cached_ids[env.sender] = env.msg_id
+            at = self._stamp(env)
+            if at <= self.cached_at.get(env.sender, (-1, -1, -1)):
+                return
+            self.cache[env.sender] = (at[0], at[1], moments_from_body(env.body))
+            self.cached_ids[env.sender], self.cached_at[env.sender] = env.msg_id, at
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
         for report in reports:
             for env in report.all("moments"):
                 self.on_edge_message(env)
         metrics: dict[str, float] = {}
-        current = [m for wc, we, m in self.cache.values() if (wc, we) == (self.wc_version, self.we_version)]
+        versions = (self.wc_version, self.we_version)
+        current = [m for wc, we, m in (self.cache[e] for e in sorted(self.cache)) if (wc, we) == versions]  # one order, one sum
         if current:
-            metrics["head_loss"] = self._train_head(merge_moments(current))
+            reference = self.reference[1] if self.reference is not None and self.reference[0] == versions else None
+            merged = self.method.merge_moments(current, reference)
+            self.reference = (versions, merged)
+            metrics["head_loss"] = self._train_head(merged)
             self.served.load_state_dict(self.model.state_dict())
             self.served_versions = (self.wc_version, self.we_version)
+        metrics["merged"] = sum(int((r.get("done").body["info"] or {}).get("merged", 0)) for r in reports
+                                if r.get("done") is not None)  # devices whose moments the edges merged
         if self.served_versions:
             metrics.update(evaluate(self.served, self.ctx.extra["test"], self.spec))
         else:

@@ -13,11 +13,12 @@ from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_space, check_stats, check_version, check_weights, weight_specs
 from splitedge.methods.hsfp.method import AVERAGE, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import output_moments, sample_batches, with_counts
-from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body, moments_to_body
+from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body
 from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan, device
 from splitedge.methods.torch_utils import retune
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import create_split, load_numpy_state, pool, seeded_init, state_to_numpy
+from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ class HSFPEdge(EdgePart):
         self.opt = self._new_optimizer()
         self.cache: dict[str, tuple[int, ClassMoments]] = {}  # device -> (wc_version, moments)
         self.cached_ids: dict[str, str] = {}  # device -> msg_id of its cached moments
+        self.cached_at: dict[str, tuple[int, int]] = {}  # device -> (wc_version, round) of its cached moments
+        self.reference: tuple[int, ClassMoments] | None = None  # (wc_version, last merge): robust="clip"'s reference
+        self.info: dict[str, Any] = {}
         self.wc_version = 0  # the newest W_c version announced
         self.last_wc_version: int | None = None
 
@@ -57,8 +61,24 @@ class HSFPEdge(EdgePart):
             check_stats(body, "mean", dim=int(np.prod(self.wc_shape)), num_classes=self.spec.num_classes,
                         dtype=self.cfg.feature_dtype)
             check_version(WC, int(body["versions"].get(WC, 0)), at_most=self.wc_version)
+            self._check_newer(env)
         elif env.kind == "weights" and body["part"] in (WC, WE):
             check_weights(body, self.wc_specs if body["part"] == WC else self.we_specs)
+
+    def _check_newer(self, env: Any) -> None:
+        """A device's cached moments are replaced only by newer ones: a message of an older W_c
+        version or round (a replay, or a redelivery overtaken by a newer message) is refused as
+        `state.stale`, and a second one of the same version and round under a fresh message id
+        (a device sends one per round) as `state.replay`. The same message again passes (the
+        runtime drops it as a duplicate)."""
+        dev, at = env.sender, (int(env.body["versions"].get(WC, 0)), int(env.round))
+        held = self.cached_at.get(dev)
+        if held is None or self.cached_ids.get(dev) == env.msg_id or at > held:
+            return
+        if at < held:
+            raise ProtocolError("state.stale", f"moments of W_c v{at[0]} round {at[1]}; {dev}'s cached ones are of "
+                                               f"v{held[0]} round {held[1]}")
+        raise ProtocolError("state.replay", f"second moments of W_c v{at[0]} round {at[1]} under a new id")
 
     def on_message(self, env: Any) -> list[Message]:
         """The global W_e replaces both our copies (W_c for devices is relayed by the runtime)."""
@@ -74,6 +94,7 @@ class HSFPEdge(EdgePart):
         for dev in set(self.cache) - members:
             del self.cache[dev]
             self.cached_ids.pop(dev, None)
+            self.cached_at.pop(dev, None)
 
     def on_device_message(self, env: Any) -> list[Message]:
         """Moments are state, kept whenever they arrive: a device sends them only when they change."""
@@ -85,8 +106,11 @@ class HSFPEdge(EdgePart):
         """Cache a device's moments; the same message seen again (in the round's reports) is not decoded twice."""
         if self.cached_ids.get(env.sender) == env.msg_id:
             return
-        self.cache[env.sender] = (int(env.body["versions"].get(WC, 0)), moments_from_body(env.body))
-        self.cached_ids[env.sender] = env.msg_id
+        at = (int(env.body["versions"].get(WC, 0)), int(env.round))
+        if at <= self.cached_at.get(env.sender, (-1, -1)):
+            return  # refused by check() on arrival; never replaces newer moments
+        self.cache[env.sender] = (at[0], moments_from_body(env.body))
+        self.cached_ids[env.sender], self.cached_at[env.sender] = env.msg_id, at
 
     def on_round_open(self, plan: RoundPlan, members: set[str]) -> list[Message]:
         """Ask devices for moments this edge lacks (e.g. it restarted), unless a new W_c version
@@ -103,10 +127,11 @@ class HSFPEdge(EdgePart):
         for report in reports:
             for env in report.all("moments"):
                 self._remember(env)
-        current = [m for v, m in self.cache.values() if v == plan.version(WC)]
+        current = [m for v, m in (self.cache[d] for d in sorted(self.cache)) if v == plan.version(WC)]  # one order, one sum
         out: list[Message] = []
+        self.info = {"merged": len(current)}
         if current:
-            out.append(self._train_and_report(plan, merge_moments(current)))
+            out.append(self._train_and_report(plan, self._merge(plan.version(WC), current)))
         averaged = plan.directives.get(AVERAGE, ())
         if WC in averaged:
             out.extend(self._average_wc(plan, reports))
@@ -117,6 +142,17 @@ class HSFPEdge(EdgePart):
         if plan.directives.get(REPORT_LABELS):
             out.extend(self._label_histograms(plan))
         return out
+
+    def _merge(self, version: int, current: list[ClassMoments]) -> ClassMoments:
+        """The configured merge (exact by default); "clip" clips against the last merge of this W_c version."""
+        reference = self.reference[1] if self.reference is not None and self.reference[0] == version else None
+        merged = self.method.merge_moments(current, reference)
+        self.reference = (version, merged)
+        return merged
+
+    def round_info(self) -> dict[str, Any]:
+        """`merged`: how many devices' moments the round's merge took."""
+        return dict(self.info)
 
     def _label_histograms(self, plan: RoundPlan) -> list[Message]:
         """Each device's class counts (from the moments it sent) for the cloud's assignment."""
