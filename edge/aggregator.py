@@ -97,7 +97,8 @@ class EdgeAggregator(Node):
         hello = {"role": "edge", "parent": self.cloud, "samples": sum(self.members.values()),
                  "backend": "torch", "classes": np.zeros(0, dtype=np.int64), "members": sorted(self.live)}
         self.send(self.up, "up", "hello", hello, round_=0, retain=True)
-        self.announce_online(self.up)
+        for transport in {id(self.up): self.up, id(self.down): self.down}.values():
+            self.announce_online(transport)  # the cloud reads it upstream, the devices on the site broker
 
     def run_forever(self, poll: float = 0.2) -> None:
         while not self.stopped.is_set():

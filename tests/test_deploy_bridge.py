@@ -88,11 +88,13 @@ class Monitor:
         from paho.mqtt.enums import CallbackAPIVersion
 
         self.seen: dict[str, bytes] = {}
+        self.history: list[tuple[str, bytes]] = []  # every message, in arrival order
         self._subscribed = threading.Semaphore(0)
         self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"monitor-{uuid.uuid4().hex[:8]}")
         if username:
             self.client.username_pw_set(username, PASSWORD)
-        self.client.on_message = lambda c, u, m: self.seen.__setitem__(m.topic, m.payload)
+        self.client.on_message = lambda c, u, m: (self.seen.__setitem__(m.topic, m.payload),
+                                                  self.history.append((m.topic, m.payload)))
         self.client.on_subscribe = lambda *a: self._subscribed.release()
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
@@ -287,6 +289,12 @@ def test_round_with_edge_on_both_brokers(cloud_broker: MosquittoBroker) -> None:
             upstream = f"mqtt://{SITE_USER}:{PASSWORD}@127.0.0.1:{cloud_broker.port}"
             history = run_one_round(cloud_url, site_broker.url, upstream, run)
             assert_round_and_isolation(history, cloud, site, run, bridged=False)
+            # the devices see their edge online on their own broker (a held stop waits on it)
+            from splitedge.protocol.codec import decode
+
+            states = [decode(p).body["state"] for t, p in list(site.history)
+                      if t == f"splitedge/{run}/edge/e0/up/status" and p]
+            assert "online" in states, states
         finally:
             site.close()
             cloud.close()
