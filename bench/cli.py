@@ -20,6 +20,7 @@ SUITES = {
     "accuracy": "splitedge.bench.accuracy",
     "ssl": "splitedge.bench.ssl",
     "cluster": "splitedge.bench.cluster",
+    "soak": "splitedge.bench.soak",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""
@@ -50,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--alpha", type=float, default=None, help="bandwidth: Dirichlet(alpha) split; IID if omitted")
     g.add_argument("--alphas", default=None, help="accuracy: comma-separated splits, 'iid' or a Dirichlet alpha")
     g.add_argument("--seed", type=int, default=0, help="seed of the split and the models")
+    g.add_argument("--deadline", type=float, default=None,
+                   help="accuracy: seconds before a round closes without stragglers (default: the sim's)")
     g.add_argument("--max-train", type=int, default=None, help="use at most this many training images")
     g.add_argument("--max-test", type=int, default=None, help="evaluate on at most this many test images")
     g.add_argument("--groups", type=int, default=None,

@@ -223,3 +223,16 @@ def test_recorded_command_repeats_append_options_and_joins_lists() -> None:
     for part in ("--methods fedavg,hsfp", "--variant a=hsfp:ic=2,ie=2 --variant b=splitfed", "--set device_batch=32"):
         assert part in text, text
     assert p.parse_args(line[1:]).variant == args.variant  # the record replays
+
+
+@pytest.mark.slow  # seven processes each importing torch: a minute on two cores
+def test_soak_samples_every_tier_per_window_of_rounds(tmp_path: Path) -> None:
+    doc = run_bench(tmp_path, "soak", "--rounds", "8", "--no-plots")
+
+    r = doc["results"]
+    assert r["rounds_done"] == 8 and set(r["exit_codes"].values()) == {0}, r["logs_of_failed"]
+    windows = [w for w in r["windows"] if w["rounds"] != "exit"]
+    assert len(windows) >= 4
+    for tier in ("cloud", "edge", "device", "broker"):
+        assert all(w[f"{tier}_rss_mb"] > 1 and w[f"{tier}_fds"] > 0 for w in windows), (tier, windows)
+    assert set(r["growth"]) == {"cloud", "edge", "device", "broker"}
