@@ -162,8 +162,11 @@ def split(args: argparse.Namespace) -> int:
     if args.acl is not None:
         from splitedge.methods.topology import write_acl
 
+        from splitedge.protocol.logins import write_logins
+
         homes = {d["id"]: f"e{i % args.edges}" for i, d in enumerate(devices)}
         write_acl(out / ACL, federation_acl(args.acl, homes))
+        write_logins(out, [*homes, *sorted(set(homes.values())), "cloud"])
 
     _print_split(args, manifest)
     return 0
@@ -222,9 +225,10 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
         print(f"  splitedge device --broker {args.broker} --id {d['id']} --edge e{i % args.edges} "
               f"--data {args.out / d['file']} --backend onnx")
     if args.acl is not None:
-        print(f"wrote {args.out / ACL} for run {args.acl}: give the broker `acl_file` it, `allow_anonymous false` "
-              f"and a password_file with one login per node id (mosquitto_passwd); start every node with --run "
-              f"{args.acl} and its login in the URL (mqtt://d0@host) with --password-file")
+        print(f"wrote {args.out / ACL} and {args.out / 'broker.passwd'} for run {args.acl}: give the broker "
+              f"`acl_file` and `password_file` them with `allow_anonymous false`; start every node with --run "
+              f"{args.acl}, its login in the URL (mqtt://d0@host) and --password-file {args.out / 'logins'}/<id>.password "
+              f"(copy each node only its own)")
 
 
 # -- check -------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ messages nor publish as another node or as its edge."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -43,24 +42,30 @@ def test_federation_acl_confines_each_login_to_its_role() -> None:
 
 def test_a_federation_runs_under_the_generated_acl_and_a_device_cannot_spy_or_forge(tmp_path: Path,
                                                                                        capsys) -> None:
-    require_mosquitto("mosquitto", "mosquitto_passwd")
+    from splitedge.protocol.logins import hash_password
+
+    require_mosquitto("mosquitto")
     torch.set_num_threads(1)
     run, devices = "acl-run", ["d0", "d1"]
     # Prepare: shards and the ACL from the CLI; one login per node, plus a trusted observer
     assert main(["data", "split", "--dataset", "digits", "--devices", "2", "--max-train", "400", "--out",
                  str(tmp_path / "shards"), "--acl", run]) == 0
-    assert "broker.acl for run acl-run" in capsys.readouterr().out
-    acl = tmp_path / "shards" / "broker.acl"
+    assert "broker.passwd for run acl-run" in capsys.readouterr().out
+    acl, passwd = tmp_path / "shards" / "broker.acl", tmp_path / "shards" / "broker.passwd"
     acl.write_text(acl.read_text() + f"\nuser observer\ntopic read splitedge/{run}/#\n")
-    passwd = tmp_path / "passwd"
-    for i, user in enumerate([*devices, "e0", "cloud", "observer"]):
-        subprocess.run(["mosquitto_passwd", *(["-c"] if i == 0 else []), "-b", str(passwd), user, PASSWORD],
-                       check=True, capture_output=True)
+    passwd.write_text(passwd.read_text() + f"observer:{hash_password(PASSWORD)}\n")
+    logins = tmp_path / "shards" / "logins"
+    password = {u: (logins / f"{u}.password").read_text().strip() for u in [*devices, "e0", "cloud"]}
+    assert len(set(password.values())) == 3 + 1 and all(len(p) >= 20 for p in password.values())
+    assert all((logins / f"{u}.password").stat().st_mode & 0o077 == 0 for u in password)
+    password["observer"] = PASSWORD
     train, test, info = load_dataset("digits", max_train=400)
     config = build_run_config("fedavg", info, None, 0, {})
 
     with MosquittoBroker(extra_conf=f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\n") as broker:
-        url = lambda user: f"mqtt://{user}:{PASSWORD}@127.0.0.1:{broker.port}"  # noqa: E731
+        url = lambda user: f"mqtt://{user}:{password[user]}@127.0.0.1:{broker.port}"  # noqa: E731
+        with pytest.raises(ConnectionError):  # a node's login with another node's password
+            MqttTransport(f"mqtt://d0:{password['d1']}@127.0.0.1:{broker.port}", client_id="wrong", role="device")
         heard: dict[str, list[Any]] = {"spy": [], "observer": []}
         spy = MqttTransport(url("d1"), client_id="d1-spy", role="observer")
         spy.subscribe(f"splitedge/{run}/device/d0/#", lambda t, e: heard["spy"].append(e.kind))
@@ -89,3 +94,21 @@ def test_a_federation_runs_under_the_generated_acl_and_a_device_cannot_spy_or_fo
     # ... d1's login read nothing of d0's, and its forged hello never reached anyone
     assert heard["spy"] == []
     assert heard["observer"] and 12345 not in heard["observer"], heard["observer"]
+
+
+def test_generated_password_hashes_are_mosquittos_own_format(tmp_path: Path) -> None:
+    import base64
+    import hashlib
+
+    from splitedge.protocol.logins import hash_password, write_logins
+
+    # the $7$ hash mosquitto_passwd wrote for "secret" verifies the same way ours is made
+    salt = base64.b64decode("ptINcnZ5wOfDqndf")
+    assert hash_password("secret", salt=salt) == (
+        "$7$101$ptINcnZ5wOfDqndf$QAyPR+7aJYh6VqEC80XcSallgnyKuZd1ma5bo4iWramYvksRiFzsLaaMLz9nmoBmZ54Ol33BkVuz9RKXwpvDZQ==")
+    assert hashlib.pbkdf2_hmac("sha512", b"secret", salt, 101)  # the scheme named in the hash
+    # re-running keeps each node's password (nodes already provisioned are not locked out)
+    first = {u: p.read_text() for u, p in write_logins(tmp_path, ["d0", "e0"]).items()}
+    again = {u: p.read_text() for u, p in write_logins(tmp_path, ["d0", "e0", "cloud"]).items()}
+    assert again["d0"] == first["d0"] and again["e0"] == first["e0"] and again["cloud"] != first["d0"]
+    assert len((tmp_path / "broker.passwd").read_text().splitlines()) == 3
