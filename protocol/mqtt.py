@@ -6,9 +6,13 @@ Design choices, and why:
   either runs connected or fails loudly at start; after that paho's network thread
   (``loop_start``) reconnects on its own with back-off, and ``on_connect`` re-sends every
   subscription, because with a clean session a broker forgets them on disconnect.
+* With ``loop=`` (a :class:`~splitedge.protocol.mqtt_loop.ClientLoop`) the client has no thread
+  of its own: the shared loop reads, writes, pings and reconnects it with the same back-off, one
+  descriptor per client, so one process holds thousands of clients (``splitedge sim``, the
+  scale bench). Everything else (QoS, will, births, resubscription, counters) is the same code.
 * The last will (a retained, QoS 1 encoded Envelope, typically ``status: offline``) is set
   before connecting, so the broker announces a crashed node without any help from it.
-* Handlers run on paho's network thread. The inbound path (in ``Transport._on_inbound``)
+* Handlers run on paho's network thread (or the loop's). The inbound path (in ``Transport._on_inbound``)
   never raises: bad messages and failing handlers are logged and counted.
 * Byte accounting: PUBLISH sizes come from the MQTT 3.1.1 framing; control packets are
   counted from paho's own "Sending X"/"Received X" log events (CONNECT, SUBACK, PUBACK,
@@ -41,6 +45,7 @@ from splitedge.protocol.accounting import (
     unsubscribe_packet_bytes,
 )
 from splitedge.protocol.codec import Envelope, encode
+from splitedge.protocol.mqtt_loop import ClientLoop
 from splitedge.protocol.signing import KeyRing, Signer
 from splitedge.protocol.topics import validate_topic_name
 from splitedge.protocol.transport import DEFAULT_MAX_BYTES, Transport, kind_of, wait_for
@@ -98,8 +103,15 @@ class MqttTransport(Transport):
                  ca_certs: str | None = None, certfile: str | None = None, keyfile: str | None = None,
                  connect_timeout: float = 10.0, keepalive: int = 30,
                  reconnect_min: float = 0.5, reconnect_max: float = 10.0, subscribe_timeout: float = 5.0,
-                 signer: Signer | None = None, keyring: KeyRing | None = None) -> None:
+                 signer: Signer | None = None, keyring: KeyRing | None = None,
+                 loop: ClientLoop | None = None) -> None:
         super().__init__(role=role, client_id=client_id, max_bytes=max_bytes, signer=signer, keyring=keyring)
+        if loop is not None and loop.in_loop_thread():
+            raise ValueError("create an MqttTransport outside its ClientLoop's thread (not in a handler): "
+                             "its connect waits for the loop")
+        self._loop = loop
+        self._session: Any = None  # the ClientLoop's Session, in loop mode
+        self._reconnect = (reconnect_min, reconnect_max)
         scheme, self.host, self.port, url_user, url_password = parse_url(url)
         self.url = f"{scheme}://{self.host}:{self.port}"  # never keep the password in the URL
         self._username = username if username is not None else url_user
@@ -149,14 +161,17 @@ class MqttTransport(Transport):
     def _connect(self, keepalive: int, timeout: float) -> None:
         """Block until CONNACK; paho retries refused TCP connects until the deadline."""
         self._client.connect_async(self.host, self.port, keepalive=keepalive)
-        self._client.loop_start()
+        if self._loop is None:
+            self._client.loop_start()
+        else:
+            self._session = self._loop.attach(self._client, reconnect_min=self._reconnect[0],
+                                              reconnect_max=self._reconnect[1])
         ok = wait_for(lambda: self._connected.is_set() or self._connect_error is not None, timeout)
         if ok and self._connect_error is None:
             logger.info("%s (%s) connected to %s", self.client_id, self.role, self.url)
             return
         self._closed = True
-        self._client.disconnect()
-        self._client.loop_stop()
+        self._stop_network(timeout=1.0)
         reason = self._connect_error or self._diagnose(timeout)
         raise ConnectionError(f"cannot connect to the MQTT broker at {self.url}: {reason}; is it running, and is "
                               f"the URL right?")
@@ -263,7 +278,7 @@ class MqttTransport(Transport):
             raise ConnectionError(f"{self.client_id}: paho outgoing queue full, message to {topic} dropped")
         with self._count_lock:
             self._sent += 1
-        if wait is not None and threading.get_ident() != self._net_thread:
+        if wait is not None and not self._on_net_thread():
             # paho leaves rc=NO_CONN on messages queued while offline even after they are
             # delivered on reconnect, so is_published()/wait_for_publish() would raise: poll the flag.
             if not wait_for(lambda: info._published, wait):  # noqa: SLF001
@@ -273,7 +288,7 @@ class MqttTransport(Transport):
         """Subscribe and, from a caller's thread, wait for the SUBACK so that a publish made
         right after ``subscribe()`` returns cannot overtake the subscription on the broker."""
         mid = self._subscribe_now(pattern, qos)
-        if mid is None or threading.get_ident() == self._net_thread:
+        if mid is None or self._on_net_thread():
             return  # offline (on_connect will resubscribe) or inside a handler (would deadlock)
         if not wait_for(lambda: self._take_suback(mid), self.subscribe_timeout):
             logger.warning("%s: no SUBACK for %s within %gs", self.client_id, pattern, self.subscribe_timeout)
@@ -298,6 +313,12 @@ class MqttTransport(Transport):
         if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
             self.counters.record_control("out", unsubscribe_packet_bytes([pattern]), "UNSUBSCRIBE")
 
+    def _on_net_thread(self) -> bool:
+        """True on the thread that reads this client's socket, where waiting for an ack deadlocks."""
+        if self._loop is not None:
+            return self._loop.in_loop_thread()
+        return threading.get_ident() == self._net_thread
+
     @property
     def connected(self) -> bool:
         """True while a CONNACK'd session is up."""
@@ -308,7 +329,7 @@ class MqttTransport(Transport):
         def done() -> bool:
             with self._count_lock:
                 return self._acked >= self._sent
-        return wait_for(done, timeout)
+        return wait_for(done, 0.0 if self._on_net_thread() else timeout)
 
     def close(self, *, offline: bool = False, timeout: float = 2.0) -> None:
         """Flush, then disconnect cleanly (the broker then discards the will).
@@ -327,6 +348,14 @@ class MqttTransport(Transport):
         if not self.flush(timeout):
             logger.warning("%s: closing with unacknowledged messages", self.client_id)
         self._closed = True
+        self._stop_network(timeout)
+        logger.info("%s: disconnected from %s", self.client_id, self.url)
+
+    def _stop_network(self, timeout: float) -> None:
+        """Send DISCONNECT and stop driving the client: its own thread, or its loop session."""
+        if self._session is not None:
+            self._loop.release(self._session, timeout)  # type: ignore[union-attr]
+            return
         self._client.disconnect()
         self._client.loop_stop()
         # paho 2.2 keeps loop_start's wake-up socketpair open until the Client is garbage
@@ -336,4 +365,3 @@ class MqttTransport(Transport):
         reset = getattr(self._client, "_reset_sockets", None)
         if callable(reset):
             reset()
-        logger.info("%s: disconnected from %s", self.client_id, self.url)

@@ -1,4 +1,5 @@
-"""ONE contract for every Transport: loopback, MqttTransport+Mosquitto, MqttTransport+amqtt.
+"""ONE contract for every Transport: loopback, MqttTransport+Mosquitto (its own paho thread, or
+driven by a shared ClientLoop), MqttTransport+amqtt.
 
 Each test is Prepare / Execute / Assert against real brokers over TCP (no mocks). A new
 transport passes by being added to ``IMPLS``.
@@ -23,7 +24,7 @@ from splitedge.protocol.codec import Envelope
 from splitedge.protocol.transport import LoopbackBus, LoopbackTransport, Transport, wait_for
 from splitedge.protocol.topics import pattern, topic
 
-IMPLS = ["loopback", "mosquitto", "amqtt"]
+IMPLS = ["loopback", "mosquitto", "mosquitto-loop", "amqtt"]
 RUN = "contract"
 REPO = Path(__file__).resolve().parents[1]
 _ids = itertools.count()
@@ -45,7 +46,13 @@ class Harness:
         self.created: list[Transport] = []
         self.bus = LoopbackBus()
         self.broker = None
-        if impl == "mosquitto":
+        self.loop = None
+        if impl == "mosquitto-loop":
+            from splitedge.protocol.mqtt_loop import ClientLoop
+
+            self.broker = request.getfixturevalue("mosquitto")
+            self.loop = ClientLoop(name="contract-loop")
+        elif impl == "mosquitto":
             self.broker = request.getfixturevalue("mosquitto")
         elif impl == "amqtt":
             self.broker = request.getfixturevalue("embedded_broker")
@@ -63,13 +70,15 @@ class Harness:
             from splitedge.protocol.mqtt import MqttTransport
 
             t = MqttTransport(self.url, client_id=client_id, role=role, will=will, keepalive=5,
-                              connect_timeout=5, **kw)
+                              connect_timeout=5, loop=self.loop, **kw)
         self.created.append(t)
         return t
 
     def close_all(self) -> None:
         for t in self.created:
             t.close()
+        if self.loop is not None:
+            self.loop.close()
 
 
 @pytest.fixture(params=IMPLS)
@@ -250,13 +259,15 @@ def _crash_client(h: Harness, will_topic: str, node_id: str) -> Callable[[], Non
     if h.impl == "loopback":
         node = h.make("device", will=(will_topic, status_env("offline", node_id)))
         return node.abort  # type: ignore[attr-defined]
+    loop = "ClientLoop()" if h.loop is not None else "None"
     script = textwrap.dedent(f"""
         import sys, time
         from splitedge.protocol.codec import Envelope
         from splitedge.protocol.mqtt import MqttTransport
+        from splitedge.protocol.mqtt_loop import ClientLoop
         env = Envelope("status", {RUN!r}, 0, {node_id!r}, {{"state": "offline", "role": "device"}})
         t = MqttTransport({h.url!r}, client_id="crasher-{next(_ids)}", role="device",
-                          will=({will_topic!r}, env), keepalive=5)
+                          will=({will_topic!r}, env), keepalive=5, loop={loop})
         print("ready", flush=True)
         time.sleep(60)
     """)
