@@ -2,7 +2,8 @@
 
 An embedded broker (or `--broker`), one cloud, the edges and the devices, each with its own
 MQTT connection, run as threads in this process: every message crosses the broker, so the
-byte counters are the same as in a deployment. Devices get disjoint shards of the data set
+byte counters are the same as in a deployment. The connections share one epoll loop
+(protocol/mqtt_loop.py): one descriptor and no network thread per node. Devices get disjoint shards of the data set
 (IID or Dirichlet(alpha)); the cloud keeps the test split.
 """
 
@@ -48,13 +49,17 @@ class SimSettings:
     overrides: dict[str, Any] = field(default_factory=dict)
     groups: int = 0  # planted device groups (clustered methods): 0 none
     group_skew: str = "rotate"  # group g's images turned by g quarter turns, or "labels": permuted per group
+    virtual: int = 0  # > 0: devices hold their model only while training, this many at a time
+    park_dtype: str = "f4"  # how a virtual device keeps its model between rounds: f4, or f2 (half the bytes)
 
     def __post_init__(self) -> None:
         nodes = self.devices + self.edges + 1
         if nodes > MAX_SIM_NODES:
-            raise ValueError(f"a sim holds one MQTT client per node in one process; {nodes} nodes is more than "
-                             f"the {MAX_SIM_NODES} it can (paho waits with select(), which cannot watch "
-                             f"descriptors past 1023). Run larger federations as separate device processes.")
+            raise ValueError(f"a sim runs every node (its MQTT session, thread, model and data) in one process; "
+                             f"{nodes} nodes is more than the {MAX_SIM_NODES} it is measured to hold. The sessions "
+                             f"share one epoll loop, so paho's select() and its 1023 descriptors no longer limit "
+                             f"this; memory does (the 200-device CIFAR-10 run held 9 to 16 GB). Run larger "
+                             f"federations as separate device processes.")
         if self.devices < 1 or self.edges < 1:
             raise ValueError(f"need at least one device and one edge, got {self.devices} and {self.edges}")
         check_run_settings(self)
@@ -79,6 +84,9 @@ def check_run_settings(s: Any) -> None:
         raise ValueError(f"--backends takes a comma list of {', '.join(BACKENDS)}, got {','.join(s.backends) or '(empty)'}")
     if s.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {s.threads}")
+    if getattr(s, "virtual", 0) < 0 or getattr(s, "park_dtype", "f4") not in ("f4", "f2"):
+        raise ValueError(f"--virtual must be >= 0 (training slots; 0: every device keeps its model) and "
+                         f"--park-dtype f4 or f2, got {s.virtual} and {s.park_dtype!r}")
     if not 0 <= s.groups <= s.devices or s.group_skew not in ("rotate", "labels"):
         raise ValueError(f"--groups must be in 0..--devices and --group-skew rotate or labels, got {s.groups} and "
                          f"{s.group_skew!r}")
@@ -102,9 +110,12 @@ def plant(data: tuple[np.ndarray, np.ndarray], group: int, s: SimSettings) -> tu
     return x, perm[y]
 
 
-MAX_SIM_NODES = 320
-"""Each paho client holds 3 descriptors (socket + wake-up pair); at 340 clients a process passes
-descriptor 1023 and new clients never get their CONNACK (measured with Mosquitto)."""
+MAX_SIM_NODES = 3100
+"""3,000 devices, their edges and the cloud. The nodes' MQTT clients share one ClientLoop (one
+descriptor each; before it, paho's select() stopped a process at 320 nodes); 3,000 device
+sessions were held in one process for 10 minutes (bench/results/scale-clients). Every device
+still keeps its model and data in this process, so memory, not descriptors, is what a large
+sim runs out of first."""
 
 
 def partition(labels: np.ndarray, settings: SimSettings) -> list[np.ndarray]:
@@ -141,6 +152,9 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
         from splitedge.protocol.mqtt import check_reachable
 
         check_reachable(s.broker)
+    from splitedge.protocol.mqtt_loop import ensure_fd_limit
+
+    ensure_fd_limit(s.devices + s.edges + 1)  # one socket per node; a limit too low is one RuntimeError now
     with RunFolder(s.out, overwrite=s.overwrite):  # claimed before any work, released at the end
         train, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
         config = build_run_config(s.method, info, s.model, s.seed, s.overrides)
@@ -172,12 +186,13 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
 
 
 SIM_CONNECT_TIMEOUT_S = 60.0
-"""A margin over a lone device's 10 s: one process holds every node's MQTT client (200 devices:
-400+ threads on one GIL) while already-started nodes are busy."""
+"""A margin over a lone device's 10 s: one process holds every node's MQTT client (and a thread
+per node on one GIL) while already-started nodes are busy."""
 
 
 class Federation:
-    """The edges and devices of a simulated run, each a thread with its own MQTT client."""
+    """The edges and devices of a simulated run, each a thread with its own MQTT client; the
+    clients (and the cloud's) are driven by one shared ClientLoop."""
 
     def __init__(self, url: str, run: str, s: SimSettings, train: tuple[np.ndarray, np.ndarray],
                  shards: list[np.ndarray]) -> None:
@@ -185,26 +200,32 @@ class Federation:
         self.transports: dict[str, list[Any]] = {"device": [], "edge": [], "cloud": []}
         self.nodes: list[Any] = []
         self.threads: list[threading.Thread] = []
+        self.loop: Any = None
 
     def connect(self, tier: str, node_id: str) -> Any:
         from splitedge.protocol.node import connect
 
-        transport = connect(self.url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S)
+        transport = connect(self.url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S,
+                            loop=self.loop)
         self.transports[tier].append(transport)
         return transport
 
     def __enter__(self) -> "Federation":
         from splitedge.device.agent import DeviceAgent
         from splitedge.edge.aggregator import EdgeAggregator
+        from splitedge.protocol.mqtt_loop import ClientLoop
 
+        self.loop = ClientLoop(name=f"sim-{self.run}")
         for e in range(self.s.edges):
             edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed)
             self._start(edge)
+        slots = threading.Semaphore(self.s.virtual) if self.s.virtual else None  # shared training slots
         for d, idx in enumerate(self.shards):
             backend = self.s.backends[d % len(self.s.backends)]
             data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
             agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
-                                edge=f"e{d % self.s.edges}", data=data, backend=backend, seed=self.s.seed)
+                                edge=f"e{d % self.s.edges}", data=data, backend=backend, seed=self.s.seed,
+                                slots=slots if backend == "torch" else None, park_dtype=self.s.park_dtype)
             self._start(agent)
         return self
 
@@ -227,6 +248,8 @@ class Federation:
         for transports in self.transports.values():
             for t in transports:
                 t.close()
+        if self.loop is not None:
+            self.loop.close()
 
     def bytes_by_kind(self, tier: str) -> dict[str, dict[str, dict[str, int]]]:
         """Messages and payload bytes per topic kind, sent (out) and received (in) by a tier's nodes,
