@@ -7,6 +7,12 @@ it in groups or give it peers with an `assign` message: it then re-subscribes an
 to its new edge, without a restart. All learning happens in the method's device part; this
 loop only sequences it.
 
+A *virtual* device (`slots`, a simulation's pool of training slots) holds its part only while
+it works on a round: between rounds the part's state is kept as bytes (methods.snapshot, float
+arrays as float16 when `park_dtype` is "f2") and the torch objects are dropped, so a process
+holding thousands of devices needs the memory of only as many parts as it has slots. Messages
+for the part that arrive while it is parked wait, in order, until the next round takes it back.
+
 A part that must wait in the middle of a round finds two services in `ctx.extra`:
 `request(message, reply_kind, timeout)` (SplitFed: activations up, gradients back) and
 `gather(kind, senders, timeout)` (peer messages of this round). Events that arrive meanwhile
@@ -38,7 +44,8 @@ REQUEST_POLL_S = 0.5  # how often a waiting `request` or `gather` checks whether
 
 class DeviceAgent(Node):
     def __init__(self, transport: Transport, *, run: str, node_id: str, edge: str,
-                 data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0) -> None:
+                 data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0,
+                 slots: threading.Semaphore | None = None, park_dtype: str = "f4") -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
         self.transport, self.data, self.backend = transport, data, backend
         self.placement = Placement(edge=edge)
@@ -54,6 +61,10 @@ class DeviceAgent(Node):
         self.peer_box: dict[tuple[int, str], dict[str, Envelope]] = {}  # (round, kind) -> sender -> message
         self.subscribed: set[str] = set()
         self.fatal: str | None = None  # why this device cannot take part in the run (it stops)
+        self.slots, self.park_dtype = slots, park_dtype  # virtual device: see the module docstring
+        self.parked: bytes | None = None  # the part's state between rounds (virtual device)
+        self.held_slot = False
+        self.parked_events: list[tuple[str, Envelope]] = []
 
     @property
     def edge(self) -> str:
@@ -66,7 +77,7 @@ class DeviceAgent(Node):
         e, me = self.edge, self.node_id
         out = {pattern(self.run_id, "edge", e, "down", "round"), pattern(self.run_id, "edge", e, "down", "assign", to=me),
                pattern(self.run_id, "edge", e, "up", "status")}
-        if self.part is not None:
+        if self.part is not None or self.parked is not None:
             out |= {pattern(self.run_id, "edge", e, "down"), pattern(self.run_id, "edge", e, "down", to=me),
                     *(pattern(self.run_id, "edge", e, "down", to=f"@{g}") for g in self.placement.groups)}
             for p in self.placement.peers:
@@ -172,6 +183,9 @@ class DeviceAgent(Node):
         where = parse(topic)
         if where.tier == "edge" and where.node_id != self.edge:
             return  # the downlink of an edge we left
+        if self.parked is not None and env.kind not in ("status", "round", "assign"):
+            self.parked_events.append((topic, env))  # for the part: handled once a round takes it back
+            return
         if env.kind == "status" and where.tier == "edge":
             self.on_parent_status(env.body["state"])
         elif env.kind == "round":
@@ -225,8 +239,14 @@ class DeviceAgent(Node):
         self.held_stop = None
         if (plan.round, plan.attempt) <= (self.last_round, self.last_attempt):
             return  # a retained announcement seen again after a reconnect or a move (a resumed cloud's has a higher attempt)
+        if self.slots is not None and not self._take_slot():
+            return
+        if self.parked is not None:
+            self._unpark()
         if self._ensure_part(plan):
             self.pending = plan
+        elif self.held_slot and self.part is None:
+            self._release_slot()
 
     def _ensure_part(self, plan: RoundPlan) -> bool:
         wanted = (plan.method, dict(plan.config))
@@ -244,9 +264,7 @@ class DeviceAgent(Node):
                 log.info("device %s: %s settings changed at round %d", self.node_id, plan.method, plan.round)
                 self.part.reconfigure(method)
             else:
-                ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement,
-                                  extra={"request": self.request, "gather": self.gather})
-                replaced, self.part = self.part is not None, method.device_part(ctx, self.data, self.backend)
+                replaced, self.part = self.part is not None, self._build_part(method)
                 self._sync_subscriptions(fresh=replaced)  # another method: its retained data again, with its kinds
         except ValueError as exc:
             self.refused["config.invalid"] += 1
@@ -260,7 +278,7 @@ class DeviceAgent(Node):
         if self.session:
             log.info("device %s: new session %s (was %s)", self.node_id, session, self.session)
         self.session, self.part, self.config, self.pending, self.last_round = session, None, None, None, 0
-        self.last_attempt = 0
+        self.last_attempt, self.parked, self.parked_events = 0, None, []
         self.peer_box.clear()
 
     def _run(self, plan: RoundPlan) -> None:
@@ -281,6 +299,50 @@ class DeviceAgent(Node):
                 status.info("device %s: round %d failed (see the log)", self.node_id, plan.round)
             else:
                 status.info("device %s: round %d done in %.1f s", self.node_id, plan.round, time.monotonic() - started)
+            if self.slots is not None:
+                self._park()
+
+    # -- virtual devices ---------------------------------------------------------------------
+    def _park(self) -> None:
+        """Keep the part's state as bytes, drop the part, free this device's training slot."""
+        from splitedge.methods import snapshot
+
+        state = self.part.resume_state()
+        self.parked = snapshot.dumps(snapshot.cast_floats(state, "f2") if self.park_dtype == "f2" else state)
+        self.part = None
+        self._release_slot()
+
+    def _take_slot(self) -> bool:
+        """Wait for a training slot of the pool; False when stopped meanwhile."""
+        while not self.held_slot:
+            if self.slots.acquire(timeout=REQUEST_POLL_S):
+                self.held_slot = True
+            elif self.stopped.is_set():
+                return False
+        return True
+
+    def _release_slot(self) -> None:
+        if self.held_slot:
+            self.held_slot = False
+            self.slots.release()
+
+    def _unpark(self) -> None:
+        """Rebuild the part, give it its state and, first in the inbox and in their order, the
+        messages that arrived while it was parked."""
+        from splitedge.methods import snapshot
+
+        rng = self.rng.bit_generator.state  # building a part draws from it (model init): not a round's draw
+        self.part = self._build_part(create_method(*self.config))
+        self.part.restore_state(snapshot.loads(self.parked))
+        self.rng.bit_generator.state = rng
+        self.parked = None
+        self.deferred.extendleft(reversed(self.parked_events))
+        self.parked_events = []
+
+    def _build_part(self, method: Any) -> DevicePart:
+        ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement,
+                          extra={"request": self.request, "gather": self.gather})
+        return method.device_part(ctx, self.data, self.backend)
 
     def _done_info(self) -> dict[str, Any]:
         info = {**self.part.round_info(), "samples": int(len(self.data[1]))}

@@ -318,9 +318,9 @@ class EdgeAggregator(Node):
             log.warning("edge %s: %s is not this run's state; starting afresh", self.node_id, self.state_file)
             return
         method = create_method(state["method"], state["config"])
-        self.rng.bit_generator.state = snapshot.from_plain(state["rng"]).bit_generator.state
         self.part = method.edge_part(NodeContext(node_id=self.node_id, method=method, rng=self.rng))
         self.part.restore_state(state["part"])
+        self.rng.bit_generator.state = snapshot.from_plain(state["rng"]).bit_generator.state  # after the build's draws
         self.config = (state["method"], dict(state["config"]))
         self.session, self.round = state["session"], int(state["round"])
         self.plan = RoundPlan.from_body(self.round, state["plan"])

@@ -45,13 +45,17 @@ class _Skip(Exception):
 # -- values -> tagged plain data ----------------------------------------------------------
 
 def _is_torch(obj: Any, name: str) -> bool:
+    """A torch module or tensor; for "optim", anything that keeps its state the way torch's
+    optimisers do (`state_dict` / `load_state_dict`: torch.optim, PlainSGD, schedulers)."""
+    if name == "optim":
+        return (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+                and not _is_torch(obj, "module") and not isinstance(obj, type))
     mod = type(obj).__module__ or ""
     if not mod.startswith("torch"):
         return False
     import torch
 
-    return isinstance(obj, {"module": torch.nn.Module, "optim": torch.optim.Optimizer,
-                            "tensor": torch.Tensor}[name])
+    return isinstance(obj, {"module": torch.nn.Module, "tensor": torch.Tensor}[name])
 
 
 def to_plain(obj: Any) -> Any:
@@ -201,6 +205,22 @@ def _restore(target: Any, data: Any, where: str) -> Any:
 
 def _holds_torch(data: dict) -> bool:
     return any(isinstance(v, dict) and v.get("__t") in ("module", "optim") for v in data.values())
+
+
+def cast_floats(state: Any, dtype: str = "f2") -> Any:
+    """`capture` data with the float arrays of its models and optimisers as `dtype` (e.g. f2:
+    half the bytes of a parked model; loading casts them back to each parameter's own dtype)."""
+    def cast(v: Any, inside: bool) -> Any:
+        if isinstance(v, np.ndarray):
+            return v.astype(dtype) if inside and v.dtype.kind == "f" else v
+        if isinstance(v, dict):
+            inside = inside or v.get("__t") in ("module", "optim")
+            return {k: cast(x, inside) for k, x in v.items()}
+        if isinstance(v, list):
+            return [cast(x, inside) for x in v]
+        return v
+
+    return cast(state, False)
 
 
 # -- bytes and files -----------------------------------------------------------------------

@@ -139,6 +139,19 @@ class PlainSGD:
                 grad = buf
             p.add_(grad, alpha=-self.lr)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Settings and momentum buffers (a parked or restarted part carries them on)."""
+        return {"lr": self.lr, "momentum": self.momentum, "weight_decay": self.weight_decay,
+                "momentum_buffers": [None if b is None else b.detach().clone() for b in self.momentum_buffers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        buffers = list(state["momentum_buffers"])
+        if len(buffers) != len(self.params):
+            raise ValueError(f"{len(buffers)} momentum buffers for {len(self.params)} parameters")
+        self.lr, self.momentum, self.weight_decay = (float(state[k]) for k in ("lr", "momentum", "weight_decay"))
+        self.momentum_buffers = [None if b is None else torch.as_tensor(b).to(p.dtype).clone().reshape(p.shape)
+                                 for b, p in zip(buffers, self.params)]
+
 
 def retune(opt: Any, **settings: float) -> None:
     """Change an optimiser's settings in place (lr, momentum, weight_decay), keeping its state

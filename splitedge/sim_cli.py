@@ -21,6 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "runs/<method>-<date>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in --out")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the whole process")
+    p.add_argument("--virtual", type=int, default=0, metavar="N",
+                   help="virtual devices: each holds its model only while it trains, N at a time (memory grows with "
+                        "N, not with --devices); 0 (default): every device keeps its model")
+    p.add_argument("--park-dtype", choices=("f4", "f2"), default="f4",
+                   help="how a virtual device keeps its model between rounds (f2: half the bytes, float16)")
     p.add_argument("--backends", default="torch",
                    help="comma-separated device backends (torch, onnx), assigned to devices round-robin")
     p.add_argument("--groups", type=int, default=0,
@@ -40,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
                     deadline_s=args.deadline, broker=args.broker, out=args.out, overwrite=args.overwrite,
                     threads=args.threads, max_train=args.max_train, max_test=args.max_test,
                     backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
-                    overrides=method_overrides(args), groups=args.groups, group_skew=args.group_skew)
+                    overrides=method_overrides(args), groups=args.groups, group_skew=args.group_skew,
+                    virtual=args.virtual, park_dtype=args.park_dtype)
     if not args.verbose:  # the progress line says it all; the nodes' own status lines would drown it
         logging.getLogger("splitedge.status").setLevel(logging.WARNING)
     print(f"splitedge sim: {s.method} on {s.dataset}, {s.devices} devices, {s.edges} edges, "
