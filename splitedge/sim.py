@@ -24,6 +24,7 @@ import numpy as np
 from splitedge.cloud.outputs import RunFolder, dumps
 
 log = logging.getLogger(__name__)
+status_log = logging.getLogger("splitedge.status")
 
 
 @dataclass
@@ -51,6 +52,9 @@ class SimSettings:
     group_skew: str = "rotate"  # group g's images turned by g quarter turns, or "labels": permuted per group
     virtual: int = 0  # > 0: devices hold their model only while training, this many at a time
     park_dtype: str = "f4"  # how a virtual device keeps its model between rounds: f4, or f2 (half the bytes)
+    workers: int = 0  # > 0: the devices run in this many worker processes (this one: broker, cloud, edges)
+    worker: str | None = None  # "I/N": this process is worker I of N, running devices d with d % N == I only
+    spawn_workers: bool = True  # with workers: start them here (False: they run elsewhere, with --worker I/N)
 
     def __post_init__(self) -> None:
         nodes = self.devices + self.edges + 1
@@ -63,6 +67,7 @@ class SimSettings:
         if self.devices < 1 or self.edges < 1:
             raise ValueError(f"need at least one device and one edge, got {self.devices} and {self.edges}")
         check_run_settings(self)
+        check_worker_settings(self)
         if self.out is None:
             self.out = Path("runs") / f"{self.method}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -90,6 +95,28 @@ def check_run_settings(s: Any) -> None:
     if not 0 <= s.groups <= s.devices or s.group_skew not in ("rotate", "labels"):
         raise ValueError(f"--groups must be in 0..--devices and --group-skew rotate or labels, got {s.groups} and "
                          f"{s.group_skew!r}")
+
+
+def check_worker_settings(s: SimSettings) -> None:
+    if s.workers < 0 or s.workers > s.devices:
+        raise ValueError(f"--workers must be in 0..--devices ({s.devices}), got {s.workers}")
+    if s.worker is None:
+        return
+    index, _, count = s.worker.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise ValueError(f"--worker takes I/N with 0 <= I < N (this process runs devices d with d % N == I), "
+                         f"got {s.worker!r}")
+    if not s.broker or not s.run:
+        raise ValueError("a --worker joins a sim that runs elsewhere: give the same --broker URL and --run id as the "
+                         "process with --workers")
+
+
+def worker_devices(s: SimSettings) -> list[int]:
+    """The devices this process runs: all; none (its workers run them); or worker I of N's share."""
+    if s.worker is not None:
+        index, count = (int(v) for v in s.worker.split("/"))
+        return [d for d in range(s.devices) if d % count == index]
+    return [] if s.workers else list(range(s.devices))
 
 
 def planted_group(device: int, s: SimSettings) -> int:
@@ -139,7 +166,10 @@ def broker_url(url: str | None) -> Iterator[str]:
 
 
 def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Run the federation; writes metrics.jsonl, summary.json and plot.png into s.out."""
+    """Run the federation; writes metrics.jsonl, summary.json and plot.png into s.out. As a
+    worker (`s.worker`), run this process's share of the devices instead (run_worker)."""
+    if s.worker is not None:
+        return run_worker(s)
     import torch
 
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
@@ -160,7 +190,8 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
         config = build_run_config(s.method, info, s.model, s.seed, s.overrides)
         shards = partition(train[1], s)
         run = s.run or f"sim-{uuid.uuid4().hex[:8]}"  # unique: two sims may share a broker
-        with broker_url(s.broker) as url, Federation(url, run, s, train, shards) as fed:
+        with broker_url(s.broker) as url, Federation(url, run, s, train, shards) as fed, \
+                WorkerPool(s, url, run) as workers:
             per_device = fed.per_device_bytes(on_round)
             settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
                                      min_edges=s.edges, min_devices=s.devices, out_dir=s.out, seed=s.seed,
@@ -173,14 +204,16 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
                 (s.out / "summary.json").write_text(dumps(summary, indent=1))
                 raise
             fed.wait_stopped(timeout=30)
-            summary = summarise(history, fed, config, s, time.monotonic() - started, info)
+            workers.wait(timeout=60)
+            summary = summarise(history, fed, config, s, time.monotonic() - started, info, workers=workers)
         (s.out / "summary.json").write_text(dumps(summary, indent=1))
         from splitedge.plots import plot_run, plot_spectra_per_round
 
         plot_run(history, s.out / "plot.png",
                  title=f"{s.method} on {s.dataset}, {s.devices} devices, {s.edges} edges, "
                        f"{'IID' if s.alpha is None else f'Dirichlet({s.alpha:g})'}, {s.rounds} rounds",
-                 chance=summary["chance"], personalised=cloud.method.personalised, device_bytes=per_device.rows)
+                 chance=summary["chance"], personalised=cloud.method.personalised,
+                 device_bytes=None if s.workers else per_device.rows)  # workers count their devices at exit only
         plot_spectra_per_round(history, s.out / "spectrum.png", title=f"{s.method} on {s.dataset}")
     return summary
 
@@ -216,11 +249,12 @@ class Federation:
         from splitedge.protocol.mqtt_loop import ClientLoop
 
         self.loop = ClientLoop(name=f"sim-{self.run}")
-        for e in range(self.s.edges):
+        for e in range(self.s.edges if self.s.worker is None else 0):  # a worker runs devices only
             edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed)
             self._start(edge)
         slots = threading.Semaphore(self.s.virtual) if self.s.virtual else None  # shared training slots
-        for d, idx in enumerate(self.shards):
+        for d in worker_devices(self.s):
+            idx = self.shards[d]
             backend = self.s.backends[d % len(self.s.backends)]
             data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
             agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
@@ -305,11 +339,14 @@ def closed_on_quorum(history: list[dict]) -> bool:
 
 
 def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings, seconds: float,
-              info: Any, status: str = "complete") -> dict[str, Any]:
+              info: Any, status: str = "complete", workers: "WorkerPool | None" = None) -> dict[str, Any]:
     """The run in one JSON document; `status` "complete" or "interrupted", `evaluated_rounds`
     how many rounds produced an accuracy (0 means the run learnt nothing that was measured)."""
     acc = [h.get("accuracy", float("nan")) for h in history]  # a method may report no accuracy
     by_tier = fed.bytes_by_tier()
+    by_kind = fed.bytes_by_kind("device")
+    if workers is not None and s.workers:
+        by_tier["device"], by_kind = workers.device_bytes()
     sizes = [len(idx) for idx in fed.shards]
     rounds = max(1, len(history))
     return {
@@ -324,7 +361,7 @@ def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings,
         "wall_seconds": seconds,
         "bytes": by_tier,
         "device_up_bytes_per_device_per_round": by_tier["device"]["out_payload"] / max(1, s.devices) / rounds,
-        "device_bytes_by_kind": fed.bytes_by_kind("device"),
+        "device_bytes_by_kind": by_kind,
         "chance": 1.0 / info.num_classes,
         **({"planted_groups": {f"d{d}": planted_group(d, s) for d in range(s.devices)}} if s.groups else {}),
         "train_images": int(sum(len(idx) for idx in fed.shards)),
@@ -333,3 +370,110 @@ def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings,
                    "devices": s.devices, "edges": s.edges, "rounds": s.rounds, "alpha": s.alpha,
                    "dataset": s.dataset, "run": fed.run, "deadline_s": s.deadline_s},
     }
+
+
+# -- worker processes ----------------------------------------------------------------------------
+
+WORKERS_DIR = "workers"
+
+
+class WorkerPool:
+    """`--workers N`: the devices in N processes of their own (`python -m splitedge.sim_worker`),
+    each computing the same partition from the seed and running devices d with d % N == I
+    against this sim's broker; at exit each leaves its devices' byte counters in
+    out/workers/worker-I.json. With `spawn_workers` False nothing is started here: the workers
+    run on other machines (`splitedge sim ... --broker URL --run RUN --worker I/N`)."""
+
+    def __init__(self, s: SimSettings, url: str, run: str) -> None:
+        self.s, self.url, self.run = s, url, run
+        self.procs: list[Any] = []
+        self.folder = Path(s.out) / WORKERS_DIR
+
+    def __enter__(self) -> "WorkerPool":
+        if not self.s.workers or not self.s.spawn_workers:
+            return self
+        import dataclasses
+        import subprocess
+        import sys
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for i in range(self.s.workers):
+            settings = dataclasses.replace(self.s, broker=self.url, run=self.run, workers=0,
+                                           worker=f"{i}/{self.s.workers}")
+            spec = self.folder / f"worker-{i}.settings.json"
+            spec.write_text(json.dumps(worker_spec(settings)))
+            with open(self.folder / f"worker-{i}.log", "w") as log_file:
+                self.procs.append(subprocess.Popen([sys.executable, "-m", "splitedge.sim_worker", str(spec)],
+                                                   stdout=log_file, stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL))
+        status_log.info("sim: %d worker process(es) started for %d devices", self.s.workers, self.s.devices)
+        return self
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for i, proc in enumerate(self.procs):
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired; a stuck worker is stopped
+                log.warning("sim: worker %d did not exit; stopping it (see %s)", i, self.folder / f"worker-{i}.log")
+                proc.kill()
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+    def device_bytes(self) -> tuple[dict[str, int], dict[str, Any]]:
+        """The devices' byte counters summed over the workers' reports (zero for a missing one)."""
+        tier = {f"{d}_{f}": 0 for d in ("out", "in") for f in ("payload", "packet")}
+        kinds: dict[str, dict[str, dict[str, int]]] = {"out": {}, "in": {}}
+        for path in sorted(self.folder.glob("worker-*.json")):
+            if path.name.endswith(".settings.json"):
+                continue
+            report = json.loads(path.read_text())
+            for key, value in report["tier"].items():
+                tier[key] = tier.get(key, 0) + value
+            for direction, rows in report["by_kind"].items():
+                for kind, row in rows.items():
+                    acc = kinds[direction].setdefault(kind, {"messages": 0, "payload": 0})
+                    acc["messages"] += row["messages"]
+                    acc["payload"] += row["payload"]
+        return tier, kinds
+
+
+def worker_spec(s: SimSettings) -> dict[str, Any]:
+    """SimSettings as JSON for a worker process (paths as strings, tuples as lists)."""
+    import dataclasses
+
+    spec = dataclasses.asdict(s)
+    spec["out"] = str(s.out)
+    spec["backends"] = list(s.backends)
+    return spec
+
+
+def run_worker(s: SimSettings) -> dict[str, Any]:
+    """Worker I of N: this share of the devices against the sim's broker, until the cloud's
+    stop; leaves their byte counters in out/workers/worker-I.json."""
+    import torch
+
+    from splitedge.methods.datasets import load_dataset
+    from splitedge.protocol.mqtt import check_reachable
+    from splitedge.protocol.mqtt_loop import ensure_fd_limit
+
+    torch.set_num_threads(s.threads)
+    check_reachable(s.broker)
+    mine = worker_devices(s)
+    ensure_fd_limit(len(mine) + 1)
+    train, _, _ = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
+    shards = partition(train[1], s)
+    status_log.info("sim worker %s: %d devices on %s (run %s)", s.worker, len(mine), s.broker, s.run)
+    with Federation(s.broker, s.run, s, train, shards) as fed:
+        fed.wait_stopped(timeout=s.rounds * s.deadline_s + 600)  # until the cloud's stop
+        report = {"worker": s.worker, "devices": len(mine), "tier": fed.bytes_by_tier()["device"],
+                  "by_kind": fed.bytes_by_kind("device")}
+    if s.out is not None:
+        folder = Path(s.out) / WORKERS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"worker-{s.worker.split('/')[0]}.json").write_text(json.dumps(report))
+    return report

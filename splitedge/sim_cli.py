@@ -26,6 +26,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "N, not with --devices); 0 (default): every device keeps its model")
     p.add_argument("--park-dtype", choices=("f4", "f2"), default="f4",
                    help="how a virtual device keeps its model between rounds (f2: half the bytes, float16)")
+    p.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="run the devices in N worker processes of their own (this one keeps the broker, cloud and "
+                        "edges); 0 (default): every node in this process")
+    p.add_argument("--worker", default=None, metavar="I/N",
+                   help="be worker I of N of a sim started elsewhere with --workers N --remote-workers (give its "
+                        "--broker and --run): run only the devices d with d %% N == I")
+    p.add_argument("--remote-workers", action="store_true",
+                   help="with --workers: start no worker here; they run on other machines with --worker I/N")
+    p.add_argument("--run", default="", help="run id (topic namespace; default: a fresh sim-XXXXXXXX)")
     p.add_argument("--backends", default="torch",
                    help="comma-separated device backends (torch, onnx), assigned to devices round-robin")
     p.add_argument("--groups", type=int, default=0,
@@ -46,7 +55,14 @@ def run(args: argparse.Namespace) -> int:
                     threads=args.threads, max_train=args.max_train, max_test=args.max_test,
                     backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
                     overrides=method_overrides(args), groups=args.groups, group_skew=args.group_skew,
-                    virtual=args.virtual, park_dtype=args.park_dtype)
+                    virtual=args.virtual, park_dtype=args.park_dtype, workers=args.workers, worker=args.worker,
+                    spawn_workers=not args.remote_workers, run=args.run)
+    if s.worker is not None:
+        from splitedge.sim import run_worker
+
+        report = run_worker(s)
+        print(json.dumps({"worker": s.worker, "devices": report["devices"]}))
+        return 0
     if not args.verbose:  # the progress line says it all; the nodes' own status lines would drown it
         logging.getLogger("splitedge.status").setLevel(logging.WARNING)
     print(f"splitedge sim: {s.method} on {s.dataset}, {s.devices} devices, {s.edges} edges, "
