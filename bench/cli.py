@@ -20,7 +20,9 @@ SUITES = {
     "accuracy": "splitedge.bench.accuracy",
     "ssl": "splitedge.bench.ssl",
     "cluster": "splitedge.bench.cluster",
+    "hsfp-diagnose": "splitedge.bench.hsfp_diagnose",
     "soak": "splitedge.bench.soak",
+    "scale": "splitedge.bench.scale",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""

@@ -236,3 +236,15 @@ def test_soak_samples_every_tier_per_window_of_rounds(tmp_path: Path) -> None:
     for tier in ("cloud", "edge", "device", "broker"):
         assert all(w[f"{tier}_rss_mb"] > 1 and w[f"{tier}_fds"] > 0 for w in windows), (tier, windows)
     assert set(r["growth"]) == {"cloud", "edge", "device", "broker"}
+
+
+@pytest.mark.slow  # two sims with device workers, each a process tree
+def test_scale_reports_every_process_of_each_size(tmp_path: Path) -> None:
+    doc = run_bench(tmp_path, "scale", "--no-plots")
+
+    rows = doc["results"]["rows"]
+    assert [r["devices"] for r in rows] == [20, 40] and all(r["exit_code"] == 0 for r in rows), rows
+    for r in rows:
+        assert r["rounds_done"] == 2 and r["final_accuracy"] > 0.3
+        assert all(v > 1 for v in r["peak_rss_mb"].values()), r["peak_rss_mb"]
+        assert r["sum_of_peaks_mb"] >= r["peak_total_mb"] > 0 and r["broker_messages_received"] > 0

@@ -1,0 +1,206 @@
+"""Scale: `splitedge sim` at growing device counts, each run a process tree on a private
+Mosquitto, watched from outside: peak RSS of every process (the sim, its device workers, the
+broker), the peak of their sum, CPU seconds of each, round time, and the broker's message rate.
+
+Each size runs with virtual devices (`--virtual`: models exist only while training) and
+device workers (`--workers`), so memory grows with the training slots, not with the devices;
+where a size saturates shows in which process burns the CPU (the sim's edges and cloud, the
+device workers, or the broker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from splitedge.bench.report import pyplot, save_figure, table
+
+MB = 1024 * 1024
+
+
+@dataclass
+class ScaleSettings:
+    counts: tuple[int, ...] = (100, 300, 1000)
+    edges_per: int = 50  # one edge per this many devices
+    dataset: str = "cifar10"
+    data: str | None = None
+    alpha: float | None = 0.3
+    rounds: int = 3
+    workers: int = 2
+    virtual: int = 1  # training slots per worker
+    method: str = "hsfp"
+    seed: int = 0
+    extra: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "ScaleSettings":
+        if a.quick:
+            return cls(counts=(20, 40), edges_per=10, dataset="digits", alpha=None, rounds=2, workers=2)
+        counts = tuple(int(c) for c in a.counts) if a.counts else cls.counts
+        return cls(counts=counts, dataset=a.dataset, data=a.data, alpha=a.alpha if a.alpha is not None else cls.alpha,
+                   rounds=a.rounds or cls.rounds, method=a.methods[0] if a.methods else cls.method, seed=a.seed,
+                   extra=list(a.set and [x for kv in a.set for x in ("--set", kv)] or []))
+
+
+Settings = ScaleSettings
+
+
+class TreeSampler:
+    """Every `interval_s`: RSS and CPU time of each process under `roots` (children found as
+    they appear), the peak of each and the peak of their sum."""
+
+    def __init__(self, roots: dict[str, int], interval_s: float = 0.5) -> None:
+        self.roots = {name: psutil.Process(pid) for name, pid in roots.items()}
+        self.interval_s = interval_s
+        self.peak: dict[str, int] = {}
+        self.cpu: dict[str, float] = {}
+        self.peak_total = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _processes(self) -> dict[str, psutil.Process]:
+        found = {}
+        for name, root in self.roots.items():
+            try:
+                found[name] = root
+                for i, child in enumerate(root.children(recursive=True)):
+                    label = "worker" if "sim_worker" in " ".join(child.cmdline()) else "child"
+                    found[f"{label}-{child.pid}"] = child
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            total = 0
+            for name, proc in self._processes().items():
+                try:
+                    rss = proc.memory_info().rss
+                    cpu = sum(proc.cpu_times()[:2])
+                except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                    continue
+                total += rss
+                self.peak[name] = max(self.peak.get(name, 0), rss)
+                self.cpu[name] = max(self.cpu.get(name, 0.0), cpu)
+            self.peak_total = max(self.peak_total, total)
+
+    def start(self) -> "TreeSampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class BrokerRate:
+    """The broker's own message counters ($SYS), read at the start and end of a run."""
+
+    def __init__(self, url: str) -> None:
+        from splitedge.protocol.mqtt import MqttTransport
+
+        self.values: dict[str, float] = {}
+        self.client = MqttTransport(url, client_id=f"scale-sys-{time.monotonic_ns()}", role="observer")
+        self.client._client.on_message = lambda c, u, m: self.values.__setitem__(m.topic, float(m.payload))  # noqa: SLF001
+        for topic in ("$SYS/broker/messages/received", "$SYS/broker/messages/sent"):
+            self.client._client.subscribe(topic, qos=0)  # noqa: SLF001 - raw: $SYS is not a splitedge frame
+
+    def snapshot(self) -> dict[str, float]:
+        return {k.rsplit("/", 1)[-1]: v for k, v in self.values.items()}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
+    from splitedge.protocol.broker import MosquittoBroker
+
+    edges = max(1, devices // s.edges_per)
+    out = work / f"sim-{devices}"
+    conf = "max_connections -1\nmax_packet_size 68157440\nmax_inflight_messages 0\nmax_queued_messages 100000\n"
+    with MosquittoBroker(extra_conf=conf) as broker:
+        cmd = [sys.executable, "-m", "splitedge", "sim", "--method", s.method, "--dataset", s.dataset,
+               "--devices", str(devices), "--edges", str(edges), "--rounds", str(s.rounds), "--seed", str(s.seed),
+               "--broker", broker.url, "--workers", str(s.workers), "--virtual", str(s.virtual), "--out", str(out),
+               "--deadline", "3600", *(["--data", s.data] if s.data else []),
+               *(["--alpha", str(s.alpha)] if s.alpha is not None else []), *s.extra]
+        rate = BrokerRate(broker.url)
+        time.sleep(1.5)
+        before = rate.snapshot()
+        with open(work / f"sim-{devices}.log", "w") as log:
+            started = time.monotonic()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
+            sampler = TreeSampler({"sim": proc.pid, "broker": broker.pid}).start()
+            code = proc.wait()
+            seconds = time.monotonic() - started
+            sampler.stop()
+        time.sleep(1.5)
+        after = rate.snapshot()
+        rate.close()
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    workers = {k: v for k, v in sampler.peak.items() if k.startswith("worker")}
+    received = after.get("received", 0) - before.get("received", 0)
+    return {
+        "devices": devices, "edges": edges, "exit_code": code, "seconds": seconds,
+        "rounds_done": summary.get("rounds_done"), "final_accuracy": summary.get("final_accuracy"),
+        "round_seconds": summary.get("round_seconds"),
+        "peak_rss_mb": {"sim (cloud + edges)": sampler.peak.get("sim", 0) / MB,
+                        "device worker (largest)": max(workers.values(), default=0) / MB,
+                        "broker": sampler.peak.get("broker", 0) / MB},
+        "sum_of_peaks_mb": sum(sampler.peak.values()) / MB, "peak_total_mb": sampler.peak_total / MB,
+        "cpu_seconds": {"sim": sampler.cpu.get("sim"), "workers": sum(v for k, v in sampler.cpu.items()
+                                                                      if k.startswith("worker")),
+                        "broker": sampler.cpu.get("broker")},
+        "broker_messages_received": received, "broker_messages_per_s": received / seconds if seconds else None,
+        "log_tail": None if code == 0 else (work / f"sim-{devices}.log").read_text()[-2000:],
+    }
+
+
+def run(s: ScaleSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+    config = {k: v for k, v in vars(s).items()}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="splitedge-scale-") as tmp:
+        for n in s.counts:
+            rows.append(run_one(s, n, Path(tmp)))
+    return config, {"rows": rows}
+
+
+def markdown(r: dict[str, Any]) -> str:
+    head = ["devices", "edges", "rounds", "median round (s)", "sim peak (MB)", "worker peak (MB)", "broker peak (MB)",
+            "sum of peaks (MB)", "CPU s sim / workers / broker", "broker msg/s", "final accuracy"]
+    rows = []
+    for row in r["rows"]:
+        rs = sorted(row["round_seconds"] or [])
+        cpu = row["cpu_seconds"]
+        rows.append([row["devices"], row["edges"], row["rounds_done"], rs[len(rs) // 2] if rs else None,
+                     row["peak_rss_mb"]["sim (cloud + edges)"], row["peak_rss_mb"]["device worker (largest)"],
+                     row["peak_rss_mb"]["broker"], row["sum_of_peaks_mb"],
+                     f"{cpu['sim'] or 0:.0f} / {cpu['workers'] or 0:.0f} / {cpu['broker'] or 0:.0f}",
+                     row["broker_messages_per_s"], row["final_accuracy"]])
+    return "\n".join(["Each size: one `splitedge sim` process (cloud and edges) with its device workers and a "
+                      "private Mosquitto; peaks are per process, sampled every 0.5 s.", "", table(head, rows), ""])
+
+
+def plot(r: dict[str, Any], out_dir: Path) -> list[Path]:
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    xs = [row["devices"] for row in r["rows"]]
+    a.plot(xs, [row["sum_of_peaks_mb"] for row in r["rows"]], marker="o")
+    a.set_xlabel("devices")
+    a.set_ylabel("sum of peak RSS (MB)")
+    b.plot(xs, [sorted(row["round_seconds"] or [0])[len(row["round_seconds"] or [0]) // 2] for row in r["rows"]],
+           marker="o")
+    b.set_xlabel("devices")
+    b.set_ylabel("median round (s)")
+    return save_figure(fig, out_dir / "scale.png")
