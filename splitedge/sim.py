@@ -55,6 +55,7 @@ class SimSettings:
     workers: int = 0  # > 0: the devices run in this many worker processes (this one: broker, cloud, edges)
     worker: str | None = None  # "I/N": this process is worker I of N, running devices d with d % N == I only
     spawn_workers: bool = True  # with workers: start them here (False: they run elsewhere, with --worker I/N)
+    broker_tree: bool = False  # one Mosquitto per edge site bridged to a cloud Mosquitto (splitedge.broker_tree)
 
     def __post_init__(self) -> None:
         nodes = self.devices + self.edges + 1
@@ -98,6 +99,12 @@ def check_run_settings(s: Any) -> None:
 
 
 def check_worker_settings(s: SimSettings) -> None:
+    if s.broker_tree:
+        moves = s.method == "cflhkd" or str(s.overrides.get("assign", "random")) != "random"
+        if s.broker or s.workers or s.worker or moves:
+            raise ValueError("--broker-tree starts its own brokers and runs every node in this process, each device "
+                             "on its edge's site broker: drop --broker and --workers, and methods that move devices "
+                             "between edges (cflhkd, hsfp --set assign=...)")
     if s.workers < 0 or s.workers > s.devices:
         raise ValueError(f"--workers must be in 0..--devices ({s.devices}), got {s.workers}")
     if s.worker is None:
@@ -155,14 +162,21 @@ def partition(labels: np.ndarray, settings: SimSettings) -> list[np.ndarray]:
 
 
 @contextlib.contextmanager
-def broker_url(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from splitedge.protocol.broker import EmbeddedBroker
+def brokers(s: SimSettings, run: str) -> Iterator[tuple[str, Any]]:
+    """(the cloud's broker URL, the BrokerTree or None): `--broker`, a broker tree, or an
+    embedded broker."""
+    if s.broker:
+        yield s.broker, None
+    elif s.broker_tree:
+        from splitedge.broker_tree import BrokerTree
 
-    with EmbeddedBroker() as broker:
-        yield broker.url
+        with BrokerTree(run, [f"e{e}" for e in range(s.edges)]) as tree:
+            yield tree.cloud.url, tree
+    else:
+        from splitedge.protocol.broker import EmbeddedBroker
+
+        with EmbeddedBroker() as broker:
+            yield broker.url, None
 
 
 def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> dict[str, Any]:
@@ -190,7 +204,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
         config = build_run_config(s.method, info, s.model, s.seed, s.overrides)
         shards = partition(train[1], s)
         run = s.run or f"sim-{uuid.uuid4().hex[:8]}"  # unique: two sims may share a broker
-        with broker_url(s.broker) as url, Federation(url, run, s, train, shards) as fed, \
+        with brokers(s, run) as (url, tree), Federation(url, run, s, train, shards, tree) as fed, \
                 WorkerPool(s, url, run) as workers:
             per_device = fed.per_device_bytes(on_round)
             settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
@@ -206,6 +220,8 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
             fed.wait_stopped(timeout=30)
             workers.wait(timeout=60)
             summary = summarise(history, fed, config, s, time.monotonic() - started, info, workers=workers)
+            if tree is not None:
+                summary["brokers"] = tree.counters()  # bytes and messages through each broker
         (s.out / "summary.json").write_text(dumps(summary, indent=1))
         from splitedge.plots import plot_run, plot_spectra_per_round
 
@@ -228,8 +244,9 @@ class Federation:
     clients (and the cloud's) are driven by one shared ClientLoop."""
 
     def __init__(self, url: str, run: str, s: SimSettings, train: tuple[np.ndarray, np.ndarray],
-                 shards: list[np.ndarray]) -> None:
+                 shards: list[np.ndarray], tree: Any = None) -> None:
         self.url, self.run, self.s, self.train, self.shards = url, run, s, train, shards
+        self.tree = tree  # a BrokerTree: each edge and its devices on their site broker
         self.transports: dict[str, list[Any]] = {"device": [], "edge": [], "cloud": []}
         self.nodes: list[Any] = []
         self.threads: list[threading.Thread] = []
@@ -238,7 +255,10 @@ class Federation:
     def connect(self, tier: str, node_id: str) -> Any:
         from splitedge.protocol.node import connect
 
-        transport = connect(self.url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S,
+        url = self.url
+        if self.tree is not None and tier != "cloud":
+            url = self.tree.site_url(node_id if tier == "edge" else f"e{int(node_id[1:]) % self.s.edges}")
+        transport = connect(url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S,
                             loop=self.loop)
         self.transports[tier].append(transport)
         return transport

@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remote-workers", action="store_true",
                    help="with --workers: start no worker here; they run on other machines with --worker I/N")
     p.add_argument("--run", default="", help="run id (topic namespace; default: a fresh sim-XXXXXXXX)")
+    p.add_argument("--broker-tree", action="store_true",
+                   help="start a Mosquitto per edge site bridged to a cloud Mosquitto (deploy/'s topology) and "
+                        "count the bytes through each broker")
     p.add_argument("--backends", default="torch",
                    help="comma-separated device backends (torch, onnx), assigned to devices round-robin")
     p.add_argument("--groups", type=int, default=0,
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                     backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
                     overrides=method_overrides(args), groups=args.groups, group_skew=args.group_skew,
                     virtual=args.virtual, park_dtype=args.park_dtype, workers=args.workers, worker=args.worker,
-                    spawn_workers=not args.remote_workers, run=args.run)
+                    spawn_workers=not args.remote_workers, run=args.run, broker_tree=args.broker_tree)
     if s.worker is not None:
         from splitedge.sim import run_worker
 
