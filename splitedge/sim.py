@@ -56,6 +56,7 @@ class SimSettings:
     worker: str | None = None  # "I/N": this process is worker I of N, running devices d with d % N == I only
     spawn_workers: bool = True  # with workers: start them here (False: they run elsewhere, with --worker I/N)
     broker_tree: bool = False  # one Mosquitto per edge site bridged to a cloud Mosquitto (splitedge.broker_tree)
+    split: str = "niid"  # with alpha: "niid" (NIID-Bench, per class) or "per-device" (Hsu et al.; many devices)
 
     def __post_init__(self) -> None:
         nodes = self.devices + self.edges + 1
@@ -99,6 +100,8 @@ def check_run_settings(s: Any) -> None:
 
 
 def check_worker_settings(s: SimSettings) -> None:
+    if s.split not in ("niid", "per-device"):
+        raise ValueError(f"--split must be niid or per-device, got {s.split!r}")
     if s.broker_tree:
         moves = s.method == "cflhkd" or str(s.overrides.get("assign", "random")) != "random"
         if s.broker or s.workers or s.worker or moves:
@@ -153,12 +156,18 @@ sim runs out of first."""
 
 
 def partition(labels: np.ndarray, settings: SimSettings) -> list[np.ndarray]:
-    from splitedge.methods.partition import dirichlet, iid
+    from splitedge.methods.partition import dirichlet, dirichlet_per_device, iid
 
     rng = np.random.default_rng(settings.seed)
     if settings.alpha is None:
         return iid(labels, settings.devices, rng)
-    return dirichlet(labels, settings.devices, settings.alpha, rng)
+    if settings.split == "per-device":
+        return dirichlet_per_device(labels, settings.devices, settings.alpha, rng)
+    try:
+        return dirichlet(labels, settings.devices, settings.alpha, rng)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; with many devices use --split per-device (each device's class mix ~ "
+                         f"Dir(alpha), equal sizes)") from None
 
 
 @contextlib.contextmanager

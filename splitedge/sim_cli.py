@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--broker and --run): run only the devices d with d %% N == I")
     p.add_argument("--remote-workers", action="store_true",
                    help="with --workers: start no worker here; they run on other machines with --worker I/N")
+    p.add_argument("--split", choices=("niid", "per-device"), default="niid",
+                   help="with --alpha: niid (NIID-Bench: each class spread over devices by Dir(alpha)) or per-device "
+                        "(each device's class mix ~ Dir(alpha), equal sizes: splits any number of devices)")
     p.add_argument("--run", default="", help="run id (topic namespace; default: a fresh sim-XXXXXXXX)")
     p.add_argument("--broker-tree", action="store_true",
                    help="start a Mosquitto per edge site bridged to a cloud Mosquitto (deploy/'s topology) and "
@@ -59,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
                     backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
                     overrides=method_overrides(args), groups=args.groups, group_skew=args.group_skew,
                     virtual=args.virtual, park_dtype=args.park_dtype, workers=args.workers, worker=args.worker,
-                    spawn_workers=not args.remote_workers, run=args.run, broker_tree=args.broker_tree)
+                    spawn_workers=not args.remote_workers, run=args.run, broker_tree=args.broker_tree,
+                    split=args.split)
     if s.worker is not None:
         from splitedge.sim import run_worker
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from splitedge.methods.partition import apply_feature_skew, dirichlet, feature_skew, iid
+from splitedge.methods.partition import apply_feature_skew, dirichlet, dirichlet_per_device, feature_skew, iid
 
 LABELS = np.repeat(np.arange(10), 200)  # 2000 samples, 10 balanced classes
 
@@ -48,6 +48,19 @@ def test_seeded_determinism() -> None:
         a, b = split(np.random.default_rng(3)), split(np.random.default_rng(3))
         assert all(np.array_equal(p, q) for p, q in zip(a, b))
     assert feature_skew(6, np.random.default_rng(3)) == feature_skew(6, np.random.default_rng(3))
+
+
+@pytest.mark.parametrize("parts", [7, 300])
+def test_per_device_dirichlet_splits_many_parts_evenly_and_skews_with_alpha(parts: int) -> None:
+    # 300 parts of 2,000 samples: what NIID-Bench's per-class draw cannot do (below)
+    split = dirichlet_per_device(LABELS, parts, 0.3, np.random.default_rng(4))
+    assert_covers_once(split, len(LABELS))
+    assert max(map(len, split)) - min(map(len, split)) <= 1
+    skewed = mean_label_entropy(split, LABELS)
+    flat = mean_label_entropy(dirichlet_per_device(LABELS, parts, 100.0, np.random.default_rng(4)), LABELS)
+    assert skewed < 0.8 * flat
+    again = dirichlet_per_device(LABELS, parts, 0.3, np.random.default_rng(4))
+    assert all(np.array_equal(p, q) for p, q in zip(split, again))
 
 
 def test_impossible_min_size_raises() -> None:
