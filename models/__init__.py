@@ -1,12 +1,12 @@
 """Torch networks and their split points (W_c, W_e, W_g).
 
-Importing the package registers the built-in models ("cnn", "resnet18"); registration only
+Importing the package registers the built-in models ("cnn", "resnet18", "fedcnn"); registration only
 fills the in-process name table (no seeds, no downloads).
 """
 from splitedge.models.registry import create_split, list_models, register_model
 from splitedge.models.split import PART_NAMES, SplitModel, head_features, pool, seeded_init
 from splitedge.models.state import average_states, load_numpy_state, state_to_numpy
-from splitedge.models import cnn as _cnn, resnet as _resnet  # noqa: F401  (register the models)
+from splitedge.models import cnn as _cnn, resnet as _resnet, fedcnn as _fedcnn  # noqa: F401  (register the models)
 
 __all__ = [
     "PART_NAMES", "SplitModel", "average_states", "create_split", "head_features", "list_models",

@@ -111,3 +111,38 @@ def test_resnet_split_points_configurable():
 def test_unknown_model_raises():
     with pytest.raises(ValueError, match="unknown model"):
         create_split("nope", num_classes=10, in_channels=1, image_size=8)
+
+
+def test_fedcnn_is_pi_class_with_a_thin_wc():
+    """Issue 12's network: 0.5-1 M parameters in all, W_c a tiny share, the cnn's W_c output size."""
+    torch.manual_seed(0)
+    model = create_split("fedcnn", num_classes=10, in_channels=3, image_size=32)
+    total = sum(p.numel() for p in model.parameters())
+    wc = sum(p.numel() for p in model.wc.parameters())
+    assert 500_000 <= total <= 1_000_000
+    assert wc < 2_000
+    assert model.wc_shape == (32, 16, 16) and model.we_shape == (128, 4, 4)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        create_split("fedcnn", num_classes=10, in_channels=3, image_size=28)
+
+
+@pytest.mark.parametrize("cfg", sorted(CONFIGS))
+def test_fedcnn_wc_exports_to_onnx_with_dynamic_batch(cfg):
+    """Thin devices run W_c through onnxruntime: the TorchScript export (dynamo=False, dynamic
+    batch) must keep state-dict names and reproduce torch at any batch size."""
+    from splitedge.exporters.onnx_export import export_module, max_abs_diff, run_onnx
+
+    c, s = CONFIGS[cfg]
+    torch.manual_seed(0)
+    model = create_split("fedcnn", num_classes=10, in_channels=c, image_size=s)
+    for m in model.wc.modules():  # non-trivial BN statistics, so a folded or misnamed BN would show
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    graph = export_module(model.wc, (c, s, s))
+    assert {i.name for i in graph.graph.initializer} >= set(model.wc.state_dict()) - {
+        n for n in model.wc.state_dict() if n.endswith("num_batches_tracked")}
+    x = np.random.default_rng(0).standard_normal((5, c, s, s)).astype(np.float32)
+    assert max_abs_diff(graph, model.wc, x) < 1e-4
+    for batch in (1, 3):
+        assert run_onnx(graph, x[:batch]).shape == (batch, *model.wc_shape)
