@@ -10,6 +10,7 @@ rounds and bytes it needed to reach FedAvg's final accuracy (the issue's yardsti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ def split_name(alpha: float | None) -> str:
 class AccuracySettings(FederationSettings):
     splits: tuple[float | None, ...] = (None, 0.3)
     variants: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    deadline_s: float | None = None  # None: the sim's default (a large model on all 50,000 images needs more)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> AccuracySettings:
@@ -49,7 +51,11 @@ class AccuracySettings(FederationSettings):
                    devices=a.devices or 4, edges=a.edges or 2, rounds=a.rounds or (1 if quick else 5), seed=a.seed,
                    max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None),
                    variants=variants, groups=getattr(a, "groups", None) or 0,
-                   group_skew=getattr(a, "group_skew", None) or "rotate")
+                   group_skew=getattr(a, "group_skew", None) or "rotate", deadline_s=getattr(a, "deadline", None))
+
+    def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
+        sim = super().sim(method, alpha, run, overrides)
+        return sim if self.deadline_s is None else dataclasses.replace(sim, deadline_s=self.deadline_s)
 
     def entries(self) -> list[tuple[str, str, dict[str, str]]]:
         """(row label, registered method, overrides): the methods, then the variants."""
