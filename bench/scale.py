@@ -40,6 +40,7 @@ class ScaleSettings:
     virtual: int = 1  # training slots per worker
     method: str = "hsfp"
     seed: int = 0
+    split: str = "per-device"  # NIID-Bench's per-class draw cannot split 1,000 devices at alpha 0.3
     extra: list[str] = field(default_factory=list)
 
     @classmethod
@@ -132,7 +133,7 @@ def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "splitedge", "sim", "--method", s.method, "--dataset", s.dataset,
                "--devices", str(devices), "--edges", str(edges), "--rounds", str(s.rounds), "--seed", str(s.seed),
                "--broker", broker.url, "--workers", str(s.workers), "--virtual", str(s.virtual), "--out", str(out),
-               "--deadline", "3600", *(["--data", s.data] if s.data else []),
+               "--deadline", "3600", "--split", s.split, *(["--data", s.data] if s.data else []),
                *(["--alpha", str(s.alpha)] if s.alpha is not None else []), *s.extra]
         rate = BrokerRate(broker.url)
         time.sleep(1.5)
