@@ -41,7 +41,9 @@ def _shard(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
     (["--set", "no_such=1"], "unknown setting(s) ['no_such']"),
     (["--data", "x.tar.gz"], "--data is read only with --dataset cifar10"),
     (["--dataset", "cifar10", "--data", "/nonexistent/cifar.tar.gz"], "no such file or folder"),
-    (["--devices", "400"], "more than the 320 it can"),
+    (["--devices", "4000"], "more than the 3100 it is measured to hold"),
+    (["--virtual", "-1"], "--virtual must be >= 0"),
+    (["--split", "per-device", "--workers", "9"], "--workers must be in 0..--devices"),
     (["--deadline", "0"], "--deadline must be > 0"),
 ])
 def test_sim_refuses_bad_values_at_once(argv: list[str], message: str, capsys, tmp_path) -> None:
