@@ -309,8 +309,11 @@ class DeviceAgent(Node):
 
         state = self.part.resume_state()
         self.parked = snapshot.dumps(snapshot.cast_floats(state, "f2") if self.park_dtype == "f2" else state)
-        self.part = None
+        self.part = state = None
         self._release_slot()
+        from splitedge.malloc import trim
+
+        trim()  # the dropped part's memory back to the system, not kept in malloc's arenas
 
     def _take_slot(self) -> bool:
         """Wait for a training slot of the pool; False when stopped meanwhile."""

@@ -14,6 +14,7 @@ downlink with the same address, kept (retained) when they carry a slot.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -45,7 +46,8 @@ def retained(kind_segment: str) -> bool:
 
 class EdgeAggregator(Node):
     def __init__(self, down: Transport, up: Transport | None = None, *, run: str, node_id: str,
-                 cloud: str = "cloud", seed: int = 0, state_dir: Path | None = None) -> None:
+                 cloud: str = "cloud", seed: int = 0, state_dir: Path | None = None,
+                 slots: threading.Semaphore | None = None) -> None:
         super().__init__(run=run, tier="edge", node_id=node_id)
         self.down, self.up, self.cloud = down, up or down, cloud
         self.rng = self.seeded_rng(seed)
@@ -60,6 +62,7 @@ class EdgeAggregator(Node):
         self.subscribed: set[str] = set()  # the cloud's addressed downlink filters we read
         self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
+        self.slots = slots  # a sim's pool: how many edges may aggregate (sample, train) at once
 
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -277,7 +280,8 @@ class EdgeAggregator(Node):
         reports = self.rounds.close()
         self.part.losses = {}
         try:
-            self._send_all(self.part.aggregate(self.plan, reports))
+            with self.slots if self.slots is not None else contextlib.nullcontext():
+                self._send_all(self.part.aggregate(self.plan, reports))
         except Exception:  # the cloud still hears that this edge is done, so the run goes on
             self.errors += 1
             log.exception("edge %s: aggregating round %d failed", self.node_id, self.plan.round)

@@ -26,3 +26,13 @@ def cap_arenas(arenas: int = DEFAULT_ARENAS) -> bool:
         return bool(libc.mallopt(M_ARENA_MAX, int(arenas)))
     except (OSError, AttributeError):  # musl, macOS, Windows: no glibc arenas to cap
         return False
+
+
+def trim() -> bool:
+    """malloc_trim(0): hand memory freed in every arena back to the system (glibc only). A
+    virtual device calls it after parking its part, or the freed model lingers in RSS."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

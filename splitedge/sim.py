@@ -50,7 +50,7 @@ class SimSettings:
     overrides: dict[str, Any] = field(default_factory=dict)
     groups: int = 0  # planted device groups (clustered methods): 0 none
     group_skew: str = "rotate"  # group g's images turned by g quarter turns, or "labels": permuted per group
-    virtual: int = 0  # > 0: devices hold their model only while training, this many at a time
+    virtual: int = 0  # > 0: devices hold their model only while training, this many at a time (and edges train N at a time)
     park_dtype: str = "f4"  # how a virtual device keeps its model between rounds: f4, or f2 (half the bytes)
     workers: int = 0  # > 0: the devices run in this many worker processes (this one: broker, cloud, edges)
     worker: str | None = None  # "I/N": this process is worker I of N, running devices d with d % N == I only
@@ -278,8 +278,10 @@ class Federation:
         from splitedge.protocol.mqtt_loop import ClientLoop
 
         self.loop = ClientLoop(name=f"sim-{self.run}")
+        edge_slots = threading.Semaphore(self.s.virtual) if self.s.virtual else None  # edges train N at a time too
         for e in range(self.s.edges if self.s.worker is None else 0):  # a worker runs devices only
-            edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed)
+            edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed,
+                                  slots=edge_slots)
             self._start(edge)
         slots = threading.Semaphore(self.s.virtual) if self.s.virtual else None  # shared training slots
         for d in worker_devices(self.s):

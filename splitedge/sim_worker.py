@@ -10,6 +10,9 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    from splitedge.malloc import cap_arenas
+
+    cap_arenas()  # before any thread starts, as the splitedge command does (splitedge/malloc.py)
     from splitedge.sim import SimSettings, run_worker
 
     args = sys.argv[1:] if argv is None else argv
