@@ -82,6 +82,15 @@ def test_a_federation_runs_under_the_generated_acl_and_a_device_cannot_spy_or_fo
                                        data=(shard["x"], shard["y"])))
             # Execute: d1's login forges d0's hello (a ghost sample count), then the run goes on
             forger = live.adopt(MqttTransport(url("d1"), client_id="d1-forger", role="device"))
+            raw: list[bytes] = []  # everything the broker delivers in the run, as bytes
+            watcher = live.adopt(MqttTransport(url("observer"), client_id="observer-raw", role="observer"))
+            watcher._client.on_message = lambda c, u, m: raw.append(bytes(m.payload))  # noqa: SLF001
+            watcher._client.subscribe(f"splitedge/{run}/#", qos=1)  # noqa: SLF001
+            forged = {f"splitedge/{run}/{t}": f"forged {t}".encode() for t in (
+                "device/d0/up/status", "device/d0/up/moments", "device/d0/up/weights", "device/d0/up/done",
+                "edge/e0/down/round", "edge/e0/up/hello", "cloud/cloud/down/round", "cloud/cloud/down/weights-model")}
+            for topic_, payload in forged.items():
+                forger.publish_raw(topic_, payload, retain=True)
             forger.publish(f"splitedge/{run}/device/d0/up/hello",
                            Envelope(kind="hello", run=run, round=0, sender="d0",
                                     body={"role": "device", "parent": "e0", "samples": 12345, "backend": "torch",
@@ -94,6 +103,9 @@ def test_a_federation_runs_under_the_generated_acl_and_a_device_cannot_spy_or_fo
     # ... d1's login read nothing of d0's, and its forged hello never reached anyone
     assert heard["spy"] == []
     assert heard["observer"] and 12345 not in heard["observer"], heard["observer"]
+    # ... nor did anything it published as d0, as its edge or as the cloud (status, moments,
+    # weights, done, round, hello), while the broker delivered the run's real traffic
+    assert len(raw) > 20 and not set(forged.values()) & set(raw)
 
 
 def test_generated_password_hashes_are_mosquittos_own_format(tmp_path: Path) -> None:
