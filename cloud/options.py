@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from splitedge.methods.config import ModelSpec, RunConfig
-from splitedge.methods.registry import default_config, list_methods
+from splitedge.methods.registry import create_method, default_config, list_methods
 
 DEFAULT_MODEL = {"digits": "cnn", "cifar10": "cnn"}
 
@@ -94,6 +94,8 @@ def build_run_config(method: str, info: Any, model: str | None, seed: int, overr
                      channels=info.channels, image_size=info.image_size, mean=tuple(info.mean),
                      std=tuple(info.std), seed=seed)
     try:
-        return default_config(method, spec, **overrides)
+        config = default_config(method, spec, **overrides)
+        derived = {k: v for k, v in create_method(method, config).settle().items() if k not in overrides}
+        return default_config(method, spec, **overrides, **derived) if derived else config
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{method} settings: {exc}") from None

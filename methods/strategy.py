@@ -396,6 +396,12 @@ class Method:
 
         return [feddecorr_term(self.config.feddecorr_beta)]
 
+    def settle(self) -> dict[str, Any]:
+        """Settings the cloud derives from the model before round 1 (where torch is), so that
+        numpy-only edges check every message against them instead of trusting the first one
+        (e.g. FedProto's prototype dimension). Empty by default."""
+        return {}
+
     def loss_terms(self, role: str) -> list[Any]:
         """Everything `role` minimises: objective plus switched-on regularisers."""
         return [*self.objective(role), *self.regularisers(role)]

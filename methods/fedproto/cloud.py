@@ -23,7 +23,7 @@ class FedProtoCloud(CloudPart):
         super().__init__(ctx)
         self.version = 0  # of the global prototypes; 0 = none yet
         self.protos: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self.dim: int | None = None
+        self.dim: int | None = self.cfg.dim or None  # FedProto.settle: from the model
 
     def plan(self, round_: int) -> RoundSpec:
         """Devices train with the announced version of the global prototypes."""

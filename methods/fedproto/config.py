@@ -22,6 +22,9 @@ class FedProtoConfig(MethodConfig):
     holdout: float = 0.2
     # dtype of the device prototypes on the wire (edges forward float64 so the cloud's mean is exact)
     proto_dtype: str = "f4"
+    # the prototypes' dimension (the representation's): the cloud sets it from the model before
+    # round 1 (FedProto.settle), so numpy-only edges refuse another one from the first message on
+    dim: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()

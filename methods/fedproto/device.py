@@ -36,6 +36,8 @@ class FedProtoDevice(DevicePart):
         self.model = build_split(self.spec).eval()
         self.dim = int(representation(self.model, torch.zeros(2, self.spec.channels, self.spec.image_size,
                                                                 self.spec.image_size))[0].shape[1])
+        if self.cfg.dim and self.cfg.dim != self.dim:
+            raise ValueError(f"the run's prototypes have {self.cfg.dim} dimensions, this device's model {self.dim}")
         x, y = local_tensors(data, self.spec)
         train, held = holdout_split(len(y), self.cfg.holdout, ctx.rng)
         self.x, self.y = x[train], y[train]

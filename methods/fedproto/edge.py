@@ -22,7 +22,7 @@ class FedProtoEdge(EdgePart):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.info: dict[str, Any] = {}
-        self.dim: int | None = None  # the representation's dimension (numpy-only edge: no model to ask)
+        self.dim: int | None = self.cfg.dim or None  # the representation's, as the cloud announced it
 
     def check(self, env: Any, source: str) -> None:
         """Prototypes of this model's classes, all of one dimension (the first one seen sets it)."""

@@ -18,6 +18,16 @@ class FedProto(Method):
         "cloud": "splitedge.methods.fedproto.cloud:FedProtoCloud",
     }
 
+    def settle(self) -> dict[str, Any]:
+        """The representation's dimension, from the model (the cloud has torch; edges need not)."""
+        import torch
+
+        from splitedge.methods.fedproto.loss import representation
+        from splitedge.methods.torch_utils import build_split
+
+        x = torch.zeros(2, self.spec.channels, self.spec.image_size, self.spec.image_size)
+        return {"dim": int(representation(build_split(self.spec).eval(), x)[0].shape[1])}
+
     def objective(self, role: str) -> list[Any]:
         """CE + proto_lambda * distance of f(x) to its class's global prototype (METHODS.md)."""
         from splitedge.methods.fedproto.loss import proto_distance
