@@ -74,6 +74,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device-python", default=None, metavar="PATH",
                    help="interpreter for the measured device (runs this checkout), e.g. a venv with the "
                         "CPU-only torch wheel; default: this one")
+    g = p.add_argument_group("scale")
+    g.add_argument("--edges-per", type=int, default=None, help="scale: one edge per this many devices (default 50)")
+    g.add_argument("--split", choices=("niid", "per-device"), default=None,
+                   help="scale: how --alpha splits the devices (default per-device; see splitedge sim --help)")
+    g.add_argument("--virtual", type=int, default=None, help="scale: training slots per process (default 1)")
+    g.add_argument("--workers", type=int, default=None, help="scale: device worker processes (default 2)")
     g = p.add_argument_group("throughput")
     g.add_argument("--counts", type=_csv, default=None, help="devices' worth of messages, e.g. 10,100,1000")
     g.add_argument("--dims", type=_csv, default=None, help="moment feature dims, e.g. 512,8192")

@@ -50,6 +50,9 @@ class ScaleSettings:
         counts = tuple(int(c) for c in a.counts) if a.counts else cls.counts
         return cls(counts=counts, dataset=a.dataset, data=a.data, alpha=a.alpha if a.alpha is not None else cls.alpha,
                    rounds=a.rounds or cls.rounds, method=a.methods[0] if a.methods else cls.method, seed=a.seed,
+                   edges_per=a.edges_per or cls.edges_per, split=a.split or cls.split,
+                   virtual=cls.virtual if a.virtual is None else a.virtual,
+                   workers=cls.workers if a.workers is None else a.workers,
                    extra=list(a.set and [x for kv in a.set for x in ("--set", kv)] or []))
 
 
