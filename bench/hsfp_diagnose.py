@@ -158,7 +158,7 @@ class Replica:
         else:
             pool_idx = np.arange(len(self.train[1]))
 
-        def source(merged: Any, total: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        def source(merged: Any, total: int, rng: np.random.Generator, shape: Any = None) -> tuple[np.ndarray, np.ndarray]:
             idx = np.sort(rng.choice(pool_idx, size=total, replace=total > len(pool_idx)))
             x = to_input(self.train[0][idx], self.spec.mean, self.spec.std)
             if tier == "edge":
@@ -245,11 +245,11 @@ def variance_diagnostic(rep: Replica, idx: np.ndarray, test: tuple[np.ndarray, n
     x, y = to_input(rep.train[0][idx], spec.mean, spec.std), rep.train[1][idx].astype(np.int64)
     fc = _forward(served.wc, x)
     m_c = compute_moments(fc.reshape(len(y), -1), y)
-    sc, ys = method.sample_features(m_c, len(y), rng)
+    sc, ys = method.sample_features(m_c, len(y), rng, shape=fc.shape[1:])
     sc = sc.reshape(len(sc), *fc.shape[1:])
     fe, fe_synth = _forward(served.we, fc), _forward(served.we, sc)
     m_e = compute_moments(fe_synth.reshape(len(ys), -1), ys)
-    se, ye = method.sample_features(m_e, len(ys), rng)
+    se, ye = method.sample_features(m_e, len(ys), rng, shape=fe.shape[1:])
     se = se.reshape(len(se), *fe.shape[1:])
     classes = m_c.classes
     out = {"we_input_pooled": variance_ratios(pooled(fc), y, pooled(sc), ys, classes),

@@ -80,3 +80,51 @@ def test_oracle_edges_draw_real_wc_features_of_their_own_devices():
     for row, label in zip(x, y):  # every drawn row is the global W_c output of one of d1's images
         match = np.isclose(flat, row, atol=1e-5).all(axis=1)
         assert match.any() and label in train[1][60:][match]
+
+
+def _correlated_maps(n_per_class: int = 400) -> tuple[np.ndarray, np.ndarray]:
+    """Real maps constant over a 4x4 grid, per (sample, channel)."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), n_per_class)
+    z = rng.standard_normal((len(y), 2, 1, 1)) + y[:, None, None, None]
+    return np.broadcast_to(z, (len(y), 2, 4, 4)).astype(np.float32), y
+
+
+@pytest.mark.parametrize("rho, pooled_ratio", [(0.0, 1 / 16), (1.0, 1.0), (0.5, 0.5 + 0.5 / 16)])
+def test_spatial_rho_sets_the_pooled_variance_and_keeps_each_position(rho, pooled_ratio):
+    """H-SFP's spatial_rho (issue 12 fix of suspect 1): per-position moments unchanged, pooled
+    variance rho + (1 - rho) / positions of the per-position one (real maps here: fully correlated)."""
+    from splitedge.methods.hsfp.spatial import correlated_features
+
+    real, y = _correlated_maps()
+    m = compute_moments(real.reshape(len(y), -1), y)
+    synth, ys = correlated_features(m, 6000, np.random.default_rng(1), (2, 4, 4), rho=rho)
+    synth = synth.reshape(len(ys), 2, 4, 4)
+    classes = np.arange(3)
+    assert np.bincount(ys).tolist() == [2000, 2000, 2000]
+    for c in classes:
+        np.testing.assert_allclose(synth[ys == c].mean(axis=0), real[y == c].mean(axis=0), atol=0.12)
+    assert diag.variance_ratios(real, y, synth, ys, classes)["mean"] == pytest.approx(1.0, abs=0.1)
+    pooled = diag.variance_ratios(diag.pooled(real), y, diag.pooled(synth), ys, classes)["mean"]
+    assert pooled == pytest.approx(pooled_ratio, rel=0.15)
+
+
+def test_hsfp_samples_as_before_unless_spatial_rho_is_set():
+    """spatial_rho = 0 (default) is the paper's sampler bit for bit; > 0 finds the map shape itself
+    (the hook keeps its (merged, total, rng) signature) and refuses values outside [0, 1]."""
+    from splitedge.methods.config import ModelSpec
+    from splitedge.methods.registry import create_method, default_config
+
+    spec = ModelSpec()  # cnn on 8x8 digits: W_c (32, 4, 4)
+    real, y = _correlated_maps(50)
+    m = compute_moments(np.tile(real, (1, 16, 1, 1)).reshape(len(y), -1), y)  # 32 channels
+    plain = create_method("hsfp", default_config("hsfp", spec))
+    a = plain.sample_features(m, 100, np.random.default_rng(3))
+    b = sample_features(m, 100, np.random.default_rng(3))
+    assert all(np.array_equal(u, v) for u, v in zip(a, b))
+    corr = create_method("hsfp", default_config("hsfp", spec, spatial_rho=1.0))
+    x, _ = corr.sample_features(m, 300, np.random.default_rng(3))
+    maps = x.reshape(len(x), 32, 16)
+    assert np.allclose(maps.std(axis=2) / np.sqrt(m.var.mean() + 1e-5), 0.0, atol=0.5)  # positions move together
+    with pytest.raises(ValueError, match="spatial_rho"):
+        default_config("hsfp", spec, spatial_rho=1.5)

@@ -37,6 +37,10 @@ class HSFPConfig(MethodConfig):
     mean_only: bool = False
     sample_floor: int = 8
     eps: float = 1e-5
+    # share of each sample's noise drawn once per channel and shared by all positions of a
+    # feature map (methods/hsfp/spatial.py); 0 draws positions independently (the paper's
+    # sampler), 1 moves a channel's positions together so pooling keeps their variance
+    spatial_rho: float = 0.0
     # moments of W_e outputs with the global W_e (consistency rule extended to the edge tier)
     we_moments: str = "global"  # or "local"
     # device-to-edge assignment after round 1: as the devices were started ("random"); "clusters":
@@ -67,5 +71,7 @@ class HSFPConfig(MethodConfig):
         if not self.robust_clip_k > 0 or not 0 <= self.robust_trim < 0.5:
             raise ValueError(f"robust_clip_k must be > 0 and robust_trim in [0, 0.5), got {self.robust_clip_k} and "
                              f"{self.robust_trim}")
+        if not 0.0 <= self.spatial_rho <= 1.0:
+            raise ValueError(f"spatial_rho must be in [0, 1], got {self.spatial_rho}")
         if self.ic < 1 or self.ie < 1 or self.local_epochs < 0:
             raise ValueError("ic and ie must be >= 1 and local_epochs >= 0")

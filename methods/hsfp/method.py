@@ -45,10 +45,31 @@ class HSFP(Method):
             return [LossTerm("supcon", lambda out, b: supcon_loss(out["features"], b.y, tau=tau), needs=("features",))]
         return [cross_entropy_term()]
 
-    def sample_features(self, merged: ClassMoments, total: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """Synthetic features the edge (W_c space) and cloud (W_e space) train on."""
+    def sample_features(self, merged: ClassMoments, total: int, rng: np.random.Generator,
+                        shape: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Synthetic features the edge (W_c space) and cloud (W_e space) train on; `shape` is the
+        per-sample feature map [C, H, W], used when `spatial_rho` > 0 correlates its positions."""
         cfg = self.config
+        shape = shape or (self.feature_shape(merged.dim) if cfg.spatial_rho > 0 else None)
+        if cfg.spatial_rho > 0 and shape is not None and len(shape) == 3:
+            from splitedge.methods.hsfp.spatial import correlated_features
+
+            return correlated_features(merged, total, rng, shape, rho=cfg.spatial_rho, eps=cfg.eps,
+                                       floor=cfg.sample_floor, mean_only=cfg.mean_only)
         return sample_features(merged, total, rng, eps=cfg.eps, floor=cfg.sample_floor, mean_only=cfg.mean_only)
+
+    def feature_shape(self, dim: int) -> tuple[int, ...] | None:
+        """The per-sample map shape (W_c's or W_e's output) whose size is `dim`, from the run's model
+        (built once, so the callers' hook signature stays `(merged, total, rng)`)."""
+        if getattr(self, "_shapes", None) is None:
+            from splitedge.models import create_split, seeded_init  # torch: only tiers that sample get here
+
+            spec = self.spec
+            with seeded_init(spec.seed):
+                split = create_split(spec.model, num_classes=spec.num_classes, in_channels=spec.channels,
+                                     image_size=spec.image_size)
+            self._shapes = (split.wc_shape, split.we_shape)
+        return next((s for s in self._shapes if int(np.prod(s)) == dim), None)
 
     def merge_moments(self, parts: Sequence[ClassMoments], reference: ClassMoments | None = None) -> ClassMoments:
         """How an edge merges its devices' moments and the cloud its edges': exactly (`robust =
