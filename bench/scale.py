@@ -73,13 +73,18 @@ class TreeSampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _processes(self) -> dict[str, psutil.Process]:
+        """Named by pid; a child still running its parent's command (forked, not yet exec'd:
+        its pages are the parent's) is not counted."""
         found = {}
         for name, root in self.roots.items():
             try:
                 found[name] = root
-                for i, child in enumerate(root.children(recursive=True)):
-                    label = "worker" if "sim_worker" in " ".join(child.cmdline()) else "child"
-                    found[f"{label}-{child.pid}"] = child
+                parent_cmd = root.cmdline()
+                for child in root.children(recursive=True):
+                    cmd = child.cmdline()
+                    if cmd == parent_cmd:
+                        continue
+                    found[f"{'worker' if 'splitedge.sim_worker' in cmd else 'child'}-{child.pid}"] = child
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue
         return found
