@@ -125,7 +125,7 @@ def test_serve_forever_runs_until_ctrl_c() -> None:
         with MqttTransport(f"mqtt://127.0.0.1:{port}", client_id="cli", role="device") as t:
             t.publish(topic(RUN, "device", "d1", "up", "status"), status("online"), wait=5)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(10) == 0
+        assert proc.wait(60) == 0  # generous: on a loaded 2-core box the shutdown alone took over 10 s
     finally:
         if proc.poll() is None:
             proc.kill()
