@@ -90,7 +90,8 @@ class WindowSampler:
         return self.peaks
 
 
-def _shards(folder: Path, devices: int, seed: int) -> list[Path]:
+def write_digit_shards(folder: Path, devices: int, seed: int = 0) -> list[Path]:
+    """digits cut IID into one .npz shard per device (d0.npz, ...), as a device reads it."""
     from splitedge.methods.datasets import load_dataset, save_shard
     from splitedge.methods.partition import iid
 
@@ -117,7 +118,7 @@ def run(s: SoakSettings) -> tuple[dict[str, Any], dict[str, Any]]:
         for e in range(s.edges):
             procs[f"e{e}"] = spawn_splitedge(["edge", *common, "--id", f"e{e}", "--seed", str(s.seed)],
                                              work / f"e{e}.log")
-        for d, shard in enumerate(_shards(work, s.devices, s.seed)):
+        for d, shard in enumerate(write_digit_shards(work, s.devices, s.seed)):
             procs[f"d{d}"] = spawn_splitedge(["device", *common, "--id", f"d{d}", "--edge", f"e{d % s.edges}",
                                               "--data", str(shard)], work / f"d{d}.log")
         sampler = WindowSampler(out / "metrics.jsonl", s.window, s.interval_s)

@@ -13,11 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from splitedge.methods.datasets import load_dataset, save_shard
-from splitedge.methods.partition import iid
+from splitedge.bench.soak import write_digit_shards
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -26,22 +24,13 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen:
                             env=env, cwd=log.parent)
 
 
-def _shards(tmp: Path, n: int, seed: int = 0) -> list[Path]:
-    (x, y), _, _ = load_dataset("digits")
-    paths = []
-    for d, idx in enumerate(iid(y, n, np.random.default_rng(seed))):
-        paths.append(tmp / f"d{d}.npz")
-        save_shard(paths[-1], x[idx], y[idx])
-    return paths
-
-
 class Federation:
     """Cloud + edges + devices as processes; `kill()` one, `wait()` for the cloud."""
 
     def __init__(self, tmp: Path, url: str, *, edges: int, devices: int, rounds: int, extra: list[str],
                  edge_extra: tuple[str, ...] = ()) -> None:
         self.tmp, self.out = tmp, tmp / "out"
-        shards = _shards(tmp, devices)
+        shards = write_digit_shards(tmp, devices)
         common = ["--broker", url, "--run", "itest"]  # same run id on purpose: leftovers of earlier tests must not leak in
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
