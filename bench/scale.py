@@ -112,23 +112,12 @@ class TreeSampler:
         self._thread.join(5)
 
 
-class BrokerRate:
-    """The broker's own message counters ($SYS), read at the start and end of a run."""
+def broker_received(url: str) -> float:
+    """How many messages the broker has received so far (its $SYS counter)."""
+    from splitedge.protocol.broker import read_sys
 
-    def __init__(self, url: str) -> None:
-        from splitedge.protocol.mqtt import MqttTransport
-
-        self.values: dict[str, float] = {}
-        self.client = MqttTransport(url, client_id=f"scale-sys-{time.monotonic_ns()}", role="observer")
-        self.client._client.on_message = lambda c, u, m: self.values.__setitem__(m.topic, float(m.payload))  # noqa: SLF001
-        for topic in ("$SYS/broker/messages/received", "$SYS/broker/messages/sent"):
-            self.client._client.subscribe(topic, qos=0)  # noqa: SLF001 - raw: $SYS is not a splitedge frame
-
-    def snapshot(self) -> dict[str, float]:
-        return {k.rsplit("/", 1)[-1]: v for k, v in self.values.items()}
-
-    def close(self) -> None:
-        self.client.close()
+    topic = "$SYS/broker/messages/received"
+    return float(read_sys(url, topic, timeout=5.0, done=lambda v: topic in v).get(topic, 0))
 
 
 def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
@@ -143,9 +132,7 @@ def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
                "--broker", broker.url, "--workers", str(s.workers), "--virtual", str(s.virtual), "--out", str(out),
                "--deadline", "3600", "--split", s.split, *(["--data", s.data] if s.data else []),
                *(["--alpha", str(s.alpha)] if s.alpha is not None else []), *s.extra]
-        rate = BrokerRate(broker.url)
-        time.sleep(1.5)
-        before = rate.snapshot()
+        before = broker_received(broker.url)
         with open(work / f"sim-{devices}.log", "w") as log:
             started = time.monotonic()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -154,12 +141,11 @@ def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
             code = proc.wait()
             seconds = time.monotonic() - started
             sampler.stop()
-        time.sleep(1.5)
-        after = rate.snapshot()
-        rate.close()
+        time.sleep(1.5)  # $SYS is republished every sys_interval (1 s)
+        after = broker_received(broker.url)
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     workers = {k: v for k, v in sampler.peak.items() if k.startswith("worker")}
-    received = after.get("received", 0) - before.get("received", 0)
+    received = after - before
     return {
         "devices": devices, "edges": edges, "exit_code": code, "seconds": seconds,
         "rounds_done": summary.get("rounds_done"), "final_accuracy": summary.get("final_accuracy"),

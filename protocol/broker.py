@@ -283,5 +283,42 @@ def serve_forever(port: int = 1883, host: str = "127.0.0.1", on_ready: Callable[
         broker.stop()
 
 
+def read_sys(url: str, pattern: str, *, timeout: float,
+             done: Callable[[dict[str, str]], bool] = lambda values: False) -> dict[str, str]:
+    """A broker's own `$SYS` values under `pattern` (topic -> text, the retained ones it hands
+    over on subscribe included), read with a plain paho client until `done(values)` or
+    `timeout`: its byte and message counters, a bridge's connection state."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from splitedge.protocol.mqtt import parse_url
+
+    _, host, port, _, _ = parse_url(url)
+    values: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def on_message(client: Any, userdata: Any, msg: Any) -> None:
+        with lock:
+            values[msg.topic] = msg.payload.decode(errors="replace")
+
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"splitedge-sys-{time.monotonic_ns()}")
+    client.on_message = on_message
+    client.connect(host, port)
+    client.subscribe(pattern, qos=0)
+    client.loop_start()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            with lock:
+                if done(dict(values)):
+                    break
+            time.sleep(0.1)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    with lock:
+        return dict(values)
+
+
 __all__ = ["EmbeddedBroker", "MosquittoBroker", "free_port", "wait_port", "serve_forever",
-           "start_embedded_broker"]
+           "start_embedded_broker", "read_sys"]

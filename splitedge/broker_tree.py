@@ -11,11 +11,7 @@ and message counters ($SYS) are read at the end.
 
 from __future__ import annotations
 
-import threading
-import time
-from typing import Any
-
-from splitedge.protocol.broker import MosquittoBroker
+from splitedge.protocol.broker import MosquittoBroker, read_sys
 
 BRIDGE_READY_S = 20.0
 SYS_TOPICS = ("bytes/received", "bytes/sent", "messages/received", "messages/sent")
@@ -64,10 +60,12 @@ class BrokerTree:
 
     def _wait_for_bridges(self) -> None:
         """Until every site's bridge says it is connected (its notification topic on the cloud)."""
-        states = _read_sys(self.cloud.url, "$SYS/broker/connection/#", want=len(self.sites), timeout=BRIDGE_READY_S,
-                           raw_topics=True)
-        up = [t for t, v in states.items() if t.endswith("/state") and v == "1"]
-        if len(up) < len(self.sites):
+        def up(values: dict[str, str]) -> list[str]:
+            return [t for t, v in values.items() if t.endswith("/state") and v == "1"]
+
+        states = read_sys(self.cloud.url, "$SYS/broker/connection/#", timeout=BRIDGE_READY_S,
+                          done=lambda values: len(up(values)) >= len(self.sites))
+        if len(up(states)) < len(self.sites):
             raise RuntimeError(f"only {len(up)} of {len(self.sites)} site bridges connected to the cloud broker within "
                                f"{BRIDGE_READY_S:g} s: {self.cloud.log_tail()}")
 
@@ -75,45 +73,8 @@ class BrokerTree:
         """Bytes and messages each broker received and sent (its $SYS counters)."""
         out = {}
         for name, broker in [("cloud", self.cloud), *((f"site-{e}", b) for e, b in self.sites.items())]:
-            values = _read_sys(broker.url, "$SYS/broker/#", want=len(SYS_TOPICS), timeout=5.0, only=SYS_TOPICS)
-            out[name] = {k.replace("/", "_"): int(float(v)) for k, v in values.items()}
+            wanted = [f"$SYS/broker/{t}" for t in SYS_TOPICS]
+            values = read_sys(broker.url, "$SYS/broker/#", timeout=5.0, done=lambda v: all(t in v for t in wanted))
+            out[name] = {t.replace("/", "_"): int(float(values[f"$SYS/broker/{t}"])) for t in SYS_TOPICS
+                         if f"$SYS/broker/{t}" in values}
         return out
-
-
-def _read_sys(url: str, pattern: str, *, want: int, timeout: float, only: tuple[str, ...] = (),
-              raw_topics: bool = False) -> dict[str, str]:
-    """Retained or periodic $SYS values under `pattern`, read with a plain paho client."""
-    import paho.mqtt.client as paho
-    from paho.mqtt.enums import CallbackAPIVersion
-
-    from splitedge.protocol.mqtt import parse_url
-
-    _, host, port, _, _ = parse_url(url)
-    values: dict[str, str] = {}
-    lock = threading.Lock()
-
-    def on_message(client: Any, userdata: Any, msg: Any) -> None:
-        key = msg.topic if raw_topics else msg.topic.removeprefix("$SYS/broker/")
-        if raw_topics or key in only:
-            with lock:
-                values[key] = msg.payload.decode(errors="replace")
-
-    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"splitedge-sys-{time.monotonic_ns()}")
-    client.on_message = on_message
-    client.connect(host, port)
-    client.subscribe(pattern, qos=0)
-    client.loop_start()
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            with lock:
-                done = (sum(1 for t, v in values.items() if t.endswith("/state") and v == "1") >= want
-                        if raw_topics else len(values) >= want)
-            if done:
-                break
-            time.sleep(0.1)
-    finally:
-        client.loop_stop()
-        client.disconnect()
-    with lock:
-        return dict(values)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 
 M_ARENA_MAX = -8  # glibc malloc.h
@@ -22,8 +23,7 @@ def cap_arenas(arenas: int = DEFAULT_ARENAS) -> bool:
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_ARENA_MAX, int(arenas)))
+        return bool(_libc().mallopt(M_ARENA_MAX, int(arenas)))
     except (OSError, AttributeError):  # musl, macOS, Windows: no glibc arenas to cap
         return False
 
@@ -32,7 +32,12 @@ def trim() -> bool:
     """malloc_trim(0): hand memory freed in every arena back to the system (glibc only). A
     virtual device calls it after parking its part, or the freed model lingers in RSS."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
+        return bool(_libc().malloc_trim(0))
     except (OSError, AttributeError):
         return False
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    """The C library, looked up once (find_library runs ldconfig; trim is called every round)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import subprocess
 import threading
 import time
 import uuid
@@ -69,7 +70,7 @@ class SimSettings:
         if self.devices < 1 or self.edges < 1:
             raise ValueError(f"need at least one device and one edge, got {self.devices} and {self.edges}")
         check_run_settings(self)
-        check_worker_settings(self)
+        check_scale_settings(self)
         if self.out is None:
             self.out = Path("runs") / f"{self.method}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -91,15 +92,16 @@ def check_run_settings(s: Any) -> None:
         raise ValueError(f"--backends takes a comma list of {', '.join(BACKENDS)}, got {','.join(s.backends) or '(empty)'}")
     if s.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {s.threads}")
-    if getattr(s, "virtual", 0) < 0 or getattr(s, "park_dtype", "f4") not in ("f4", "f2"):
-        raise ValueError(f"--virtual must be >= 0 (training slots; 0: every device keeps its model) and "
-                         f"--park-dtype f4 or f2, got {s.virtual} and {s.park_dtype!r}")
     if not 0 <= s.groups <= s.devices or s.group_skew not in ("rotate", "labels"):
         raise ValueError(f"--groups must be in 0..--devices and --group-skew rotate or labels, got {s.groups} and "
                          f"{s.group_skew!r}")
 
 
-def check_worker_settings(s: SimSettings) -> None:
+def check_scale_settings(s: SimSettings) -> None:
+    """The sim-only options of larger runs: virtual devices, workers, broker tree, split."""
+    if s.virtual < 0 or s.park_dtype not in ("f4", "f2"):
+        raise ValueError(f"--virtual must be >= 0 (training slots; 0: every device keeps its model) and "
+                         f"--park-dtype f4 or f2, got {s.virtual} and {s.park_dtype!r}")
     if s.split not in ("niid", "per-device"):
         raise ValueError(f"--split must be niid or per-device, got {s.split!r}")
     if s.broker_tree:
@@ -321,12 +323,7 @@ class Federation:
         so per-kind traffic (e.g. SplitFed activations / gradients) can be read off a run."""
         out: dict[str, dict[str, dict[str, int]]] = {"out": {}, "in": {}}
         for t in self.transports[tier]:
-            snap = t.counters.snapshot()
-            for direction in ("out", "in"):
-                for kind, row in snap[direction].items():
-                    acc = out[direction].setdefault(kind, {"messages": 0, "payload": 0})
-                    acc["messages"] += row["messages"]
-                    acc["payload"] += row["payload"]
+            add_kind_rows(out, t.counters.snapshot())
         return out
 
     def per_device_bytes(self, then: Callable[[dict], None] | None = None) -> "PerDeviceBytes":
@@ -343,6 +340,15 @@ class Federation:
                     row[f"{direction}_{fld}"] = sum(t.counters.total(direction, fld) for t in transports)
             out[tier] = row
         return out
+
+
+def add_kind_rows(into: dict[str, dict[str, dict[str, int]]], rows: dict[str, dict[str, dict[str, int]]]) -> None:
+    """Add per-kind `messages` and `payload` counts (by direction "out" / "in") into `into`."""
+    for direction in ("out", "in"):
+        for kind, row in rows.get(direction, {}).items():
+            acc = into[direction].setdefault(kind, {"messages": 0, "payload": 0})
+            acc["messages"] += row["messages"]
+            acc["payload"] += row["payload"]
 
 
 class PerDeviceBytes:
@@ -424,7 +430,6 @@ class WorkerPool:
         if not self.s.workers or not self.s.spawn_workers:
             return self
         import dataclasses
-        import subprocess
         import sys
 
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -445,7 +450,7 @@ class WorkerPool:
         for i, proc in enumerate(self.procs):
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired; a stuck worker is stopped
+            except subprocess.TimeoutExpired:  # a stuck worker is stopped
                 log.warning("sim: worker %d did not exit; stopping it (see %s)", i, self.folder / f"worker-{i}.log")
                 proc.kill()
 
@@ -465,11 +470,7 @@ class WorkerPool:
             report = json.loads(path.read_text())
             for key, value in report["tier"].items():
                 tier[key] = tier.get(key, 0) + value
-            for direction, rows in report["by_kind"].items():
-                for kind, row in rows.items():
-                    acc = kinds[direction].setdefault(kind, {"messages": 0, "payload": 0})
-                    acc["messages"] += row["messages"]
-                    acc["payload"] += row["payload"]
+            add_kind_rows(kinds, report["by_kind"])
         return tier, kinds
 
 
