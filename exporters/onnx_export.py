@@ -160,10 +160,25 @@ def export_wc_bytes(split: nn.Module, sample: np.ndarray | None = None, seed: in
 
     Parity is checked on `sample` or, without one, on a few seeded random inputs.
     """
-    model = export_module(split.wc, tuple(split.in_shape), part="wc")
+    return export_part_bytes(split.wc, tuple(split.in_shape), "wc", sample=sample, seed=seed)
+
+
+def export_calib_bytes(split: nn.Module, seed: int = 0) -> bytes:
+    """W_e and W_g's trunk of a SplitModel (models.ClassifierInput, on W_c features) as verified
+    ONNX bytes: what a thin device runs to measure the classifier's input for head calibration."""
+    from splitedge.models import ClassifierInput
+
+    return export_part_bytes(ClassifierInput(split.we, split.wg), tuple(split.wc_shape), "calib", seed=seed)
+
+
+def export_part_bytes(module: nn.Module, in_shape: tuple[int, ...], part: str, *,
+                      sample: np.ndarray | None = None, seed: int = 0) -> bytes:
+    """`module` as ONNX bytes for inputs [batch, *in_shape], checked against torch on `sample`
+    or on a few seeded random inputs."""
+    model = export_module(module, in_shape, part=part)
     if sample is None:
-        sample = np.random.default_rng(seed).standard_normal((4, *split.in_shape)).astype(np.float32)
+        sample = np.random.default_rng(seed).standard_normal((4, *in_shape)).astype(np.float32)
     data = model.SerializeToString()
-    diff = max_abs_diff(data, split.wc, sample)
-    log.info("exported W_c to ONNX: %d bytes, max abs diff %.2g", len(data), diff)
+    diff = max_abs_diff(data, module, sample)
+    log.info("exported %s to ONNX: %d bytes, max abs diff %.2g", part, len(data), diff)
     return data

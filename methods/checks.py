@@ -102,9 +102,12 @@ def check_version(name: str, got: int, *, at_most: int) -> None:
 
 def check_within_samples(body: Mapping[str, Any], announced: int) -> None:
     """A device cannot count more samples than its hello announced: per-class `counts` (moments,
-    logits) may sum to at most that, and a `weights` body's `samples` may not exceed it. Counts
-    are summed as Python ints, so values near 2**63 cannot wrap around to something small."""
+    logits, or an `arrays` record's `counts` array such as head statistics) may sum to at most
+    that, and a `weights` body's `samples` may not exceed it. Counts are summed as Python ints,
+    so values near 2**63 cannot wrap around to something small."""
     counts = body.get("counts")
+    if counts is None and isinstance(body.get("arrays"), Mapping):
+        counts = body["arrays"].get("counts")
     if counts is not None:
         total = sum(int(c) for c in np.asarray(counts).ravel())
         if total > announced:

@@ -15,6 +15,7 @@ from splitedge.methods.config import RunConfig, from_wire
 # name -> "module:attribute" of a Method subclass (or the class); importing it must not import torch.
 _METHODS: dict[str, Any] = {
     "hsfp": "splitedge.methods.hsfp.method:HSFP",
+    "hsfp-cal": "splitedge.methods.hsfp.method:HSFPCalibrated",
     "fedavg": "splitedge.methods.fedavg.method:FedAvg",
     "splitfed": "splitedge.methods.splitfed.method:SplitFed",
     "fedproto": "splitedge.methods.fedproto.method:FedProto",

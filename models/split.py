@@ -45,6 +45,22 @@ def head_features(wg: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return features, wg[-1](features)
 
 
+class ClassifierInput(nn.Module):
+    """W_e and W_g's trunk: W_c features -> the classifier's input [B, D], as `head_features`
+    computes it. What head calibration runs on devices (torch, or exported to ONNX for thin
+    ones). It shares the given modules; state names are "we.*" and "wg.*" as in the split model,
+    without the classifier (W_g's last layer), which calibration refits."""
+
+    def __init__(self, we: nn.Module, wg: nn.Module) -> None:
+        super().__init__()
+        if not isinstance(wg, nn.Sequential) or len(wg) < 2:
+            raise ValueError("W_g must be an nn.Sequential ending in its classifier")
+        self.we, self.wg = we, wg[:-1]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return pool(self.wg(self.we(h)))
+
+
 @torch.no_grad()
 def infer_shape(module: nn.Module, in_shape: tuple[int, ...]) -> tuple[int, ...]:
     """Per-sample output shape of `module` for per-sample input shape `in_shape`.

@@ -14,12 +14,13 @@ import torch
 
 from splitedge.device.onnx_backend import OnnxExtractor
 from splitedge.device.onnx_graph import initializer_specs
-from splitedge.exporters.onnx_export import export_module, export_wc_bytes, run_torch
+from splitedge.exporters.onnx_export import export_calib_bytes, export_module, export_wc_bytes, run_torch
 from splitedge.exporters.variants import to_fp16
+from splitedge.methods.headstats import HeadStatsAccumulator, head_stats_from_arrays
 from splitedge.methods.moments import MomentAccumulator
 from splitedge.methods.preprocess import to_input
 from parts import ctx_for, plan_for
-from splitedge.models import create_split, state_to_numpy
+from splitedge.models import ClassifierInput, create_split, state_to_numpy
 from splitedge.protocol import Envelope, ProtocolError, decode, encode
 
 
@@ -204,3 +205,40 @@ def test_thin_device_resends_moments_when_the_edge_asks(model_bytes, images):
     assert [m for m in dev.run_round(plan) if hasattr(m, "kind")] == []
     dev.on_message(SimpleNamespace(kind="request", body={"what": "moments"}))
     assert [m.kind for m in dev.run_round(plan) if hasattr(m, "kind")] == ["moments"]
+
+
+def test_thin_device_head_statistics_match_torch(splits, model_bytes, images):
+    """Calibration on a thin device: a second graph (W_e and W_g's trunk) gets the calibration
+    weights by name; the head statistics it sends are torch's, and a map that does not fit is
+    dropped with the version it had kept."""
+    # Prepare: W_c v0 as the device's graph, calibration weights of split 1
+    dev = thin_device(images)
+    dev.on_message(model_env(model_bytes))
+    calib = ClassifierInput(splits[1].we, splits[1].wg).eval()
+    plan = plan_for(1, versions={"wc": 0, "we": 0, "calib": 0}, directives={"calibrate": True})
+    graph = export_calib_bytes(splits[0])
+    calib_env = SimpleNamespace(kind="onnx_model", body={"part": "calib", "version": 0, "model": graph,
+                                                         "sha256": hashlib.sha256(graph).hexdigest()})
+    # Execute / Assert: the weights alone do not make it ready; with the graph they are swapped in
+    dev.on_message(SimpleNamespace(kind="weights", body={"part": "calib", "version": 0, "samples": 0,
+                                                         "weights": state_to_numpy(calib)}))
+    assert not dev.ready(plan)
+    dev.on_message(calib_env)
+    assert dev.ready(plan) and dev.calib_version == 0
+    sent = [m for m in dev.run_round(plan) if hasattr(m, "kind")]
+    assert [m.kind for m in sent] == ["moments", "arrays"] and sent[1].body["name"] == "head_stats"
+    got = head_stats_from_arrays(sent[1].body["arrays"])
+    with torch.no_grad():
+        feats = calib(splits[0].wc(torch.from_numpy(to_input(images[0], (0.5,), (0.25,))))).numpy()
+    acc = HeadStatsAccumulator(feats.shape[1])
+    acc.add(feats, images[1])
+    want = acc.result()
+    np.testing.assert_array_equal(got.counts, want.counts)
+    np.testing.assert_allclose(got.mean, want.mean, atol=1e-5)
+    np.testing.assert_allclose(got.cov, want.cov, atol=1e-5)
+    # a calibration map of another shape is refused; version 0 stays in use
+    bad = {**state_to_numpy(calib), "we.block3.bn.bias": np.zeros(7, np.float32)}
+    with pytest.raises(ProtocolError):
+        dev.check(SimpleNamespace(kind="weights", body={"part": "calib", "version": 1, "weights": bad}), "parent")
+    dev.on_message(SimpleNamespace(kind="weights", body={"part": "calib", "version": 1, "samples": 0, "weights": bad}))
+    assert dev.calib_version == 0

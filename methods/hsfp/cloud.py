@@ -16,13 +16,15 @@ import torch
 
 from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_space, check_stats, check_vector, check_version, check_weights, weight_specs
-from splitedge.methods.hsfp.method import AVERAGE, LABELS, REPORT_LABELS, WC, WE
+from splitedge.methods.headstats import lda_classifier, merge_head_stats
+from splitedge.methods.hsfp.edge import check_head_record, head_stats_of
+from splitedge.methods.hsfp.method import AVERAGE, CALIB, CALIBRATE, LABELS, HEAD_STATS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, moments_from_body
 from splitedge.methods.torch_utils import evaluate, retune
 from splitedge.methods.strategy import CHILDREN, DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
 from splitedge.methods.training import Batch, Outputs, train_epochs
-from splitedge.models import create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
+from splitedge.models import ClassifierInput, create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,9 @@ class HSFPCloud(CloudPart):
         self.cached_ids: dict[str, str] = {}  # edge -> msg_id of its cached moments
         self.cached_at: dict[str, tuple[int, int, int]] = {}  # edge -> (wc_v, we_v, round) of its cached moments
         self.reference: tuple[tuple[int, int], ClassMoments] | None = None  # robust="clip": last merge, its versions
+        self.head_dim = int(self.model.wg[-1].in_features)
+        self.calib_version = -1  # the calibration models last sent; their copy below
+        self.calib = ClassifierInput(copy.deepcopy(self.model.we), copy.deepcopy(self.model.wg))
 
     def reconfigure(self, method: Any) -> None:
         super().reconfigure(method)
@@ -53,21 +58,36 @@ class HSFPCloud(CloudPart):
                 *self._onnx_message()]
 
     def _onnx_message(self) -> list[Message]:
-        """W_c as an ONNX graph for thin devices (later averages reach them as weight maps)."""
+        """W_c as an ONNX graph for thin devices (later averages reach them as weight maps) and,
+        when the head is calibrated, W_e and W_g's trunk too (their weights come before each
+        calibrating round, part CALIB)."""
         try:
-            from splitedge.exporters.onnx_export import export_wc_bytes  # needs onnx; only the cloud exports
+            from splitedge.exporters.onnx_export import export_calib_bytes, export_wc_bytes  # needs onnx
 
-            data = export_wc_bytes(self.model)
+            graphs = [(WC, self.wc_version, export_wc_bytes(self.model))]
+            if self.cfg.calibrate_every:
+                graphs.append((CALIB, 0, export_calib_bytes(self.model)))
         except (ImportError, ValueError) as exc:
             log.warning("cloud: no onnx_model for thin devices (%s)", exc)
             return []
-        body = {"part": WC, "version": self.wc_version, "model": data, "sha256": hashlib.sha256(data).hexdigest()}
-        return [Message("onnx_model", body, to=DEVICES, slot=WC)]
+        return [Message("onnx_model", {"part": part, "version": version, "model": data,
+                                       "sha256": hashlib.sha256(data).hexdigest()}, to=DEVICES, slot=part)
+                for part, version, data in graphs]
 
     def _weights_message(self, part: str, version: int, module: torch.nn.Module, samples: int = 0) -> Message:
         """W_c goes to every device (through its edge), W_e to the edges; the newest stays for late joiners."""
         body = {"part": part, "version": version, "samples": samples, "weights": state_to_numpy(module)}
         return Message("weights", body, to=DEVICES if part == WC else CHILDREN, slot=part)
+
+    def before_round(self, round_: int) -> list[Message]:
+        """Before a calibrating round: the newest W_e and W_g's trunk to every device, kept as sent."""
+        if not self.method.calibrates(round_):
+            return []
+        self.calib.we.load_state_dict(self.model.we.state_dict())
+        self.calib.wg.load_state_dict(self.model.wg[:-1].state_dict())
+        self.calib_version += 1
+        body = {"part": CALIB, "version": self.calib_version, "samples": 0, "weights": state_to_numpy(self.calib)}
+        return [Message("weights", body, to=DEVICES, slot=CALIB)]
 
     def plan(self, round_: int) -> RoundSpec:
         """Versions in use; W_c averaged every ic rounds and W_e every ie (the slow time scale)."""
@@ -76,7 +96,11 @@ class HSFPCloud(CloudPart):
         directives: dict = {AVERAGE: average}
         if self.cfg.assign != "random" and round_ == 1:
             directives[REPORT_LABELS] = True
-        return RoundSpec(versions={WC: self.wc_version, WE: self.we_version}, directives=directives)
+        versions = {WC: self.wc_version, WE: self.we_version}
+        if self.method.calibrates(round_):
+            directives[CALIBRATE] = True
+            versions[CALIB] = self.calib_version
+        return RoundSpec(versions=versions, directives=directives)
 
     def _assign(self, reports: Sequence[Report]) -> None:
         """Place devices on edges by their label histograms instead of the order they started in."""
@@ -94,7 +118,10 @@ class HSFPCloud(CloudPart):
     def check(self, env: Any, source: str) -> None:
         """Edges send moments of W_e outputs and averaged W_c / W_e of this run's model."""
         body = env.body
-        if env.kind == "moments":
+        if env.kind == "arrays" and body["name"] == HEAD_STATS:
+            check_head_record(body, self.head_dim, self.spec.num_classes, self.cfg.feature_dtype,
+                              calib=self.calib_version, wc=self.wc_version)
+        elif env.kind == "moments":
             check_space(body, WE)
             check_stats(body, "mean", dim=int(np.prod(self.model.we_shape)), num_classes=self.spec.num_classes,
                         dtype=self.cfg.feature_dtype)
@@ -153,8 +180,11 @@ class HSFPCloud(CloudPart):
             merged = self.method.merge_moments(current, reference)
             self.reference = (versions, merged)
             metrics["head_loss"] = self._train_head(merged)
-            self.served.load_state_dict(self.model.state_dict())
-            self.served_versions = (self.wc_version, self.we_version)
+            if not self.cfg.calibrate_every:  # calibrating runs serve only calibrated heads
+                self.served.load_state_dict(self.model.state_dict())
+                self.served_versions = (self.wc_version, self.we_version)
+        if plan.directives.get(CALIBRATE):
+            metrics["calibrated"] = self._calibrate(plan, reports)
         metrics["merged"] = sum(int((r.get("done").body["info"] or {}).get("merged", 0)) for r in reports
                                 if r.get("done") is not None)  # devices whose moments the edges merged
         if self.served_versions:
@@ -168,6 +198,29 @@ class HSFPCloud(CloudPart):
         if plan.directives.get(REPORT_LABELS):
             self._assign(reports)
         return out, metrics
+
+    def _calibrate(self, plan: RoundPlan, reports: Sequence[Report]) -> int:
+        """Serve W_c, the calibration W_e and W_g with the classifier refitted in closed form on
+        the real head statistics the edges merged; returns how many samples they counted."""
+        parts = head_stats_of(reports, plan.version(CALIB))
+        if not parts:  # e.g. only thin devices, which cannot run W_e: serve the model as trained
+            log.warning("cloud: calibrating round %d without head statistics; serving the uncalibrated model",
+                        plan.round)
+            if self.served_versions != (self.wc_version, self.we_version):
+                self.served.load_state_dict(self.model.state_dict())
+                self.served_versions = (self.wc_version, self.we_version)
+            return 0
+        stats = merge_head_stats(parts)
+        weight, bias = lda_classifier(stats, self.spec.num_classes, shrink=self.cfg.calib_shrink)
+        self.served.wc.load_state_dict(self.model.wc.state_dict())
+        self.served.we.load_state_dict(self.calib.we.state_dict())
+        self.served.wg[:-1].load_state_dict(self.calib.wg.state_dict())
+        classifier = self.served.wg[-1]
+        with torch.no_grad():
+            classifier.weight.copy_(torch.from_numpy(weight))
+            classifier.bias.copy_(torch.from_numpy(bias))
+        self.served_versions = (self.wc_version, self.we_version)
+        return stats.total
 
     def forward(self, batch: Batch) -> Outputs:
         features, logits = head_features(self.model.wg, batch.x)

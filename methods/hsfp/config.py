@@ -55,6 +55,13 @@ class HSFPConfig(MethodConfig):
     robust: str = "none"
     robust_clip_k: float = 2.0
     robust_trim: float = 0.2
+    # head calibration on real statistics (methods/headstats.py): every `calibrate_every` rounds
+    # devices run the newest W_c, W_e and head trunk forward (inference only) and send class means
+    # and the shared within-class covariance of the classifier's input; the cloud refits the
+    # classifier in closed form (LDA, covariance shrunk by `calib_shrink`) and serves that model.
+    # 0 never calibrates (the paper's method)
+    calibrate_every: int = 0
+    calib_shrink: float = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -73,5 +80,15 @@ class HSFPConfig(MethodConfig):
                              f"{self.robust_trim}")
         if not 0.0 <= self.spatial_rho <= 1.0:
             raise ValueError(f"spatial_rho must be in [0, 1], got {self.spatial_rho}")
+        if self.calibrate_every < 0 or not 0 < self.calib_shrink <= 1:
+            raise ValueError(f"calibrate_every must be >= 0 and calib_shrink in (0, 1], got {self.calibrate_every} "
+                             f"and {self.calib_shrink}")
         if self.ic < 1 or self.ie < 1 or self.local_epochs < 0:
             raise ValueError("ic and ie must be >= 1 and local_epochs >= 0")
+
+
+@dataclass(frozen=True)
+class HSFPCalConfig(HSFPConfig):
+    """`hsfp-cal`: H-SFP with the head calibrated on real statistics every round."""
+
+    calibrate_every: int = 1

@@ -11,7 +11,8 @@ from typing import Any, Iterator, Mapping, Protocol
 
 import numpy as np
 
-from splitedge.methods.hsfp.method import WC
+from splitedge.methods.headstats import HeadStats, HeadStatsAccumulator, head_stats_arrays
+from splitedge.methods.hsfp.method import CALIB, CALIBRATE, HEAD_STATS, WC
 from splitedge.methods.moments import ClassMoments, MomentAccumulator, moments_to_body
 from splitedge.methods.preprocess import batches, to_input
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
@@ -41,21 +42,43 @@ class HSFPDevice(DevicePart):
         self.extractor: Extractor = backend
         self.wc_version = -1
         self.sent_version = -1
+        self.calib_version = -1
 
     @property
     def num_samples(self) -> int:
         return int(len(self.data[1]))
 
+    can_calibrate = False
+    """Whether this backend runs W_e and the head trunk for calibration (the torch device does)."""
+
+    def calibrating(self, plan: RoundPlan) -> bool:
+        return bool(plan.directives.get(CALIBRATE)) and self.can_calibrate
+
     def ready(self, plan: RoundPlan) -> bool:
-        return self.wc_version >= plan.version(WC) and self.wc_version >= 0
+        calib_ok = not self.calibrating(plan) or self.calib_version >= plan.version(CALIB)
+        return self.wc_version >= plan.version(WC) and self.wc_version >= 0 and calib_ok
 
     def check(self, env: Any, source: str) -> None:
-        """Global W_c maps must fit the extractor; nothing else comes down to an H-SFP device."""
+        """Global W_c maps must fit the extractor, calibration models the backend's W_e and head."""
         if env.kind == "weights" and env.body["part"] == WC:
             self.check_global(env.body["weights"])
+        elif env.kind == "weights" and env.body["part"] == CALIB and self.can_calibrate:
+            self.check_calib(env.body["weights"])
 
     def check_global(self, weights: Mapping[str, np.ndarray]) -> None:
         """Overridden by backends that know their W_c's parameters."""
+
+    def check_calib(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Overridden by backends that can calibrate."""
+
+    def load_calib(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Take the served W_e and W_g ("we.*", "wg.*") used for the next head statistics."""
+        raise NotImplementedError
+
+    def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        """The classifier's input [N, D] for normalised images, through the global W_c and the
+        calibration W_e and head trunk."""
+        raise NotImplementedError
 
     def on_message(self, env: Any) -> None:
         body = env.body
@@ -65,6 +88,9 @@ class HSFPDevice(DevicePart):
             self.load_global(body["weights"])
             self.wc_version = int(body["version"])
             log.info("device %s: %s%d", self.ctx.node_id, WC_IN_USE, self.wc_version)
+        if env.kind == "weights" and body["part"] == CALIB and self.can_calibrate and body["version"] > self.calib_version:
+            self.load_calib(body["weights"])
+            self.calib_version = int(body["version"])
 
     def load_global(self, weights: Mapping[str, np.ndarray]) -> None:
         self.extractor.load_weights(weights)
@@ -75,6 +101,10 @@ class HSFPDevice(DevicePart):
                                    versions={WC: self.wc_version})
             yield Message("moments", body)
             self.sent_version = self.wc_version
+        if self.calibrating(plan):
+            arrays = head_stats_arrays(self.compute_head_stats(), self.cfg.feature_dtype)
+            yield Message("arrays", {"name": HEAD_STATS, "version": self.calib_version, "arrays": arrays,
+                                     "scalars": {WC: self.wc_version}})
         yield from self.train_round(plan)
         yield DONE
 
@@ -84,12 +114,20 @@ class HSFPDevice(DevicePart):
 
     def compute_moments(self) -> ClassMoments:
         """Per-class moments of the flattened global-W_c features, accumulated in float64."""
+        return self._accumulate(self.extractor.features, MomentAccumulator)
+
+    def compute_head_stats(self) -> HeadStats:
+        """Class means and shared covariance of the classifier's input on all local images."""
+        return self._accumulate(self.classifier_input, HeadStatsAccumulator)
+
+    def _accumulate(self, features: Any, accumulator: Any) -> Any:
+        """Local images through `features` in batches, into a float64 accumulator."""
         x, y = self.data
-        acc: MomentAccumulator | None = None
+        acc = None
         for sl in batches(len(y), self.moment_batch):
-            feats = self.extractor.features(to_input(x[sl], self.spec.mean, self.spec.std))
+            feats = features(to_input(x[sl], self.spec.mean, self.spec.std))
             feats = feats.reshape(len(feats), -1)
-            acc = acc or MomentAccumulator(feats.shape[1])
+            acc = acc or accumulator(feats.shape[1])
             acc.add(feats, y[sl])
         if acc is None:
             raise ValueError("device has no local data")

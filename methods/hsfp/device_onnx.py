@@ -2,7 +2,9 @@
 
 The cloud publishes W_c once as a retained `onnx_model`; slow-scale averages arrive as weight
 maps and are swapped into the graph by name between rounds. Until a graph has arrived the
-device is not ready. Anything that does not load (bad bytes, names, shapes) is logged and
+device is not ready. When the head is calibrated (`calibrate_every`), a second retained graph
+(W_e and W_g's trunk on W_c features) gets the calibration weights the same way, and the device
+sends head statistics once it has both. Anything that does not load (bad bytes, names, shapes) is logged and
 dropped, and the device keeps running the model it had.
 """
 
@@ -14,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from splitedge.methods.hsfp.device import WC_IN_USE, HSFPDevice
-from splitedge.methods.hsfp.method import WC
+from splitedge.methods.hsfp.method import CALIB, WC
 from splitedge.methods.strategy import NodeContext, RoundPlan
 from splitedge.protocol.errors import ProtocolError
 
@@ -35,6 +37,12 @@ class HSFPOnnxDevice(HSFPDevice):
         self.extractor = None  # type: ignore[assignment]  # built when the onnx_model arrives
         self.model_version = -1
         self.latest: tuple[int, Mapping[str, np.ndarray]] | None = None  # newest W_c weights seen
+        self.calib_extractor: Any = None  # W_e and W_g's trunk, built when their onnx_model arrives
+        self.calib_latest: tuple[int, Mapping[str, np.ndarray]] | None = None  # newest calibration weights
+
+    # The calibration graph comes with W_c's (both retained, exported together), so a device waits
+    # for it in a calibrating round rather than sitting the calibration out.
+    can_calibrate = True
 
     def ready(self, plan: RoundPlan) -> bool:
         return self.extractor is not None and super().ready(plan)
@@ -47,10 +55,29 @@ class HSFPOnnxDevice(HSFPDevice):
         except ValueError as exc:
             raise ProtocolError("state.weights", str(exc)) from None
 
+    def check_calib(self, weights: Mapping[str, np.ndarray]) -> None:
+        if self.calib_extractor is None:
+            return  # kept and checked when swapped in, as W_c's
+        try:
+            self.calib_extractor.check_weights(weights)
+        except ValueError as exc:
+            raise ProtocolError("state.weights", str(exc)) from None
+
+    def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        return self.calib_extractor.features(self.extractor.features(x))
+
     def on_message(self, env: Any) -> None:
         body = env.body
         if env.kind == "onnx_model" and body["part"] == WC:
             self._on_model(body)
+        elif env.kind == "onnx_model" and body["part"] == CALIB:
+            self._on_calib_model(body)
+        elif env.kind == "weights" and body["part"] == CALIB:
+            version = int(body["version"])
+            if self.calib_latest is None or version > self.calib_latest[0]:
+                self.calib_latest = (version, body["weights"])
+            if self.calib_extractor is not None and version > self.calib_version:
+                self._swap_calib(version, body["weights"])
         elif env.kind == "weights" and body["part"] == WC:
             version = int(body["version"])
             if self.latest is None or version > self.latest[0]:
@@ -88,3 +115,24 @@ class HSFPOnnxDevice(HSFPDevice):
             return
         self.wc_version = version
         log.info("device %s: %s%d", self.ctx.node_id, WC_IN_USE, version)
+
+    def _on_calib_model(self, body: Mapping[str, Any]) -> None:
+        """The calibration graph: its own weights are a placeholder until a CALIB weight map."""
+        try:
+            from splitedge.device.onnx_backend import OnnxExtractor
+
+            extractor = OnnxExtractor(body["model"], sha256=body["sha256"])
+        except ValueError as exc:
+            log.warning("device %s: rejected calibration onnx_model: %s", self.ctx.node_id, exc)
+            return
+        self.calib_extractor, self.calib_version = extractor, -1
+        if self.calib_latest is not None:
+            self._swap_calib(*self.calib_latest)
+
+    def _swap_calib(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
+        try:
+            self.calib_extractor.load_weights(weights)
+        except ValueError as exc:
+            log.warning("device %s: rejected calibration v%d weights: %s", self.ctx.node_id, version, exc)
+            return
+        self.calib_version = version

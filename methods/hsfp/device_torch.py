@@ -21,7 +21,7 @@ from splitedge.methods.preprocess import to_input
 from splitedge.methods.strategy import Message, NodeContext, RoundPlan
 from splitedge.methods.torch_utils import PlainSGD, retune, sgd
 from splitedge.methods.training import Batch, Outputs, train_epochs
-from splitedge.models import create_split, load_numpy_state, pool, seeded_init, state_to_numpy
+from splitedge.models import ClassifierInput, create_split, load_numpy_state, pool, seeded_init, state_to_numpy
 
 
 class HSFPTorchDevice(HSFPDevice):
@@ -29,6 +29,7 @@ class HSFPTorchDevice(HSFPDevice):
     # temporaries peak ~75 MB above the trained model; features are per-sample identical, the
     # float64 moments differ only by rounding (~1e-15 relative).
     moment_batch = 32
+    can_calibrate = True
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -43,6 +44,26 @@ class HSFPTorchDevice(HSFPDevice):
         self.extractor = self
         self._labels = torch.from_numpy(np.asarray(self.data[1], dtype=np.int64))
         self.opt = self._new_optimizer()
+        self.calib: ClassifierInput | None = None  # the served W_e and W_g trunk, built at the first calibration
+
+    def _calib_module(self) -> ClassifierInput:
+        if self.calib is None:
+            with seeded_init(self.spec.seed):
+                split = create_split(self.spec.model, num_classes=self.spec.num_classes,
+                                     in_channels=self.spec.channels, image_size=self.spec.image_size)
+            self.calib = ClassifierInput(split.we, split.wg).eval()
+        return self.calib
+
+    def check_calib(self, weights: Mapping[str, np.ndarray]) -> None:
+        check_weight_map(weights, weight_specs(state_to_numpy(self._calib_module())))
+
+    def load_calib(self, weights: Mapping[str, np.ndarray]) -> None:
+        load_numpy_state(self._calib_module(), weights)
+
+    def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        calib = self._calib_module()
+        with torch.inference_mode():
+            return calib(self.wc_global(torch.from_numpy(x))).numpy()
 
     def _new_optimizer(self) -> PlainSGD:
         # torch.optim.SGD's arithmetic, minus the torch._dynamo import it drags in (~80 MB RSS)

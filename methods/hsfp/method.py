@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from splitedge.methods.hsfp.config import HSFPConfig
+from splitedge.methods.hsfp.config import HSFPCalConfig, HSFPConfig
 from splitedge.methods.moments import ClassMoments, robust_merge
 from splitedge.methods.sampling import sample_features
 from splitedge.methods.strategy import Method
@@ -20,6 +20,10 @@ from splitedge.methods.strategy import Method
 WC, WE = "wc", "we"
 AVERAGE = "average"
 REPORT_LABELS, LABELS = "report_labels", "labels"  # directive, and the edges' `arrays` record of label histograms
+# Head calibration (`calibrate_every` > 0): the `weights` part the cloud sends devices before a
+# calibrating round (W_e and W_g as "we.*" / "wg.*"), versioned as CALIB in the round plan; the
+# round's directive; and the `arrays` record of real head statistics devices and edges send up.
+CALIB, CALIBRATE, HEAD_STATS = "calib", "calibrate", "head_stats"
 
 
 class HSFP(Method):
@@ -32,6 +36,11 @@ class HSFP(Method):
         "edge": "splitedge.methods.hsfp.edge:HSFPEdge",
         "cloud": "splitedge.methods.hsfp.cloud:HSFPCloud",
     }
+
+    def calibrates(self, round_: int) -> bool:
+        """Whether round `round_` collects real head statistics (rounds 1, 1 + k, 1 + 2k, ...)."""
+        every = self.config.calibrate_every
+        return every > 0 and (round_ - 1) % every == 0
 
     def objective(self, role: str) -> list[Any]:
         """SupCon on projected device features and on pooled W_e outputs; CE for the head."""
@@ -77,3 +86,10 @@ class HSFP(Method):
         of the same space and model versions (used by "clip")."""
         cfg = self.config
         return robust_merge(parts, cfg.robust, reference=reference, clip_k=cfg.robust_clip_k, trim=cfg.robust_trim)
+
+
+class HSFPCalibrated(HSFP):
+    """H-SFP whose served head is refitted every round on real statistics (`hsfp-cal`)."""
+
+    name = "hsfp-cal"
+    Config = HSFPCalConfig

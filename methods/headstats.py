@@ -1,0 +1,166 @@
+"""Per-class means with one shared (within-class) covariance of real features, merged exactly.
+
+What a head can be calibrated on without a single per-sample feature leaving a device (the
+CCVR / Fed3R family): each device runs the served model up to the classifier's input and sends
+counts, class means and its pooled within-class covariance; edges and the cloud merge them
+exactly (the parallel-variance formula, matrix form); the cloud fits the linear classifier in
+closed form (LDA with shrinkage). numpy only: thin devices compute these too.
+
+On the wire (an `arrays` record): classes i8[K], counts i8[K], mean [K, D] and the covariance's
+upper triangle `cov` [D(D+1)/2], both in the configured feature dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from splitedge.methods.moments import WIRE_DTYPES
+from splitedge.protocol.errors import ProtocolError
+
+ARRAYS = ("classes", "counts", "mean", "cov")
+
+
+@dataclass(frozen=True, eq=False)
+class HeadStats:
+    """classes i8[K] (sorted, unique), counts i8[K] (>= 1), mean f8[K, D], cov f8[D, D]: the
+    within-class scatter divided by the total count (0 when a single sample was seen)."""
+
+    classes: np.ndarray
+    counts: np.ndarray
+    mean: np.ndarray
+    cov: np.ndarray
+
+    @property
+    def dim(self) -> int:
+        return int(self.mean.shape[1])
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+
+class HeadStatsAccumulator:
+    """Streams batches of (features, labels): each batch is centred per class and merged into the
+    running statistics with the exact merge (Chan et al.'s update, matrix form), so large
+    feature means do not cost precision."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.state: HeadStats | None = None
+
+    def add(self, feats: np.ndarray, labels: np.ndarray) -> None:
+        labels = np.asarray(labels)
+        x = np.asarray(feats, dtype=np.float64).reshape(len(labels), -1)
+        if x.shape[1] != self.dim:
+            raise ValueError(f"features have dimension {x.shape[1]}, expected {self.dim}")
+        if len(labels) == 0:
+            return
+        classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+        mean = np.zeros((len(classes), self.dim))
+        np.add.at(mean, inverse, x)
+        mean /= counts[:, None]
+        centred = x - mean[inverse]
+        batch = HeadStats(classes.astype(np.int64), counts.astype(np.int64), mean, centred.T @ centred / len(x))
+        self.state = batch if self.state is None else merge_head_stats([self.state, batch])
+
+    def result(self) -> HeadStats:
+        if self.state is None:
+            raise ValueError("no features were added")
+        return self.state
+
+
+def _symmetric(a: np.ndarray) -> np.ndarray:
+    return (a + a.T) / 2
+
+
+def merge_head_stats(parts: Sequence[HeadStats]) -> HeadStats:
+    """The statistics of the union of the parts' data (up to float rounding), in input order."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    dim = parts[0].dim
+    if any(p.dim != dim for p in parts):
+        raise ValueError("head statistics of different dimensions")
+    classes = np.unique(np.concatenate([p.classes for p in parts]))
+    n = np.zeros(len(classes), dtype=np.int64)
+    sums = np.zeros((len(classes), dim))
+    for p in parts:
+        idx = np.searchsorted(classes, p.classes)
+        n[idx] += p.counts
+        sums[idx] += p.mean * p.counts[:, None]
+    mean = sums / n[:, None]
+    scatter = np.zeros((dim, dim))
+    for p in parts:
+        d = p.mean - mean[np.searchsorted(classes, p.classes)]
+        scatter += p.cov * p.total + (d * p.counts[:, None]).T @ d  # within plus between the parts
+    return HeadStats(classes, n, mean, _symmetric(scatter) / n.sum())
+
+
+def head_stats_arrays(s: HeadStats, dtype: str) -> dict[str, np.ndarray]:
+    """The `arrays` of a head-statistics record (the covariance as its upper triangle)."""
+    wire = WIRE_DTYPES[dtype]
+    with np.errstate(over="ignore"):
+        mean = np.ascontiguousarray(s.mean, dtype=wire)
+        cov = np.ascontiguousarray(s.cov[np.triu_indices(s.dim)], dtype=wire)
+    if not (np.isfinite(mean).all() and np.isfinite(cov).all()):
+        raise ValueError(f"head statistics overflow {dtype}; use a wider dtype")
+    return {"classes": np.ascontiguousarray(s.classes, "<i8"), "counts": np.ascontiguousarray(s.counts, "<i8"),
+            "mean": mean, "cov": cov}
+
+
+def check_head_stats(arrays: Mapping[str, Any], *, dim: int, num_classes: int, dtype: str) -> None:
+    """A record that fits the federation: its arrays, dimension, classes, dtype, counts and a
+    covariance whose diagonal is not negative. Raises ProtocolError with the rule broken."""
+    if set(arrays) != set(ARRAYS):
+        raise ProtocolError("state.arrays", f"head statistics carry {sorted(ARRAYS)}, got {sorted(arrays)}")
+    classes, counts, mean, cov = (np.asarray(arrays[k]) for k in ARRAYS)
+    if classes.dtype.kind != "i" or counts.dtype.kind != "i" or classes.ndim != 1 or counts.shape != classes.shape:
+        raise ProtocolError("state.shape", "classes and counts must be integer vectors of one length")
+    k = len(classes)
+    if k == 0 or k > num_classes or int(classes.min()) < 0 or int(classes.max()) >= num_classes \
+            or len(np.unique(classes)) != k:
+        raise ProtocolError("state.classes", f"classes must be distinct ids below {num_classes}")
+    if int(counts.min()) < 1:
+        raise ProtocolError("state.counts", "every class sent needs a count of at least 1")
+    if mean.shape != (k, dim) or cov.shape != (dim * (dim + 1) // 2,):
+        raise ProtocolError("state.dim", f"mean {mean.shape} / cov {cov.shape} do not fit dimension {dim} and "
+                                         f"{k} classes")
+    want = np.dtype(dtype).newbyteorder("<")
+    if mean.dtype != want or cov.dtype != want:
+        raise ProtocolError("state.dtype", f"mean/cov are {mean.dtype.str}/{cov.dtype.str}, the config says {dtype}")
+    if (np.asarray(cov, np.float64)[_diagonal_positions(dim)] < 0).any():
+        raise ProtocolError("state.range", "a covariance diagonal entry is negative")
+
+
+def _diagonal_positions(dim: int) -> np.ndarray:
+    """Where the diagonal sits in the row-major upper triangle."""
+    rows = np.arange(dim)
+    return rows * dim - rows * (rows - 1) // 2
+
+
+def head_stats_from_arrays(arrays: Mapping[str, Any]) -> HeadStats:
+    """HeadStats (float64) from a checked record's arrays."""
+    mean = np.asarray(arrays["mean"], dtype=np.float64)
+    dim = mean.shape[1]
+    cov = np.zeros((dim, dim))
+    cov[np.triu_indices(dim)] = np.asarray(arrays["cov"], dtype=np.float64)
+    cov = cov + np.triu(cov, 1).T
+    return HeadStats(np.asarray(arrays["classes"], np.int64), np.asarray(arrays["counts"], np.int64), mean, cov)
+
+
+def lda_classifier(s: HeadStats, num_classes: int, *, shrink: float = 0.1,
+                   absent_bias: float = -1e4) -> tuple[np.ndarray, np.ndarray]:
+    """Weights [num_classes, D] and bias [num_classes] of the Bayes classifier for Gaussian
+    classes with the shared covariance, shrunk toward its mean variance (Ledoit-Wolf style,
+    weight `shrink`) so it stays invertible with few samples. Priors are the classes' shares
+    of the merged counts; a class nobody holds gets zero weights and `absent_bias`."""
+    dim = s.dim
+    scale = max(float(np.trace(s.cov)) / dim, 1e-12)
+    cov = (1 - shrink) * s.cov + (shrink * scale + 1e-9 * scale) * np.eye(dim)
+    w = np.linalg.solve(cov, s.mean.T).T  # [K, D]: Sigma^-1 mu_c
+    b = -0.5 * np.einsum("kd,kd->k", w, s.mean) + np.log(s.counts / s.counts.sum())
+    weight, bias = np.zeros((num_classes, dim)), np.full(num_classes, absent_bias)
+    weight[s.classes], bias[s.classes] = w, b
+    return weight, bias

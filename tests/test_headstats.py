@@ -1,0 +1,112 @@
+"""Head statistics for calibration (methods/headstats.py): exact streaming and merging, the
+wire record and its checks, and the closed-form classifier."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from splitedge.methods.headstats import (
+    HeadStatsAccumulator, check_head_stats, head_stats_arrays, head_stats_from_arrays, lda_classifier,
+    merge_head_stats,
+)
+from splitedge.protocol.errors import ProtocolError
+
+
+def _data(seed: int = 0, n: int = 600, dim: int = 6, classes: int = 4, offset: float = 50.0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    centres = rng.normal(0, 3, (classes, dim)) + offset  # far from zero: precision matters
+    mix = rng.normal(0, 1, (dim, dim))
+    x = centres[y] + rng.normal(0, 1, (n, dim)) @ mix
+    return x, y
+
+
+def _direct(x, y):
+    classes = np.unique(y)
+    mean = np.stack([x[y == c].mean(0) for c in classes])
+    centred = x - mean[np.searchsorted(classes, y)]
+    return classes, mean, centred.T @ centred / len(y)
+
+
+def test_streamed_batches_equal_the_one_shot_statistics() -> None:
+    x, y = _data()
+    acc = HeadStatsAccumulator(x.shape[1])
+    for start in range(0, len(y), 37):  # batches that miss classes now and then
+        acc.add(x[start:start + 37], y[start:start + 37])
+    s = acc.result()
+    classes, mean, cov = _direct(x, y)
+    np.testing.assert_array_equal(s.classes, classes)
+    assert s.counts.tolist() == [int((y == c).sum()) for c in classes]
+    np.testing.assert_allclose(s.mean, mean, rtol=1e-12)
+    np.testing.assert_allclose(s.cov, cov, rtol=1e-9, atol=1e-9)
+
+
+def test_merging_devices_equals_pooling_their_data() -> None:
+    x, y = _data(1)
+    cuts = [0, 50, 260, 600]  # unequal devices; the first holds few classes
+    parts = []
+    for a, b in zip(cuts, cuts[1:]):
+        acc = HeadStatsAccumulator(x.shape[1])
+        acc.add(x[a:b], y[a:b])
+        parts.append(acc.result())
+    merged = merge_head_stats(parts)
+    classes, mean, cov = _direct(x, y)
+    np.testing.assert_allclose(merged.mean, mean, rtol=1e-12)
+    np.testing.assert_allclose(merged.cov, cov, rtol=1e-9, atol=1e-9)
+    assert merged.total == len(y)
+
+
+@pytest.mark.parametrize("dtype", ["f2", "f4"])
+def test_the_wire_record_round_trips_and_passes_its_checks(dtype: str) -> None:
+    x, y = _data(2, offset=0.0)
+    acc = HeadStatsAccumulator(x.shape[1])
+    acc.add(x, y)
+    s = acc.result()
+    arrays = head_stats_arrays(s, dtype)
+    assert arrays["cov"].shape == (21,)  # upper triangle of 6 x 6
+    check_head_stats(arrays, dim=6, num_classes=4, dtype=dtype)
+    back = head_stats_from_arrays(arrays)
+    tol = 2e-3 if dtype == "f2" else 1e-6
+    np.testing.assert_allclose(back.cov, s.cov, rtol=tol, atol=tol * np.abs(s.cov).max())
+    np.testing.assert_array_equal(back.cov, back.cov.T)
+
+
+def _good() -> dict:
+    x, y = _data(3, offset=0.0)
+    acc = HeadStatsAccumulator(x.shape[1])
+    acc.add(x, y)
+    return head_stats_arrays(acc.result(), "f4")
+
+
+@pytest.mark.parametrize("mutate, rule", [
+    (lambda a: a.pop("cov"), "state.arrays"),
+    (lambda a: a.update(extra=np.zeros(1, "<f4")), "state.arrays"),
+    (lambda a: a.update(mean=a["mean"][:, :5].copy()), "state.dim"),
+    (lambda a: a.update(cov=a["cov"][:-1].copy()), "state.dim"),
+    (lambda a: a.update(classes=np.array([0, 1, 2, 9], "<i8")), "state.classes"),
+    (lambda a: a.update(classes=np.array([0, 1, 1, 2], "<i8")), "state.classes"),
+    (lambda a: a.update(counts=np.array([5, 0, 5, 5], "<i8")), "state.counts"),
+    (lambda a: a.update(mean=a["mean"].astype("<f2")), "state.dtype"),
+    (lambda a: a["cov"].__setitem__(0, -1.0), "state.range"),
+])
+def test_a_record_that_does_not_fit_the_federation_is_refused_with_its_rule(mutate, rule: str) -> None:
+    arrays = _good()
+    mutate(arrays)
+    with pytest.raises(ProtocolError) as err:
+        check_head_stats(arrays, dim=6, num_classes=4, dtype="f4")
+    assert err.value.rule == rule
+
+
+def test_the_closed_form_classifier_agrees_with_sklearn_lda() -> None:
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    x, y = _data(4, n=2000, classes=5)
+    acc = HeadStatsAccumulator(x.shape[1])
+    acc.add(x, y)
+    weight, bias = lda_classifier(acc.result(), 7, shrink=1e-6)  # classes 5 and 6 held by nobody
+    ours = np.argmax(x @ weight.T + bias, axis=1)
+    theirs = LinearDiscriminantAnalysis(solver="lsqr").fit(x, y).predict(x)
+    assert (ours == theirs).mean() > 0.995
+    assert (ours == y).mean() > 0.8 and not np.isin(ours, [5, 6]).any()
+    assert np.all(weight[5:] == 0) and np.all(bias[5:] < -1e3)
