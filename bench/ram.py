@@ -35,6 +35,17 @@ MB = 1024 * 1024
 GOALS_MB = {"onnx": 80, "torch": 300}  # device only; defined for cifar10 with 5,000 images
 GOAL_DATASET, GOAL_IMAGES = "cifar10", 5000
 DEVICE_UNIT = REPO / "deploy" / "splitedge-device.service"
+# The unit's environment, for installs without the repo's deploy/ folder (a wheel); a test keeps
+# the two equal.
+DEVICE_UNIT_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+
+
+def device_environment() -> tuple[dict[str, str], str]:
+    """The device's environment and where it came from: deploy/'s unit in a checkout, else the
+    copy above."""
+    if DEVICE_UNIT.is_file():
+        return unit_environment(DEVICE_UNIT), str(DEVICE_UNIT.relative_to(REPO))
+    return dict(DEVICE_UNIT_ENV), "bench.ram.DEVICE_UNIT_ENV (deploy/ is not installed)"
 
 
 def unit_environment(unit: Path = DEVICE_UNIT) -> dict[str, str]:
@@ -169,9 +180,8 @@ def run(s: RamSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     if "onnx" in backends and not onnx_available():
         backends.remove("onnx")
         skipped["onnx"] = "device.onnx_backend does not import in this checkout"
-    device_env = unit_environment()
-    device = {**interpreter_info(s.device_python or sys.executable), "env": device_env,
-              "env_source": str(DEVICE_UNIT.relative_to(REPO))}
+    device_env, env_source = device_environment()
+    device = {**interpreter_info(s.device_python or sys.executable), "env": device_env, "env_source": env_source}
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-ram-") as tmp_name:
         tmp = Path(tmp_name)

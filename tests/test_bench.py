@@ -122,6 +122,15 @@ def test_ram_spawns_the_device_under_the_given_interpreter_with_its_unit_environ
     assert f"`{fake}` (Python 3.11.2, torch 2.13.0+cpu)" in md and "`MALLOC_ARENA_MAX=2`" in md
 
 
+def test_ram_device_environment_without_deploy_folder_is_the_units(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    # a wheel install has no deploy/: the bench uses its copy, which must equal the unit's
+    assert ram.DEVICE_UNIT_ENV == ram.unit_environment(ram.DEVICE_UNIT)
+    monkeypatch.setattr(ram, "DEVICE_UNIT", tmp_path / "missing.service")
+    env, source = ram.device_environment()
+    assert env == ram.DEVICE_UNIT_ENV and "not installed" in source
+
+
 @pytest.mark.slow
 @needs_mosquitto
 def test_accuracy_quick(tmp_path: Path) -> None:

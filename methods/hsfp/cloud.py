@@ -203,7 +203,7 @@ class HSFPCloud(CloudPart):
         """Serve W_c, the calibration W_e and W_g with the classifier refitted in closed form on
         the real head statistics the edges merged; returns how many samples they counted."""
         parts = head_stats_of(reports, plan.version(CALIB))
-        if not parts:  # e.g. only thin devices, which cannot run W_e: serve the model as trained
+        if not parts:  # no device reported in time (or none could): serve the model as trained
             log.warning("cloud: calibrating round %d without head statistics; serving the uncalibrated model",
                         plan.round)
             if self.served_versions != (self.wc_version, self.we_version):
