@@ -144,7 +144,12 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.verbose:  # a suite runs whole federations in this process; their nodes' status lines are noise
         logging.getLogger("splitedge.status").setLevel(logging.WARNING)
-    argv = command_line(args)
+    argv = command_line(args)  # as typed, for the reports
+    if args.data is not None:  # suites start nodes in other folders: a relative path would not resolve there
+        data = Path(args.data).expanduser()
+        if not data.exists():
+            raise ValueError(f"--data {args.data}: no such file or folder")
+        args.data = str(data.resolve())
     names = list(SUITES) if args.suite == "all" else [args.suite]
     for name in names:
         if args.out is None:

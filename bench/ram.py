@@ -160,8 +160,11 @@ def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path,
     result = {"backend": backend, "rows": rows, "completed": codes.get("cloud") == 0,
               "device_wc_versions_used": device_log.count(WC_IN_USE)}
     if not result["completed"]:  # keep the evidence: the temp folder goes away
-        result["log_tails"] = {role: (tmp / f"{backend}-{role}.log").read_text(errors="replace")[-1500:]
-                               for role in procs}
+        result["log_tails"] = {role: (tmp / f"{backend}-{role.replace('torch ', '')}.log").read_text(
+            errors="replace")[-1500:] for role in procs}
+        for role, tail in result["log_tails"].items():
+            if codes.get(role):
+                log.warning("ram: %s %s exited %s; its log ends:\n%s", backend, role, codes[role], tail[-600:])
         log.warning("ram: %s run did not complete (exit codes %s)", backend, codes)
     return result
 

@@ -247,3 +247,11 @@ def test_bench_without_out_writes_a_new_folder_never_the_committed_results(tmp_p
     (made,) = (tmp_path / "runs" / "bench").iterdir()
     assert made.name.startswith("throughput-") and (made / "throughput.json").exists()
     assert not (tmp_path / "bench").exists()
+
+
+def test_bench_refuses_missing_data_before_any_work(capsys, tmp_path) -> None:
+    # every suite that spawns nodes passes --data on; a missing one is one line, up front
+    code, err = _run(capsys, "bench", "ram", "--dataset", "cifar10", "--data", str(tmp_path / "nope.tar.gz"),
+                     "--out", str(tmp_path / "o"))
+    assert code == 2 and "no such file or folder" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
