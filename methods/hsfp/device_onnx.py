@@ -36,9 +36,9 @@ class HSFPOnnxDevice(HSFPDevice):
         super().__init__(ctx, data, backend)
         self.extractor = None  # type: ignore[assignment]  # built when the onnx_model arrives
         self.model_version = -1
-        self.latest: tuple[int, Mapping[str, np.ndarray]] | None = None  # newest W_c weights seen
         self.calib_extractor: Any = None  # W_e and W_g's trunk, built when their onnx_model arrives
-        self.calib_latest: tuple[int, Mapping[str, np.ndarray]] | None = None  # newest calibration weights
+        # the newest weight map seen per part (WC, CALIB), kept until its graph is there
+        self.latest: dict[str, tuple[int, Mapping[str, np.ndarray]]] = {}
 
     # The calibration graph comes with W_c's (both retained, exported together), so a device waits
     # for it in a calibrating round rather than sitting the calibration out.
@@ -72,18 +72,14 @@ class HSFPOnnxDevice(HSFPDevice):
             self._on_model(body)
         elif env.kind == "onnx_model" and body["part"] == CALIB:
             self._on_calib_model(body)
-        elif env.kind == "weights" and body["part"] == CALIB:
-            version = int(body["version"])
-            if self.calib_latest is None or version > self.calib_latest[0]:
-                self.calib_latest = (version, body["weights"])
-            if self.calib_extractor is not None and version > self.calib_version:
-                self._swap_calib(version, body["weights"])
-        elif env.kind == "weights" and body["part"] == WC:
-            version = int(body["version"])
-            if self.latest is None or version > self.latest[0]:
-                self.latest = (version, body["weights"])
-            if self.extractor is not None and version > self.wc_version:
-                self._swap(version, body["weights"])
+        elif env.kind == "weights" and body["part"] in (WC, CALIB):
+            part, version = body["part"], int(body["version"])
+            if part not in self.latest or version > self.latest[part][0]:
+                self.latest[part] = (version, body["weights"])
+            graph, in_use, swap = ((self.extractor, self.wc_version, self._swap) if part == WC else
+                                   (self.calib_extractor, self.calib_version, self._swap_calib))
+            if graph is not None and version > in_use:
+                swap(version, body["weights"])
         else:
             super().on_message(env)  # e.g. the edge asking for moments again
 
@@ -103,8 +99,8 @@ class HSFPOnnxDevice(HSFPDevice):
             return
         self.model_version = self.wc_version = version
         log.info("device %s: onnx W_c v%d loaded (%d bytes)", self.ctx.node_id, version, len(body["model"]))
-        if self.latest is not None and self.latest[0] > version:
-            self._swap(*self.latest)
+        if WC in self.latest and self.latest[WC][0] > version:
+            self._swap(*self.latest[WC])
 
     def _swap(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
         try:
@@ -126,8 +122,8 @@ class HSFPOnnxDevice(HSFPDevice):
             log.warning("device %s: rejected calibration onnx_model: %s", self.ctx.node_id, exc)
             return
         self.calib_extractor, self.calib_version = extractor, -1
-        if self.calib_latest is not None:
-            self._swap_calib(*self.calib_latest)
+        if CALIB in self.latest:
+            self._swap_calib(*self.latest[CALIB])
 
     def _swap_calib(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
         try:
