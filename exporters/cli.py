@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="digits", choices=("digits", "cifar10"),
                    help="gives the input shape, normalisation and the real images parity is checked on")
     p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")
-    p.add_argument("--model", default=None, help="network split (cnn | resnet18); default: the one the checkpoint fits")
+    p.add_argument("--model", default=None, help="network split (cnn | fedcnn | resnet18); default: the one the checkpoint fits")
     p.add_argument("--out", required=True, type=Path, help="directory for wc*.onnx, model*.onnx, export.json")
     p.add_argument("--fp16", action="store_true", help="also write float16 variants")
     p.add_argument("--int8", action="store_true", help="also write static int8 (QDQ) variants")

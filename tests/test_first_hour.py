@@ -191,6 +191,15 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
     assert undocumented == []
 
 
+def test_every_model_option_names_every_registered_model() -> None:
+    from splitedge.cli import build_parser
+    from splitedge.models import list_models
+
+    (commands,) = build_parser()._subparsers._group_actions
+    helps = {name: a.help for name, sub in commands.choices.items() for a in sub._actions if "--model" in a.option_strings}
+    assert helps and all(all(m in h for m in list_models()) for h in helps.values()), helps
+
+
 @pytest.mark.parametrize("content", [b"hello, not a tarball", None])
 def test_a_broken_cifar_archive_is_one_line(content, tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("SPLITEDGE_CACHE", str(tmp_path / "cache"))
