@@ -81,7 +81,8 @@ def test_torch_and_thin_devices_calibrate_every_round(clean) -> None:
     # all their images: the 600 training images, every round
     assert [r["calibrated"] for r in clean] == [600] * ROUNDS, clean
     assert all(r["merged"] == 4 for r in clean), [r["merged"] for r in clean]
-    assert clean[0]["versions"]["calib"] == 0 and clean[-1]["versions"]["calib"] == ROUNDS - 1
+    # W_e and the trunk go down again only when they changed: W_e is averaged after round 2 (ie=2)
+    assert [r["versions"]["calib"] for r in clean] == [0, 0, 1], [r["versions"] for r in clean]
     assert min(r["accuracy"] for r in clean) > 0.5, [r["accuracy"] for r in clean]  # chance is 0.1
 
 

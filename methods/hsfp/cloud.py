@@ -80,11 +80,17 @@ class HSFPCloud(CloudPart):
         return Message("weights", body, to=DEVICES if part == WC else CHILDREN, slot=part)
 
     def before_round(self, round_: int) -> list[Message]:
-        """Before a calibrating round: the newest W_e and W_g's trunk to every device, kept as sent."""
+        """Before a calibrating round: the newest W_e and W_g's trunk to every device, kept as
+        sent. Unchanged ones are not sent again (W_e changes only at its average, every `ie`
+        rounds, and the cnn's trunk has no parameters): the round names the version they hold."""
         if not self.method.calibrates(round_):
             return []
-        self.calib.we.load_state_dict(self.model.we.state_dict())
-        self.calib.wg.load_state_dict(self.model.wg[:-1].state_dict())
+        new = {**{f"we.{k}": v for k, v in self.model.we.state_dict().items()},
+               **{f"wg.{k}": v for k, v in self.model.wg[:-1].state_dict().items()}}
+        current = self.calib.state_dict()
+        if self.calib_version >= 0 and all(torch.equal(new[k], current[k]) for k in current):
+            return []
+        self.calib.load_state_dict(new)
         self.calib_version += 1
         body = {"part": CALIB, "version": self.calib_version, "samples": 0, "weights": state_to_numpy(self.calib)}
         return [Message("weights", body, to=DEVICES, slot=CALIB)]
