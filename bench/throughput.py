@@ -114,6 +114,7 @@ def end_to_end(count: int, dim: int, s: ThroughputSettings, url: str) -> dict[st
         pub = subprocess.Popen([sys.executable, "-m", "splitedge.bench.mqtt_load", "--url", url, "--run", run, "--count",
                                 str(count), "--dim", str(dim), "--classes", str(s.classes), "--dtype", s.dtype],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ok = False  # an interrupt before the wait ends kills the publisher
         try:
             if pub.stdout is None or pub.stdin is None or pub.stdout.readline().strip() != "ready":
                 raise RuntimeError("publisher did not start")

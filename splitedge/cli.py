@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
-from typing import Sequence
+import threading
+from typing import Any, Sequence
 
 # subcommand -> (module with add_arguments/run, one-line help)
 COMMANDS = {
@@ -66,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(_chosen_command(argv)).parse_args(argv)
     configure_logging(args.verbose)
+    previous = _terminate_like_interrupt()
     try:
         return int(importlib.import_module(args.module).run(args) or 0)
     except KeyboardInterrupt:
@@ -77,6 +80,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, text = explain(exc, args.command)
         print(text, file=sys.stderr)
         return code
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_like_interrupt() -> Any:
+    """SIGTERM (`kill`, `timeout`, a container stop) unwinds like Ctrl-C, so the brokers, worker
+    processes and files a command started are stopped and closed instead of left behind (the
+    default SIGTERM ends Python without running any cleanup). Returns the previous handler, or
+    None off the main thread, where handlers cannot be set."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def explain(exc: BaseException, command: str) -> tuple[int, str]:

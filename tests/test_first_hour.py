@@ -264,3 +264,29 @@ def test_bench_refuses_missing_data_before_any_work(capsys, tmp_path) -> None:
                      "--out", str(tmp_path / "o"))
     assert code == 2 and "no such file or folder" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
+
+
+def test_sigterm_stops_a_bench_and_the_broker_it_started(tmp_path) -> None:
+    """`kill` (SIGTERM) unwinds like Ctrl-C: a bench's own Mosquitto does not outlive it."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-m", "splitedge", "bench", "throughput", "--quick", "--no-plots",
+                             "--out", str(tmp_path / "o")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline, brokers = time.monotonic() + 60, []
+        while not brokers and time.monotonic() < deadline and proc.poll() is None:
+            brokers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "mosquitto" in c.name()]
+            time.sleep(0.2)
+        assert brokers, "the bench never started its Mosquitto"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 130, proc.stderr.read().decode()
+        assert "interrupted" in proc.stderr.read().decode()
+        gone, alive = psutil.wait_procs(brokers, timeout=10)
+        assert not alive, alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
