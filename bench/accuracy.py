@@ -58,8 +58,10 @@ class AccuracySettings(FederationSettings):
         return sim if self.deadline_s is None else dataclasses.replace(sim, deadline_s=self.deadline_s)
 
     def entries(self) -> list[tuple[str, str, dict[str, str]]]:
-        """(row label, registered method, overrides): the methods, then the variants."""
-        out = [(m, m, {}) for m in selected_methods(self.methods)]
+        """(row label, registered method, overrides): the methods, then the variants. Variants
+        without --methods run alone (they name what to compare)."""
+        methods = selected_methods(self.methods) if self.methods or not self.variants else []
+        out = [(m, m, {}) for m in methods]
         for name, (method, overrides) in self.variants.items():
             selected_methods((method,))  # an unknown method fails before any run
             out.append((name, method, overrides))

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run nothing: rewrite the markdown (and plots) of the JSON already in --out with this "
                         "checkout's report code")
     g = p.add_argument_group("federation (bandwidth, accuracy, ram)")
-    g.add_argument("--methods", type=_csv, default=(), help="comma-separated; default: every registered method")
+    g.add_argument("--methods", type=_csv, default=(), help="comma-separated; default: every registered method (accuracy with --variant: only the variants)")
     g.add_argument("--dataset", default="digits", choices=("digits", "cifar10"), help="data set of the federations")
     g.add_argument("--data", default=None, help="CIFAR-10 archive / folder (see splitedge sim --help)")
     g.add_argument("--model", default=None, help="cnn | fedcnn | resnet18; default by data set")

@@ -257,3 +257,18 @@ def test_scale_reports_every_process_of_each_size(tmp_path: Path) -> None:
         assert r["rounds_done"] == 2 and r["final_accuracy"] > 0.3
         assert all(v > 1 for v in r["peak_rss_mb"].values()), r["peak_rss_mb"]
         assert r["sum_of_peaks_mb"] >= r["peak_total_mb"] > 0 and r["broker_messages_received"] > 0
+
+
+def test_accuracy_variants_alone_run_only_the_variants() -> None:
+    from splitedge.bench.accuracy import AccuracySettings
+    from splitedge.bench.cli import add_arguments
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    alone = AccuracySettings.from_args(p.parse_args(["accuracy", "--variant", "a=hsfp:ic=2"]))
+    both = AccuracySettings.from_args(p.parse_args(["accuracy", "--methods", "fedavg", "--variant", "a=hsfp:ic=2"]))
+    plain = AccuracySettings.from_args(p.parse_args(["accuracy"]))
+    assert [e[0] for e in alone.entries()] == ["a"]
+    assert [e[0] for e in both.entries()] == ["fedavg", "a"]
+    assert "hsfp" in [e[0] for e in plain.entries()] and "a" not in [e[0] for e in plain.entries()]

@@ -62,6 +62,11 @@ class HSFPConfig(MethodConfig):
     # 0 never calibrates (the paper's method)
     calibrate_every: int = 0
     calib_shrink: float = 0.1
+    # what devices train W_c towards: "supcon" (the paper: SupCon through a private projection
+    # head) or "etf" (cross-entropy against a fixed simplex ETF every device shares, cosine
+    # logits / etf_tau; methods/hsfp/etf.py)
+    device_target: str = "supcon"
+    etf_tau: float = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,6 +85,9 @@ class HSFPConfig(MethodConfig):
                              f"{self.robust_trim}")
         if not 0.0 <= self.spatial_rho <= 1.0:
             raise ValueError(f"spatial_rho must be in [0, 1], got {self.spatial_rho}")
+        if self.device_target not in ("supcon", "etf") or not self.etf_tau > 0:
+            raise ValueError(f"device_target must be 'supcon' or 'etf' and etf_tau > 0, got {self.device_target!r} "
+                             f"and {self.etf_tau}")
         if self.calibrate_every < 0 or not 0 < self.calib_shrink <= 1:
             raise ValueError(f"calibrate_every must be >= 0 and calib_shrink in (0, 1], got {self.calibrate_every} "
                              f"and {self.calib_shrink}")

@@ -16,6 +16,7 @@ from torch import nn
 from splitedge.methods.augment import two_views
 from splitedge.methods.checks import check_weight_map, weight_specs
 from splitedge.methods.hsfp.device import HSFPDevice
+from splitedge.methods.hsfp.etf import EtfHead
 from splitedge.methods.hsfp.method import AVERAGE, WC
 from splitedge.methods.preprocess import to_input
 from splitedge.methods.strategy import Message, NodeContext, RoundPlan
@@ -38,6 +39,8 @@ class HSFPTorchDevice(HSFPDevice):
                                  in_channels=self.spec.channels, image_size=self.spec.image_size)
             width = split.wc_shape[0]
             self.head = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, self.cfg.proj_dim))
+        if self.cfg.device_target == "etf":  # the same fixed target on every device: from the run's seed
+            self.head = EtfHead(width, self.spec.num_classes, seed=self.spec.seed, tau=self.cfg.etf_tau)
         self.wc_global = split.wc.eval()
         self.wc_local = copy.deepcopy(split.wc)
         self.specs = weight_specs(state_to_numpy(self.wc_global))

@@ -44,10 +44,14 @@ class HSFP(Method):
 
     def objective(self, role: str) -> list[Any]:
         """SupCon on projected device features and on pooled W_e outputs; CE for the head."""
+        from torch.nn import functional as F
+
         from splitedge.methods.losses import supcon_loss
         from splitedge.methods.training import LossTerm, cross_entropy_term
 
         tau = self.config.tau
+        if role == "device" and self.config.device_target == "etf":  # z: cosine logits against the shared ETF
+            return [LossTerm("etf", lambda out, b: F.cross_entropy(out["z"], out["labels"]), needs=("z", "labels"))]
         if role == "device":
             return [LossTerm("supcon", lambda out, b: supcon_loss(out["z"], out["labels"], tau=tau), needs=("z", "labels"))]
         if role == "edge":
