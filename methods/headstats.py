@@ -17,14 +17,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from splitedge.methods.moments import WIRE_DTYPES
+from splitedge.methods.moments import WIRE_DTYPES, PerClassStats
 from splitedge.protocol.errors import ProtocolError
 
 ARRAYS = ("classes", "counts", "mean", "cov")
 
 
 @dataclass(frozen=True, eq=False)
-class HeadStats:
+class HeadStats(PerClassStats):
     """classes i8[K] (sorted, unique), counts i8[K] (>= 1), mean f8[K, D], cov f8[D, D]: the
     within-class scatter divided by the total count (0 when a single sample was seen)."""
 
@@ -32,14 +32,6 @@ class HeadStats:
     counts: np.ndarray
     mean: np.ndarray
     cov: np.ndarray
-
-    @property
-    def dim(self) -> int:
-        return int(self.mean.shape[1])
-
-    @property
-    def total(self) -> int:
-        return int(self.counts.sum())
 
 
 class HeadStatsAccumulator:

@@ -15,8 +15,24 @@ import numpy as np
 WIRE_DTYPES = {"f2": np.dtype("<f2"), "f4": np.dtype("<f4"), "f8": np.dtype("<f8")}
 
 
+class PerClassStats:
+    """What per-class statistics with `counts` [K] and `mean` [K, D] share (ClassMoments,
+    headstats.HeadStats)."""
+
+    counts: np.ndarray
+    mean: np.ndarray
+
+    @property
+    def dim(self) -> int:
+        return int(self.mean.shape[1])
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+
 @dataclass(frozen=True, eq=False)
-class ClassMoments:
+class ClassMoments(PerClassStats):
     """Moments of the classes present: classes i8[K] (unique, >= 0), counts i8[K] (>= 1),
     mean f8[K,D], var f8[K,D] (unbiased, ddof=1; 0 where the count is 1)."""
 
@@ -38,14 +54,6 @@ class ClassMoments:
         object.__setattr__(self, "counts", counts)
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "var", var)
-
-    @property
-    def dim(self) -> int:
-        return int(self.mean.shape[1])
-
-    @property
-    def total(self) -> int:
-        return int(self.counts.sum())
 
     @classmethod
     def empty(cls, dim: int) -> ClassMoments:
