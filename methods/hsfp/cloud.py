@@ -85,8 +85,7 @@ class HSFPCloud(CloudPart):
         rounds, and the cnn's trunk has no parameters): the round names the version they hold."""
         if not self.method.calibrates(round_):
             return []
-        new = {**{f"we.{k}": v for k, v in self.model.we.state_dict().items()},
-               **{f"wg.{k}": v for k, v in self.model.wg[:-1].state_dict().items()}}
+        new = ClassifierInput(self.model.we, self.model.wg).state_dict()  # a view: the live model's tensors
         current = self.calib.state_dict()
         if self.calib_version >= 0 and all(torch.equal(new[k], current[k]) for k in current):
             return []

@@ -48,20 +48,10 @@ class HSFPOnnxDevice(HSFPDevice):
         return self.extractor is not None and super().ready(plan)
 
     def check_global(self, weights: Mapping[str, np.ndarray]) -> None:
-        if self.extractor is None:
-            return  # no graph yet: the weights are kept and checked when they are swapped in
-        try:
-            self.extractor.check_weights(weights)
-        except ValueError as exc:
-            raise ProtocolError("state.weights", str(exc)) from None
+        _check_fits(self.extractor, weights)
 
     def check_calib(self, weights: Mapping[str, np.ndarray]) -> None:
-        if self.calib_extractor is None:
-            return  # kept and checked when swapped in, as W_c's
-        try:
-            self.calib_extractor.check_weights(weights)
-        except ValueError as exc:
-            raise ProtocolError("state.weights", str(exc)) from None
+        _check_fits(self.calib_extractor, weights)
 
     def classifier_input(self, x: np.ndarray) -> np.ndarray:
         return self.calib_extractor.features(self.extractor.features(x))
@@ -132,3 +122,13 @@ class HSFPOnnxDevice(HSFPDevice):
             log.warning("device %s: rejected calibration v%d weights: %s", self.ctx.node_id, version, exc)
             return
         self.calib_version = version
+
+
+def _check_fits(graph: Any, weights: Mapping[str, np.ndarray]) -> None:
+    """A weight map must fit its graph; with no graph yet it is kept and checked when swapped in."""
+    if graph is None:
+        return
+    try:
+        graph.check_weights(weights)
+    except ValueError as exc:
+        raise ProtocolError("state.weights", str(exc)) from None
