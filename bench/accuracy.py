@@ -51,7 +51,8 @@ class AccuracySettings(FederationSettings):
                    devices=a.devices or 4, edges=a.edges or 2, rounds=a.rounds or (1 if quick else 5), seed=a.seed,
                    max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None),
                    variants=variants, groups=getattr(a, "groups", None) or 0,
-                   group_skew=getattr(a, "group_skew", None) or "rotate", deadline_s=getattr(a, "deadline", None))
+                   group_skew=getattr(a, "group_skew", None) or "rotate", deadline_s=getattr(a, "deadline", None),
+                   virtual=getattr(a, "virtual", None) or 0)
 
     def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
         sim = super().sim(method, alpha, run, overrides)

@@ -78,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--edges-per", type=int, default=None, help="scale: one edge per this many devices (default 50)")
     g.add_argument("--split", choices=("niid", "per-device"), default=None,
                    help="scale: how --alpha splits the devices (default per-device; see splitedge sim --help)")
-    g.add_argument("--virtual", type=int, default=None, help="scale: training slots per process (default 1)")
+    g.add_argument("--virtual", type=int, default=None, help="scale (default 1), accuracy (default 0: every device keeps its model): virtual devices, "
+                        "this many training at a time per process")
     g.add_argument("--workers", type=int, default=None, help="scale: device worker processes (default 2)")
     g = p.add_argument_group("throughput")
     g.add_argument("--counts", type=_csv, default=None, help="devices' worth of messages, e.g. 10,100,1000")

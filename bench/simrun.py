@@ -40,6 +40,7 @@ class FederationSettings:
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     groups: int = 0  # planted device groups (see splitedge.sim)
     group_skew: str = "rotate"
+    virtual: int = 0  # > 0: virtual devices, this many training at a time (splitedge sim --virtual)
 
     def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
         from splitedge.sim import SimSettings
@@ -48,7 +49,7 @@ class FederationSettings:
                            dataset=self.dataset, data=self.data, model=self.model, alpha=alpha, seed=self.seed,
                            max_train=self.max_train, max_test=self.max_test, run=run,
                            overrides={**self.overrides, **(overrides or {})}, groups=self.groups,
-                           group_skew=self.group_skew)
+                           group_skew=self.group_skew, virtual=self.virtual)
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:

@@ -272,3 +272,16 @@ def test_accuracy_variants_alone_run_only_the_variants() -> None:
     assert [e[0] for e in alone.entries()] == ["a"]
     assert [e[0] for e in both.entries()] == ["fedavg", "a"]
     assert "hsfp" in [e[0] for e in plain.entries()] and "a" not in [e[0] for e in plain.entries()]
+
+
+def test_accuracy_virtual_devices_reach_the_sim() -> None:
+    from splitedge.bench.accuracy import AccuracySettings
+    from splitedge.bench.cli import add_arguments
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    virtual = AccuracySettings.from_args(p.parse_args(["accuracy", "--virtual", "2"]))
+    plain = AccuracySettings.from_args(p.parse_args(["accuracy"]))
+    assert virtual.sim("fedavg", 0.3, "r").virtual == 2
+    assert plain.sim("fedavg", 0.3, "r").virtual == 0  # every device keeps its model, as before
