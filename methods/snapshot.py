@@ -21,6 +21,7 @@ import importlib
 import io
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +51,10 @@ def _is_torch(obj: Any, name: str) -> bool:
     if name == "optim":
         return (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
                 and not _is_torch(obj, "module") and not isinstance(obj, type))
-    mod = type(obj).__module__ or ""
-    if not mod.startswith("torch"):
+    torch = sys.modules.get("torch")  # not imported: obj cannot be torch's (the thin path never imports it)
+    if torch is None:
         return False
-    import torch
-
-    return isinstance(obj, {"module": torch.nn.Module, "tensor": torch.Tensor}[name])
+    return isinstance(obj, {"module": torch.nn.Module, "tensor": torch.Tensor}[name])  # splitedge's own modules too
 
 
 def to_plain(obj: Any) -> Any:
@@ -190,8 +189,8 @@ def _restore(target: Any, data: Any, where: str) -> Any:
         except RuntimeError as exc:
             raise SnapshotError(f"{where} does not fit the saved weights: {str(exc).splitlines()[0]}") from None
         return target
-    if tag == "optim":
-        if not _is_torch(target, "optim"):
+    if tag == "optim":  # (files of earlier versions tagged splitedge's own modules so: they load alike)
+        if not callable(getattr(target, "load_state_dict", None)):
             raise SnapshotError(f"{where} is no longer an optimiser")
         try:
             target.load_state_dict(_optimizer_state(data["state"]))

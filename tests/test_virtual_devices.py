@@ -17,12 +17,13 @@ def _served(path: Path) -> dict[str, np.ndarray]:
     return load_file(str(path))
 
 
-@pytest.mark.parametrize("method", ["hsfp", "fedavg"])
+@pytest.mark.parametrize("method", ["hsfp", "hsfp-cal", "fedavg"])
 def test_virtual_devices_change_nothing_but_memory(tmp_path: Path, method: str) -> None:
     from splitedge.sim import SimSettings, run_sim
 
     # Prepare: W_c averaged at round 2, so a parked device must take a model message it got meanwhile
-    overrides = {"ic": 2, "ie": 2} if method == "hsfp" else {}
+    # (hsfp-cal: the calibration models a device was sent must survive its parking)
+    overrides = {"ic": 2, "ie": 2} if method.startswith("hsfp") else {}
     runs = {}
     for virtual in (0, 2):
         s = SimSettings(rounds=4, devices=6, edges=2, method=method, alpha=0.5, seed=1, virtual=virtual,

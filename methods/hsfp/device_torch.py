@@ -49,6 +49,13 @@ class HSFPTorchDevice(HSFPDevice):
         self.opt = self._new_optimizer()
         self.calib: ClassifierInput | None = None  # the served W_e and W_g trunk, built at the first calibration
 
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """A parked (virtual) device that had calibrated keeps the calibration models it was
+        sent: build them before their weights are loaded back in place."""
+        if state.get("calib") is not None:
+            self._calib_module()
+        super().restore_state(state)
+
     def _calib_module(self) -> ClassifierInput:
         if self.calib is None:
             with seeded_init(self.spec.seed):
