@@ -15,12 +15,14 @@ client costs one descriptor and no thread:
   dead-broker detection);
 * reconnecting is the loop's job (``loop_start``'s auto-reconnect does not exist in this
   mode): a closed socket schedules ``reconnect()`` after a back-off that doubles from
-  ``reconnect_min`` to ``reconnect_max`` and resets once the client is connected again.
+  ``reconnect_min`` to ``reconnect_max`` and resets once the client is connected again;
+* ``reconnect()`` opens the TCP connection and TLS handshake blocking (up to the client's
+  connect timeout, 5 s by default), so it runs on a few connector threads (``connectors``),
+  never on the loop thread: an unreachable or silent broker host stalls only the clients
+  connecting to it, not the ones already connected. The socket is handed to the loop when
+  paho opens it.
 
-Limits: ``reconnect()`` opens the TCP connection (and TLS handshake) blocking, on this thread,
-for at most the client's connect timeout; on a LAN that is milliseconds, but an unreachable
-broker host stalls every client of the loop for that long per attempt. Handlers run on this
-thread and must not block (the runtimes' handlers only enqueue).
+Handlers run on the loop thread and must not block (the runtimes' handlers only enqueue).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import queue
 import resource
 import selectors
 import socket
@@ -56,6 +59,7 @@ class Session:
         self.delay_min, self.delay_max = reconnect_min, reconnect_max
         self.delay = reconnect_min
         self.attempts = 0  # connect attempts that failed before a socket opened
+        self.connecting = False  # a connector thread is in reconnect() for this client
 
     @property
     def open(self) -> bool:
@@ -66,9 +70,12 @@ class Session:
 class ClientLoop:
     """One thread driving every attached paho client; a context manager (see module docstring)."""
 
-    def __init__(self, *, name: str = "mqtt-loop", tick: float = 1.0) -> None:
+    def __init__(self, *, name: str = "mqtt-loop", tick: float = 1.0, connectors: int = 4) -> None:
         self.name = name
         self.tick = tick
+        self._connect_queue: queue.SimpleQueue[Session | None] = queue.SimpleQueue()
+        self._connectors = [threading.Thread(target=self._connector, name=f"{name}-connect-{i}", daemon=True)
+                            for i in range(max(1, connectors))]
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -84,10 +91,17 @@ class ClientLoop:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        for thread in self._connectors:
+            thread.start()
 
     # -- any thread -----------------------------------------------------------------------
     def in_loop_thread(self) -> bool:
         return threading.get_ident() == self._thread.ident
+
+    @property
+    def connectors(self) -> int:
+        """Connector threads (each runs one blocking reconnect() at a time)."""
+        return len(self._connectors)
 
     @property
     def clients(self) -> int:
@@ -98,6 +112,13 @@ class ClientLoop:
         """Run ``fn`` on the loop thread (FIFO); thread-safe."""
         self._calls.append(fn)
         self._wake()
+
+    def _on_loop(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` now when on the loop thread, else queue it there (a connector's callbacks)."""
+        if self.in_loop_thread():
+            fn()
+        else:
+            self.call_soon(fn)
 
     def call_and_wait(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
         """Run ``fn`` on the loop thread and return its result (directly when already there)."""
@@ -122,8 +143,8 @@ class ClientLoop:
         if self._stopping:
             raise RuntimeError(f"{self.name} is closed")
         session = Session(client, reconnect_min, reconnect_max)
-        client.on_socket_open = lambda c, u, sock: self._opened(session, sock)
-        client.on_socket_close = lambda c, u, sock: self._closed(session, sock)
+        client.on_socket_open = lambda c, u, sock: self._on_loop(lambda: self._opened(session, sock))
+        client.on_socket_close = lambda c, u, sock: self._on_loop(lambda: self._closed(session, sock))
         client.on_socket_register_write = lambda c, u, sock: self._mark(session)
         self.call_soon(lambda: self._add(session))
         return session
@@ -149,6 +170,8 @@ class ClientLoop:
         if self._stopping:
             return
         self._stopping = True
+        for _ in self._connectors:
+            self._connect_queue.put(None)
         self._wake()
         self._thread.join(timeout)
         for session in list(self._sessions):
@@ -274,18 +297,40 @@ class ClientLoop:
         session.delay = min(session.delay * 2, session.delay_max)
 
     def _attempt(self, session: Session) -> None:
-        if session.closing or session.open or session not in self._sessions:
+        """Hand the client to a connector thread (reconnect() blocks for TCP and TLS)."""
+        if session.closing or session.open or session.connecting or session not in self._sessions:
             return
-        try:
-            session.client.reconnect()
-        except (OSError, ValueError) as exc:  # refused, unreachable, TLS refused: try again later
-            session.attempts += 1
-            log.debug("%s: connect of %s failed (%s); retry in %.1fs", self.name, session.client._client_id,
-                      exc, session.delay)
+        session.connecting = True
+        self._connect_queue.put(session)
+
+    def _connector(self) -> None:
+        """Connector thread: reconnect() one client at a time; the outcome goes back to the loop."""
+        while (session := self._connect_queue.get()) is not None:
+            try:
+                session.client.reconnect()
+            except Exception as exc:  # refused, unreachable, TLS refused, timed out: try again later
+                self.call_soon(lambda s=session, e=exc: self._connect_failed(s, e))
+            else:
+                self.call_soon(lambda s=session: self._connect_done(s))
+
+    def _connect_failed(self, session: Session, exc: BaseException) -> None:
+        session.connecting = False
+        session.attempts += 1
+        log.debug("%s: connect of %s failed (%s); retry in %.1fs", self.name, session.client._client_id,
+                  exc, session.delay)
+        if session.open:
+            self._drop(session)  # on_socket_close schedules the retry
+        elif not session.closing and not self._stopping:
+            self._schedule(session)
+
+    def _connect_done(self, session: Session) -> None:
+        session.connecting = False
+        if session.closing or session not in self._sessions:
             if session.open:
                 self._drop(session)
-            else:
-                self._schedule(session)
+            return
+        if not session.open:  # the socket closed before this call came through: a retry it skipped
+            self._schedule(session)
             return
         self._interest(session)
 

@@ -103,7 +103,8 @@ def test_fifty_loop_clients_deliver_every_qos1_message_and_survive_a_broker_rest
     with ClientLoop(name="fleet-loop") as loop:
         fleet = Fleet(broker.url, loop)
         try:
-            assert threading.active_count() == threads_before + 1  # the loop, no thread per client
+            # the loop and its few connector threads, no thread per client
+            assert threading.active_count() == threads_before + 1 + loop.connectors
             assert fd_count() - fds_before <= N + 4  # one socket per client (+ epoll and its wake-up pair)
             assert wait_for(lambda: all(len(fleet.births(i)) == 1 for i in range(N)), 10)
 
@@ -156,6 +157,62 @@ def test_a_handler_on_the_loop_thread_publishes_and_subscribes_without_waiting(m
         assert wait_for(lambda: [e.round for e in relayed] == [7], 5)
         a.close()
         b.close()
+
+
+class SilentHost:
+    """A TCP port that accepts and never answers: a TLS client's handshake waits on it until its
+    connect timeout (as against a broker host that is up but stuck, or a black-holed route)."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.accepted = threading.Event()
+        self.held: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            self.accepted.set()
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_client_stuck_connecting_does_not_stall_the_others(mosquitto) -> None:
+    import ssl
+
+    import paho.mqtt.client as paho
+
+    silent = SilentHost()
+    with ClientLoop() as loop:
+        stuck = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="stuck")
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        stuck.tls_set_context(ctx)
+        stuck.connect_timeout = 60.0  # its handshake waits this long on the silent host
+        stuck.connect_async("127.0.0.1", silent.port)
+        session = loop.attach(stuck)
+        assert silent.accepted.wait(10), "the stuck client never reached the silent host"
+        live = MqttTransport(mosquitto.url, client_id="live", role="edge", loop=loop)
+        got: list[int] = []
+        live.subscribe(topic(RUN, "device", "d1", "up", "moments"), lambda t, e: got.append(e.round))
+        for r in range(K):
+            live.publish(topic(RUN, "device", "d1", "up", "moments"), moments("d1", r), wait=5)
+        # every QoS 1 message went out and came back while the other client is still in its
+        # TLS handshake: connecting does not hold the loop
+        assert wait_for(lambda: sorted(got) == list(range(K)), 10)
+        assert not session.open and not stuck.is_connected()
+        live.close()
+        silent.close()
 
 
 def test_a_connect_that_fails_leaves_nothing_on_the_loop() -> None:
