@@ -27,7 +27,7 @@ from splitedge.cloud.outputs import dumps
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.node import Node, clear_retained, status, topic_kind
 from splitedge.protocol.rounds import RoundCollector
-from splitedge.protocol.topics import ALL_DEVICES, parse, pattern
+from splitedge.protocol.topics import ALL_DEVICES, THIN_DEVICES, parse, pattern
 from splitedge.protocol.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class CloudCoordinator(Node):
     def publish(self, msg: Message, round_: int | None = None) -> None:
         """Route a part's message: edges read the cloud's downlink, devices get it through their edge."""
         role, node = msg.to.role, msg.to.node
-        to = {"children": None, "devices": ALL_DEVICES, "edge": node, "device": node,
+        to = {"children": None, "devices": ALL_DEVICES, "thin": THIN_DEVICES, "edge": node, "device": node,
               "group": f"@{node}"}.get(role, "invalid")
         if to == "invalid" or (role in ("edge", "device", "group") and not node):
             raise ValueError(f"the cloud cannot send to {msg.to}")

@@ -34,7 +34,7 @@ from splitedge.methods.registry import create_method
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, Placement, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.node import Node, status, topic_kind
-from splitedge.protocol.topics import parse, pattern
+from splitedge.protocol.topics import THIN_BACKEND, THIN_DEVICES, parse, pattern
 from splitedge.protocol.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,12 @@ class DeviceAgent(Node):
     def edge(self) -> str:
         return self.placement.edge
 
+    @property
+    def backend_name(self) -> str:
+        """What the hello names: "torch", "onnx" (a thin device: it also reads `@thin` graphs) or a
+        custom backend's name."""
+        return self.backend if isinstance(self.backend, str) else getattr(self.backend, "name", "custom")
+
     # -- wiring ----------------------------------------------------------------------------
     def _filters(self) -> set[str]:
         """Control topics always; data topics (its edge's downlink for all, for this device, for
@@ -80,6 +86,8 @@ class DeviceAgent(Node):
         if self.part is not None or self.parked is not None:
             out |= {pattern(self.run_id, "edge", e, "down"), pattern(self.run_id, "edge", e, "down", to=me),
                     *(pattern(self.run_id, "edge", e, "down", to=f"@{g}") for g in self.placement.groups)}
+            if self.backend_name == THIN_BACKEND:
+                out.add(pattern(self.run_id, "edge", e, "down", to=THIN_DEVICES))
             for p in self.placement.peers:
                 out |= {pattern(self.run_id, "device", p, "peer"), pattern(self.run_id, "device", p, "peer", to=me)}
         return out
@@ -102,8 +110,7 @@ class DeviceAgent(Node):
 
     def _hello(self) -> None:
         classes = np.unique(self.data[1]).astype(np.int64)
-        backend = self.backend if isinstance(self.backend, str) else getattr(self.backend, "name", "custom")
-        hello = {"role": "device", "parent": self.edge, "samples": int(len(self.data[1])), "backend": backend,
+        hello = {"role": "device", "parent": self.edge, "samples": int(len(self.data[1])), "backend": self.backend_name,
                  "classes": classes, "groups": list(self.placement.groups)}
         self.send(self.transport, "up", "hello", hello, round_=0, retain=True)
 

@@ -7,8 +7,9 @@ their `status` (a last will turns it "offline"), so a dead device stops holding 
 A device the cloud moved elsewhere says hello to its new edge and leaves this one.
 
 The cloud's messages for devices (every device, one device, a group) arrive on the cloud's
-downlink addressed to `@all`, a device id or `@<group>`; this runtime relays them on its own
-downlink with the same address, kept (retained) when they carry a slot.
+downlink addressed to `@all`, a device id, `@<group>` or `@thin` (ONNX graphs: read only while a
+member runs the onnx backend); this runtime relays them on its own downlink with the same
+address, kept (retained) when they carry a slot.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from splitedge.methods.strategy import EdgePart, Message, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.node import Node, clear_retained, status, topic_kind
 from splitedge.protocol.rounds import RoundCollector
-from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
+from splitedge.protocol.topics import ALL_DEVICES, THIN_BACKEND, THIN_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class EdgeAggregator(Node):
         self.plan: RoundPlan | None = None
         self.members: dict[str, int] = {}  # device -> samples
         self.groups: dict[str, set[str]] = {}  # device -> its groups (from its hello)
+        self.thin: set[str] = set()  # members on the onnx backend: for them the edge reads `@thin` graphs
         self.online: set[str] = set()
         self.rounds = RoundCollector()
         self.stopped = threading.Event()
@@ -84,7 +86,8 @@ class EdgeAggregator(Node):
         out = {cloud(kind="round"), *(cloud(kind="assign", to=d) for d in self.members),
                pattern(self.run_id, "cloud", self.cloud, "up", "status")}
         if self.part is not None:
-            addressed = {self.node_id, ALL_DEVICES, *self.members, *(f"@{g}" for gs in self.groups.values() for g in gs)}
+            addressed = {self.node_id, ALL_DEVICES, *self.members, *(f"@{g}" for gs in self.groups.values() for g in gs),
+                         *((THIN_DEVICES,) if self.thin else ())}
             out |= {cloud(), *(cloud(to=to) for to in addressed)}
         return out
 
@@ -136,18 +139,23 @@ class EdgeAggregator(Node):
         if dev == self.node_id:
             log.warning("edge %s: a device with this edge's own id cannot join it", self.node_id)
             return
-        groups = set(env.body["groups"])
-        if dev in self.members and self.groups.get(dev) == groups:
+        groups, thin = set(env.body["groups"]), env.body["backend"] == THIN_BACKEND
+        if dev in self.members and self.groups.get(dev) == groups and (dev in self.thin) == thin:
             return
         if dev not in self.members:
             self.down.subscribe(pattern(self.run_id, "device", dev, "up"), self.enqueue)
             status.info("edge %s: device %s joined (%d samples)", self.node_id, dev, env.body["samples"])
         self.members[dev], self.groups[dev] = int(env.body["samples"]), groups
+        if thin:
+            self.thin.add(dev)
+        else:
+            self.thin.discard(dev)
         self._members_changed()
 
     def _drop(self, dev: str) -> None:
         self.members.pop(dev, None)
         self.groups.pop(dev, None)
+        self.thin.discard(dev)
         self.down.unsubscribe(pattern(self.run_id, "device", dev, "up"))
         status.info("edge %s: device %s left for another edge", self.node_id, dev)
         self._members_changed()
@@ -346,7 +354,8 @@ class EdgeAggregator(Node):
         """Route a part's message: up to the cloud, or down to all, one or a group of our devices."""
         role, node = msg.to.role, msg.to.node
         routes = {"up": (self.up, "up", None), "children": (self.down, "down", None),
-                  "devices": (self.down, "down", None), "device": (self.down, "down", node),
+                  "devices": (self.down, "down", None), "thin": (self.down, "down", THIN_DEVICES),
+                  "device": (self.down, "down", node),
                   "group": (self.down, "down", f"@{node}")}
         if role not in routes or (role in ("device", "group") and not node):
             raise ValueError(f"an edge cannot send to {msg.to}")

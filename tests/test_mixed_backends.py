@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from splitedge.protocol.mqtt import MqttTransport
-from splitedge.protocol.topics import pattern
+from splitedge.protocol.topics import parse, pattern
 from splitedge.sim import SimSettings, run_sim
 
 
@@ -27,12 +27,20 @@ def test_mixed_torch_onnx_sim_on_digits(mosquitto, tmp_path):
     seen: list[tuple[str, int, int]] = []  # (device, round, wc_version) of every moments message
     lock = threading.Lock()
 
+    graphs: list[tuple[str, str | None]] = []  # (relaying edge, address) of every onnx_model an edge relays
+
     def record(topic, env):
         with lock:
             seen.append((env.sender, env.round, int(env.body["versions"]["wc"])))
 
+    def record_graph(topic, env):
+        if env.kind == "onnx_model":
+            with lock:
+                graphs.append((env.sender, parse(topic).to))
+
     observer = MqttTransport(mosquitto.url, client_id="observer", role="observer")
     observer.subscribe(pattern(run, "device", "+", "up", "moments"), record)
+    observer.subscribe(pattern(run, "edge", "+", "down", "#"), record_graph)
     s = SimSettings(rounds=3, devices=4, edges=2, broker=mosquitto.url, run=run, out=tmp_path,
                     backends=("torch", "onnx"), max_train=600, max_test=300, deadline_s=60.0,
                     overrides={"ic": 2, "edge_samples": 1024, "cloud_samples": 2048})
@@ -47,3 +55,6 @@ def test_mixed_torch_onnx_sim_on_digits(mosquitto, tmp_path):
         onnx_moments = [(d, r, v) for d, r, v in seen if d in ("d1", "d3")]
     assert {(d, 1, 0) for d in ("d1", "d3")} <= set(onnx_moments)
     assert {(d, 3, 1) for d in ("d1", "d3")} <= set(onnx_moments)  # after the round-2 W_c average
+    # the ONNX graph goes only where a thin device is (e1), addressed to thin devices: torch
+    # devices (and e0, whose members are all torch) never download it
+    assert graphs and set(graphs) == {("e1", "@thin")}

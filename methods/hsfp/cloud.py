@@ -22,7 +22,7 @@ from splitedge.methods.hsfp.method import AVERAGE, CALIB, CALIBRATE, LABELS, HEA
 from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, moments_from_body
 from splitedge.methods.torch_utils import evaluate, retune
-from splitedge.methods.strategy import CHILDREN, DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
+from splitedge.methods.strategy import CHILDREN, DEVICES, THIN_DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import ClassifierInput, create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
@@ -71,7 +71,7 @@ class HSFPCloud(CloudPart):
             log.warning("cloud: no onnx_model for thin devices (%s)", exc)
             return []
         return [Message("onnx_model", {"part": part, "version": version, "model": data,
-                                       "sha256": hashlib.sha256(data).hexdigest()}, to=DEVICES, slot=part)
+                                       "sha256": hashlib.sha256(data).hexdigest()}, to=THIN_DEVICES, slot=part)
                 for part, version, data in graphs]
 
     def _weights_message(self, part: str, version: int, module: torch.nn.Module, samples: int = 0) -> Message:
