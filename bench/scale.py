@@ -1,6 +1,7 @@
 """Scale: `splitedge sim` at growing device counts, each run a process tree on a private
 Mosquitto, watched from outside: peak RSS of every process (the sim, its device workers, the
-broker), the peak of their sum, CPU seconds of each, round time, and the broker's message rate.
+broker), the peak of their sum, CPU seconds of each, round time, the broker's message rate and
+each edge's (messages it sent and received per second of the run, from its transports' counters).
 
 Each size runs with virtual devices (`--virtual`: models exist only while training) and
 device workers (`--workers`), so memory grows with the training slots, not with the devices;
@@ -146,6 +147,8 @@ def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     workers = {k: v for k, v in sampler.peak.items() if k.startswith("worker")}
     received = after - before
+    wall = summary.get("wall_seconds") or seconds
+    per_edge = sorted((m["in"] + m["out"]) / wall for m in (summary.get("edge_messages") or {}).values())
     return {
         "devices": devices, "edges": edges, "exit_code": code, "seconds": seconds,
         "rounds_done": summary.get("rounds_done"), "final_accuracy": summary.get("final_accuracy"),
@@ -158,6 +161,7 @@ def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
                                                                       if k.startswith("worker")),
                         "broker": sampler.cpu.get("broker")},
         "broker_messages_received": received, "broker_messages_per_s": received / seconds if seconds else None,
+        "edge_messages_per_s": {"median": per_edge[len(per_edge) // 2], "max": per_edge[-1]} if per_edge else None,
         "log_tail": None if code == 0 else (work / f"sim-{devices}.log").read_text()[-2000:],
     }
 
@@ -173,7 +177,8 @@ def run(s: ScaleSettings) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def markdown(r: dict[str, Any]) -> str:
     head = ["devices", "edges", "rounds", "median round (s)", "sim peak (MB)", "worker peak (MB)", "broker peak (MB)",
-            "sum of peaks (MB)", "CPU s sim / workers / broker", "broker msg/s", "final accuracy"]
+            "sum of peaks (MB)", "CPU s sim / workers / broker", "broker msg/s", "edge msg/s median / max",
+            "final accuracy"]
     rows = []
     for row in r["rows"]:
         rs = sorted(row["round_seconds"] or [])
@@ -182,9 +187,14 @@ def markdown(r: dict[str, Any]) -> str:
                      row["peak_rss_mb"]["sim (cloud + edges)"], row["peak_rss_mb"]["device worker (largest)"],
                      row["peak_rss_mb"]["broker"], row["sum_of_peaks_mb"],
                      f"{cpu['sim'] or 0:.0f} / {cpu['workers'] or 0:.0f} / {cpu['broker'] or 0:.0f}",
-                     row["broker_messages_per_s"], row["final_accuracy"]])
+                     row["broker_messages_per_s"], edge_rate(row.get("edge_messages_per_s")), row["final_accuracy"]])
     return "\n".join(["Each size: one `splitedge sim` process (cloud and edges) with its device workers and a "
                       "private Mosquitto; peaks are per process, sampled every 0.5 s.", "", table(head, rows), ""])
+
+
+def edge_rate(rate: dict[str, float] | None) -> str | None:
+    """'median / max' messages per second over the edges (sent + received), or None (older runs)."""
+    return None if not rate else f"{rate['median']:.1f} / {rate['max']:.1f}"
 
 
 def plot(r: dict[str, Any], out_dir: Path) -> list[Path]:

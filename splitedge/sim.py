@@ -259,6 +259,7 @@ class Federation:
         self.url, self.run, self.s, self.train, self.shards = url, run, s, train, shards
         self.tree = tree  # a BrokerTree: each edge and its devices on their site broker
         self.transports: dict[str, list[Any]] = {"device": [], "edge": [], "cloud": []}
+        self.node_transports: dict[str, list[Any]] = {}  # "<tier>/<id>" -> its transports (two for a bridging edge)
         self.nodes: list[Any] = []
         self.threads: list[threading.Thread] = []
         self.loop: Any = None
@@ -272,6 +273,7 @@ class Federation:
         transport = connect(url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S,
                             loop=self.loop)
         self.transports[tier].append(transport)
+        self.node_transports.setdefault(f"{tier}/{node_id}", []).append(transport)
         return transport
 
     def __enter__(self) -> "Federation":
@@ -329,6 +331,13 @@ class Federation:
     def per_device_bytes(self, then: Callable[[dict], None] | None = None) -> "PerDeviceBytes":
         """A round callback that records the devices' mean payload up and down per round."""
         return PerDeviceBytes(self, then)
+
+    def messages_by_node(self, tier: str) -> dict[str, dict[str, int]]:
+        """Messages each node of a tier sent (out) and received (in), over all its transports: an
+        edge's load, whichever broker each side of it talks to."""
+        prefix = f"{tier}/"
+        return {key[len(prefix):]: {d: sum(t.counters.total(d, "messages") for t in ts) for d in ("out", "in")}
+                for key, ts in self.node_transports.items() if key.startswith(prefix)}
 
     def bytes_by_tier(self) -> dict[str, dict[str, int]]:
         """Payload and packet bytes sent (out) and received (in) by each tier, summed over nodes."""
@@ -397,6 +406,7 @@ def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings,
         "closed_on_quorum": closed_on_quorum(history),
         "wall_seconds": seconds,
         "bytes": by_tier,
+        "edge_messages": fed.messages_by_node("edge"),
         "device_up_bytes_per_device_per_round": by_tier["device"]["out_payload"] / max(1, s.devices) / rounds,
         "device_bytes_by_kind": by_kind,
         "chance": 1.0 / info.num_classes,

@@ -45,6 +45,11 @@ def test_sim_bytes_by_tier_are_consistent(sim_run) -> None:
         assert b[tier]["out_packet"] > b[tier]["out_payload"], tier
     # moments only ever travel up: devices' (all) + edges' (to the cloud) are a lower bound of what came in
     assert summary["device_up_bytes_per_device_per_round"] > 0
+    # each edge's own load: it hears its 2 devices and the cloud and relays every round down,
+    # so it sends and receives at least a message per round each way, and the edges' sum is
+    # the tier's messages
+    per_edge = summary["edge_messages"]
+    assert set(per_edge) == {"e0", "e1"} and all(m["out"] >= 3 and m["in"] >= 3 for m in per_edge.values())
 
 
 def test_ablation_flags_reach_the_method_config(tmp_path: Path) -> None:
