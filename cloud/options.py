@@ -33,7 +33,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="send device moments only when W_c changed (on-change), or every round")
     g.add_argument("--feature-dtype", choices=("f2", "f4"), default=None, help="moments on the wire")
     g.add_argument("--ic", type=int, default=None, help="rounds between W_c averages")
-    g.add_argument("--ie", type=int, default=None, help="rounds between W_e averages")
+    g.add_argument("--ie", type=int, default=None, help="rounds between W_e averages (0: W_e stays as initialised)")
     g.add_argument("--local-epochs", type=int, default=None, help="local epochs per round on a device")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any method setting by name (repeatable), e.g. --set edge_samples=4096")

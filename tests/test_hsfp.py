@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from parts import ctx_for, plan_for, wire
+from parts import ctx_for, method_for, plan_for, wire
 from splitedge.methods.datasets import load_dataset
 from splitedge.methods.hsfp.method import HSFP
 from splitedge.methods.moments import compute_moments, moments_to_body
@@ -252,3 +252,30 @@ def test_edge_that_lost_moments_asks_devices_to_resend(digits):
     assert resent == ["moments"]
     edge.on_device_message(_wire("moments", moments_to_body(dev.compute_moments(), versions={"wc": 0}), "d0", 3))
     assert edge.on_round_open(_plan(4), {"d0"}) == []
+
+
+def test_ie_zero_keeps_we_as_initialised(digits):
+    # Prepare: ie = 0, and an edge with two devices' moments
+    (x, y), test, _ = digits
+    cloud = _cloud(test, ie=0)
+    edge = _edge(edge_samples=256, ie=0)
+    for msg in cloud.initial_messages():
+        edge.on_message(_wire(msg.kind, msg.body, "cloud", 0))
+    before = {k: v.clone() for k, v in edge.we_local.state_dict().items()}
+    reports = []
+    for i in range(2):
+        d = _device((x[i::2][:200], y[i::2][:200]), f"d{i}", ie=0)
+        _give_model(d, cloud)
+        r = Report(d.ctx.node_id)
+        r.messages["moments"] = [_wire("moments", moments_to_body(d.compute_moments(), versions={"wc": 0}),
+                                       d.ctx.node_id)]
+        reports.append(r)
+    # Execute
+    up = edge.aggregate(_plan(1), reports)
+    # Assert: the edge still reports its W_e moments, trained nothing, and no round averages W_e
+    assert [m.kind for m in up] == ["moments"]
+    assert all(torch.equal(before[k], v) for k, v in edge.we_local.state_dict().items())
+    assert all("we" not in cloud.plan(r).directives["average"] for r in range(1, 41))
+    assert "wc" in cloud.plan(5).directives["average"]
+    with pytest.raises(ValueError, match="ie >= 0"):
+        method_for("hsfp", ie=-1)

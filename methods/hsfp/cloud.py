@@ -97,7 +97,8 @@ class HSFPCloud(CloudPart):
     def plan(self, round_: int) -> RoundSpec:
         """Versions in use; W_c averaged every ic rounds and W_e every ie (the slow time scale)."""
         slow = self.cfg.slow_averaging
-        average = [part for part, every in ((WC, self.cfg.ic), (WE, self.cfg.ie)) if slow and round_ % every == 0]
+        average = [part for part, every in ((WC, self.cfg.ic), (WE, self.cfg.ie))
+                   if slow and every and round_ % every == 0]  # ie = 0: W_e is never averaged
         directives: dict = {AVERAGE: average}
         if self.cfg.assign != "random" and round_ == 1:
             directives[REPORT_LABELS] = True

@@ -16,7 +16,8 @@ class HSFPConfig(MethodConfig):
     device_lr: float = 0.05
     device_batch: int = 64
     proj_dim: int = 64
-    # slow time scale: W_c averaged every ic rounds, W_e every ie rounds
+    # slow time scale: W_c averaged every ic rounds, W_e every ie rounds; ie = 0 keeps W_e as
+    # initialised (a fixed random layer): never averaged, and edges do not train it
     ic: int = 5
     ie: int = 10
     slow_averaging: bool = True
@@ -91,8 +92,8 @@ class HSFPConfig(MethodConfig):
         if self.calibrate_every < 0 or not 0 < self.calib_shrink <= 1:
             raise ValueError(f"calibrate_every must be >= 0 and calib_shrink in (0, 1], got {self.calibrate_every} "
                              f"and {self.calib_shrink}")
-        if self.ic < 1 or self.ie < 1 or self.local_epochs < 0:
-            raise ValueError("ic and ie must be >= 1 and local_epochs >= 0")
+        if self.ic < 1 or self.ie < 0 or self.local_epochs < 0:
+            raise ValueError("ic must be >= 1, ie >= 0 (0: W_e stays as initialised) and local_epochs >= 0")
 
 
 @dataclass(frozen=True)

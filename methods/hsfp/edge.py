@@ -190,8 +190,9 @@ class HSFPEdge(EdgePart):
         seed = int(self.ctx.rng.integers(2**31))
         x, y = self.method.sample_features(merged, self.cfg.edge_samples, self.ctx.rng)
         batches = sample_batches(x, y, self.wc_shape, batch=self.cfg.edge_batch, seed=seed)
+        epochs = self.cfg.edge_epochs if self.cfg.ie else 0  # ie = 0: W_e stays as initialised, nothing to train
         self.losses = train_epochs(self.forward, self.method.loss_terms("edge"), batches, self.opt, [self.we_local],
-                                   epochs=self.cfg.edge_epochs)
+                                   epochs=epochs)
         module = self.we_global if self.cfg.we_moments == "global" else self.we_local
         x2, y2 = self.method.sample_features(merged, self.cfg.edge_samples, self.ctx.rng)
         moments = with_counts(output_moments(module, x2, y2, self.wc_shape), merged)
