@@ -14,7 +14,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
 from splitedge.bench.report import pyplot, table, save_figure
@@ -108,8 +108,11 @@ def add_bytes_to_reference(rows: list[dict[str, Any]]) -> dict[str, float | None
     return targets
 
 
-def run(s: AccuracySettings) -> tuple[dict[str, Any], dict[str, Any]]:
-    rows = []
+def run(s: AccuracySettings, progress: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+        ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every (method or variant, split) run in turn; `progress(config, results)` after each, so
+    an hours-long bench that is stopped keeps the runs it finished."""
+    rows: list[dict[str, Any]] = []
     for label, method, overrides in s.entries():
         for alpha in s.splits:
             log.info("accuracy: %s on %s", label, split_name(alpha))
@@ -119,6 +122,12 @@ def run(s: AccuracySettings) -> tuple[dict[str, Any], dict[str, Any]]:
                 log.exception("accuracy: %s on %s failed", label, split_name(alpha))
                 rows.append({"method": label, "base_method": method, "split": split_name(alpha), "alpha": alpha,
                              "error": repr(exc)})
+            if progress is not None:
+                progress(*_results(s, rows))
+    return _results(s, rows)
+
+
+def _results(s: AccuracySettings, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     targets = add_bytes_to_reference(rows)
     config = {**vars(s), "methods": list(dict.fromkeys(r["method"] for r in rows)),
               "splits": [split_name(a) for a in s.splits]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import time
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,13 @@ def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str
         return rerender(module, out_dir, plots=not args.no_plots)
     settings = module.Settings.from_args(args)
     started = time.monotonic()
-    config, results = module.run(settings)
+    kwargs = {}
+    if "progress" in inspect.signature(module.run).parameters:  # a long suite: keep each finished run
+        def progress(config: dict[str, Any], results: dict[str, Any]) -> None:
+            doc = report.document(name, argv, config, results, time.monotonic() - started)
+            report.write(out_dir, {**doc, "partial": True}, module.markdown(results))
+        kwargs["progress"] = progress
+    config, results = module.run(settings, **kwargs)
     doc = report.document(name, argv, config, results, time.monotonic() - started)
     json_path, md_path = report.write(out_dir, doc, module.markdown(results))
     plots = [] if args.no_plots else module.plot(results, out_dir)

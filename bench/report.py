@@ -109,8 +109,10 @@ def header_markdown(doc: dict[str, Any]) -> str:
     libs = ", ".join(f"{k} {val}" for k, val in v.items() if val)
     return (f"# splitedge bench: {doc['suite']}\n\n"
             f"- command: `{doc['command']}`\n"
-            f"- finished: {doc['finished']} ({doc['seconds']:.1f} s)\n"
-            f"- machine: {m['cpu_count']} x {m['cpu_model']}, {ram} RAM, {m['platform']}\n"
+            + (f"- **partial**: written after each finished run; the suite was still running at "
+               f"{doc['finished']} ({doc['seconds']:.1f} s)\n" if doc.get("partial") else
+               f"- finished: {doc['finished']} ({doc['seconds']:.1f} s)\n")
+            + f"- machine: {m['cpu_count']} x {m['cpu_model']}, {ram} RAM, {m['platform']}\n"
             f"- versions: {libs}\n"
             f"- note: {doc['note']}\n")
 

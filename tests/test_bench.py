@@ -288,3 +288,32 @@ def test_accuracy_virtual_devices_reach_the_sim() -> None:
     plain = AccuracySettings.from_args(p.parse_args(["accuracy"]))
     assert virtual.sim("fedavg", 0.3, "r").virtual == 2
     assert plain.sim("fedavg", 0.3, "r").virtual == 0  # every device keeps its model, as before
+
+
+def test_accuracy_writes_each_finished_run_before_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bench stopped after its first run keeps that run on disk (marked partial)."""
+    import json
+
+    from splitedge.bench import accuracy
+    from splitedge.cli import main
+
+    seen_on_disk: list[int] = []
+
+    def fake_run(s, label, method, overrides, alpha):  # the federation is not under test here
+        path = tmp_path / "accuracy.json"
+        seen_on_disk.append(len(json.loads(path.read_text())["results"]["runs"]) if path.exists() else 0)
+        if len(seen_on_disk) == 2:
+            raise KeyboardInterrupt  # the user stops the bench during the second run
+        return {"method": label, "base_method": method, "overrides": overrides, "split": "IID", "alpha": alpha,
+                "final_accuracy": 0.5, "best_accuracy": 0.5, "accuracy_per_round": [0.5], "effective_rank": None,
+                "device_payload_per_device_per_round": 1.0, "total_device_payload_bytes": 1,
+                "all_tiers_out_payload_bytes": 1, "train_images": 10, "images_per_device": None,
+                "planted_groups": None, "per_round": [], "round_seconds": [1.0], "wall_seconds": 1.0}
+
+    monkeypatch.setattr(accuracy, "one_run", fake_run)
+    code = main(["bench", "accuracy", "--methods", "fedavg,hsfp", "--alphas", "iid", "--out", str(tmp_path),
+                 "--no-plots"])
+    doc = json.loads((tmp_path / "accuracy.json").read_text())
+    assert code != 0 and seen_on_disk == [0, 1]
+    assert doc["partial"] is True and [r["method"] for r in doc["results"]["runs"]] == ["fedavg"]
+    assert "**partial**" in (tmp_path / "accuracy.md").read_text()
