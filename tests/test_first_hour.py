@@ -36,7 +36,7 @@ def _shard(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
     (["--rounds", "-1"], "--rounds must be >= 1, got -1"),
     (["--alpha", "-1"], "--alpha must be > 0"),
     (["--backends", "torch,tpu"], "--backends takes a comma list of torch, onnx"),
-    (["--set", "ic=0"], "hsfp settings: ic and ie must be >= 1"),
+    (["--set", "ic=0"], "hsfp settings: ic must be >= 1, ie >= 0"),
     (["--set", "ic=two"], "ic: cannot read 'two' as int"),
     (["--set", "no_such=1"], "unknown setting(s) ['no_such']"),
     (["--data", "x.tar.gz"], "--data is read only with --dataset cifar10"),
