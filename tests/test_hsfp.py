@@ -204,6 +204,20 @@ def _perturbed(module) -> dict:
     return {k: (v + 0.01 if v.dtype.kind == "f" else v) for k, v in state_to_numpy(module).items()}
 
 
+def _moment_reports(x, y, cloud, **settings) -> list:
+    """Two devices (every other image, 200 each) with the cloud's W_c v0: their moments as the
+    reports an edge's round gathers."""
+    reports = []
+    for i in range(2):
+        d = _device((x[i::2][:200], y[i::2][:200]), f"d{i}", **settings)
+        _give_model(d, cloud)
+        r = Report(d.ctx.node_id)
+        r.messages["moments"] = [_wire("moments", moments_to_body(d.compute_moments(), versions={"wc": 0}),
+                                       d.ctx.node_id)]
+        reports.append(r)
+    return reports
+
+
 def test_edge_merges_cached_moments_and_reports_we_moments(digits):
     # Prepare: an edge with two devices' moments (real counts), W_e version 0 delivered
     (x, y), test, _ = digits
@@ -212,14 +226,7 @@ def test_edge_merges_cached_moments_and_reports_we_moments(digits):
     initial = cloud.initial_messages()
     for msg in initial:
         assert edge.on_message(_wire(msg.kind, msg.body, "cloud", 0)) == []
-    devices = [_device((x[i::2][:200], y[i::2][:200]), f"d{i}") for i in range(2)]
-    reports = []
-    for d in devices:
-        _give_model(d, cloud)
-        r = Report(d.ctx.node_id)
-        r.messages["moments"] = [_wire("moments", moments_to_body(d.compute_moments(), versions={"wc": 0}),
-                                       d.ctx.node_id)]
-        reports.append(r)
+    reports = _moment_reports(x, y, cloud)
     # Execute: round 1 with moments; round 2 with none (on-change) must reuse the cache
     up1 = edge.aggregate(_plan(1), reports)
     up2 = edge.aggregate(_plan(2), [Report("d0"), Report("d1")])
@@ -262,14 +269,7 @@ def test_ie_zero_keeps_we_as_initialised(digits):
     for msg in cloud.initial_messages():
         edge.on_message(_wire(msg.kind, msg.body, "cloud", 0))
     before = {k: v.clone() for k, v in edge.we_local.state_dict().items()}
-    reports = []
-    for i in range(2):
-        d = _device((x[i::2][:200], y[i::2][:200]), f"d{i}", ie=0)
-        _give_model(d, cloud)
-        r = Report(d.ctx.node_id)
-        r.messages["moments"] = [_wire("moments", moments_to_body(d.compute_moments(), versions={"wc": 0}),
-                                       d.ctx.node_id)]
-        reports.append(r)
+    reports = _moment_reports(x, y, cloud, ie=0)
     # Execute
     up = edge.aggregate(_plan(1), reports)
     # Assert: the edge still reports its W_e moments, trained nothing, and no round averages W_e
