@@ -43,6 +43,9 @@ class AccuracySettings(FederationSettings):
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> AccuracySettings:
         quick = a.quick
+        if (getattr(a, "virtual", None) or 0) < 0:
+            raise ValueError(f"--virtual must be >= 0 (devices training at a time; 0: every device keeps its model), "
+                             f"got {a.virtual}")
         variants = {}
         for text in getattr(a, "variant", None) or []:
             name, method, overrides = parse_variant(text)

@@ -288,6 +288,8 @@ def test_accuracy_virtual_devices_reach_the_sim() -> None:
     plain = AccuracySettings.from_args(p.parse_args(["accuracy"]))
     assert virtual.sim("fedavg", 0.3, "r").virtual == 2
     assert plain.sim("fedavg", 0.3, "r").virtual == 0  # every device keeps its model, as before
+    with pytest.raises(ValueError, match="--virtual must be >= 0"):  # before any run starts
+        AccuracySettings.from_args(p.parse_args(["accuracy", "--virtual", "-1"]))
 
 
 def test_accuracy_writes_each_finished_run_before_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
