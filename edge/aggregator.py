@@ -56,8 +56,9 @@ class EdgeAggregator(Node):
         self.config: tuple[str, dict] | None = None  # (method, wire config) the part was built with
         self.plan: RoundPlan | None = None
         self.members: dict[str, int] = {}  # device -> samples
-        self.groups: dict[str, set[str]] = {}  # device -> its groups (from its hello)
-        self.thin: set[str] = set()  # members on the onnx backend: for them the edge reads `@thin` graphs
+        # device -> the group addresses it reads, from its hello: "@<g>" per group, and "@thin"
+        # on the onnx backend (the edge reads each from the cloud while a member needs it)
+        self.addresses: dict[str, set[str]] = {}
         self.online: set[str] = set()
         self.rounds = RoundCollector()
         self.stopped = threading.Event()
@@ -81,13 +82,12 @@ class EdgeAggregator(Node):
         """The cloud's downlink as far as this edge and its devices need it. Round announcements
         and each member's placement always; once a method is loaded (so its kinds decode), the
         rest: messages for all edges, for this edge, for all devices, for each member and for
-        each group a member is in."""
+        each group a member is in (and `@thin` while a member runs the onnx backend)."""
         cloud = lambda **kw: pattern(self.run_id, "cloud", self.cloud, "down", **kw)  # noqa: E731
         out = {cloud(kind="round"), *(cloud(kind="assign", to=d) for d in self.members),
                pattern(self.run_id, "cloud", self.cloud, "up", "status")}
         if self.part is not None:
-            addressed = {self.node_id, ALL_DEVICES, *self.members, *(f"@{g}" for gs in self.groups.values() for g in gs),
-                         *((THIN_DEVICES,) if self.thin else ())}
+            addressed = {self.node_id, ALL_DEVICES, *self.members, *(a for mine in self.addresses.values() for a in mine)}
             out |= {cloud(), *(cloud(to=to) for to in addressed)}
         return out
 
@@ -139,23 +139,19 @@ class EdgeAggregator(Node):
         if dev == self.node_id:
             log.warning("edge %s: a device with this edge's own id cannot join it", self.node_id)
             return
-        groups, thin = set(env.body["groups"]), env.body["backend"] == THIN_BACKEND
-        if dev in self.members and self.groups.get(dev) == groups and (dev in self.thin) == thin:
+        thin = {THIN_DEVICES} if env.body["backend"] == THIN_BACKEND else set()
+        addresses = {f"@{g}" for g in env.body["groups"]} | thin
+        if dev in self.members and self.addresses.get(dev) == addresses:
             return
         if dev not in self.members:
             self.down.subscribe(pattern(self.run_id, "device", dev, "up"), self.enqueue)
             status.info("edge %s: device %s joined (%d samples)", self.node_id, dev, env.body["samples"])
-        self.members[dev], self.groups[dev] = int(env.body["samples"]), groups
-        if thin:
-            self.thin.add(dev)
-        else:
-            self.thin.discard(dev)
+        self.members[dev], self.addresses[dev] = int(env.body["samples"]), addresses
         self._members_changed()
 
     def _drop(self, dev: str) -> None:
         self.members.pop(dev, None)
-        self.groups.pop(dev, None)
-        self.thin.discard(dev)
+        self.addresses.pop(dev, None)
         self.down.unsubscribe(pattern(self.run_id, "device", dev, "up"))
         status.info("edge %s: device %s left for another edge", self.node_id, dev)
         self._members_changed()
