@@ -258,8 +258,8 @@ class Federation:
                  shards: list[np.ndarray], tree: Any = None) -> None:
         self.url, self.run, self.s, self.train, self.shards = url, run, s, train, shards
         self.tree = tree  # a BrokerTree: each edge and its devices on their site broker
-        self.transports: dict[str, list[Any]] = {"device": [], "edge": [], "cloud": []}
-        self.node_transports: dict[str, list[Any]] = {}  # "<tier>/<id>" -> its transports (two for a bridging edge)
+        # tier -> node id -> its transports (two for an edge bridging its site broker and the cloud's)
+        self.node_transports: dict[str, dict[str, list[Any]]] = {"device": {}, "edge": {}, "cloud": {}}
         self.nodes: list[Any] = []
         self.threads: list[threading.Thread] = []
         self.loop: Any = None
@@ -272,9 +272,13 @@ class Federation:
             url = self.tree.site_url(node_id if tier == "edge" else f"e{int(node_id[1:]) % self.s.edges}")
         transport = connect(url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S,
                             loop=self.loop)
-        self.transports[tier].append(transport)
-        self.node_transports.setdefault(f"{tier}/{node_id}", []).append(transport)
+        self.node_transports[tier].setdefault(node_id, []).append(transport)
         return transport
+
+    @property
+    def transports(self) -> dict[str, list[Any]]:
+        """Every transport of each tier."""
+        return {tier: [t for ts in nodes.values() for t in ts] for tier, nodes in self.node_transports.items()}
 
     def __enter__(self) -> "Federation":
         from splitedge.device.agent import DeviceAgent
@@ -335,9 +339,8 @@ class Federation:
     def messages_by_node(self, tier: str) -> dict[str, dict[str, int]]:
         """Messages each node of a tier sent (out) and received (in), over all its transports: an
         edge's load, whichever broker each side of it talks to."""
-        prefix = f"{tier}/"
-        return {key[len(prefix):]: {d: sum(t.counters.total(d, "messages") for t in ts) for d in ("out", "in")}
-                for key, ts in self.node_transports.items() if key.startswith(prefix)}
+        return {node: {d: sum(t.counters.total(d, "messages") for t in ts) for d in ("out", "in")}
+                for node, ts in self.node_transports[tier].items()}
 
     def bytes_by_tier(self) -> dict[str, dict[str, int]]:
         """Payload and packet bytes sent (out) and received (in) by each tier, summed over nodes."""
