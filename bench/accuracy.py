@@ -43,9 +43,10 @@ class AccuracySettings(FederationSettings):
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> AccuracySettings:
         quick = a.quick
-        if (getattr(a, "virtual", None) or 0) < 0:
+        virtual = getattr(a, "virtual", None) or 0
+        if virtual < 0:
             raise ValueError(f"--virtual must be >= 0 (devices training at a time; 0: every device keeps its model), "
-                             f"got {a.virtual}")
+                             f"got {virtual}")
         variants = {}
         for text in getattr(a, "variant", None) or []:
             name, method, overrides = parse_variant(text)
@@ -55,7 +56,7 @@ class AccuracySettings(FederationSettings):
                    max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None),
                    variants=variants, groups=getattr(a, "groups", None) or 0,
                    group_skew=getattr(a, "group_skew", None) or "rotate", deadline_s=getattr(a, "deadline", None),
-                   virtual=getattr(a, "virtual", None) or 0)
+                   virtual=virtual)
 
     def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
         sim = super().sim(method, alpha, run, overrides)

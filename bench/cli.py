@@ -2,7 +2,9 @@
 
 Each suite module exposes ``Settings.from_args(args)``, ``run(settings) -> (config, results)``,
 ``markdown(results)`` and ``plot(results, out_dir)``; this file only sequences them, so a new
-suite is one module and one line in SUITES.
+suite is one module and one line in SUITES. A long suite's ``run`` may also take
+``progress(config, results)``, called after each finished run: the files are then written
+(marked partial) as it goes.
 """
 
 from __future__ import annotations
