@@ -158,7 +158,8 @@ class Replica:
         else:
             pool_idx = np.arange(len(self.train[1]))
 
-        def source(merged: Any, total: int, rng: np.random.Generator, shape: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        def source(merged: Any, total: int, rng: np.random.Generator, shape: Any = None,
+                   parts: Any = None) -> tuple[np.ndarray, np.ndarray]:
             idx = np.sort(rng.choice(pool_idx, size=total, replace=total > len(pool_idx)))
             x = to_input(self.train[0][idx], self.spec.mean, self.spec.std)
             if tier == "edge":
@@ -176,8 +177,12 @@ class Replica:
                 self._deliver(stack, msg, "cloud")
 
     def _deliver(self, stack: str, msg: Any, sender: str) -> None:
-        """W_c (to devices: the plain stack's; every stack averages the same updates) and W_e (to the stack's edges)."""
+        """W_c (to devices: the plain stack's; every stack averages the same updates), W_e and
+        the federation's W_c moments (edge_features="global") to the stack's edges."""
         env = self._env(msg, sender, 0)
+        if msg.kind == "moments":
+            for edge in self.edges[stack].values():
+                edge.on_message(env)
         if msg.kind != "weights":
             return
         if env.body["part"] == "wc" and stack == STACKS[0]:

@@ -341,3 +341,25 @@ def clipped_merge(parts: Sequence[ClassMoments], reference: ClassMoments | None,
         var[too_wide] = p.var[too_wide] * (k * k * spread[too_wide] / total_var[too_wide])[:, None]
         clipped.append(ClassMoments(p.classes, p.counts, mean, var))
     return merge_moments(clipped)
+
+
+def moments_without(whole: ClassMoments, part: ClassMoments) -> ClassMoments | None:
+    """The moments of `whole`'s samples that are not `part`'s (`part` merged into `whole`
+    before): counts and sums subtracted exactly, in float64. Classes left with no sample are
+    dropped (None if none is left); variances lost to rounding are clipped at 0."""
+    at = np.searchsorted(whole.classes, part.classes)
+    if part.dim != whole.dim or (at >= len(whole.classes)).any() or (whole.classes[at] != part.classes).any():
+        raise ValueError("the part's classes and dimension must be in the whole")
+    n, s1 = whole.counts.copy(), whole.mean * whole.counts[:, None]
+    ss = np.maximum(whole.counts - 1, 0)[:, None] * whole.var + whole.counts[:, None] * np.square(whole.mean)
+    if (n[at] < part.counts).any():
+        raise ValueError("the part counts more samples of a class than the whole")
+    n[at] -= part.counts
+    s1[at] -= part.mean * part.counts[:, None]
+    ss[at] -= np.maximum(part.counts - 1, 0)[:, None] * part.var + part.counts[:, None] * np.square(part.mean)
+    keep = n > 0
+    if not keep.any():
+        return None
+    n, s1, ss = n[keep], s1[keep], ss[keep]
+    mean = s1 / n[:, None]
+    return ClassMoments(whole.classes[keep], n, mean, _var_from_m2(ss - n[:, None] * np.square(mean), n))

@@ -22,9 +22,9 @@ class RecordingHSFP(HSFP):
 
     merged: list = []
 
-    def sample_features(self, merged, total, rng):
+    def sample_features(self, merged, total, rng, parts=None):
         type(self).merged.append(merged)
-        return super().sample_features(merged, total, rng)
+        return super().sample_features(merged, total, rng, parts=parts)
 
 
 register_method("hsfp-recording-test", RecordingHSFP)
@@ -279,3 +279,66 @@ def test_ie_zero_keeps_we_as_initialised(digits):
     assert "wc" in cloud.plan(5).directives["average"]
     with pytest.raises(ValueError, match="ie >= 0"):
         method_for("hsfp", ie=-1)
+
+
+def test_edges_train_we_on_the_federations_wc_moments_when_asked(digits):
+    """edge_features="global": each edge sends its W_c merge up, the cloud merges the edges' and
+    sends that to every edge, and from the next round an edge whose devices hold only half the
+    classes trains W_e on all of them, while its W_e moments still describe its own devices."""
+    # Prepare: edge e0's devices hold digits 0-4, e1's 5-9; a cloud and edges that ask for it
+    (x, y), test, _ = digits
+    settings = {"edge_features": "global", "edge_samples": 256, "mixture": True, "class_balanced": True}
+    cloud = _cloud(test, **settings)
+    edges = {e: _edge(e, "hsfp-recording-test", **settings) for e in ("e0", "e1")}
+    reports = {}
+    for e, classes in (("e0", y < 5), ("e1", y >= 5)):
+        _give_model(edges[e], cloud)
+        reports[e] = []
+        for i in range(2):
+            d = _device((x[classes][i::2][:150], y[classes][i::2][:150]), f"{e}d{i}", **settings)
+            _give_model(d, cloud)
+            r = Report(d.ctx.node_id)
+            r.messages["moments"] = [_wire("moments", moments_to_body(d.compute_moments(), versions={"wc": 0}),
+                                           d.ctx.node_id)]
+            reports[e].append(r)
+
+    def close(round_: int, device_reports: dict) -> list:
+        up = []
+        for e, edge in edges.items():
+            edge.on_round_open(_plan(round_), {r.sender for r in device_reports[e]})
+            r = Report(e)
+            for msg in [*edge.aggregate(_plan(round_), device_reports[e]), Message("done", {"info": edge.round_info()})]:
+                env = _wire(msg.kind, msg.body, e, round_)
+                cloud.check(env, "child")  # what the cloud's runtime validates first
+                r.messages.setdefault(msg.kind, []).append(env)
+            up.append(r)
+        out, metrics = cloud.aggregate(_plan(round_), up)
+        for msg in out:
+            for edge in edges.values():
+                if msg.kind == "moments":
+                    env = _wire(msg.kind, msg.body, "cloud", round_)
+                    edge.check(env, "parent")
+                    edge.on_message(env)
+        return [m for m in out if m.kind == "moments"], metrics
+
+    # Execute: round 1 (own moments, merges sent up), round 2 (the federation's merge is here)
+    RecordingHSFP.merged = []
+    sent, metrics1 = close(1, reports)
+    first = list(RecordingHSFP.merged)
+    RecordingHSFP.merged = []
+    again, metrics2 = close(2, {e: [Report(r.sender) for r in rs] for e, rs in reports.items()})
+    # Assert: the cloud sent one merge of every device's moments to the edges, once
+    assert len(sent) == 1 and sent[0].to.role == "children" and sent[0].slot == "wc_global"
+    assert sent[0].body["classes"].tolist() == list(range(10)) and again == []
+    assert int(sent[0].body["counts"].sum()) == 600
+    assert metrics1["edges_global"] == 0 and metrics2["edges_global"] == 2
+    # round 1 trained each edge on its own five classes; round 2 on all ten; reports stay own
+    assert [m.classes.tolist() for m in first[:2]] == [list(range(5))] * 2
+    assert [len(m.classes) for m in RecordingHSFP.merged] == [10, 5, 10, 5]
+    # without the setting, neither tier takes the other's W_c moments
+    plain_edge, plain_cloud = _edge("e9"), _cloud(test)
+    env = _wire("moments", sent[0].body, "cloud", 2)
+    with pytest.raises(ProtocolError, match="edge_features"):
+        plain_edge.check(env, "parent")
+    with pytest.raises(ProtocolError):
+        plain_cloud.check(_wire("moments", sent[0].body, "e0", 2), "child")

@@ -94,11 +94,9 @@ def _correlated_maps(n_per_class: int = 400) -> tuple[np.ndarray, np.ndarray]:
 def test_spatial_rho_sets_the_pooled_variance_and_keeps_each_position(rho, pooled_ratio):
     """H-SFP's spatial_rho (issue 12 fix of suspect 1): per-position moments unchanged, pooled
     variance rho + (1 - rho) / positions of the per-position one (real maps here: fully correlated)."""
-    from splitedge.methods.hsfp.spatial import correlated_features
-
     real, y = _correlated_maps()
     m = compute_moments(real.reshape(len(y), -1), y)
-    synth, ys = correlated_features(m, 6000, np.random.default_rng(1), (2, 4, 4), rho=rho)
+    synth, ys = sample_features(m, 6000, np.random.default_rng(1), floor=0, rho=rho, shape=(2, 4, 4))
     synth = synth.reshape(len(ys), 2, 4, 4)
     classes = np.arange(3)
     assert np.bincount(ys).tolist() == [2000, 2000, 2000]

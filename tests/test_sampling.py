@@ -73,3 +73,47 @@ def test_seeded_reproducible_and_chunk_boundaries(monkeypatch: pytest.MonkeyPatc
 def test_empty_moments() -> None:
     x, y = sample_features(ClassMoments.empty(6), 100, np.random.default_rng(0))
     assert x.shape == (0, 6) and y.shape == (0,)
+
+
+def test_class_balanced_draws_every_class_alike() -> None:
+    m = moments([10, 300, 90])
+    _, y = sample_features(m, 300, np.random.default_rng(5), floor=0, balance=True)
+    assert np.bincount(y, minlength=6)[[1, 3, 5]].tolist() == [100, 100, 100]
+
+
+def test_mixture_keeps_each_sources_mode_and_its_share() -> None:
+    """Two devices hold class 1 at means -5 and +5 (tiny spread): the merged Gaussian is one wide
+    blob around 0, the mixture two tight modes drawn 1:3 like the counts."""
+    from splitedge.methods.moments import merge_moments
+
+    a = ClassMoments(np.array([1]), np.array([100]), np.full((1, 2), -5.0), np.full((1, 2), 0.01))
+    b = ClassMoments(np.array([1, 3]), np.array([300, 50]), np.array([[5.0, 5.0], [0.0, 1.0]]),
+                     np.full((2, 2), 0.01))
+    merged = merge_moments([a, b])
+    plain, _ = sample_features(merged, 4000, np.random.default_rng(6), floor=0)
+    mix, y = sample_features(merged, 4000, np.random.default_rng(6), floor=0, parts=[a, b], shrink=0.0)
+    ones = mix[y == 1, 0]
+    assert np.abs(np.abs(ones) - 5).max() < 0.6  # every sample sits at a source's mode
+    assert (ones > 0).mean() == pytest.approx(0.75, abs=0.03)
+    assert np.abs(plain[y == 1, 0]).min() < 1.0  # the merged Gaussian puts samples between them
+    np.testing.assert_allclose(mix[y == 3].mean(axis=0), [0.0, 1.0], atol=0.05)
+    wide, yw = sample_features(merged, 4000, np.random.default_rng(6), floor=0, parts=[a, b], shrink=1.0)
+    assert wide[yw == 1, 0].std() > 4.5  # shrink 1: each component takes the merged variance
+    with pytest.raises(ValueError, match="class 3"):
+        sample_features(merged, 100, np.random.default_rng(0), parts=[a])
+
+
+def test_moments_without_undoes_a_merge() -> None:
+    from splitedge.methods.moments import compute_moments, merge_moments, moments_without
+
+    rng = np.random.default_rng(7)
+    xa, ya = rng.normal(3, 2, (300, 5)), rng.integers(0, 3, 300)
+    xb, yb = rng.normal(-1, 1, (200, 5)), rng.integers(1, 5, 200)
+    a, b = compute_moments(xa, ya), compute_moments(xb, yb)
+    rest = moments_without(merge_moments([a, b]), a)
+    assert rest.classes.tolist() == b.classes.tolist() and rest.counts.tolist() == b.counts.tolist()
+    np.testing.assert_allclose(rest.mean, b.mean, atol=1e-9)
+    np.testing.assert_allclose(rest.var, b.var, rtol=1e-8)
+    assert moments_without(a, a) is None
+    with pytest.raises(ValueError):
+        moments_without(a, b)  # b holds classes a does not

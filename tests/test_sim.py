@@ -111,3 +111,13 @@ def test_sim_settings_refuse_more_nodes_than_one_process_can_connect() -> None:
         SimSettings(devices=MAX_SIM_NODES, edges=10)
     with pytest.raises(ValueError, match="at least one device"):
         SimSettings(devices=0, edges=1)
+
+
+def test_sim_with_the_synthetic_feature_flags(tmp_path: Path) -> None:
+    """H-SFP's issue-12 sampling flags over the embedded broker: edges train W_e on the
+    federation's W_c moments from the second round of each W_c version (ic = 2: rounds 2 and 4)."""
+    flags = {"ic": 2, "ie": 2, "edge_features": "global", "mixture": True, "class_balanced": True}
+    summary = run_sim(SimSettings(rounds=4, devices=4, edges=2, out=tmp_path, overrides=flags))
+    rounds = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["edges_global"] for r in rounds] == [0, 2, 0, 2]
+    assert summary["final_accuracy"] > 3 * summary["chance"], summary["accuracy_per_round"]

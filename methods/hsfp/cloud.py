@@ -20,7 +20,7 @@ from splitedge.methods.headstats import lda_classifier, merge_head_stats
 from splitedge.methods.hsfp.edge import check_head_record, head_stats_of
 from splitedge.methods.hsfp.method import AVERAGE, CALIB, CALIBRATE, LABELS, HEAD_STATS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import sample_batches
-from splitedge.methods.moments import ClassMoments, moments_from_body
+from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body
 from splitedge.methods.torch_utils import evaluate, retune
 from splitedge.methods.strategy import CHILDREN, DEVICES, THIN_DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
 from splitedge.methods.training import Batch, Outputs, train_epochs
@@ -45,6 +45,10 @@ class HSFPCloud(CloudPart):
         self.cached_ids: dict[str, str] = {}  # edge -> msg_id of its cached moments
         self.cached_at: dict[str, tuple[int, int, int]] = {}  # edge -> (wc_v, we_v, round) of its cached moments
         self.reference: tuple[tuple[int, int], ClassMoments] | None = None  # robust="clip": last merge, its versions
+        # edge_features="global": each edge's merge of W_c moments (version, msg_id, moments),
+        # and which of them the last federation-wide merge sent to the edges held
+        self.wc_sources: dict[str, tuple[int, str, ClassMoments]] = {}
+        self.global_sent: tuple = ()
         self.head_dim = int(self.model.wg[-1].in_features)
         self.calib_version = -1  # the calibration models last sent; their copy below
         self.calib = ClassifierInput(copy.deepcopy(self.model.we), copy.deepcopy(self.model.wg))
@@ -127,6 +131,10 @@ class HSFPCloud(CloudPart):
         if env.kind == "arrays" and body["name"] == HEAD_STATS:
             check_head_record(body, self.head_dim, self.spec.num_classes, self.cfg.feature_dtype,
                               calib=self.calib_version, wc=self.wc_version)
+        elif env.kind == "moments" and body["space"] == WC and self.cfg.edge_features == "global":
+            check_stats(body, "mean", dim=int(np.prod(self.model.wc_shape)), num_classes=self.spec.num_classes,
+                        dtype=self.cfg.feature_dtype)
+            check_version(WC, int(body["versions"].get(WC, 0)), at_most=self.wc_version)
         elif env.kind == "moments":
             check_space(body, WE)
             check_stats(body, "mean", dim=int(np.prod(self.model.we_shape)), num_classes=self.spec.num_classes,
@@ -167,7 +175,12 @@ class HSFPCloud(CloudPart):
     def on_edge_message(self, env: Any) -> None:
         """Edge moments are state: kept whenever they arrive, even after their round closed;
         never replaced by older ones."""
-        if env.kind == "moments" and self.cached_ids.get(env.sender) != env.msg_id:  # not twice
+        if env.kind == "moments" and env.body["space"] == WC:
+            version = int(env.body["versions"].get(WC, 0))
+            held = self.wc_sources.get(env.sender)
+            if held is None or (version, env.msg_id) != held[:2] and version >= held[0]:
+                self.wc_sources[env.sender] = (version, env.msg_id, moments_from_body(env.body))
+        elif env.kind == "moments" and self.cached_ids.get(env.sender) != env.msg_id:  # not twice
             at = self._stamp(env)
             if at <= self.cached_at.get(env.sender, (-1, -1, -1)):
                 return
@@ -185,25 +198,39 @@ class HSFPCloud(CloudPart):
             reference = self.reference[1] if self.reference is not None and self.reference[0] == versions else None
             merged = self.method.merge_moments(current, reference)
             self.reference = (versions, merged)
-            metrics["head_loss"] = self._train_head(merged)
+            metrics["head_loss"] = self._train_head(merged, current)
             if not self.cfg.calibrate_every:  # calibrating runs serve only calibrated heads
                 self.served.load_state_dict(self.model.state_dict())
                 self.served_versions = (self.wc_version, self.we_version)
+        out = self._global_wc_moments() if self.cfg.edge_features == "global" else []
         if plan.directives.get(CALIBRATE):
             metrics["calibrated"] = self._calibrate(plan, reports)
-        metrics["merged"] = sum(int((r.get("done").body["info"] or {}).get("merged", 0)) for r in reports
-                                if r.get("done") is not None)  # devices whose moments the edges merged
+        infos = [r.get("done").body["info"] or {} for r in reports if r.get("done") is not None]
+        metrics["merged"] = sum(int(i.get("merged", 0)) for i in infos)  # devices whose moments the edges merged
+        if self.cfg.edge_features == "global":
+            metrics["edges_global"] = sum(int(i.get("global", 0)) for i in infos)  # edges that trained on it
         if self.served_versions:
             metrics.update(evaluate(self.served, self.ctx.extra["test"], self.spec))
         else:
             metrics["accuracy"] = float("nan")
         metrics["wc_version"], metrics["we_version"] = self.wc_version, self.we_version
-        out = []
         for part in plan.directives.get(AVERAGE, ()):
             out += self._average(part, self.model.part(part), reports)
         if plan.directives.get(REPORT_LABELS):
             self._assign(reports)
         return out, metrics
+
+    def _global_wc_moments(self) -> list[Message]:
+        """The edges' W_c merges of the version in use, merged (as configured) and sent to every
+        edge when one of them changed (edge_features="global"); edges sample W_e's training
+        features from it."""
+        held = sorted((e, mid) for e, (v, mid, _) in self.wc_sources.items() if v == self.wc_version)
+        if not held or tuple(held) == self.global_sent:
+            return []
+        self.global_sent = tuple(held)
+        merged = self.method.merge_moments([self.wc_sources[e][2] for e, _ in held])
+        body = moments_to_body(merged, dtype=self.cfg.feature_dtype, space=WC, versions={WC: self.wc_version})
+        return [Message("moments", body, to=CHILDREN, slot="wc_global")]
 
     def _calibrate(self, plan: RoundPlan, reports: Sequence[Report]) -> int:
         """Serve W_c, the calibration W_e and W_g with the classifier refitted in closed form on
@@ -232,8 +259,8 @@ class HSFPCloud(CloudPart):
         features, logits = head_features(self.model.wg, batch.x)
         return {"features": features, "logits": logits}
 
-    def _train_head(self, merged: ClassMoments) -> float:
-        x, y = self.method.sample_features(merged, self.cfg.cloud_samples, self.ctx.rng)
+    def _train_head(self, merged: ClassMoments, parts: list[ClassMoments]) -> float:
+        x, y = self.method.sample_features(merged, self.cfg.cloud_samples, self.ctx.rng, parts=parts)
         batches = sample_batches(x, y, self.model.we_shape, batch=self.cfg.cloud_batch,
                                  seed=int(self.ctx.rng.integers(2**31)))
         self.losses = train_epochs(self.forward, self.method.loss_terms("cloud"), batches, self.opt, [self.model.wg],

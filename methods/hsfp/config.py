@@ -39,9 +39,22 @@ class HSFPConfig(MethodConfig):
     sample_floor: int = 8
     eps: float = 1e-5
     # share of each sample's noise drawn once per channel and shared by all positions of a
-    # feature map (methods/hsfp/spatial.py); 0 draws positions independently (the paper's
+    # feature map (methods/sampling.py); 0 draws positions independently (the paper's
     # sampler), 1 moves a channel's positions together so pooling keeps their variance
     spatial_rho: float = 0.0
+    # what the synthetic features are drawn from (methods/sampling.py; the moments on the wire do
+    # not change): class_balanced draws as many samples of every class as of any other (the
+    # paper: in proportion to the counts); mixture draws each class from its sources' Gaussians
+    # (an edge's devices, the cloud's edges) by count, each variance shrunk toward the merged
+    # one by mixture_shrink, instead of from one merged Gaussian
+    class_balanced: bool = False
+    mixture: bool = False
+    mixture_shrink: float = 0.5
+    # where an edge draws the W_c features it trains W_e on: "own" its devices' merged moments;
+    # "global" the federation's (edges send their W_c merge up, the cloud merges them and sends
+    # the merge to every edge: one round late, so the first round of each W_c version uses its
+    # own). An edge's moments of W_e outputs always describe its own devices
+    edge_features: str = "own"
     # moments of W_e outputs with the global W_e (consistency rule extended to the edge tier)
     we_moments: str = "global"  # or "local"
     # device-to-edge assignment after round 1: as the devices were started ("random"); "clusters":
@@ -84,6 +97,9 @@ class HSFPConfig(MethodConfig):
         if not self.robust_clip_k > 0 or not 0 <= self.robust_trim < 0.5:
             raise ValueError(f"robust_clip_k must be > 0 and robust_trim in [0, 0.5), got {self.robust_clip_k} and "
                              f"{self.robust_trim}")
+        if self.edge_features not in ("own", "global") or not 0.0 <= self.mixture_shrink <= 1.0:
+            raise ValueError(f"edge_features must be own or global and mixture_shrink in [0, 1], got "
+                             f"{self.edge_features!r} and {self.mixture_shrink}")
         if not 0.0 <= self.spatial_rho <= 1.0:
             raise ValueError(f"spatial_rho must be in [0, 1], got {self.spatial_rho}")
         if self.device_target not in ("supcon", "etf") or not self.etf_tau > 0:

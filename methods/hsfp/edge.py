@@ -14,7 +14,7 @@ from splitedge.methods.checks import check_space, check_stats, check_version, ch
 from splitedge.methods.headstats import check_head_stats, head_stats_arrays, head_stats_from_arrays, merge_head_stats
 from splitedge.methods.hsfp.method import AVERAGE, CALIB, CALIBRATE, HEAD_STATS, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import output_moments, sample_batches, with_counts
-from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body
+from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body, moments_without
 from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan, device
 from splitedge.methods.torch_utils import retune
 from splitedge.methods.training import Batch, Outputs, train_epochs
@@ -44,6 +44,10 @@ class HSFPEdge(EdgePart):
         self.reference: tuple[int, ClassMoments] | None = None  # (wc_version, last merge): robust="clip"'s reference
         self.info: dict[str, Any] = {}
         self.wc_version = 0  # the newest W_c version announced
+        # edge_features="global": the federation's W_c moments (version, merge) from the cloud, and
+        # what this edge last sent up ((version, the message ids merged), merge) to take out of it
+        self.global_wc: tuple[int, ClassMoments] | None = None
+        self.sent_wc: tuple[tuple, ClassMoments] | None = None
         self.last_wc_version: int | None = None
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
@@ -59,7 +63,13 @@ class HSFPEdge(EdgePart):
     def check(self, env: Any, source: str) -> None:
         """Device moments of W_c outputs and device W_c updates; the cloud's global W_e."""
         body = env.body
-        if env.kind == "moments":
+        if env.kind == "moments" and source == "parent":  # the federation's W_c merge (edge_features="global")
+            if self.cfg.edge_features != "global":
+                raise ProtocolError("state.space", "W_c moments from the cloud, but edge_features is not 'global'")
+            check_space(body, WC)
+            check_stats(body, "mean", dim=int(np.prod(self.wc_shape)), num_classes=self.spec.num_classes,
+                        dtype=self.cfg.feature_dtype)
+        elif env.kind == "moments":
             check_space(body, WC)
             check_stats(body, "mean", dim=int(np.prod(self.wc_shape)), num_classes=self.spec.num_classes,
                         dtype=self.cfg.feature_dtype)
@@ -93,6 +103,10 @@ class HSFPEdge(EdgePart):
             load_numpy_state(self.we_local, env.body["weights"])
             self.opt = self._new_optimizer()
             self.we_version = int(env.body["version"])
+        elif env.kind == "moments":
+            version = int(env.body["versions"].get(WC, 0))
+            if self.global_wc is None or version >= self.global_wc[0]:
+                self.global_wc = (version, moments_from_body(env.body))
         return []
 
     def members_changed(self, members: set[str]) -> None:
@@ -135,11 +149,18 @@ class HSFPEdge(EdgePart):
         for report in reports:
             for env in report.all("moments"):
                 self._remember(env)
-        current = [m for v, m in (self.cache[d] for d in sorted(self.cache)) if v == plan.version(WC)]  # one order, one sum
+        version = plan.version(WC)
+        merged_ids = tuple(sorted((d, self.cached_ids[d]) for d, (v, _) in self.cache.items() if v == version))
+        current = [self.cache[d][1] for d, _ in merged_ids]  # one order, one sum
         out: list[Message] = []
         self.info = {"merged": len(current)}
         if current:
-            out.append(self._train_and_report(plan, self._merge(plan.version(WC), current)))
+            merged = self._merge(version, current)
+            out.append(self._train_and_report(plan, merged, current))
+            if self.cfg.edge_features == "global" and (self.sent_wc is None or self.sent_wc[0] != (version, merged_ids)):
+                self.sent_wc = ((version, merged_ids), merged)
+                out.append(Message("moments", moments_to_body(merged, dtype=self.cfg.feature_dtype, space=WC,
+                                                              versions={WC: version})))
         averaged = plan.directives.get(AVERAGE, ())
         if WC in averaged:
             out.extend(self._average_wc(plan, reports))
@@ -171,7 +192,8 @@ class HSFPEdge(EdgePart):
         return merged
 
     def round_info(self) -> dict[str, Any]:
-        """`merged`: how many devices' moments the round's merge took."""
+        """`merged`: how many devices' moments the round's merge took; `global`: 1 when W_e
+        trained on the federation's W_c moments (edge_features="global")."""
         return dict(self.info)
 
     def _label_histograms(self, plan: RoundPlan) -> list[Message]:
@@ -186,15 +208,34 @@ class HSFPEdge(EdgePart):
     def forward(self, batch: Batch) -> Outputs:
         return {"features": pool(self.we_local(batch.x))}
 
-    def _train_and_report(self, plan: RoundPlan, merged: ClassMoments) -> Message:
+    def _training_source(self, version: int, merged: ClassMoments,
+                         parts: list[ClassMoments]) -> tuple[ClassMoments, list[ClassMoments]]:
+        """What W_e trains on: this edge's merge and devices, or (edge_features="global", once
+        the cloud's merge of this W_c version is here) the federation's merge, its sources being
+        this edge's devices and the rest of the federation (the merge minus what we sent)."""
+        held, sent = self.global_wc, self.sent_wc
+        if self.cfg.edge_features != "global" or held is None or held[0] != version or sent is None \
+                or sent[0][0] != version:
+            return merged, parts
+        try:
+            rest = moments_without(held[1], sent[1])
+        except ValueError as exc:  # the cloud's merge does not hold ours (yet): train on our own
+            log.info("edge %s: global W_c moments unusable (%s); sampling our own", self.ctx.node_id, exc)
+            return merged, parts
+        return held[1], parts + ([rest] if rest is not None else [])
+
+    def _train_and_report(self, plan: RoundPlan, merged: ClassMoments, parts: list[ClassMoments]) -> Message:
         seed = int(self.ctx.rng.integers(2**31))
-        x, y = self.method.sample_features(merged, self.cfg.edge_samples, self.ctx.rng)
+        source, sources = self._training_source(plan.version(WC), merged, parts)
+        if self.cfg.edge_features == "global":
+            self.info["global"] = int(source is not merged)
+        x, y = self.method.sample_features(source, self.cfg.edge_samples, self.ctx.rng, parts=sources)
         batches = sample_batches(x, y, self.wc_shape, batch=self.cfg.edge_batch, seed=seed)
         epochs = self.cfg.edge_epochs if self.cfg.ie else 0  # ie = 0: W_e stays as initialised, nothing to train
         self.losses = train_epochs(self.forward, self.method.loss_terms("edge"), batches, self.opt, [self.we_local],
                                    epochs=epochs)
         module = self.we_global if self.cfg.we_moments == "global" else self.we_local
-        x2, y2 = self.method.sample_features(merged, self.cfg.edge_samples, self.ctx.rng)
+        x2, y2 = self.method.sample_features(merged, self.cfg.edge_samples, self.ctx.rng, parts=parts)
         moments = with_counts(output_moments(module, x2, y2, self.wc_shape), merged)
         body = moments_to_body(moments, dtype=self.cfg.feature_dtype, space=WE,
                                versions={WC: plan.version(WC), WE: self.we_version})

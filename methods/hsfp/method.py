@@ -59,17 +59,19 @@ class HSFP(Method):
         return [cross_entropy_term()]
 
     def sample_features(self, merged: ClassMoments, total: int, rng: np.random.Generator,
-                        shape: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                        shape: Sequence[int] | None = None,
+                        parts: Sequence[ClassMoments] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Synthetic features the edge (W_c space) and cloud (W_e space) train on; `shape` is the
-        per-sample feature map [C, H, W], used when `spatial_rho` > 0 correlates its positions."""
+        per-sample feature map [C, H, W], used when `spatial_rho` > 0 correlates its positions;
+        `parts` the sources merged into `merged`, the components when `mixture` is set."""
         cfg = self.config
-        shape = shape or (self.feature_shape(merged.dim) if cfg.spatial_rho > 0 else None)
-        if cfg.spatial_rho > 0 and shape is not None and len(shape) == 3:
-            from splitedge.methods.hsfp.spatial import correlated_features
-
-            return correlated_features(merged, total, rng, shape, rho=cfg.spatial_rho, eps=cfg.eps,
-                                       floor=cfg.sample_floor, mean_only=cfg.mean_only)
-        return sample_features(merged, total, rng, eps=cfg.eps, floor=cfg.sample_floor, mean_only=cfg.mean_only)
+        rho = 0.0
+        if cfg.spatial_rho > 0:
+            shape = shape or self.feature_shape(merged.dim)
+            rho = cfg.spatial_rho if shape is not None and len(shape) == 3 else 0.0
+        return sample_features(merged, total, rng, eps=cfg.eps, floor=cfg.sample_floor, mean_only=cfg.mean_only,
+                               balance=cfg.class_balanced, parts=parts if cfg.mixture else None,
+                               shrink=cfg.mixture_shrink, rho=rho, shape=shape)
 
     def feature_shape(self, dim: int) -> tuple[int, ...] | None:
         """The per-sample map shape (W_c's or W_e's output) whose size is `dim`, from the run's model
