@@ -249,11 +249,11 @@ def variance_diagnostic(rep: Replica, idx: np.ndarray, test: tuple[np.ndarray, n
     method = rep.clouds[STACKS[0]].method
     x, y = to_input(rep.train[0][idx], spec.mean, spec.std), rep.train[1][idx].astype(np.int64)
     fc = _forward(served.wc, x)
-    m_c = compute_moments(fc.reshape(len(y), -1), y)
+    m_c = compute_moments(_forward(method.moment_module(served.wc), x).reshape(len(y), -1), y)  # as devices do
     sc, ys = method.sample_features(m_c, len(y), rng, shape=fc.shape[1:])
     sc = sc.reshape(len(sc), *fc.shape[1:])
     fe, fe_synth = _forward(served.we, fc), _forward(served.we, sc)
-    m_e = compute_moments(fe_synth.reshape(len(ys), -1), ys)
+    m_e = compute_moments(_forward(method.moment_module(served.we), sc).reshape(len(ys), -1), ys)  # as edges do
     se, ye = method.sample_features(m_e, len(ys), rng, shape=fe.shape[1:])
     se = se.reshape(len(se), *fe.shape[1:])
     classes = m_c.classes

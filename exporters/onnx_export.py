@@ -155,12 +155,17 @@ def max_abs_diff(model: onnx.ModelProto | bytes, module: nn.Module, x: np.ndarra
     return diff
 
 
-def export_wc_bytes(split: nn.Module, sample: np.ndarray | None = None, seed: int = 0) -> bytes:
-    """W_c of a SplitModel as verified ONNX bytes (what the cloud sends thin devices).
+def export_wc_bytes(split: nn.Module, sample: np.ndarray | None = None, seed: int = 0, *,
+                    pre_relu: bool = False) -> bytes:
+    """W_c of a SplitModel as verified ONNX bytes (what the cloud sends thin devices); with
+    `pre_relu`, W_c without its final ReLU (H-SFP's pre_relu takes moments there).
 
     Parity is checked on `sample` or, without one, on a few seeded random inputs.
     """
-    return export_part_bytes(split.wc, tuple(split.in_shape), "wc", sample=sample, seed=seed)
+    from splitedge.models import pre_activation
+
+    wc = pre_activation(split.wc) if pre_relu else split.wc
+    return export_part_bytes(wc, tuple(split.in_shape), "wc", sample=sample, seed=seed)
 
 
 def export_calib_bytes(split: nn.Module, seed: int = 0) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import OrderedDict
 from typing import Iterator
 
 import torch
@@ -43,6 +44,44 @@ def head_features(wg: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.T
         raise ValueError("W_g must be an nn.Sequential ending in its classifier")
     features = pool(wg[:-1](h))
     return features, wg[-1](features)
+
+
+RELU_COMMUTES = (nn.MaxPool2d, nn.AdaptiveMaxPool2d, nn.Flatten, nn.Identity)
+"""Layers a final ReLU may precede and still be moved after: relu(max(x)) = max(relu(x))."""
+
+
+def pre_activation(module: nn.Module) -> nn.Module:
+    """`module` computed without its final ReLU: new nn.Sequential containers around the same
+    layers (every parameter and buffer shared, the same state names), that ReLU an Identity.
+    H-SFP's `pre_relu` takes moments there, where features are closer to Gaussian, and applies
+    the ReLU to what it samples. The containers take the part's train/eval flag, so code that
+    saves and restores a module's mode (torch.onnx.export) leaves the part's layers as they
+    were. ValueError when `module` does not end in a ReLU, possibly
+    followed by max-pooling or flattening, inside nested nn.Sequential (ResNet blocks apply
+    theirs inside forward)."""
+    found, out = _drop_final_relu(module)
+    if not found:
+        raise ValueError(f"{type(module).__name__} does not end in an nn.ReLU inside nn.Sequential "
+                         f"(optionally followed by max-pooling or flattening)")
+    return out
+
+
+def _drop_final_relu(module: nn.Module) -> tuple[bool, nn.Module]:
+    if isinstance(module, nn.ReLU):
+        return True, nn.Identity()
+    if not isinstance(module, nn.Sequential):
+        return False, module
+    children = dict(module.named_children())
+    for name in reversed(list(children)):
+        found, new = _drop_final_relu(children[name])
+        if found:
+            children[name] = new
+            seq = nn.Sequential(OrderedDict(children))
+            seq.training = module.training  # not .train(): that would set the shared layers' modes too
+            return True, seq
+        if not isinstance(children[name], RELU_COMMUTES):
+            return False, module
+    return False, module
 
 
 class ClassifierInput(nn.Module):

@@ -307,7 +307,8 @@ def test_edges_train_we_on_the_federations_wc_moments_when_asked(digits):
         for e, edge in edges.items():
             edge.on_round_open(_plan(round_), {r.sender for r in device_reports[e]})
             r = Report(e)
-            for msg in [*edge.aggregate(_plan(round_), device_reports[e]), Message("done", {"info": edge.round_info()})]:
+            done = Message("done", {"phase": "round", "info": edge.round_info()})
+            for msg in [*edge.aggregate(_plan(round_), device_reports[e]), done]:
                 env = _wire(msg.kind, msg.body, e, round_)
                 cloud.check(env, "child")  # what the cloud's runtime validates first
                 r.messages.setdefault(msg.kind, []).append(env)
@@ -342,3 +343,14 @@ def test_edges_train_we_on_the_federations_wc_moments_when_asked(digits):
         plain_edge.check(env, "parent")
     with pytest.raises(ProtocolError):
         plain_cloud.check(_wire("moments", sent[0].body, "e0", 2), "child")
+
+
+def test_pre_relu_rectifies_what_every_tier_samples():
+    """pre_relu: the moments describe features before the ReLU, so the sampler applies it;
+    without the setting samples of the same moments keep their negative values."""
+    rng = np.random.default_rng(0)
+    m = compute_moments(rng.normal(-0.2, 1.0, (400, 6)), np.arange(400) % 4)
+    plain, _ = method_for("hsfp").sample_features(m, 500, np.random.default_rng(1))
+    rect, _ = method_for("hsfp", pre_relu=True).sample_features(m, 500, np.random.default_rng(1))
+    assert (plain < 0).mean() > 0.4
+    np.testing.assert_array_equal(rect, np.maximum(plain, 0))

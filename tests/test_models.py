@@ -146,3 +146,33 @@ def test_fedcnn_wc_exports_to_onnx_with_dynamic_batch(cfg):
     assert max_abs_diff(graph, model.wc, x) < 1e-4
     for batch in (1, 3):
         assert run_onnx(graph, x[:batch]).shape == (batch, *model.wc_shape)
+
+
+@pytest.mark.parametrize("name", ["cnn", "fedcnn"])
+def test_pre_activation_shares_weights_and_stops_before_the_final_relu(built, name):
+    """H-SFP's pre_relu: the part without its final ReLU, same parameters and state names, so
+    relu(pre(x)) is the part's output (a ReLU before a max-pool commutes with it)."""
+    from splitedge.models import pre_activation
+
+    model = built[(name, "cifar")].eval()
+    x = torch.randn(4, 3, 32, 32)
+    for part in (model.wc, model.we):
+        pre = pre_activation(part)
+        inp = x if part is model.wc else model.wc(x)
+        with torch.no_grad():
+            raw, out = pre(inp), part(inp)
+        assert (raw < 0).any() and torch.allclose(torch.relu(raw), out)
+        assert list(pre.state_dict()) == list(part.state_dict())
+        assert all(a is b for a, b in zip(pre.parameters(), part.parameters()))
+    with torch.no_grad():  # weights loaded into the part reach its pre-activation view
+        next(model.wc.parameters()).mul_(2.0)
+        assert torch.allclose(torch.relu(pre_activation(model.wc)(x)), model.wc(x))
+
+
+def test_pre_activation_refuses_parts_whose_relu_is_inside_forward(built):
+    from splitedge.models import pre_activation
+
+    with pytest.raises(ValueError, match="does not end in an nn.ReLU"):
+        pre_activation(built[("resnet18", "cifar")].wc)
+    with pytest.raises(ValueError):
+        pre_activation(built[("cnn", "cifar")].wg)  # ends in its classifier

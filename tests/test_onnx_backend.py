@@ -242,3 +242,29 @@ def test_thin_device_head_statistics_match_torch(splits, model_bytes, images):
         dev.check(SimpleNamespace(kind="weights", body={"part": "calib", "version": 1, "weights": bad}), "parent")
     dev.on_message(SimpleNamespace(kind="weights", body={"part": "calib", "version": 1, "samples": 0, "weights": bad}))
     assert dev.calib_version == 0
+
+
+def test_thin_device_with_pre_relu_takes_moments_before_the_relu_and_calibrates_after_it(splits, images):
+    """pre_relu on a thin device: the cloud's W_c graph stops before the final ReLU, so its
+    moments are torch's pre-activation ones, while the head statistics still see the ReLU."""
+    from splitedge.models import pre_activation
+
+    ctx = ctx_for("hsfp", "d1", pre_relu=True)
+    dev = ctx.method.device_part(ctx, images, "onnx")
+    dev.on_message(model_env(export_wc_bytes(splits[0], pre_relu=True)))
+    assert not any(m.training for m in splits[0].wc.modules())  # exporting the view left W_c in eval mode
+    calib = ClassifierInput(splits[1].we, splits[1].wg).eval()
+    graph = export_calib_bytes(splits[0])
+    dev.on_message(SimpleNamespace(kind="weights", body={"part": "calib", "version": 0, "samples": 0,
+                                                         "weights": state_to_numpy(calib)}))
+    dev.on_message(SimpleNamespace(kind="onnx_model", body={"part": "calib", "version": 0, "model": graph,
+                                                            "sha256": hashlib.sha256(graph).hexdigest()}))
+    moments = dev.compute_moments()
+    np.testing.assert_allclose(moments.mean, torch_moments(pre_activation(splits[0].wc), images).mean, atol=1e-5)
+    assert (moments.mean < 0).any()  # before the ReLU
+    got = dev.compute_head_stats()
+    with torch.no_grad():
+        feats = calib(splits[0].wc(torch.from_numpy(to_input(images[0], (0.5,), (0.25,))))).numpy()
+    acc = HeadStatsAccumulator(feats.shape[1])
+    acc.add(feats, images[1])
+    np.testing.assert_allclose(got.mean, acc.result().mean, atol=1e-5)

@@ -121,3 +121,17 @@ def test_sim_with_the_synthetic_feature_flags(tmp_path: Path) -> None:
     rounds = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["edges_global"] for r in rounds] == [0, 2, 0, 2]
     assert summary["final_accuracy"] > 3 * summary["chance"], summary["accuracy_per_round"]
+
+
+def test_sim_pre_relu_with_thin_and_torch_devices(tmp_path: Path) -> None:
+    """pre_relu on hsfp-cal over the embedded broker: thin devices take moments with a W_c graph
+    that stops before the final ReLU and calibrate with it applied; a split that cannot do it
+    (resnet18) is refused in one line before any node starts."""
+    summary = run_sim(SimSettings(rounds=3, devices=4, edges=2, out=tmp_path, method="hsfp-cal",
+                                  backends=("torch", "onnx"), overrides={"pre_relu": True}))
+    rounds = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["calibrated"] > 0 for r in rounds)
+    assert summary["final_accuracy"] > 3 * summary["chance"], summary["accuracy_per_round"]
+    with pytest.raises(ValueError, match="pre_relu needs W_c and W_e ending in a ReLU"):
+        run_sim(SimSettings(rounds=1, devices=2, edges=1, out=tmp_path / "r", model="resnet18",
+                            overrides={"pre_relu": True}))

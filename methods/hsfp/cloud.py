@@ -68,7 +68,7 @@ class HSFPCloud(CloudPart):
         try:
             from splitedge.exporters.onnx_export import export_calib_bytes, export_wc_bytes  # needs onnx
 
-            graphs = [(WC, self.wc_version, export_wc_bytes(self.model))]
+            graphs = [(WC, self.wc_version, export_wc_bytes(self.model, pre_relu=self.cfg.pre_relu))]
             if self.cfg.calibrate_every:
                 graphs.append((CALIB, 0, export_calib_bytes(self.model)))
         except (ImportError, ValueError) as exc:

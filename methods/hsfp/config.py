@@ -55,6 +55,10 @@ class HSFPConfig(MethodConfig):
     # the merge to every edge: one round late, so the first round of each W_c version uses its
     # own). An edge's moments of W_e outputs always describe its own devices
     edge_features: str = "own"
+    # pre_relu: moments of W_c's and W_e's outputs are taken before their final ReLU (closer to
+    # Gaussian than the rectified features, half of which sit at 0) and every tier applies the
+    # ReLU to what it samples; needs parts ending in a ReLU (cnn, fedcnn; not resnet18)
+    pre_relu: bool = False
     # moments of W_e outputs with the global W_e (consistency rule extended to the edge tier)
     we_moments: str = "global"  # or "local"
     # device-to-edge assignment after round 1: as the devices were started ("random"); "clusters":

@@ -54,7 +54,10 @@ class HSFPOnnxDevice(HSFPDevice):
         _check_fits(self.calib_extractor, weights)
 
     def classifier_input(self, x: np.ndarray) -> np.ndarray:
-        return self.calib_extractor.features(self.extractor.features(x))
+        h = self.extractor.features(x)
+        if self.cfg.pre_relu:  # the W_c graph stops before the final ReLU (moments are taken there)
+            np.maximum(h, 0, out=h)
+        return self.calib_extractor.features(h)
 
     def on_message(self, env: Any) -> None:
         body = env.body

@@ -234,7 +234,7 @@ class HSFPEdge(EdgePart):
         epochs = self.cfg.edge_epochs if self.cfg.ie else 0  # ie = 0: W_e stays as initialised, nothing to train
         self.losses = train_epochs(self.forward, self.method.loss_terms("edge"), batches, self.opt, [self.we_local],
                                    epochs=epochs)
-        module = self.we_global if self.cfg.we_moments == "global" else self.we_local
+        module = self.method.moment_module(self.we_global if self.cfg.we_moments == "global" else self.we_local)
         x2, y2 = self.method.sample_features(merged, self.cfg.edge_samples, self.ctx.rng, parts=parts)
         moments = with_counts(output_moments(module, x2, y2, self.wc_shape), merged)
         body = moments_to_body(moments, dtype=self.cfg.feature_dtype, space=WE,

@@ -69,9 +69,35 @@ class HSFP(Method):
         if cfg.spatial_rho > 0:
             shape = shape or self.feature_shape(merged.dim)
             rho = cfg.spatial_rho if shape is not None and len(shape) == 3 else 0.0
-        return sample_features(merged, total, rng, eps=cfg.eps, floor=cfg.sample_floor, mean_only=cfg.mean_only,
+        x, y = sample_features(merged, total, rng, eps=cfg.eps, floor=cfg.sample_floor, mean_only=cfg.mean_only,
                                balance=cfg.class_balanced, parts=parts if cfg.mixture else None,
                                shrink=cfg.mixture_shrink, rho=rho, shape=shape)
+        if cfg.pre_relu:  # the moments were taken before the final ReLU: apply it to the samples
+            np.maximum(x, 0, out=x)
+        return x, y
+
+    def moment_module(self, module: Any) -> Any:
+        """What moments of a part's output are taken with: the part itself, or (pre_relu) the
+        part without its final ReLU, sharing its weights (models.pre_activation)."""
+        if not self.config.pre_relu:
+            return module
+        from splitedge.models import pre_activation  # torch: only tiers that run the part get here
+
+        return pre_activation(module)
+
+    def settle(self) -> dict[str, Any]:
+        """pre_relu needs W_c and W_e that end in a ReLU: refused before round 1 otherwise."""
+        if self.config.pre_relu:
+            from splitedge.models import create_split, pre_activation
+
+            spec = self.spec
+            split = create_split(spec.model, num_classes=spec.num_classes, in_channels=spec.channels,
+                                 image_size=spec.image_size)
+            try:
+                pre_activation(split.wc), pre_activation(split.we)
+            except ValueError as exc:
+                raise ValueError(f"pre_relu needs W_c and W_e ending in a ReLU (cnn, fedcnn); {spec.model}: {exc}")
+        return super().settle()
 
     def feature_shape(self, dim: int) -> tuple[int, ...] | None:
         """The per-sample map shape (W_c's or W_e's output) whose size is `dim`, from the run's model
