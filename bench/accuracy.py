@@ -14,10 +14,10 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
-from splitedge.bench.report import pyplot, table, save_figure
+from splitedge.bench.report import Progress, pyplot, table, save_figure
 from splitedge.bench.simrun import FederationSettings, bytes_to_target, device_bytes, parse_variant, run_on_mosquitto
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,7 @@ def add_bytes_to_reference(rows: list[dict[str, Any]]) -> dict[str, float | None
     return targets
 
 
-def run(s: AccuracySettings, progress: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
-        ) -> tuple[dict[str, Any], dict[str, Any]]:
+def run(s: AccuracySettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every (method or variant, split) run in turn; `progress(config, results)` after each, so
     an hours-long bench that is stopped keeps the runs it finished."""
     rows: list[dict[str, Any]] = []

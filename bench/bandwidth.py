@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from splitedge.bench.report import pyplot, table, save_figure
+from splitedge.bench.report import Progress, pyplot, table, save_figure
 from splitedge.bench.simrun import FederationSettings, all_out_wire, bytes_to_target, run_on_mosquitto
 
 log = logging.getLogger(__name__)
@@ -105,10 +105,11 @@ def moments_overhead(dims: tuple[int, ...] = MOMENT_DIMS, classes: int = 10) -> 
     return rows
 
 
-def run(s: BandwidthSettings) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config, results) of the suite."""
+def run(s: BandwidthSettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config, results) of the suite; `progress(config, results)` after each method's run."""
     from splitedge.bench.wire_overhead import wire_overhead
 
+    overheads = {"moments_overhead": moments_overhead(), "wire_overhead": wire_overhead()}
     rows: list[dict[str, Any]] = []
     for method in selected_methods(s.methods):
         log.info("bandwidth: %s", method)
@@ -117,14 +118,20 @@ def run(s: BandwidthSettings) -> tuple[dict[str, Any], dict[str, Any]]:
         except Exception as exc:  # one broken method must not hide the others' numbers
             log.exception("bandwidth: method %s failed", method)
             rows.append({"method": method, "error": repr(exc)})
+        if progress is not None:
+            progress(*_results(s, rows, overheads))
+    return _results(s, rows, overheads)
+
+
+def _results(s: BandwidthSettings, rows: list[dict[str, Any]],
+             overheads: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rows so far, with bytes to the target accuracy picked among them."""
     target, source = pick_target([r for r in rows if "error" not in r], s.target)
     for r in rows:
         if "error" not in r:
             r["bytes_to_target"] = bytes_to_target(r["per_round"], target) if target is not None else None
     config = {**vars(s), "methods": [r["method"] for r in rows]}
-    results = {"methods": rows, "target_accuracy": target, "target_source": source,
-               "moments_overhead": moments_overhead(), "wire_overhead": wire_overhead()}
-    return config, results
+    return config, {"methods": rows, "target_accuracy": target, "target_source": source, **overheads}
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from splitedge.bench import accuracy
-from splitedge.bench.report import pyplot, save_figure, table
+from splitedge.bench.report import Progress, pyplot, save_figure, table
 
 DEFAULT_VARIANTS = ("clustered-fl=cflhkd:kd=false", "global-model=cflhkd:clustering=false,kd=false")
 REFERENCE = "clustered-fl"
@@ -53,8 +53,13 @@ def _summarise(row: dict[str, Any]) -> None:
     row["ari"] = adjusted_rand(assignment, truth) if assignment and truth else None
 
 
-def run(s: ClusterSettings) -> tuple[dict[str, Any], dict[str, Any]]:
-    config, results = accuracy.run(s)
+def run(s: ClusterSettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The accuracy suite's runs, summarised per cluster; `progress` sees them after every run."""
+    def partial(config: dict[str, Any], results: dict[str, Any]) -> None:
+        refresh(results)
+        progress(config, results)
+
+    config, results = accuracy.run(s, progress=partial if progress else None)
     refresh(results)
     return config, results
 

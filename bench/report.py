@@ -16,9 +16,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 # distribution name -> key in the "versions" map; torch only when it was imported (see below)
+Progress = Callable[[dict[str, Any], dict[str, Any]], None]
+"""A long suite's `progress(config, results)`, called after each finished run: bench/cli.py then
+writes the files, marked partial, so a stopped bench keeps what it measured."""
+
 LIBRARIES = {"numpy": "numpy", "onnxruntime": "onnxruntime", "paho-mqtt": "paho-mqtt",
              "msgpack": "msgpack", "amqtt": "amqtt", "psutil": "psutil"}
 

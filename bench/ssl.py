@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from splitedge.bench import accuracy
-from splitedge.bench.report import table
+from splitedge.bench.report import Progress, table
 from splitedge.bench.simrun import REPRESENTATION_KEYS
 
 DEFAULT_METHODS = ("fedavg", "simsiam", "align-uniform")
@@ -35,13 +35,24 @@ class SSLSettings(accuracy.AccuracySettings):
         return cls(**vars(base))
 
 
-def run(s: SSLSettings) -> tuple[dict[str, Any], dict[str, Any]]:
-    config, results = accuracy.run(s)
+def run(s: SSLSettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The accuracy suite's runs, each row with its final representation measures; `progress`
+    sees them after every finished run."""
+    def partial(config: dict[str, Any], results: dict[str, Any]) -> None:
+        summarise(results)
+        progress(config, results)
+
+    config, results = accuracy.run(s, progress=partial if progress else None)
+    summarise(results)
+    return config, results
+
+
+def summarise(results: dict[str, Any]) -> None:
+    """Each row's last reported representation measures, as `representation`."""
     for row in results["runs"]:
         reported = [r for r in row.get("per_round", []) if "spectrum" in r or "probe_accuracy" in r]
         last = reported[-1] if reported else (row.get("per_round") or [{}])[-1]
         row["representation"] = {k: last[k] for k in REPRESENTATION_KEYS if k in last}
-    return config, results
 
 
 def _cell(value: Any) -> Any:

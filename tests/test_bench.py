@@ -292,8 +292,11 @@ def test_accuracy_virtual_devices_reach_the_sim() -> None:
         AccuracySettings.from_args(p.parse_args(["accuracy", "--virtual", "-1"]))
 
 
-def test_accuracy_writes_each_finished_run_before_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bench stopped after its first run keeps that run on disk (marked partial)."""
+@pytest.mark.parametrize("suite", ["accuracy", "ssl", "cluster"])
+def test_long_suites_write_each_finished_run_before_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            suite: str) -> None:
+    """A bench stopped after its first run keeps that run on disk (marked partial); the suites
+    built on the accuracy runs (ssl, cluster) too."""
     import json
 
     from splitedge.bench import accuracy
@@ -302,7 +305,7 @@ def test_accuracy_writes_each_finished_run_before_the_next(tmp_path: Path, monke
     seen_on_disk: list[int] = []
 
     def fake_run(s, label, method, overrides, alpha):  # the federation is not under test here
-        path = tmp_path / "accuracy.json"
+        path = tmp_path / f"{suite}.json"
         seen_on_disk.append(len(json.loads(path.read_text())["results"]["runs"]) if path.exists() else 0)
         if len(seen_on_disk) == 2:
             raise KeyboardInterrupt  # the user stops the bench during the second run
@@ -313,9 +316,32 @@ def test_accuracy_writes_each_finished_run_before_the_next(tmp_path: Path, monke
                 "planted_groups": None, "per_round": [], "round_seconds": [1.0], "wall_seconds": 1.0}
 
     monkeypatch.setattr(accuracy, "one_run", fake_run)
-    code = main(["bench", "accuracy", "--methods", "fedavg,hsfp", "--alphas", "iid", "--out", str(tmp_path),
+    code = main(["bench", suite, "--methods", "fedavg,hsfp", "--alphas", "iid", "--out", str(tmp_path),
                  "--no-plots"])
-    doc = json.loads((tmp_path / "accuracy.json").read_text())
+    doc = json.loads((tmp_path / f"{suite}.json").read_text())
     assert code != 0 and seen_on_disk == [0, 1]
     assert doc["partial"] is True and [r["method"] for r in doc["results"]["runs"]] == ["fedavg"]
-    assert "**partial**" in (tmp_path / "accuracy.md").read_text()
+    assert "**partial**" in (tmp_path / f"{suite}.md").read_text()
+
+
+def test_bandwidth_writes_each_method_before_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from splitedge.bench import bandwidth
+    from splitedge.cli import main
+
+    calls: list[str] = []
+
+    def fake_row(method, summary, s):  # the federation is not under test here
+        calls.append(method)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return {"method": method, "final_accuracy": 0.5, "accuracy_per_round": [0.5], "per_round": [],
+                "device_up_payload_per_device_per_round": 1, "device_down_payload_per_device_per_round": 1,
+                "edge_up_payload_per_edge_per_round": 1, "sys_agreement": None}
+
+    monkeypatch.setattr(bandwidth, "run_on_mosquitto", lambda settings: {})
+    monkeypatch.setattr(bandwidth, "method_row", fake_row)
+    code = main(["bench", "bandwidth", "--methods", "fedavg,hsfp", "--out", str(tmp_path), "--no-plots"])
+    doc = json.loads((tmp_path / "bandwidth.json").read_text())
+    assert code != 0 and doc["partial"] is True and [r["method"] for r in doc["results"]["methods"]] == ["fedavg"]
