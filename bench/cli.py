@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device-python", default=None, metavar="PATH",
                    help="interpreter for the measured device (runs this checkout), e.g. a venv with the "
                         "CPU-only torch wheel; default: this one")
+    g = p.add_argument_group("hsfp-diagnose")
+    g.add_argument("--no-oracles", action="store_true",
+                   help="hsfp-diagnose: measure the H-SFP stack only (a third of the training)")
     g = p.add_argument_group("scale")
     g.add_argument("--edges-per", type=int, default=None, help="scale: one edge per this many devices (default 50)")
     g.add_argument("--split", choices=("niid", "per-device"), default=None,

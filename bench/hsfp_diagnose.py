@@ -6,7 +6,9 @@ split, and measures:
 (a) per class, the total variance (sum over channels) of *pooled* features, synthetic / real,
     at the W_e input (W_c output) and at the head input (W_e output) of the served triple, every
     round. Real: the served W_c (and W_e) on a fixed subset of training images. Synthetic: the
-    method's own sampler on that subset's per-class moments (W_e input), W_e applied to those
+    method's own sampler on that subset's per-class moments (W_e input; with `mixture`, each
+    device's share of the subset is a component; with `pre_relu`, moments before the ReLU as
+    devices take them), W_e applied to those
     samples (head input, "propagated"), and the sampler again on the moments of those outputs
     (head input, "sampled": what the cloud trains W_g on). The per-position (unpooled) ratio is
     the sampler's sanity check (~1). Also a linear head (the cnn's W_g is pool + linear) fitted
@@ -55,6 +57,7 @@ class DiagnoseSettings:
     overrides: dict[str, str] = field(default_factory=dict)
     stat_images: int = 2000  # training images for the variance ratios
     probe_images: int = 4000  # training images for the W_c probe (scored on the test split)
+    stacks: tuple[str, ...] = STACKS  # --no-oracles: the H-SFP stack alone
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> DiagnoseSettings:
@@ -67,7 +70,8 @@ class DiagnoseSettings:
                    edges=a.edges or 2, rounds=a.rounds or (2 if a.quick else 10),
                    alpha=0.3 if a.alpha is None else a.alpha, seed=a.seed,
                    max_train=a.max_train or (400 if a.quick else None), max_test=a.max_test or (200 if a.quick else None),
-                   overrides=overrides, stat_images=200 if a.quick else 2000, probe_images=300 if a.quick else 4000)
+                   overrides=overrides, stat_images=200 if a.quick else 2000, probe_images=300 if a.quick else 4000,
+                   stacks=STACKS[:1] if getattr(a, "no_oracles", False) else STACKS)
 
 
 Settings = DiagnoseSettings
@@ -132,7 +136,7 @@ class Replica:
         self.shards = {f"d{i}": idx for i, idx in enumerate(shards)}
         self.edges: dict[str, dict[str, Any]] = {}
         self.clouds: dict[str, Any] = {}
-        for k, stack in enumerate(STACKS):
+        for k, stack in enumerate(s.stacks):
             self.edges[stack] = {e: self._part("edge", f"{stack}/{e}", stack, [s.seed, 2, k, j])
                                  for j, e in enumerate(sorted(set(self.home.values())))}
             self.clouds[stack] = self._part("cloud", f"{stack}/cloud", stack, [s.seed, 3, k], test=test)
@@ -172,7 +176,7 @@ class Replica:
         return source
 
     def start(self) -> None:
-        for stack in STACKS:
+        for stack in self.s.stacks:
             for msg in self.clouds[stack].initial_messages():
                 self._deliver(stack, msg, "cloud")
 
@@ -249,8 +253,14 @@ def variance_diagnostic(rep: Replica, idx: np.ndarray, test: tuple[np.ndarray, n
     method = rep.clouds[STACKS[0]].method
     x, y = to_input(rep.train[0][idx], spec.mean, spec.std), rep.train[1][idx].astype(np.int64)
     fc = _forward(served.wc, x)
-    m_c = compute_moments(_forward(method.moment_module(served.wc), x).reshape(len(y), -1), y)  # as devices do
-    sc, ys = method.sample_features(m_c, len(y), rng, shape=fc.shape[1:])
+    at_c = _forward(method.moment_module(served.wc), x).reshape(len(y), -1)  # what devices take moments of
+    m_c = compute_moments(at_c, y)
+    owner = np.empty(len(rep.train[1]), dtype=np.int64)  # which device holds each training image
+    for k, shard in enumerate(rep.shards.values()):
+        owner[shard] = k
+    owner = owner[idx]
+    parts = [compute_moments(at_c[owner == k], y[owner == k]) for k in np.unique(owner)]  # mixture components
+    sc, ys = method.sample_features(m_c, len(y), rng, shape=fc.shape[1:], parts=parts)
     sc = sc.reshape(len(sc), *fc.shape[1:])
     fe, fe_synth = _forward(served.we, fc), _forward(served.we, sc)
     m_e = compute_moments(_forward(method.moment_module(served.we), sc).reshape(len(ys), -1), ys)  # as edges do
@@ -314,7 +324,7 @@ def run(s: DiagnoseSettings) -> tuple[dict[str, Any], dict[str, Any]]:
         averaging = "wc" in plan.directives.get("average", ())
         entry = probe_around_average(rep, probe_set, test_y) if averaging else None
         record: dict[str, Any] = {"round": r, "average": list(plan.directives.get("average", ()))}
-        for stack in STACKS:
+        for stack in s.stacks:
             metrics = rep.close_round(stack, plan, reports)
             record[stack] = {"accuracy": metrics.get("accuracy"), "wc_version": metrics.get("wc_version"),
                              "we_version": metrics.get("we_version")}
@@ -323,10 +333,10 @@ def run(s: DiagnoseSettings) -> tuple[dict[str, Any], dict[str, Any]]:
             probes.append(entry)
         if rep.clouds[STACKS[0]].served_versions:
             record["variance"] = variance_diagnostic(rep, stat_idx, test_y, rng)
-        log.info("hsfp-diagnose round %d: %s", r, {k: record[k]["accuracy"] for k in STACKS})
+        log.info("hsfp-diagnose round %d: %s", r, {k: record[k]["accuracy"] for k in s.stacks})
         rounds.append(record)
     config_out = {**vars(s), "model": config.model.model, "settings": dict(s.overrides)}
-    return config_out, {"rounds": rounds, "probes": probes, "stacks": list(STACKS),
+    return config_out, {"rounds": rounds, "probes": probes, "stacks": list(s.stacks),
                         "train_images": int(len(train[1])), "test_images": int(len(test[1])),
                         "images_per_device": [int(len(i)) for i in shards]}
 

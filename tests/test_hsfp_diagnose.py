@@ -60,6 +60,20 @@ def test_small_run_reports_every_diagnostic():
     assert "oracle-edge" in diag.markdown(results) and "(c) Linear probe" in diag.markdown(results)
 
 
+def test_no_oracles_with_the_sampling_flags():
+    """--no-oracles trains the H-SFP stack alone; the variance diagnostic samples as the flags
+    say (mixture components per device, pre_relu moments rectified), so it measures them."""
+    s = diag.DiagnoseSettings(devices=2, edges=2, rounds=1, max_train=160, max_test=100, stacks=diag.STACKS[:1],
+                              overrides={"edge_samples": "256", "cloud_samples": "256", "mixture": "true",
+                                         "pre_relu": "true", "class_balanced": "true"},
+                              stat_images=100, probe_images=100)
+    config, results = diag.run(s)
+    assert results["stacks"] == ["hsfp"] and config["settings"]["pre_relu"] == "true"
+    v = results["rounds"][0]["variance"]
+    assert 0.0 <= v["head_fit_sampled"] <= 1.0 and v["we_input_per_position"]["mean"] > 0
+    assert "oracle-edge" not in diag.markdown(results)
+
+
 def test_oracle_edges_draw_real_wc_features_of_their_own_devices():
     from splitedge.cloud.options import build_run_config
     from splitedge.methods.datasets import load_dataset
