@@ -14,7 +14,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
 from splitedge.bench.report import Progress, pyplot, table, save_figure
@@ -128,6 +128,19 @@ def run(s: AccuracySettings, progress: Progress | None = None) -> tuple[dict[str
             if progress is not None:
                 progress(*_results(s, rows))
     return _results(s, rows)
+
+
+def run_summarised(s: AccuracySettings, summarise: Callable[[dict[str, Any]], None],
+                   progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`run`, with `summarise(results)` (a suite built on these runs, e.g. ssl or cluster,
+    deriving its columns in place) applied before every partial write and at the end."""
+    def partial(config: dict[str, Any], results: dict[str, Any]) -> None:
+        summarise(results)
+        progress(config, results)
+
+    config, results = run(s, progress=partial if progress else None)
+    summarise(results)
+    return config, results
 
 
 def _results(s: AccuracySettings, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:

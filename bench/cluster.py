@@ -54,14 +54,8 @@ def _summarise(row: dict[str, Any]) -> None:
 
 
 def run(s: ClusterSettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The accuracy suite's runs, summarised per cluster; `progress` sees them after every run."""
-    def partial(config: dict[str, Any], results: dict[str, Any]) -> None:
-        refresh(results)
-        progress(config, results)
-
-    config, results = accuracy.run(s, progress=partial if progress else None)
-    refresh(results)
-    return config, results
+    """The accuracy suite's runs, summarised per cluster."""
+    return accuracy.run_summarised(s, refresh, progress)
 
 
 def refresh(results: dict[str, Any]) -> None:

@@ -36,15 +36,8 @@ class SSLSettings(accuracy.AccuracySettings):
 
 
 def run(s: SSLSettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The accuracy suite's runs, each row with its final representation measures; `progress`
-    sees them after every finished run."""
-    def partial(config: dict[str, Any], results: dict[str, Any]) -> None:
-        summarise(results)
-        progress(config, results)
-
-    config, results = accuracy.run(s, progress=partial if progress else None)
-    summarise(results)
-    return config, results
+    """The accuracy suite's runs, each row with its final representation measures."""
+    return accuracy.run_summarised(s, summarise, progress)
 
 
 def summarise(results: dict[str, Any]) -> None:
