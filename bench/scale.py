@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from splitedge.bench.report import pyplot, save_figure, table
+from splitedge.bench.report import Progress, pyplot, save_figure, table
 
 MB = 1024 * 1024
 
@@ -166,12 +166,15 @@ def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
     }
 
 
-def run(s: ScaleSettings) -> tuple[dict[str, Any], dict[str, Any]]:
+def run(s: ScaleSettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each device count in turn; `progress` after each, so a stopped bench keeps the sizes it ran."""
     config = {k: v for k, v in vars(s).items()}
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="splitedge-scale-") as tmp:
         for n in s.counts:
             rows.append(run_one(s, n, Path(tmp)))
+            if progress is not None:
+                progress(config, {"rows": rows})
     return config, {"rows": rows}
 
 

@@ -262,6 +262,26 @@ def test_scale_reports_every_process_of_each_size(tmp_path: Path) -> None:
         assert 0 < rate["median"] <= rate["max"] <= 2 * r["broker_messages_per_s"], (rate, r["broker_messages_per_s"])
 
 
+def test_scale_writes_each_size_before_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from splitedge.bench import scale
+
+    sizes: list[int] = []
+
+    def fake_size(s, devices, work):  # the process tree is not under test here
+        sizes.append(devices)
+        if len(sizes) == 2:
+            raise KeyboardInterrupt
+        return {"devices": devices, "edges": 1, "rounds_done": 1, "round_seconds": [1.0], "final_accuracy": 0.5,
+                "peak_rss_mb": {"sim (cloud + edges)": 1.0, "device worker (largest)": 1.0, "broker": 1.0},
+                "sum_of_peaks_mb": 3.0, "cpu_seconds": {"sim": 1.0, "workers": 1.0, "broker": 1.0},
+                "broker_messages_per_s": 1.0, "edge_messages_per_s": None}
+
+    monkeypatch.setattr(scale, "run_one", fake_size)
+    code = main(["bench", "scale", "--counts", "10,20", "--out", str(tmp_path), "--no-plots"])
+    doc = json.loads((tmp_path / "scale.json").read_text())
+    assert code != 0 and doc["partial"] is True and [r["devices"] for r in doc["results"]["rows"]] == [10]
+
+
 def test_accuracy_variants_alone_run_only_the_variants() -> None:
     from splitedge.bench.accuracy import AccuracySettings
     from splitedge.bench.cli import add_arguments
