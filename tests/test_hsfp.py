@@ -307,8 +307,8 @@ def test_edges_train_we_on_the_federations_wc_moments_when_asked(digits):
         for e, edge in edges.items():
             edge.on_round_open(_plan(round_), {r.sender for r in device_reports[e]})
             r = Report(e)
-            done = Message("done", {"phase": "round", "info": edge.round_info()})
-            for msg in [*edge.aggregate(_plan(round_), device_reports[e]), done]:
+            sent_up = edge.aggregate(_plan(round_), device_reports[e])
+            for msg in [*sent_up, Message("done", {"phase": "round", "info": edge.round_info()})]:
                 env = _wire(msg.kind, msg.body, e, round_)
                 cloud.check(env, "child")  # what the cloud's runtime validates first
                 r.messages.setdefault(msg.kind, []).append(env)
