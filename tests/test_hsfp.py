@@ -279,6 +279,8 @@ def test_ie_zero_keeps_we_as_initialised(digits):
     assert "wc" in cloud.plan(5).directives["average"]
     with pytest.raises(ValueError, match="ie >= 0"):
         method_for("hsfp", ie=-1)
+    # hsfp-cal, the recommended variant, keeps W_e as initialised unless told otherwise
+    assert method_for("hsfp-cal").config.ie == 0 and method_for("hsfp").config.ie == 10
 
 
 def test_edges_train_we_on_the_federations_wc_moments_when_asked(digits):

@@ -118,6 +118,9 @@ class HSFPConfig(MethodConfig):
 
 @dataclass(frozen=True)
 class HSFPCalConfig(HSFPConfig):
-    """`hsfp-cal`: H-SFP with the head calibrated on real statistics every round."""
+    """`hsfp-cal`: H-SFP with the head calibrated on real statistics every round and W_e kept as
+    initialised (ie = 0): the best H-SFP measured (bench/results/hsfp-cal-cifar10-10dev/README.md,
+    both regimes, two seeds); the W_e edges train on synthetic features serves worse once averaged."""
 
     calibrate_every: int = 1
+    ie: int = 0

@@ -121,7 +121,8 @@ class HSFP(Method):
 
 
 class HSFPCalibrated(HSFP):
-    """H-SFP whose served head is refitted every round on real statistics (`hsfp-cal`)."""
+    """H-SFP whose served head is refitted every round on real statistics and whose W_e stays as
+    initialised (`hsfp-cal`)."""
 
     name = "hsfp-cal"
     Config = HSFPCalConfig
