@@ -60,7 +60,7 @@ def test_small_run_reports_every_diagnostic():
     assert "oracle-edge" in diag.markdown(results) and "(c) Linear probe" in diag.markdown(results)
 
 
-def test_no_oracles_with_the_sampling_flags():
+def test_no_oracles_with_the_sampling_flags(tmp_path):
     """--no-oracles trains the H-SFP stack alone; the variance diagnostic samples as the flags
     say (mixture components per device, pre_relu moments rectified), so it measures them."""
     s = diag.DiagnoseSettings(devices=2, edges=2, rounds=1, max_train=160, max_test=100, stacks=diag.STACKS[:1],
@@ -72,6 +72,13 @@ def test_no_oracles_with_the_sampling_flags():
     v = results["rounds"][0]["variance"]
     assert 0.0 <= v["head_fit_sampled"] <= 1.0 and v["we_input_per_position"]["mean"] > 0
     assert "oracle-edge" not in diag.markdown(results)
+    # its files re-render from the JSON (named after the suite, hsfp-diagnose.json)
+    from splitedge.bench import report
+    from splitedge.cli import main
+
+    report.write(tmp_path, report.document("hsfp-diagnose", ["bench", "hsfp-diagnose"], config, results, 1.0), "stale")
+    assert main(["bench", "hsfp-diagnose", "--rerender", "--no-plots", "--out", str(tmp_path)]) == 0
+    assert "stale" not in (tmp_path / "hsfp-diagnose.md").read_text()
 
 
 def test_oracle_edges_draw_real_wc_features_of_their_own_devices():
