@@ -132,6 +132,6 @@ def test_sim_pre_relu_with_thin_and_torch_devices(tmp_path: Path) -> None:
     rounds = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(r["calibrated"] > 0 for r in rounds)
     assert summary["final_accuracy"] > 3 * summary["chance"], summary["accuracy_per_round"]
-    with pytest.raises(ValueError, match="pre_relu needs W_c and W_e ending in a ReLU"):
+    with pytest.raises(ValueError, match="pre_relu needs W_c and W_e ending in a ReLU module"):
         run_sim(SimSettings(rounds=1, devices=2, edges=1, out=tmp_path / "r", model="resnet18",
                             overrides={"pre_relu": True}))

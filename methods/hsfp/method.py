@@ -95,8 +95,9 @@ class HSFP(Method):
                                  image_size=spec.image_size)
             try:
                 pre_activation(split.wc), pre_activation(split.we)
-            except ValueError as exc:
-                raise ValueError(f"pre_relu needs W_c and W_e ending in a ReLU (cnn, fedcnn); {spec.model}: {exc}")
+            except ValueError:
+                raise ValueError(f"pre_relu needs W_c and W_e ending in a ReLU module (cnn and fedcnn do, {spec.model} "
+                                 f"does not): drop pre_relu or choose --model cnn") from None
         return super().settle()
 
     def feature_shape(self, dim: int) -> tuple[int, ...] | None:
