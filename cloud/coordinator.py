@@ -149,7 +149,8 @@ class CloudCoordinator(Node):
             self.dispatch(self.next_event(min(1.0, deadline - time.monotonic())))
         raise TimeoutError(f"only {len(self.live)} edge(s) with {self.live_devices()} device(s) joined within "
                            f"{s.join_timeout_s:.0f} s (waiting for {s.min_edges} and {s.min_devices}); are the edges "
-                           f"and devices started with --run {self.run_id} and this broker?")
+                           f"and devices started with --run {self.run_id} and this broker? (if they are only slow to "
+                           f"start, raise --join-timeout)")
 
     def wait_for_live_edges(self, r: int) -> None:
         """Before round r, with fewer live edges than the run needs, wait for them. With none

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 status_log = logging.getLogger("splitedge.status")
 
 
+JOIN_BASE_S, JOIN_PER_DEVICE_S = 60.0, 0.1
+
+
 @dataclass
 class SimSettings:
     rounds: int = 10
@@ -58,6 +61,14 @@ class SimSettings:
     spawn_workers: bool = True  # with workers: start them here (False: they run elsewhere, with --worker I/N)
     broker_tree: bool = False  # one Mosquitto per edge site bridged to a cloud Mosquitto (splitedge.broker_tree)
     split: str = "niid"  # with alpha: "niid" (NIID-Bench, per class) or "per-device" (Hsu et al.; many devices)
+    join_timeout_s: float | None = None  # None: JOIN_BASE_S + JOIN_PER_DEVICE_S per device (join_timeout)
+
+    @property
+    def join_timeout(self) -> float:
+        """Seconds the cloud waits for every edge and device to join before it gives up: given,
+        or a minute plus 0.1 s per device (workers load the data and start thousands of
+        sessions first; 3,000 devices did not all join within 60 s)."""
+        return self.join_timeout_s if self.join_timeout_s is not None else JOIN_BASE_S + JOIN_PER_DEVICE_S * self.devices
 
     def __post_init__(self) -> None:
         nodes = self.devices + self.edges + 1
@@ -90,6 +101,8 @@ def check_run_settings(s: Any) -> None:
     unknown = [b for b in s.backends if b not in BACKENDS]
     if unknown or not s.backends:
         raise ValueError(f"--backends takes a comma list of {', '.join(BACKENDS)}, got {','.join(s.backends) or '(empty)'}")
+    if s.join_timeout_s is not None and not s.join_timeout_s > 0:
+        raise ValueError(f"--join-timeout must be > 0 seconds, got {s.join_timeout_s}")
     if s.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {s.threads}")
     if not 0 <= s.groups <= s.devices or s.group_skew not in ("rotate", "labels"):
@@ -219,7 +232,8 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
                 WorkerPool(s, url, run) as workers:
             per_device = fed.per_device_bytes(on_round)
             settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
-                                     min_edges=s.edges, min_devices=s.devices, out_dir=s.out, seed=s.seed,
+                                     min_edges=s.edges, min_devices=s.devices, join_timeout_s=s.join_timeout,
+                                     out_dir=s.out, seed=s.seed,
                                      on_round=per_device.record)
             cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test)
             try:

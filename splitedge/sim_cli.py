@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --alpha: niid (NIID-Bench: each class spread over devices by Dir(alpha)) or per-device "
                         "(each device's class mix ~ Dir(alpha), equal sizes: splits any number of devices)")
     p.add_argument("--run", default="", help="run id (topic namespace; default: a fresh sim-XXXXXXXX)")
+    p.add_argument("--join-timeout", type=float, default=None, metavar="S",
+                   help="seconds to wait for every edge and device to join (default: 60 plus 0.1 per device)")
     p.add_argument("--broker-tree", action="store_true",
                    help="start a Mosquitto per edge site bridged to a cloud Mosquitto (deploy/'s topology) and "
                         "count the bytes through each broker")
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                     overrides=method_overrides(args), groups=args.groups, group_skew=args.group_skew,
                     virtual=args.virtual, park_dtype=args.park_dtype, workers=args.workers, worker=args.worker,
                     spawn_workers=not args.remote_workers, run=args.run, broker_tree=args.broker_tree,
-                    split=args.split)
+                    split=args.split, join_timeout_s=args.join_timeout)
     if s.worker is not None:
         from splitedge.sim import run_worker
 

@@ -135,3 +135,15 @@ def test_sim_pre_relu_with_thin_and_torch_devices(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="pre_relu needs W_c and W_e ending in a ReLU module"):
         run_sim(SimSettings(rounds=1, devices=2, edges=1, out=tmp_path / "r", model="resnet18",
                             overrides={"pre_relu": True}))
+
+
+def test_join_timeout_grows_with_the_devices_and_is_checked() -> None:
+    """Thousands of devices in worker processes need more than a minute to join; a user's
+    value is taken as given, and a non-positive one refused in one line."""
+    assert SimSettings(devices=4).join_timeout == pytest.approx(60.4)
+    assert SimSettings(devices=3000, edges=60, virtual=1, workers=2).join_timeout == pytest.approx(360.0)
+    assert SimSettings(join_timeout_s=5.0).join_timeout == 5.0
+    with pytest.raises(ValueError, match="--join-timeout must be > 0"):
+        SimSettings(join_timeout_s=0.0)
+    args = build_parser().parse_args(["sim", "--join-timeout", "900"])
+    assert args.join_timeout == 900.0
