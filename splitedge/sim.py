@@ -312,7 +312,7 @@ class Federation:
             data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
             agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
                                 edge=f"e{d % self.s.edges}", data=data, backend=backend, seed=self.s.seed,
-                                slots=slots if backend == "torch" else None, park_dtype=self.s.park_dtype)
+                                slots=slots, park_dtype=self.s.park_dtype)
             self._start(agent)
         return self
 

@@ -17,21 +17,38 @@ def _served(path: Path) -> dict[str, np.ndarray]:
     return load_file(str(path))
 
 
-@pytest.mark.parametrize("method", ["hsfp", "hsfp-cal", "fedavg"])
-def test_virtual_devices_change_nothing_but_memory(tmp_path: Path, method: str) -> None:
+@pytest.mark.parametrize("method, backends", [("hsfp", ("torch",)), ("hsfp-cal", ("torch",)), ("fedavg", ("torch",)),
+                                              ("hsfp-cal", ("torch", "onnx"))])
+def test_virtual_devices_change_nothing_but_memory(tmp_path: Path, method: str, backends: tuple,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from splitedge.device.onnx_backend import OnnxExtractor
     from splitedge.sim import SimSettings, run_sim
 
+    sessions = {"built": 0}  # onnxruntime graphs a run builds (a parked thin device rebuilds its own)
+    build = OnnxExtractor.__init__
+
+    def counted(self, *args, **kwargs):
+        sessions["built"] += 1
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(OnnxExtractor, "__init__", counted)
+
     # Prepare: W_c averaged at round 2, so a parked device must take a model message it got meanwhile
-    # (hsfp-cal: the calibration models a device was sent must survive its parking)
+    # (hsfp-cal: the calibration models a device was sent must survive its parking; thin devices
+    # park too, their graphs kept as ONNX bytes and their sessions rebuilt)
     overrides = {"ic": 2, "ie": 2} if method.startswith("hsfp") else {}
-    runs = {}
+    runs, built = {}, {}
     for virtual in (0, 2):
         s = SimSettings(rounds=4, devices=6, edges=2, method=method, alpha=0.5, seed=1, virtual=virtual,
-                        out=tmp_path / f"v{virtual}", overrides=overrides)
+                        out=tmp_path / f"v{virtual}", overrides=overrides, backends=backends)
         # Execute
+        sessions["built"] = 0
         runs[virtual] = run_sim(s)
+        built[virtual] = sessions["built"]
     # Assert
     assert runs[2]["accuracy_per_round"] == runs[0]["accuracy_per_round"]
+    if "onnx" in backends:  # 3 thin devices, 2 graphs each: rebuilt after every round they parked
+        assert built[0] == 6 and built[2] > built[0], built
     a, b = _served(tmp_path / "v0" / "model.safetensors"), _served(tmp_path / "v2" / "model.safetensors")
     assert all(np.array_equal(a[k], b[k]) for k in a)
 

@@ -59,6 +59,24 @@ class HSFPOnnxDevice(HSFPDevice):
             np.maximum(h, 0, out=h)
         return self.calib_extractor.features(h)
 
+    def resume_state(self) -> dict[str, Any]:
+        """Parked (a virtual device) or restarted: the graphs in use as ONNX bytes, their
+        current weights patched in, beside what the snapshot keeps of the rest; sessions are
+        rebuilt on restore, so a parked thin device holds no onnxruntime session."""
+        state = super().resume_state()
+        state["onnx_graphs"] = {part: graph.model_bytes for part, graph in
+                                ((WC, self.extractor), (CALIB, self.calib_extractor)) if graph is not None}
+        return state
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        graphs = dict(state.get("onnx_graphs") or {})
+        super().restore_state({k: v for k, v in state.items() if k != "onnx_graphs"})
+        if graphs:
+            from splitedge.device.onnx_backend import OnnxExtractor
+
+            self.extractor = OnnxExtractor(graphs[WC]) if WC in graphs else None
+            self.calib_extractor = OnnxExtractor(graphs[CALIB]) if CALIB in graphs else None
+
     def on_message(self, env: Any) -> None:
         body = env.body
         if env.kind == "onnx_model" and body["part"] == WC:
