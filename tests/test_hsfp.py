@@ -345,6 +345,10 @@ def test_edges_train_we_on_the_federations_wc_moments_when_asked(digits):
         plain_edge.check(env, "parent")
     with pytest.raises(ProtocolError):
         plain_cloud.check(_wire("moments", sent[0].body, "e0", 2), "child")
+    # a merge claiming a W_c version the round has not announced is refused before it is kept
+    ahead = {**sent[0].body, "versions": {"wc": 7}}
+    with pytest.raises(ProtocolError):
+        edges["e0"].check(_wire("moments", ahead, "cloud", 2), "parent")
 
 
 def test_pre_relu_rectifies_what_every_tier_samples():

@@ -69,6 +69,7 @@ class HSFPEdge(EdgePart):
             check_space(body, WC)
             check_stats(body, "mean", dim=int(np.prod(self.wc_shape)), num_classes=self.spec.num_classes,
                         dtype=self.cfg.feature_dtype)
+            check_version(WC, int(body["versions"].get(WC, 0)), at_most=self.wc_version)
         elif env.kind == "moments":
             check_space(body, WC)
             check_stats(body, "mean", dim=int(np.prod(self.wc_shape)), num_classes=self.spec.num_classes,
