@@ -343,13 +343,20 @@ def clipped_merge(parts: Sequence[ClassMoments], reference: ClassMoments | None,
     return merge_moments(clipped)
 
 
+def rows_in(whole: PerClassStats, part: ClassMoments) -> np.ndarray:
+    """The row of `whole` holding each of `part`'s classes; ValueError unless `part` has
+    `whole`'s dimension and only classes `whole` has (as when `part` was merged into it)."""
+    at = np.searchsorted(whole.classes, part.classes)
+    if part.dim != whole.dim or (at >= len(whole.classes)).any() or (whole.classes[at] != part.classes).any():
+        raise ValueError("the part's classes and dimension must be in the whole")
+    return at
+
+
 def moments_without(whole: ClassMoments, part: ClassMoments) -> ClassMoments | None:
     """The moments of `whole`'s samples that are not `part`'s (`part` merged into `whole`
     before): counts and sums subtracted exactly, in float64. Classes left with no sample are
     dropped (None if none is left); variances lost to rounding are clipped at 0."""
-    at = np.searchsorted(whole.classes, part.classes)
-    if part.dim != whole.dim or (at >= len(whole.classes)).any() or (whole.classes[at] != part.classes).any():
-        raise ValueError("the part's classes and dimension must be in the whole")
+    at = rows_in(whole, part)
     n, s1 = whole.counts.copy(), whole.mean * whole.counts[:, None]
     ss = np.maximum(whole.counts - 1, 0)[:, None] * whole.var + whole.counts[:, None] * np.square(whole.mean)
     if (n[at] < part.counts).any():

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from splitedge.methods.moments import ClassMoments
+from splitedge.methods.moments import ClassMoments, rows_in
 
 CHUNK_ELEMENTS = 1 << 22  # ~4M values per noise chunk (16-32 MB) whatever D is
 CORRELATED_CHUNK = 256  # samples per chunk when positions are correlated
@@ -59,10 +59,7 @@ def mixture_components(merged: ClassMoments, parts: Sequence[ClassMoments], *,
         raise ValueError(f"shrink must be in [0, 1], got {shrink}")
     rows, counts, means, variances = [], [], [], []
     for p in parts:
-        at = np.searchsorted(merged.classes, p.classes)
-        if p.dim != merged.dim or (at >= len(merged.classes)).any() or (merged.classes[np.minimum(
-                at, len(merged.classes) - 1)] != p.classes).any():
-            raise ValueError("every part's classes and dimension must be in the merged moments")
+        at = rows_in(merged, p)
         rows.append(at)
         counts.append(p.counts)
         means.append(p.mean)
