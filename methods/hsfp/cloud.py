@@ -17,7 +17,7 @@ import torch
 from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_space, check_stats, check_vector, check_version, check_weights, weight_specs
 from splitedge.methods.headstats import lda_classifier, merge_head_stats
-from splitedge.methods.hsfp.edge import check_head_record, head_stats_of
+from splitedge.methods.hsfp.edge import check_head_record, check_wc_moments, head_stats_of
 from splitedge.methods.hsfp.method import AVERAGE, CALIB, CALIBRATE, LABELS, HEAD_STATS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body
@@ -132,9 +132,8 @@ class HSFPCloud(CloudPart):
             check_head_record(body, self.head_dim, self.spec.num_classes, self.cfg.feature_dtype,
                               calib=self.calib_version, wc=self.wc_version)
         elif env.kind == "moments" and body["space"] == WC and self.cfg.edge_features == "global":
-            check_stats(body, "mean", dim=int(np.prod(self.model.wc_shape)), num_classes=self.spec.num_classes,
-                        dtype=self.cfg.feature_dtype)
-            check_version(WC, int(body["versions"].get(WC, 0)), at_most=self.wc_version)
+            check_wc_moments(body, int(np.prod(self.model.wc_shape)), self.spec.num_classes, self.cfg.feature_dtype,
+                             wc=self.wc_version)
         elif env.kind == "moments":
             check_space(body, WE)
             check_stats(body, "mean", dim=int(np.prod(self.model.we_shape)), num_classes=self.spec.num_classes,

@@ -63,19 +63,13 @@ class HSFPEdge(EdgePart):
     def check(self, env: Any, source: str) -> None:
         """Device moments of W_c outputs and device W_c updates; the cloud's global W_e."""
         body = env.body
-        if env.kind == "moments" and source == "parent":  # the federation's W_c merge (edge_features="global")
-            if self.cfg.edge_features != "global":
+        if env.kind == "moments":  # a device's, or (edge_features="global") the federation's merge
+            if source == "parent" and self.cfg.edge_features != "global":
                 raise ProtocolError("state.space", "W_c moments from the cloud, but edge_features is not 'global'")
-            check_space(body, WC)
-            check_stats(body, "mean", dim=int(np.prod(self.wc_shape)), num_classes=self.spec.num_classes,
-                        dtype=self.cfg.feature_dtype)
-            check_version(WC, int(body["versions"].get(WC, 0)), at_most=self.wc_version)
-        elif env.kind == "moments":
-            check_space(body, WC)
-            check_stats(body, "mean", dim=int(np.prod(self.wc_shape)), num_classes=self.spec.num_classes,
-                        dtype=self.cfg.feature_dtype)
-            check_version(WC, int(body["versions"].get(WC, 0)), at_most=self.wc_version)
-            self._check_newer(env)
+            check_wc_moments(body, int(np.prod(self.wc_shape)), self.spec.num_classes, self.cfg.feature_dtype,
+                             wc=self.wc_version)
+            if source != "parent":
+                self._check_newer(env)
         elif env.kind == "weights" and body["part"] in (WC, WE):
             check_weights(body, self.wc_specs if body["part"] == WC else self.we_specs)
         elif env.kind == "arrays" and source == "child":
@@ -250,6 +244,14 @@ class HSFPEdge(EdgePart):
         body = {"part": WC, "version": plan.version(WC), "samples": sum(n for _, n in parts),
                 "weights": self.method.merge_weights(parts)}
         return [Message("weights", body)]
+
+
+def check_wc_moments(body: Any, dim: int, num_classes: int, dtype: str, *, wc: int) -> None:
+    """Moments of W_c outputs (a device's, an edge's merge, the federation's) of the
+    federation's dimension, classes and wire dtype, with no W_c version newer than `wc`."""
+    check_space(body, WC)
+    check_stats(body, "mean", dim=dim, num_classes=num_classes, dtype=dtype)
+    check_version(WC, int(body["versions"].get(WC, 0)), at_most=wc)
 
 
 def check_head_record(body: Any, dim: int, num_classes: int, dtype: str, *, calib: int, wc: int) -> None:
