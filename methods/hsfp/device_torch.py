@@ -42,7 +42,6 @@ class HSFPTorchDevice(HSFPDevice):
         if self.cfg.device_target == "etf":  # the same fixed target on every device: from the run's seed
             self.head = EtfHead(width, self.spec.num_classes, seed=self.spec.seed, tau=self.cfg.etf_tau)
         self.wc_global = split.wc.eval()
-        self.wc_moments = self.method.moment_module(self.wc_global)  # shares wc_global's weights
         self.wc_local = copy.deepcopy(split.wc)
         self.specs = weight_specs(state_to_numpy(self.wc_global))
         self.extractor = self
@@ -89,9 +88,11 @@ class HSFPTorchDevice(HSFPDevice):
         check_weight_map(weights, self.specs)
 
     def features(self, x: np.ndarray) -> np.ndarray:
-        """What moments are taken of: global W_c outputs (before its final ReLU with pre_relu)."""
+        """What moments are taken of: global W_c outputs (before its final ReLU with pre_relu).
+        The view is built here, not kept: as an attribute it would be parked and checkpointed
+        a second time beside wc_global, whose weights it shares."""
         with torch.inference_mode():
-            return self.wc_moments(torch.from_numpy(x)).numpy()
+            return self.method.moment_module(self.wc_global)(torch.from_numpy(x)).numpy()
 
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         load_numpy_state(self.wc_global, weights)
