@@ -72,10 +72,8 @@ class EdgeAggregator(Node):
         self._resume()
         clear_retained(self.down, pattern(self.run_id, "edge", self.node_id, "down", "#"))
         self._sync_subscriptions()
-        # every device's hello (a device joins by naming its edge there); a member's other
-        # messages, its retained status included, through the subscription its hello opens
-        # (on one broker, a wildcard on statuses made every edge receive every device's)
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello"), self.enqueue)
+        self.down.subscribe(pattern(self.run_id, "device", "+", "up", "status"), self.enqueue)
         self._announce()
         status.info("edge %s: up (run %s), waiting for devices and for cloud %s's round", self.node_id, self.run_id,
                     self.cloud)
@@ -165,8 +163,7 @@ class EdgeAggregator(Node):
             self.part.members_changed(set(self.members))
 
     def _on_status(self, env: Envelope) -> None:
-        """A member's status (retained: it arrives when the member's subscription opens, and
-        again whenever it changes)."""
+        """Kept for every device: a status may arrive before the hello that makes it a member."""
         was = env.sender in self.online
         (self.online.add if env.body["state"] == "online" else self.online.discard)(env.sender)
         if env.sender in self.members and was != (env.sender in self.online):
