@@ -26,6 +26,7 @@ from splitedge.methods import snapshot
 from splitedge.cloud.outputs import dumps
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.node import Node, clear_retained, status, topic_kind
+from splitedge.protocol.presence import REJOIN_GRACE_S, Presence
 from splitedge.protocol.rounds import RoundCollector
 from splitedge.protocol.topics import ALL_DEVICES, THIN_DEVICES, parse, pattern
 from splitedge.protocol.transport import Transport
@@ -33,7 +34,6 @@ from splitedge.protocol.transport import Transport
 log = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 30.0  # how long a round waits for moved devices to show up at their new edge
-REJOIN_GRACE_S = 5.0  # after one edge is back, how long a round waits for the others
 
 
 @dataclass
@@ -65,7 +65,7 @@ class CloudCoordinator(Node):
                           extra={"test": test, "rounds": settings.rounds, "out_dir": settings.out_dir,
                                  "run": run}, view=self.view)
         self.part: CloudPart = self.method.cloud_part(ctx)
-        self.online: set[str] = set()
+        self.presence = Presence()  # which edges are online, and who went offline a moment ago
         self.rounds = RoundCollector()
         self.history: list[dict[str, Any]] = []
         self.stopped = threading.Event()
@@ -119,7 +119,7 @@ class CloudCoordinator(Node):
         if env.kind == "hello" and env.body["parent"] == self.node_id:
             self.view.members[env.sender] = list(env.body["members"])
         elif env.kind == "status":
-            (self.online.add if env.body["state"] == "online" else self.online.discard)(env.sender)
+            self.presence.update(env.sender, env.body["state"])
         elif env.sender in self.view.members and self.current(env) and self.accepts(self.part, env, "child"):
             self.part.on_edge_message(env)
             self.rounds.add(env)
@@ -127,7 +127,12 @@ class CloudCoordinator(Node):
     @property
     def live(self) -> set[str]:
         """Edges that said hello to this cloud and whose last status is online."""
-        return {e for e in self.view.members if e in self.online}
+        return self.presence.live(self.view.members)
+
+    @property
+    def awaited(self) -> set[str]:
+        """Edges a round waits for: online, or gone so recently they may be back (Presence)."""
+        return self.presence.awaited(self.view.members)
 
     def live_devices(self) -> int:
         return sum(len(self.view.members[e]) for e in self.live)
@@ -230,9 +235,9 @@ class CloudCoordinator(Node):
             self.publish(msg, round_=r)
         plan = self.plan(r)
         self.round = r
-        self.rounds.open(r, plan.deadline_s, set(self.live))
+        self.rounds.open(r, plan.deadline_s, self.awaited)
         self.send(self.transport, "down", "round", plan.to_body(), retain=True)
-        while not (self.rounds.complete(self.live) or self.rounds.expired()):
+        while not (self.rounds.complete(self.awaited) or self.rounds.expired()):
             self.dispatch(self.next_event(0.2))
         reports = self.rounds.close()
         self.part.losses = {}

@@ -30,6 +30,7 @@ from splitedge.methods.registry import create_method
 from splitedge.methods.strategy import EdgePart, Message, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.node import Node, clear_retained, status, topic_kind
+from splitedge.protocol.presence import Presence
 from splitedge.protocol.rounds import RoundCollector
 from splitedge.protocol.topics import ALL_DEVICES, THIN_BACKEND, THIN_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
@@ -59,7 +60,7 @@ class EdgeAggregator(Node):
         # device -> the group addresses it reads, from its hello: "@<g>" per group, and "@thin"
         # on the onnx backend (the edge reads each from the cloud while a member needs it)
         self.addresses: dict[str, set[str]] = {}
-        self.online: set[str] = set()
+        self.presence = Presence()  # which devices are online, and who went offline a moment ago
         self.rounds = RoundCollector()
         self.stopped = threading.Event()
         self.subscribed: set[str] = set()  # the cloud's addressed downlink filters we read
@@ -164,10 +165,8 @@ class EdgeAggregator(Node):
 
     def _on_status(self, env: Envelope) -> None:
         """Kept for every device: a status may arrive before the hello that makes it a member."""
-        was = env.sender in self.online
-        (self.online.add if env.body["state"] == "online" else self.online.discard)(env.sender)
-        if env.sender in self.members and was != (env.sender in self.online):
-            if not was:
+        if self.presence.update(env.sender, env.body["state"]) and env.sender in self.members:
+            if env.sender in self.presence.online:
                 log.info("edge %s: device %s is online", self.node_id, env.sender)
             else:
                 log.warning("edge %s: device %s went offline", self.node_id, env.sender)
@@ -176,7 +175,12 @@ class EdgeAggregator(Node):
     @property
     def live(self) -> set[str]:
         """Members whose last status is online."""
-        return {d for d in self.members if d in self.online}
+        return self.presence.live(self.members)
+
+    @property
+    def awaited(self) -> set[str]:
+        """Members a round waits for: online, or gone so recently they may be back (Presence)."""
+        return self.presence.awaited(self.members)
 
     def _pass_round_down(self, env: Envelope, *, retain: bool = True) -> None:
         """The cloud's round announcement (or stop), republished on this edge's downlink."""
@@ -225,9 +229,9 @@ class EdgeAggregator(Node):
         if not self._ensure_part(plan):
             return
         self.plan, self.round = plan, plan.round
-        self._send_all(self.part.on_round_open(plan, set(self.live)))
+        self._send_all(self.part.on_round_open(plan, self.awaited))
         self._pass_round_down(env)
-        self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, set(self.live))
+        self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, self.awaited)
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, round and cached state."""
@@ -276,7 +280,7 @@ class EdgeAggregator(Node):
     def _maybe_close_round(self) -> None:
         if not self.rounds.is_open or self.part is None or self.plan is None:
             return
-        if not (self.rounds.complete(self.live) or self.rounds.expired()):
+        if not (self.rounds.complete(self.awaited) or self.rounds.expired()):
             return
         if not self.part.ready(self.plan):
             return  # a model this round needs has not arrived yet; it is retained, so it will

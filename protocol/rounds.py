@@ -76,11 +76,11 @@ class RoundCollector:
         self._seen_set.add(msg_id)
         return False
 
-    def complete(self, live: set[str]) -> bool:
-        """Every expected child that is still alive has finished. A round in which nobody has
-        finished and no expected child is alive is not complete: its children went offline
-        together (a broker restart) and may be back before the deadline."""
-        alive = self.expected & live
+    def complete(self, awaited: set[str]) -> bool:
+        """Every expected child still awaited (online, or only just gone: `Presence.awaited`)
+        has finished. A round in which nobody has finished and no expected child is awaited is
+        not complete: its children went offline together and may be back before the deadline."""
+        alive = self.expected & awaited
         if self.expected and not (self.done or alive):
             return False
         return self.is_open and not alive - self.done

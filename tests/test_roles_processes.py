@@ -119,7 +119,7 @@ def test_before_a_round_the_cloud_waits_for_edges_that_went_offline_then_goes_on
     with pytest.raises(TimeoutError, match="no edge is online before round 2, and none came back within 0.5 s"):
         cloud.wait_for_live_edges(2)
     # one edge back, the other dead: round 2 waits its grace once, later rounds no more
-    cloud.online.add("e0")
+    cloud.presence.update("e0", "online")
     started = time.monotonic()
     cloud.wait_for_live_edges(2)
     assert 4 < time.monotonic() - started < 10 and cloud.enough_edges == 1
