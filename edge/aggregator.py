@@ -73,8 +73,10 @@ class EdgeAggregator(Node):
         self._resume()
         clear_retained(self.down, pattern(self.run_id, "edge", self.node_id, "down", "#"))
         self._sync_subscriptions()
+        # every device's hello (a device joins by naming its edge there); a member's other
+        # messages, its retained status included, through the subscription its hello opens
+        # (on one broker, a wildcard on statuses made every edge receive every device's)
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello"), self.enqueue)
-        self.down.subscribe(pattern(self.run_id, "device", "+", "up", "status"), self.enqueue)
         self._announce()
         status.info("edge %s: up (run %s), waiting for devices and for cloud %s's round", self.node_id, self.run_id,
                     self.cloud)
@@ -164,7 +166,8 @@ class EdgeAggregator(Node):
             self.part.members_changed(set(self.members))
 
     def _on_status(self, env: Envelope) -> None:
-        """Kept for every device: a status may arrive before the hello that makes it a member."""
+        """A member's status (retained: it arrives when the member's subscription opens, and
+        again whenever it changes)."""
         if self.presence.update(env.sender, env.body["state"]) and env.sender in self.members:
             if env.sender in self.presence.online:
                 log.info("edge %s: device %s is online", self.node_id, env.sender)
