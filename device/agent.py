@@ -1,8 +1,8 @@
 """The device agent: holds only its own data, runs its method part, talks to its edge and peers.
 
 Reads its edge's downlink (round announcements, models for every device, for this device or
-for one of its groups) and its peers' peer topics; publishes `hello` (retained) and a
-last-will `status` so the edge knows who is alive. The cloud may move it to another edge, put
+for one of its groups) and its peers' peer topics; publishes `hello` (retained, and a copy
+addressed to its edge) and a last-will `status` so the edge knows who is alive. The cloud may move it to another edge, put
 it in groups or give it peers with an `assign` message: it then re-subscribes and says hello
 to its new edge, without a restart. All learning happens in the method's device part; this
 loop only sequences it.
@@ -112,7 +112,11 @@ class DeviceAgent(Node):
         classes = np.unique(self.data[1]).astype(np.int64)
         hello = {"role": "device", "parent": self.edge, "samples": int(len(self.data[1])), "backend": self.backend_name,
                  "classes": classes, "groups": list(self.placement.groups)}
-        self.send(self.transport, "up", "hello", hello, round_=0, retain=True)
+        # twice, one message id: on `up/hello`, the latest word on where it is, which only the
+        # edges holding it as a member read; and addressed to its edge, which joins it by that
+        # copy (on one broker, a wildcard on every hello had every edge read every device's)
+        env = self.send(self.transport, "up", "hello", hello, round_=0, retain=True)
+        self.transport.publish(self.topic("up", "hello", self.edge), env, qos=1, retain=True)
 
     def run_forever(self, poll: float = 0.5) -> None:
         """Process events until the cloud announces the end of the run (or stop() is called)."""
@@ -225,6 +229,8 @@ class DeviceAgent(Node):
         moved = new.edge != self.edge
         status.info("device %s: placed at edge %s, groups %s, %d peer(s)", self.node_id, new.edge, list(new.groups),
                     len(new.peers))
+        if moved:  # the old edge's join filter must not find this device there again
+            self.transport.publish_raw(self.topic("up", "hello", self.edge), b"", retain=True)
         self.placement = new
         if self.part is not None:
             self.part.ctx.view = new

@@ -2,7 +2,7 @@
 
 With one broker, `down` and `up` are the same transport. With `--upstream`, devices sit on the
 edge-site broker (`down`) and the cloud on another (`up`); the edge is the only bridge.
-Membership comes from the devices' retained `hello` (parent == this edge) and liveness from
+Membership comes from the devices' retained `hello` (addressed to this edge) and liveness from
 their `status` (a last will turns it "offline"), so a dead device stops holding rounds open.
 A device the cloud moved elsewhere says hello to its new edge and leaves this one.
 
@@ -61,6 +61,11 @@ class EdgeAggregator(Node):
         # on the onnx backend (the edge reads each from the cloud while a member needs it)
         self.addresses: dict[str, set[str]] = {}
         self.presence = Presence()  # which devices are online, and who went offline a moment ago
+        # device -> msg_id of the hello that made it join; when its latest hello names another
+        # edge, that id moves to `refuted`, so the copy addressed here (still retained if the
+        # device restarted elsewhere) cannot make it join again
+        self.joined_by: dict[str, str] = {}
+        self.refuted: dict[str, str] = {}
         self.rounds = RoundCollector()
         self.stopped = threading.Event()
         self.subscribed: set[str] = set()  # the cloud's addressed downlink filters we read
@@ -73,10 +78,11 @@ class EdgeAggregator(Node):
         self._resume()
         clear_retained(self.down, pattern(self.run_id, "edge", self.node_id, "down", "#"))
         self._sync_subscriptions()
-        # every device's hello (a device joins by naming its edge there); a member's other
-        # messages, its retained status included, through the subscription its hello opens
-        # (on one broker, a wildcard on statuses made every edge receive every device's)
-        self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello"), self.enqueue)
+        # the hellos addressed to this edge (a device joins by sending it one); a member's other
+        # messages, its status and a hello to another edge (it moved) included, through the
+        # subscription its hello opens. On one broker, wildcards on every device's hello and
+        # status made every edge receive every device's.
+        self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello", to=self.node_id), self.enqueue)
         self._announce()
         status.info("edge %s: up (run %s), waiting for devices and for cloud %s's round", self.node_id, self.run_id,
                     self.cloud)
@@ -127,18 +133,27 @@ class EdgeAggregator(Node):
         if where.tier == "cloud":
             self._from_cloud(where, env)
         elif env.kind == "hello":
-            self._on_hello(env)
+            self._on_hello(env, addressed=where.to is not None)
         elif env.kind == "status":
             self._on_status(env)
         elif env.sender in self.members:
             self._from_device(env)
 
-    def _on_hello(self, env: Envelope) -> None:
+    def _on_hello(self, env: Envelope, *, addressed: bool) -> None:
+        """A device joins by the copy of its hello addressed here; from then on its latest
+        unaddressed hello (through the member filter) says whether it stays, changed groups or
+        moved to another edge. Two retained copies addressed to two edges cannot be ordered (a
+        device restarted at another edge leaves one behind); the unaddressed one can."""
         dev = env.sender
-        if env.body["parent"] != self.node_id:
-            if dev in self.members:  # moved to another edge by the cloud
+        if addressed:
+            if env.body["parent"] != self.node_id or dev in self.members or self.refuted.get(dev) == env.msg_id:
+                return  # another edge's copy, a member's (its unaddressed one counts), or stale
+        elif env.body["parent"] != self.node_id:
+            if dev in self.members:  # moved to another edge (by the cloud, or restarted elsewhere)
+                self.refuted[dev] = self.joined_by.pop(dev, "")
                 self._drop(dev)
             return
+        self.joined_by[dev] = env.msg_id
         if dev == self.node_id:
             log.warning("edge %s: a device with this edge's own id cannot join it", self.node_id)
             return
@@ -147,7 +162,7 @@ class EdgeAggregator(Node):
         if dev in self.members and self.addresses.get(dev) == addresses:
             return
         if dev not in self.members:
-            self.down.subscribe(pattern(self.run_id, "device", dev, "up"), self.enqueue)
+            self.down.subscribe(pattern(self.run_id, "device", dev, "up", "#"), self.enqueue)
             status.info("edge %s: device %s joined (%d samples)", self.node_id, dev, env.body["samples"])
         self.members[dev], self.addresses[dev] = int(env.body["samples"]), addresses
         self._members_changed()
@@ -155,7 +170,7 @@ class EdgeAggregator(Node):
     def _drop(self, dev: str) -> None:
         self.members.pop(dev, None)
         self.addresses.pop(dev, None)
-        self.down.unsubscribe(pattern(self.run_id, "device", dev, "up"))
+        self.down.unsubscribe(pattern(self.run_id, "device", dev, "up", "#"))
         status.info("edge %s: device %s left for another edge", self.node_id, dev)
         self._members_changed()
 

@@ -70,7 +70,7 @@ def test_a_federation_runs_under_the_generated_acl_and_a_device_cannot_spy_or_fo
         spy = MqttTransport(url("d1"), client_id="d1-spy", role="observer")
         spy.subscribe(f"splitedge/{run}/device/d0/#", lambda t, e: heard["spy"].append(e.kind))
         observer = MqttTransport(url("observer"), client_id="observer", role="observer")
-        observer.subscribe(f"splitedge/{run}/device/d0/up/hello",
+        observer.subscribe(f"splitedge/{run}/device/d0/up/hello/e0",
                            lambda t, e: heard["observer"].append(e.body["samples"]))
         with LiveNodes(url, run) as live:
             live.adopt(spy)
@@ -91,7 +91,7 @@ def test_a_federation_runs_under_the_generated_acl_and_a_device_cannot_spy_or_fo
                 "edge/e0/down/round", "edge/e0/up/hello", "cloud/cloud/down/round", "cloud/cloud/down/weights-model")}
             for topic_, payload in forged.items():
                 forger.publish_raw(topic_, payload, retain=True)
-            forger.publish(f"splitedge/{run}/device/d0/up/hello",
+            forger.publish(f"splitedge/{run}/device/d0/up/hello/e0",
                            Envelope(kind="hello", run=run, round=0, sender="d0",
                                     body={"role": "device", "parent": "e0", "samples": 12345, "backend": "torch",
                                           "classes": np.arange(3, dtype=np.int64)}), wait=5)

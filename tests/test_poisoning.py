@@ -46,7 +46,8 @@ class Rogue:
 
     def say(self, kind: str, body: dict, round_: int, retain: bool = False) -> None:
         env = Envelope(kind=kind, run=self.run, round=round_, sender="d9", body=body)
-        self.t.publish(topic(self.run, "device", "d9", "up", kind), env, retain=retain)
+        to = "e0" if kind == "hello" else None  # a device's hello is addressed to its edge
+        self.t.publish(topic(self.run, "device", "d9", "up", kind, to), env, retain=retain)
 
     def on_round(self, _topic: str, env: Envelope) -> None:
         if env.body.get("stop"):

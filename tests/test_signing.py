@@ -284,7 +284,7 @@ def test_a_signed_federation_runs_while_forged_unsigned_and_replayed_frames_are_
     tap = RawTap(mosquitto.host, mosquitto.port, run)
     forged_hello = hello(12345, "d0")
     d0_hello = f"splitedge/{run}/device/d0/up/hello"
-    dx_hello = f"splitedge/{run}/device/dx/up/hello"
+    dx_hello = f"splitedge/{run}/device/dx/up/hello/e0"  # a stranger joins by the copy addressed to the edge
 
     def attack(record: dict) -> None:
         """After round 1: forge d0 with another key, strip the signature, use an unknown key.
