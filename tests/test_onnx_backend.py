@@ -268,3 +268,28 @@ def test_thin_device_with_pre_relu_takes_moments_before_the_relu_and_calibrates_
     acc = HeadStatsAccumulator(feats.shape[1])
     acc.add(feats, images[1])
     np.testing.assert_allclose(got.mean, acc.result().mean, atol=1e-5)
+
+
+def test_a_parked_thin_device_keeps_its_weights_once_and_comes_back_the_same(splits, model_bytes, images):
+    """Parked, a thin device keeps its graph (the weights in use patched in) and no second copy
+    of the weight map it swapped in; restored, it computes the same moments and takes the same
+    (retained) weight map delivered again without a swap."""
+    from splitedge.methods import snapshot
+
+    dev = thin_device(images)
+    dev.on_message(model_env(model_bytes))
+    v1 = state_to_numpy(splits[1].wc)
+    dev.on_message(weights_env(v1, 1))
+    assert dev.wc_version == 1
+    saved = snapshot.dumps(dev.resume_state())
+    weight_bytes = sum(a.nbytes for a in v1.values())
+    assert len(saved) < len(dev.extractor.model_bytes) + weight_bytes // 2, (len(saved), weight_bytes)
+    assert "wc" in dev.latest  # the live device still has it (a graph delivered again needs it)
+
+    fresh = thin_device(images)
+    fresh.restore_state(snapshot.loads(saved))
+    assert fresh.wc_version == 1 and "wc" not in fresh.latest
+    np.testing.assert_array_equal(fresh.compute_moments().mean, dev.compute_moments().mean)
+    fresh.on_message(weights_env(v1, 1))  # the retained map again: already in the graph
+    assert fresh.wc_version == 1
+    np.testing.assert_array_equal(fresh.compute_moments().mean, dev.compute_moments().mean)
