@@ -60,6 +60,7 @@ class SimSettings:
     worker: str | None = None  # "I/N": this process is worker I of N, running devices d with d % N == I only
     spawn_workers: bool = True  # with workers: start them here (False: they run elsewhere, with --worker I/N)
     broker_tree: bool = False  # one Mosquitto per edge site bridged to a cloud Mosquitto (splitedge.broker_tree)
+    site_brokers: dict[str, str] = field(default_factory=dict)  # a worker of a tree sim: edge -> its site broker
     split: str = "niid"  # with alpha: "niid" (NIID-Bench, per class) or "per-device" (Hsu et al.; many devices)
     join_timeout_s: float | None = None  # None: JOIN_BASE_S + JOIN_PER_DEVICE_S per device (join_timeout)
 
@@ -119,10 +120,10 @@ def check_scale_settings(s: SimSettings) -> None:
         raise ValueError(f"--split must be niid or per-device, got {s.split!r}")
     if s.broker_tree:
         moves = s.method == "cflhkd" or str(s.overrides.get("assign", "random")) != "random"
-        if s.broker or s.workers or s.worker or moves:
-            raise ValueError("--broker-tree starts its own brokers and runs every node in this process, each device "
-                             "on its edge's site broker: drop --broker and --workers, and methods that move devices "
-                             "between edges (cflhkd, hsfp --set assign=...)")
+        if s.broker or s.worker or not s.spawn_workers or moves:
+            raise ValueError("--broker-tree starts its own brokers on this machine, each device on its edge's site "
+                             "broker: drop --broker and --remote-workers, and methods that move devices between "
+                             "edges (cflhkd, hsfp --set assign=...)")
     if s.workers < 0 or s.workers > s.devices:
         raise ValueError(f"--workers must be in 0..--devices ({s.devices}), got {s.workers}")
     if s.worker is None:
@@ -229,7 +230,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
         shards = partition(train[1], s)
         run = s.run or f"sim-{uuid.uuid4().hex[:8]}"  # unique: two sims may share a broker
         with brokers(s, run) as (url, tree), Federation(url, run, s, train, shards, tree) as fed, \
-                WorkerPool(s, url, run) as workers:
+                WorkerPool(s, url, run, tree) as workers:
             per_device = fed.per_device_bytes(on_round)
             settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
                                      min_edges=s.edges, min_devices=s.devices, join_timeout_s=s.join_timeout,
@@ -282,8 +283,9 @@ class Federation:
         from splitedge.protocol.node import connect
 
         url = self.url
-        if self.tree is not None and tier != "cloud":
-            url = self.tree.site_url(node_id if tier == "edge" else f"e{int(node_id[1:]) % self.s.edges}")
+        if tier != "cloud" and (self.tree is not None or self.s.site_brokers):  # each site on its own broker
+            site = node_id if tier == "edge" else f"e{int(node_id[1:]) % self.s.edges}"
+            url = self.tree.site_url(site) if self.tree is not None else self.s.site_brokers[site]
         transport = connect(url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S,
                             loop=self.loop)
         self.node_transports[tier].setdefault(node_id, []).append(transport)
@@ -448,8 +450,10 @@ class WorkerPool:
     out/workers/worker-I.json. With `spawn_workers` False nothing is started here: the workers
     run on other machines (`splitedge sim ... --broker URL --run RUN --worker I/N`)."""
 
-    def __init__(self, s: SimSettings, url: str, run: str) -> None:
+    def __init__(self, s: SimSettings, url: str, run: str, tree: Any = None) -> None:
         self.s, self.url, self.run = s, url, run
+        # with a broker tree, each worker connects a device to its edge's site broker
+        self.sites = {} if tree is None else {f"e{e}": tree.site_url(f"e{e}") for e in range(s.edges)}
         self.procs: list[Any] = []
         self.folder = Path(s.out) / WORKERS_DIR
 
@@ -462,7 +466,7 @@ class WorkerPool:
         self.folder.mkdir(parents=True, exist_ok=True)
         for i in range(self.s.workers):
             settings = dataclasses.replace(self.s, broker=self.url, run=self.run, workers=0,
-                                           worker=f"{i}/{self.s.workers}")
+                                           worker=f"{i}/{self.s.workers}", broker_tree=False, site_brokers=self.sites)
             spec = self.folder / f"worker-{i}.settings.json"
             spec.write_text(json.dumps(worker_spec(settings)))
             with open(self.folder / f"worker-{i}.log", "w") as log_file:

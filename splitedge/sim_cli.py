@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for every edge and device to join (default: 60 plus 0.1 per device)")
     p.add_argument("--broker-tree", action="store_true",
                    help="start a Mosquitto per edge site bridged to a cloud Mosquitto (deploy/'s topology) and "
-                        "count the bytes through each broker")
+                        "count the bytes through each broker (with --workers, devices connect to their site's)")
     p.add_argument("--backends", default="torch",
                    help="comma-separated device backends (torch, onnx), assigned to devices round-robin")
     p.add_argument("--groups", type=int, default=0,
