@@ -8,17 +8,9 @@ import time
 from splitedge.methods.datasets import load_dataset
 from splitedge.device.agent import DeviceAgent
 from splitedge.edge.aggregator import EdgeAggregator
+from splitedge.protocol.transport import wait_for
 
 from live_nodes import LiveNodes
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def device_messages_in(edge: EdgeAggregator, kind: str) -> int:
@@ -35,7 +27,7 @@ def test_a_device_talks_to_its_own_edge_only_and_a_restart_elsewhere_moves_it_fo
         e1 = live.start(EdgeAggregator(live.transport("edge", "e1"), run=run, node_id="e1"))
         first = DeviceAgent(live.transport("device", "d0"), run=run, node_id="d0", edge="e0", data=data)
         live.start(first)
-        assert wait_until(lambda: e0.live == {"d0"}), e0.members
+        assert wait_for(lambda: e0.live == {"d0"}, 10), e0.members
         # Assert: e1 received neither its hello nor its status (no wildcard reaches every edge)
         time.sleep(0.5)
         assert device_messages_in(e1, "hello") == 0 and device_messages_in(e1, "status") == 0
@@ -47,7 +39,7 @@ def test_a_device_talks_to_its_own_edge_only_and_a_restart_elsewhere_moves_it_fo
         second = DeviceAgent(live.transport("device", "d0"), run=run, node_id="d0", edge="e1", data=data)
         live.start(second)
         # Assert: e1 has it, e0 let it go
-        assert wait_until(lambda: e1.live == {"d0"} and "d0" not in e0.members), (e0.members, e1.members)
+        assert wait_for(lambda: e1.live == {"d0"} and "d0" not in e0.members, 10), (e0.members, e1.members)
 
         # Execute: e0 restarts; d0's old hello to e0 is still retained on the broker
         e0.stop()
@@ -55,7 +47,7 @@ def test_a_device_talks_to_its_own_edge_only_and_a_restart_elsewhere_moves_it_fo
         again = live.start(EdgeAggregator(live.transport("edge", "e0"), run=run, node_id="e0"))
         # Assert: the restarted e0 reads the old hello, then d0's newer one to e1, and stays
         # without it (no rejoin loop on the retained hello), while e1 keeps it
-        assert wait_until(lambda: device_messages_in(again, "hello") >= 2), again.down.counters.snapshot()
+        assert wait_for(lambda: device_messages_in(again, "hello") >= 2, 10), again.down.counters.snapshot()
         time.sleep(1.0)
         assert again.members == {} and e1.live == {"d0"}, (again.members, e1.members)
         joins = device_messages_in(again, "hello")
