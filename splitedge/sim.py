@@ -145,6 +145,11 @@ def worker_devices(s: SimSettings) -> list[int]:
     return [] if s.workers else list(range(s.devices))
 
 
+def home_edge(device: int, s: SimSettings) -> str:
+    """The edge a device starts at (and, with a broker tree, whose site broker it connects to)."""
+    return f"e{device % s.edges}"
+
+
 def planted_group(device: int, s: SimSettings) -> int:
     """Devices in contiguous blocks: d0.. in group 0, the next block in group 1, ... (edges are
     dealt round-robin, so a clustered method has devices to move)."""
@@ -284,7 +289,7 @@ class Federation:
 
         url = self.url
         if tier != "cloud" and (self.tree is not None or self.s.site_brokers):  # each site on its own broker
-            site = node_id if tier == "edge" else f"e{int(node_id[1:]) % self.s.edges}"
+            site = node_id if tier == "edge" else home_edge(int(node_id[1:]), self.s)
             url = self.tree.site_url(site) if self.tree is not None else self.s.site_brokers[site]
         transport = connect(url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S,
                             loop=self.loop)
@@ -313,7 +318,7 @@ class Federation:
             backend = self.s.backends[d % len(self.s.backends)]
             data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
             agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
-                                edge=f"e{d % self.s.edges}", data=data, backend=backend, seed=self.s.seed,
+                                edge=home_edge(d, self.s), data=data, backend=backend, seed=self.s.seed,
                                 slots=slots, park_dtype=self.s.park_dtype)
             self._start(agent)
         return self
