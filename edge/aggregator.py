@@ -247,9 +247,10 @@ class EdgeAggregator(Node):
         if not self._ensure_part(plan):
             return
         self.plan, self.round = plan, plan.round
-        self._send_all(self.part.on_round_open(plan, self.awaited))
+        awaited = self.awaited
+        self._send_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
-        self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, self.awaited)
+        self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, awaited)
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, round and cached state."""
