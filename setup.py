@@ -8,7 +8,7 @@ new method package needs no edit of this file. Everything else lives in pyprojec
 
 from setuptools import find_packages, setup
 
-FOLDERS = ("protocol", "device", "edge", "cloud", "models", "methods", "bench", "exporters")
+FOLDERS = ("protocol", "runtime", "device", "edge", "cloud", "models", "methods", "bench", "exporters")
 
 setup(
     package_dir={"splitedge": "splitedge", **{f"splitedge.{f}": f for f in FOLDERS}},

@@ -211,7 +211,7 @@ class Replica:
 
     def device_reports(self, plan: Any) -> dict[str, Any]:
         from splitedge.methods.strategy import DONE
-        from splitedge.protocol.rounds import RoundReport
+        from splitedge.methods.strategy import RoundReport
 
         reports = {}
         for d, dev in self.devices.items():
@@ -224,7 +224,7 @@ class Replica:
 
     def close_round(self, stack: str, plan: Any, reports: dict[str, Any]) -> dict[str, float]:
         """The stack's edges, then its cloud; returns the cloud's metrics and delivers new weights."""
-        from splitedge.protocol.rounds import RoundReport
+        from splitedge.methods.strategy import RoundReport
         from splitedge.methods.strategy import Message
 
         up = []

@@ -94,7 +94,7 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]
 
                 summary = run_sim(s, on_round=on_round)
             if not opened:
-                raise RuntimeError("no transport was opened through protocol.node.connect; the byte tap saw nothing")
+                raise RuntimeError("no transport was opened through runtime.session.connect; the byte tap saw nothing")
             time.sleep(SETTLE_S)
             closed_at = time.monotonic()
             counted = sum(t.counters.total("out", "wire") for t in opened)

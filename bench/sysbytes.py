@@ -90,14 +90,14 @@ class SysMonitor:
 
 @contextlib.contextmanager
 def capture_transports() -> Iterator[list[Transport]]:
-    """Collect every transport opened through ``protocol.node.connect`` inside the block.
+    """Collect every transport opened through ``runtime.session.connect`` inside the block.
 
     The runtimes and ``sim`` open their MQTT connections through that one function, so
     wrapping it is the transport-level tap the bench needs: counters are read, nothing else
     changes. A run that opens no transport through it yields an empty list, which callers
     treat as an error rather than reporting zero bytes.
     """
-    import splitedge.protocol.node as node
+    import splitedge.runtime.session as node
 
     opened: list[Transport] = []
     original = node.connect

@@ -50,7 +50,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
-    from splitedge.cloud.outputs import RunFolder, dumps, json_safe
+    from splitedge.runtime.outputs import RunFolder, dumps, json_safe
 
     with RunFolder(args.out, overwrite=args.overwrite, resumable=True) if args.out else contextlib.nullcontext() as folder:
         history = _run(args, resuming=bool(folder and folder.resuming))
@@ -69,7 +69,8 @@ def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
     from splitedge.cloud.options import build_run_config, method_overrides
     from splitedge.methods.datasets import load_dataset
-    from splitedge.protocol.node import check_identity_free, connect, write_counters
+    from splitedge.runtime.session import check_identity_free, connect
+    from splitedge.runtime.outputs import write_counters
 
     options = credentials.connect_options(args, args.broker)
     torch.set_num_threads(args.threads)

@@ -23,11 +23,12 @@ from splitedge.methods.losslog import tier_losses
 from splitedge.methods.strategy import CloudPart, FederationView, Message, NodeContext, Placement, RoundPlan
 from splitedge.cloud import resume
 from splitedge.methods import snapshot
-from splitedge.cloud.outputs import dumps
+from splitedge.runtime.outputs import dumps, save_checkpoint
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import Node, clear_retained, status, topic_kind
-from splitedge.protocol.presence import REJOIN_GRACE_S, Presence
-from splitedge.protocol.rounds import RoundCollector
+from splitedge.runtime.node import Node, status, topic_kind
+from splitedge.runtime.session import clear_retained
+from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
+from splitedge.runtime.rounds import RoundCollector
 from splitedge.protocol.topics import ALL_DEVICES, THIN_DEVICES, parse, pattern
 from splitedge.protocol.transport import Transport
 
@@ -299,26 +300,3 @@ class CloudCoordinator(Node):
             session=self.session, round=self.round, attempt=self.attempt, enough_edges=self.enough_edges,
             placements=snapshot.to_plain(dict(self.view.placements)), rng=snapshot.to_plain(self.part.ctx.rng),
             part=self.part.resume_state(), finished=finished))
-
-
-def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-    """Write the served model without pickle (safetensors), atomically; never over a
-    checkpoint of a later round (a cloud resumed from an older state must not erase it)."""
-    if not weights:
-        return
-    from safetensors import safe_open
-    from safetensors.numpy import save_file
-
-    if path.exists() and "round" in meta:
-        try:
-            with safe_open(str(path), framework="numpy") as fh:
-                later = int((fh.metadata() or {}).get("round", 0)) > int(meta["round"])
-        except (OSError, ValueError, RuntimeError):  # unreadable: a crash cut it short
-            later = False
-        if later:
-            log.error("cloud: %s holds a later round than %s; not overwritten", path, meta["round"])
-            return
-
-    tmp = path.with_suffix(".tmp")
-    save_file({k: np.array(v, order="C") for k, v in weights.items()}, str(tmp), metadata=meta)  # keeps 0-d
-    tmp.replace(path)

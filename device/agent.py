@@ -33,7 +33,7 @@ from splitedge.device.local_data import fits_model
 from splitedge.methods.registry import create_method
 from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, Placement, RoundPlan
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import Node, status, topic_kind
+from splitedge.runtime.node import Node, status, topic_kind
 from splitedge.protocol.topics import THIN_BACKEND, THIN_DEVICES, parse, pattern
 from splitedge.protocol.transport import Transport
 

@@ -55,7 +55,8 @@ def resolve_backend(name: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from splitedge.device.agent import DeviceAgent
-    from splitedge.protocol.node import status, write_counters
+    from splitedge.runtime.node import status
+    from splitedge.runtime.outputs import write_counters
 
     if (args.edge is None) == (args.peers is None):
         raise ValueError("give --edge ID (a device of a federated run) or --peers PLAN (a run with no cloud), not "
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 def _connect(args: argparse.Namespace, run_id: str, backend: str, options: dict[str, Any]):
     """Torch's threads for a training device, the identity check, then the MQTT connection
     (`options`: the checked credentials, credentials.connect_options)."""
-    from splitedge.protocol.node import check_identity_free, connect
+    from splitedge.runtime.session import check_identity_free, connect
 
     if backend == "torch":
         import torch
@@ -99,7 +100,8 @@ def run_peer(args: argparse.Namespace, options: dict[str, Any]) -> int:
     from splitedge.device.local_data import fits_model
     from splitedge.device.peer_agent import PeerAgent, PeerPlan
     from splitedge.methods.registry import create_method
-    from splitedge.protocol.node import status, write_counters
+    from splitedge.runtime.node import status
+    from splitedge.runtime.outputs import write_counters
 
     plan = PeerPlan.load(args.peers)
     if args.id not in plan.graph:

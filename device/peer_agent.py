@@ -24,7 +24,7 @@ import numpy as np
 
 from splitedge.device.agent import DeviceAgent
 from splitedge.methods.strategy import Placement, RoundPlan
-from splitedge.protocol.node import status
+from splitedge.runtime.node import status
 from splitedge.protocol.topics import pattern
 from splitedge.protocol.transport import Transport
 
@@ -128,7 +128,7 @@ class PeerAgent(DeviceAgent):
 
     def save(self, out: Path) -> list[Path]:
         """<out>/<id>-rounds.jsonl and, when the method keeps a model, <id>-model.safetensors."""
-        from splitedge.cloud.outputs import dumps
+        from splitedge.runtime.outputs import dumps
 
         out.mkdir(parents=True, exist_ok=True)
         rounds = out / f"{self.node_id}-rounds.jsonl"
@@ -136,7 +136,7 @@ class PeerAgent(DeviceAgent):
         state = self.part.local_state() if self.part is not None else {}
         if not state:
             return [rounds]
-        from splitedge.cloud.coordinator import save_checkpoint
+        from splitedge.runtime.outputs import save_checkpoint
 
         model = out / f"{self.node_id}-model.safetensors"
         save_checkpoint(model, state, {"round": str(len(self.records)), "method": self.plan.method,

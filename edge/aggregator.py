@@ -29,9 +29,10 @@ from splitedge.methods.losslog import device_losses
 from splitedge.methods.registry import create_method
 from splitedge.methods.strategy import EdgePart, Message, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import Node, clear_retained, status, topic_kind
-from splitedge.protocol.presence import Presence
-from splitedge.protocol.rounds import RoundCollector
+from splitedge.runtime.node import Node, status, topic_kind
+from splitedge.runtime.session import clear_retained
+from splitedge.runtime.presence import Presence
+from splitedge.runtime.rounds import RoundCollector
 from splitedge.protocol.topics import ALL_DEVICES, THIN_BACKEND, THIN_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
 

@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     import importlib.util
 
     from splitedge.edge.aggregator import EdgeAggregator
-    from splitedge.protocol.node import check_identity_free, connect, write_counters
+    from splitedge.runtime.session import check_identity_free, connect
+    from splitedge.runtime.outputs import write_counters
 
     if args.state_dir is not None and args.state_dir.exists() and not args.state_dir.is_dir():
         raise ValueError(f"--state-dir {args.state_dir} is a file; give a folder")

@@ -18,7 +18,6 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig
-from splitedge.protocol.rounds import RoundReport
 
 # -- addresses -------------------------------------------------------------------------------
 
@@ -163,8 +162,24 @@ class FederationView:
         return self.placements.get(device_id) or Placement(edge=self.devices.get(device_id, ""))
 
 
+@dataclass
+class RoundReport:
+    """Everything one child sent in a round, in arrival order, grouped by kind."""
+
+    sender: str
+    messages: dict[str, list[Any]] = field(default_factory=dict)
+
+    def get(self, kind: str) -> Any:
+        """The last message of `kind`, or None."""
+        found = self.messages.get(kind)
+        return found[-1] if found else None
+
+    def all(self, kind: str) -> list[Any]:
+        """Every message of `kind` (e.g. one `weights` message per model part)."""
+        return list(self.messages.get(kind, ()))
+
+
 Report = RoundReport
-"""All messages one child sent for a round, by kind (the last one of each kind wins)."""
 
 
 # -- parts -----------------------------------------------------------------------------------

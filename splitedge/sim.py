@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from splitedge.cloud.outputs import RunFolder, dumps
+from splitedge.runtime.outputs import RunFolder, dumps
 
 log = logging.getLogger(__name__)
 status_log = logging.getLogger("splitedge.status")
@@ -285,7 +285,7 @@ class Federation:
         self.loop: Any = None
 
     def connect(self, tier: str, node_id: str) -> Any:
-        from splitedge.protocol.node import connect
+        from splitedge.runtime.session import connect
 
         url = self.url
         if tier != "cloud" and (self.tree is not None or self.s.site_brokers):  # each site on its own broker

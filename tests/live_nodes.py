@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from splitedge.protocol.node import connect
+from splitedge.runtime.session import connect
 
 
 class LiveNodes:

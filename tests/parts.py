@@ -10,7 +10,7 @@ from splitedge.methods.config import ModelSpec
 from splitedge.methods.registry import create_method, default_config
 from splitedge.methods.strategy import NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope, decode, encode
-from splitedge.protocol.rounds import RoundReport
+from splitedge.methods.strategy import RoundReport
 
 SPEC = ModelSpec()  # cnn, 10 classes, 8x8x1 (digits)
 

@@ -90,7 +90,8 @@ def test_reconnect_and_resubscribe_after_broker_restart() -> None:
 @needs_mosquitto
 @pytest.mark.parametrize("persistence", [False, True])
 def test_a_node_is_online_again_after_a_graceful_broker_restart(persistence: bool, tmp_path: Path) -> None:
-    from splitedge.protocol.node import Node, check_identity_free, connect
+    from splitedge.runtime.node import Node
+    from splitedge.runtime.session import check_identity_free, connect
 
     conf = f"persistence true\npersistence_location {tmp_path}/\n" if persistence else ""
     with MosquittoBroker(extra_conf=conf) as broker:

@@ -127,7 +127,7 @@ def run_one_round(cloud_url: str, site_url: str, upstream_url: str | None, run: 
     from splitedge.edge.aggregator import EdgeAggregator
     from splitedge.methods.datasets import load_dataset
     from splitedge.methods.partition import iid
-    from splitedge.protocol.node import connect
+    from splitedge.runtime.session import connect
 
     train, test, info = load_dataset("digits", max_train=300, max_test=200, seed=0)
     config = build_run_config("hsfp", info, None, 0, {"edge_samples": 256, "cloud_samples": 256, "cloud_epochs": 1})

@@ -14,7 +14,7 @@ import pytest
 
 from parts import SPEC, env
 from splitedge.cli import main
-from splitedge.cloud.outputs import LOCK, RunFolder, dumps
+from splitedge.runtime.outputs import LOCK, RunFolder, dumps
 from splitedge.methods.config import RunConfig
 from splitedge.methods.fedavg.config import FedAvgConfig
 from splitedge.methods.strategy import RoundPlan
@@ -132,7 +132,7 @@ def test_help_shows_defaults_and_version(capsys) -> None:
 def test_a_second_node_with_a_live_id_is_refused_and_a_join_timeout_stops_the_waiting(mosquitto, tmp_path,
                                                                                       capsys) -> None:
     from splitedge.edge.aggregator import EdgeAggregator
-    from splitedge.protocol.node import check_identity_free, connect
+    from splitedge.runtime.session import check_identity_free, connect
 
     # Prepare: edge e0 of run "hour" is up and listening
     transport = connect(mosquitto.url, run="hour", tier="edge", node_id="e0")

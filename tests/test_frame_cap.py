@@ -16,7 +16,7 @@ import pytest
 from splitedge.protocol import credentials
 from splitedge.protocol.broker import MosquittoBroker
 from splitedge.protocol.codec import DEFAULT_MAX_BYTES, Envelope, encode
-from splitedge.protocol.node import connect
+from splitedge.runtime.session import connect
 from splitedge.protocol.signing import TRAILER_LEN
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto"

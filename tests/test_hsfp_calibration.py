@@ -14,7 +14,7 @@ from splitedge.methods.config import ModelSpec
 from splitedge.methods.headstats import HeadStats, head_stats_arrays
 from splitedge.methods.registry import create_method, default_config
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import connect
+from splitedge.runtime.session import connect
 from splitedge.protocol.topics import pattern, topic
 from splitedge.sim import SimSettings, run_sim
 

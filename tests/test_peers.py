@@ -16,7 +16,7 @@ from splitedge.device.peer_agent import PeerAgent, PeerPlan
 from splitedge.methods import topology
 from splitedge.methods.datasets import load_dataset
 from splitedge.methods.partition import iid
-from splitedge.protocol.node import connect
+from splitedge.runtime.session import connect
 
 SMALL = ["--set", "patch=2", "--set", "vit_dim=32", "--set", "vit_depth=2", "--set", "decoder_dim=16",
          "--set", "decoder_depth=1"]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.node import connect
+from splitedge.runtime.session import connect
 from splitedge.protocol.topics import pattern, topic
 from splitedge.sim import SimSettings, run_sim
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from splitedge.protocol.presence import Presence
-from splitedge.protocol.rounds import RoundCollector
+from splitedge.runtime.presence import Presence
+from splitedge.runtime.rounds import RoundCollector
 
 
 class Clock:

@@ -106,7 +106,7 @@ def test_metrics_past_the_committed_round_are_dropped(tmp_path: Path) -> None:
 def test_a_checkpoint_of_a_later_round_is_not_overwritten(tmp_path: Path) -> None:
     from safetensors import safe_open
 
-    from splitedge.cloud.coordinator import save_checkpoint
+    from splitedge.runtime.outputs import save_checkpoint
 
     path = tmp_path / "model.safetensors"
     save_checkpoint(path, {"w": np.ones(2, np.float32)}, {"round": "5", "method": "x"})

@@ -138,8 +138,9 @@ def test_a_node_that_finds_a_finished_run_leaves_unless_a_new_cloud_is_up(mosqui
     from splitedge.methods.config import RunConfig
     from splitedge.methods.fedavg.config import FedAvgConfig
     from splitedge.methods.strategy import RoundPlan
-    from splitedge.protocol import node as node_module
-    from splitedge.protocol.node import Node, connect
+    from splitedge.runtime import node as node_module
+    from splitedge.runtime.node import Node
+    from splitedge.runtime.session import connect
 
     from parts import SPEC
 

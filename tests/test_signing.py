@@ -269,7 +269,7 @@ def test_a_signed_federation_runs_while_forged_unsigned_and_replayed_frames_are_
     from splitedge.device.agent import DeviceAgent
     from splitedge.edge.aggregator import EdgeAggregator
     from splitedge.methods.datasets import load_dataset
-    from splitedge.protocol.node import connect
+    from splitedge.runtime.session import connect
 
     torch.set_num_threads(1)
     run = "signed-run"

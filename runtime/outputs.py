@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 RUN_FILES = ("metrics.jsonl", "summary.json", "model.safetensors", "resume.state")
@@ -107,3 +109,36 @@ class RunFolder:
         self.lock.unlink(missing_ok=True)
         if self.created and not any(self.path.iterdir()):  # a run that failed before writing anything
             self.path.rmdir()
+
+
+def write_counters(out: Path | None, node_id: str, transports: list[Any]) -> None:
+    """Leave this node's byte counters (and rejection counts) for the bench and the tests."""
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"node": node_id, "transports": [{"role": t.role, "bytes": t.counters.snapshot(),
+                                             "rejected": dict(t.rejected)} for t in transports]}
+    (out / f"counters-{node_id}.json").write_text(json.dumps(data, indent=1))
+
+
+def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+    """Write the served model without pickle (safetensors), atomically; never over a
+    checkpoint of a later round (a cloud resumed from an older state must not erase it)."""
+    if not weights:
+        return
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    if path.exists() and "round" in meta:
+        try:
+            with safe_open(str(path), framework="numpy") as fh:
+                later = int((fh.metadata() or {}).get("round", 0)) > int(meta["round"])
+        except (OSError, ValueError, RuntimeError):  # unreadable: a crash cut it short
+            later = False
+        if later:
+            log.error("cloud: %s holds a later round than %s; not overwritten", path, meta["round"])
+            return
+
+    tmp = path.with_suffix(".tmp")
+    save_file({k: np.array(v, order="C") for k, v in weights.items()}, str(tmp), metadata=meta)  # keeps 0-d
+    tmp.replace(path)

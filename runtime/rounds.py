@@ -10,27 +10,11 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from splitedge.methods.strategy import RoundReport
+
 SEEN_IDS = 4096  # remember this many message ids for duplicate detection
-
-
-@dataclass
-class RoundReport:
-    """Everything one child sent in a round, in arrival order, grouped by kind."""
-
-    sender: str
-    messages: dict[str, list[Any]] = field(default_factory=dict)
-
-    def get(self, kind: str) -> Any:
-        """The last message of `kind`, or None."""
-        found = self.messages.get(kind)
-        return found[-1] if found else None
-
-    def all(self, kind: str) -> list[Any]:
-        """Every message of `kind` (e.g. one `weights` message per model part)."""
-        return list(self.messages.get(kind, ()))
 
 
 class RoundCollector:
