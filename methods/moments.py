@@ -305,6 +305,10 @@ def _trimmed_class(n: np.ndarray, mu: np.ndarray, v: np.ndarray, b: int) -> tupl
     return centre, spread
 
 
+SPREAD_ROUNDOFF = 1e-12
+"""A reference variance below this times (1 + ||mean||^2) is float round-off, not spread."""
+
+
 def clipped_merge(parts: Sequence[ClassMoments], reference: ClassMoments | None, *, k: float) -> ClassMoments:
     """Exact merge of the parts after clipping each class mean to within k reference standard
     deviations of the reference mean, ||mu_k - mu_ref|| <= k sqrt(sum_d var_ref) (the mean is
@@ -324,10 +328,15 @@ def clipped_merge(parts: Sequence[ClassMoments], reference: ClassMoments | None,
     if missing.any():
         fallback = trimmed_merge(parts, _median_trim)
         ref_mean[missing], ref_var[missing] = fallback.mean[missing], fallback.var[missing]
+    # a reference spread no larger than the round-off of merging means of this size is none: a
+    # median source with variance 0, shifted by 1e3, came back as 1e-10, and clipping to that
+    # radius pulled every source onto the centre
+    total = ref_var.sum(axis=1)
+    ref_spread = np.where(total > SPREAD_ROUNDOFF * (1.0 + np.square(ref_mean).sum(axis=1)), total, 0.0)
     clipped = []
     for p in parts:
         at = np.searchsorted(classes, p.classes)
-        centre, spread = ref_mean[at], ref_var[at].sum(axis=1)
+        centre, spread = ref_mean[at], ref_spread[at]
         radius = k * np.sqrt(spread)
         dist = np.sqrt(np.square(p.mean - centre).sum(axis=1))
         over = (dist > radius) & (spread > 0)

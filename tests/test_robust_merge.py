@@ -210,3 +210,17 @@ def test_one_outlier_among_three_or_more_cannot_leave_the_others_range(parts: li
             means = np.stack([p.mean[p.classes == c][0] for p in held])
             eps = 1e-9 * (1 + np.abs(means).max())
             assert np.all(got.mean[j] <= means.max(axis=0) + eps), how
+
+
+def test_a_reference_variance_that_is_only_round_off_clips_nothing() -> None:
+    """The median source of a class has variance 0; after a common shift of 1e3 the merge's
+    arithmetic left 1e-10 of it, and the clip pulled every source onto the centre (found by
+    the shift property above)."""
+    def one(n: int, mu: float, v: float) -> ClassMoments:
+        return ClassMoments(np.array([1]), np.array([n]), np.array([[mu]]), np.array([[v]]))
+
+    parts = [(41, 2.1738352, 6.46212476), (30, 14.70419699, 0.0), (24, -0.30747534, 0.0)]
+    base = robust_merge([one(*p) for p in parts], "clip")
+    for shift in (48.0, 1e3):
+        moved = robust_merge([one(n, mu + shift, v) for n, mu, v in parts], "clip")
+        np.testing.assert_allclose(moved.mean - shift, base.mean, atol=1e-9 * (1 + shift))
