@@ -111,7 +111,7 @@ def variance_ratios(real: np.ndarray, y_real: np.ndarray, synth: np.ndarray, y_s
 
 def probe(train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray], num_classes: int,
           seed: int) -> float:
-    from splitedge.methods.report import linear_probe
+    from splitedge.methods.metrics.report import linear_probe
 
     return float(linear_probe(train[0], train[1], test[0], test[1], num_classes=num_classes, seed=seed))
 
@@ -125,7 +125,7 @@ class Replica:
     def __init__(self, s: DiagnoseSettings, config: Any, train: tuple[np.ndarray, np.ndarray],
                  test: tuple[np.ndarray, np.ndarray], shards: list[np.ndarray]) -> None:
         from splitedge.methods.hsfp.method import HSFP
-        from splitedge.methods.strategy import NodeContext
+        from splitedge.methods.contract import NodeContext
 
         self.s, self.config, self.train, self.spec = s, config, train, config.model
         self.home = {f"d{i}": f"e{i % s.edges}" for i in range(len(shards))}
@@ -143,7 +143,7 @@ class Replica:
 
     def _part(self, tier: str, node: str, stack: str, seed: list[int], test: Any = None) -> Any:
         from splitedge.methods.hsfp.method import HSFP
-        from splitedge.methods.strategy import NodeContext
+        from splitedge.methods.contract import NodeContext
 
         method = HSFP(self.config)
         if tier in REAL_AT[stack]:
@@ -154,7 +154,7 @@ class Replica:
     def _real_source(self, tier: str, node: str) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
         """`total` real features drawn uniformly from the tier's images (so classes in proportion to
         their counts, as the sampler draws them; with replacement only when there are fewer images): global W_c outputs at an edge, W_e(W_c) at the cloud."""
-        from splitedge.methods.preprocess import to_input
+        from splitedge.methods.data.preprocess import to_input
 
         stack, name = node.split("/")
         if tier == "edge":
@@ -203,15 +203,15 @@ class Replica:
         return Envelope(kind=msg.kind, run="diagnose", round=round_, sender=sender, body=msg.body)
 
     def plan(self, round_: int) -> Any:
-        from splitedge.methods.strategy import RoundPlan
+        from splitedge.methods.contract import RoundPlan
 
         spec = self.clouds[STACKS[0]].plan(round_)
         return RoundPlan(round=round_, method="hsfp", deadline_s=0.0, config={}, versions=dict(spec.versions),
                          directives=dict(spec.directives))
 
     def device_reports(self, plan: Any) -> dict[str, Any]:
-        from splitedge.methods.strategy import DONE
-        from splitedge.methods.strategy import RoundReport
+        from splitedge.methods.contract import DONE
+        from splitedge.methods.contract import RoundReport
 
         reports = {}
         for d, dev in self.devices.items():
@@ -224,8 +224,8 @@ class Replica:
 
     def close_round(self, stack: str, plan: Any, reports: dict[str, Any]) -> dict[str, float]:
         """The stack's edges, then its cloud; returns the cloud's metrics and delivers new weights."""
-        from splitedge.methods.strategy import RoundReport
-        from splitedge.methods.strategy import Message
+        from splitedge.methods.contract import RoundReport
+        from splitedge.methods.contract import Message
 
         up = []
         for e, edge in self.edges[stack].items():
@@ -247,7 +247,7 @@ def variance_diagnostic(rep: Replica, idx: np.ndarray, test: tuple[np.ndarray, n
                         rng: np.random.Generator) -> dict[str, Any]:
     """(a) on the plain stack's served triple."""
     from splitedge.methods.moments import compute_moments
-    from splitedge.methods.preprocess import to_input
+    from splitedge.methods.data.preprocess import to_input
 
     spec, served = rep.spec, rep.clouds[STACKS[0]].served
     method = rep.clouds[STACKS[0]].method
@@ -281,7 +281,7 @@ def variance_diagnostic(rep: Replica, idx: np.ndarray, test: tuple[np.ndarray, n
 def wc_probe(module: Any, rep: Replica, probe_set: tuple[np.ndarray, np.ndarray],
              test: tuple[np.ndarray, np.ndarray]) -> float:
     """(c) linear probe of pooled W_c features of `module`."""
-    from splitedge.methods.preprocess import to_input
+    from splitedge.methods.data.preprocess import to_input
 
     spec = rep.spec
     train_f = pooled(_forward(module, to_input(probe_set[0], spec.mean, spec.std)))
@@ -301,8 +301,8 @@ def run(s: DiagnoseSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
     from splitedge.cloud.options import build_run_config
-    from splitedge.methods.datasets import load_dataset
-    from splitedge.methods.partition import dirichlet, iid
+    from splitedge.methods.data.datasets import load_dataset
+    from splitedge.methods.data.partition import dirichlet, iid
 
     torch.set_num_threads(1)
     train, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)

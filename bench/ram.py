@@ -99,13 +99,13 @@ class RamSettings:
 
 def onnx_available() -> bool:
     """The onnx backend exists in this checkout (a separate interpreter, so this one stays clean)."""
-    probe = subprocess.run([sys.executable, "-c", "import splitedge.device.onnx_backend"], capture_output=True)
+    probe = subprocess.run([sys.executable, "-c", "import splitedge.methods.thin.onnx_backend"], capture_output=True)
     return probe.returncode == 0
 
 
 def write_shard(s: RamSettings, path: Path) -> int:
     """The device's local data: the first ``images`` training images (fewer if the set is smaller)."""
-    from splitedge.methods.datasets import load_dataset, save_shard
+    from splitedge.methods.data.datasets import load_dataset, save_shard
 
     (x, y), _, _ = load_dataset(s.dataset, s.data, seed=s.seed)
     n = min(s.images, len(y))

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 SETTLE_S = 0.3  # after the last DISCONNECT, before asking $SYS, so the broker has read it
 REPRESENTATION_KEYS = ("effective_rank", "spectrum", "probe_accuracy", "knn_accuracy", "alignment", "uniformity")
-"""What a round's record may say about the representation (methods/report.py), kept per round."""
+"""What a round's record may say about the representation (methods/metrics/report.py), kept per round."""
 
 
 @dataclasses.dataclass

@@ -92,8 +92,8 @@ class WindowSampler:
 
 def write_digit_shards(folder: Path, devices: int, seed: int = 0) -> list[Path]:
     """digits cut IID into one .npz shard per device (d0.npz, ...), as a device reads it."""
-    from splitedge.methods.datasets import load_dataset, save_shard
-    from splitedge.methods.partition import iid
+    from splitedge.methods.data.datasets import load_dataset, save_shard
+    from splitedge.methods.data.partition import iid
 
     (x, y), _, _ = load_dataset("digits")
     paths = []

@@ -84,7 +84,7 @@ def drops(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    from splitedge.methods.report import plot_spectra
+    from splitedge.methods.metrics.report import plot_spectra
 
     paths = accuracy.plot(results, out_dir)
     curves = {f"{r['method']} {r['split']}": r["representation"]["spectrum"] for r in results["runs"]

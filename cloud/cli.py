@@ -68,7 +68,7 @@ def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
 
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
     from splitedge.cloud.options import build_run_config, method_overrides
-    from splitedge.methods.datasets import load_dataset
+    from splitedge.methods.data.datasets import load_dataset
     from splitedge.runtime.session import check_identity_free, connect
     from splitedge.runtime.outputs import write_counters
 
@@ -91,7 +91,7 @@ def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
         transport.close(offline=True)
         write_counters(args.out, args.id, [transport])
     if args.out is not None:
-        from splitedge.plots import plot_spectra_per_round
+        from splitedge.runtime.plots import plot_spectra_per_round
 
         plot_spectra_per_round(history, args.out / "spectrum.png", title=f"{args.method} on {args.dataset}")
     return history

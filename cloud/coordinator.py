@@ -20,7 +20,7 @@ import numpy as np
 from splitedge.methods.config import RunConfig
 from splitedge.methods.registry import create_method
 from splitedge.methods.losslog import tier_losses
-from splitedge.methods.strategy import CloudPart, FederationView, Message, NodeContext, Placement, RoundPlan
+from splitedge.methods.contract import CloudPart, FederationView, Message, NodeContext, Placement, RoundPlan
 from splitedge.cloud import resume
 from splitedge.methods import snapshot
 from splitedge.runtime.outputs import dumps, save_checkpoint

@@ -29,9 +29,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from splitedge.device.local_data import fits_model
+from splitedge.methods.data.local import fits_model
 from splitedge.methods.registry import create_method
-from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, Placement, RoundPlan
+from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, Placement, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.node import Node, status, topic_kind
 from splitedge.protocol.topics import THIN_BACKEND, THIN_DEVICES, parse, pattern

@@ -37,9 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_local_data(path: Path, backend: str = "torch"):
     """The device's own data, with numpy/PIL only. The thin (onnx) device streams its images
-    from storage a batch at a time (device/local_data.py); the torch device trains on random
+    from storage a batch at a time (methods/data/local.py); the torch device trains on random
     batches and holds them in memory."""
-    from splitedge.device.local_data import open_local_data
+    from splitedge.methods.data.local import open_local_data
 
     return open_local_data(path, stream=backend == "onnx")
 
@@ -97,7 +97,7 @@ def _connect(args: argparse.Namespace, run_id: str, backend: str, options: dict[
 
 def run_peer(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """A device of a cloud-less run: the plan and the data are checked before connecting."""
-    from splitedge.device.local_data import fits_model
+    from splitedge.methods.data.local import fits_model
     from splitedge.device.peer_agent import PeerAgent, PeerPlan
     from splitedge.methods.registry import create_method
     from splitedge.runtime.node import status

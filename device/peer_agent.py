@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from splitedge.device.agent import DeviceAgent
-from splitedge.methods.strategy import Placement, RoundPlan
+from splitedge.methods.contract import Placement, RoundPlan
 from splitedge.runtime.node import status
 from splitedge.protocol.topics import pattern
 from splitedge.protocol.transport import Transport
@@ -52,7 +52,7 @@ class PeerPlan:
     @classmethod
     def load(cls, path: Path) -> "PeerPlan":
         """The plan at `path`, checked: ValueError with one line saying what is wrong."""
-        from splitedge.methods import topology
+        from splitedge.methods.mar import topology
         from splitedge.methods.registry import create_method
 
         try:

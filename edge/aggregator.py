@@ -27,7 +27,7 @@ from splitedge.methods import snapshot
 
 from splitedge.methods.losslog import device_losses
 from splitedge.methods.registry import create_method
-from splitedge.methods.strategy import EdgePart, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import EdgePart, Message, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.node import Node, status, topic_kind
 from splitedge.runtime.session import clear_retained

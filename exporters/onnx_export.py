@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 OPSET = 17
 INPUT_NAME = "x"
-UNUSED_STATE_KEY = "splitedge.unused_state"  # same key as device/onnx_backend.py (kept torch-free)
+UNUSED_STATE_KEY = "splitedge.unused_state"  # same key as methods/thin/onnx_backend.py (kept torch-free)
 
 
 class ParityError(ValueError):

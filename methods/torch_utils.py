@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from splitedge.methods.config import ModelSpec
-from splitedge.methods.preprocess import batches, to_input
+from splitedge.methods.data.preprocess import batches, to_input
 from splitedge.methods.training import Batch
 from splitedge.models import SplitModel, create_split, seeded_init
 
@@ -39,44 +39,6 @@ def shuffled_batches(n: int, size: int, gen: torch.Generator, min_size: int = 2)
     because BatchNorm cannot train on a single sample."""
     order = torch.randperm(n, generator=gen)
     return [order[i:i + size] for i in range(0, n, size) if len(order[i:i + size]) >= min_size]
-
-
-@torch.no_grad()
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> float:
-    """Top-1 accuracy of `model` on prepared tensors (eval mode; the mode is restored)."""
-    was_training = model.training
-    model.eval()
-    correct = 0
-    for sl in batches(len(y), batch):
-        correct += int((model(x[sl]).argmax(1) == y[sl]).sum())
-    model.train(was_training)
-    return correct / max(1, len(y))
-
-
-@torch.no_grad()
-def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int = 512) -> dict[str, float]:
-    """A global model on a uint8 test split: top-1 accuracy, and the effective rank and the
-    normalised singular-value spectrum of its penultimate features (how many directions its
-    representation uses; methods/representation.py, methods/report.py). Normalised a batch at a
-    time, so a float copy of the whole split is never held."""
-    from splitedge.methods.report import spectrum
-    from splitedge.methods.representation import effective_rank
-
-    x, y = test
-    was_training = model.training
-    model.eval()
-    correct, feats = 0, []
-    for sl in batches(len(y), batch):
-        features, logits = model.features_and_logits(torch.from_numpy(to_input(x[sl], spec.mean, spec.std)))
-        correct += int((logits.argmax(1).numpy() == y[sl]).sum())
-        feats.append(features.numpy())
-    model.train(was_training)
-    out = {"accuracy": correct / max(1, len(y))}
-    if len(y) >= 2:
-        features = np.concatenate(feats)
-        out["effective_rank"] = effective_rank(features)
-        out["spectrum"] = [float(v) for v in spectrum(features)]
-    return out
 
 
 def tensor_batches(x: torch.Tensor, y: torch.Tensor, batch: int, gen: torch.Generator) -> Callable[[], Iterator[Batch]]:

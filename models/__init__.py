@@ -6,10 +6,10 @@ fills the in-process name table (no seeds, no downloads).
 from splitedge.models.registry import create_split, list_models, register_model
 from splitedge.models.split import (PART_NAMES, ClassifierInput, SplitModel, head_features, pool, pre_activation,
                                    seeded_init)
-from splitedge.models.state import average_states, load_numpy_state, state_to_numpy
+from splitedge.models.state import load_numpy_state, state_to_numpy
 from splitedge.models import cnn as _cnn, resnet as _resnet, fedcnn as _fedcnn  # noqa: F401  (register the models)
 
 __all__ = [
-    "PART_NAMES", "ClassifierInput", "SplitModel", "average_states", "create_split", "head_features", "list_models",
+    "PART_NAMES", "ClassifierInput", "SplitModel", "create_split", "head_features", "list_models",
     "load_numpy_state", "pool", "pre_activation", "register_model", "seeded_init", "state_to_numpy",
 ]

@@ -8,9 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from splitedge.methods.averaging import average_states  # re-exported: models.state.average_states
-
-__all__ = ["state_to_numpy", "load_numpy_state", "average_states"]
+__all__ = ["state_to_numpy", "load_numpy_state"]
 
 
 def state_to_numpy(module: nn.Module) -> dict[str, np.ndarray]:

@@ -141,6 +141,6 @@ def plot_spectra_per_round(history: list[dict[str, Any]], path: Path, title: str
     curves = {f"round {h['round']}": h["spectrum"] for h in history if h.get("spectrum")}
     if not curves:
         return None
-    from splitedge.methods.report import plot_spectra
+    from splitedge.methods.metrics.report import plot_spectra
 
     return plot_spectra(curves, path, title=title or "representation per round")

@@ -12,7 +12,7 @@ import collections
 import time
 from typing import Any, Callable
 
-from splitedge.methods.strategy import RoundReport
+from splitedge.methods.contract import RoundReport
 
 SEEN_IDS = 4096  # remember this many message ids for duplicate detection
 

@@ -19,7 +19,7 @@ COMMANDS = {
     "edge": ("splitedge.edge.cli", "run an edge aggregator"),
     "cloud": ("splitedge.cloud.cli", "run the cloud coordinator"),
     "broker": ("splitedge.broker_cli", "run the embedded MQTT broker (amqtt)"),
-    "export": ("splitedge.exporters.cli", "export W_c and the global model to ONNX (fp32/fp16/int8) with parity"),
+    "export": ("splitedge.export_cli", "export W_c and the global model to ONNX (fp32/fp16/int8) with parity"),
     "bench": ("splitedge.bench.cli", "run a bench suite (bandwidth, ram, throughput, accuracy) into JSON, markdown, plots"),
     "data": ("splitedge.data_cli", "cut a data set into per-device shards and check them"),
     "peers": ("splitedge.peers_cli", "plan a run with no cloud: peer graph, its broker ACL, the devices' commands"),

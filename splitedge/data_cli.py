@@ -1,13 +1,13 @@
 """`splitedge data`: cut a data set into per-device shards, and check a shard as a device sees it.
 
-`data split` loads a data set (methods/datasets.py), splits its training set across devices
-(methods/partition.py: IID or Dirichlet label skew, optionally a per-device feature skew) and
+`data split` loads a data set (methods/data/datasets.py), splits its training set across devices
+(methods/data/partition.py: IID or Dirichlet label skew, optionally a per-device feature skew) and
 writes one uncompressed `shard-dN.npz` per device with `save_shard` (the format a thin device
 reads in place) plus `shards.json`. With the same --seed, --alpha and --max-train the label
 split is the one `splitedge sim` gives its devices.
 
 `data check` opens a shard or an image folder with the device's own loader
-(device/local_data.py, streamed as the onnx backend does and in memory as the torch backend
+(methods/data/local.py, streamed as the onnx backend does and in memory as the torch backend
 does), which checks what a device needs (device.local_data.check_arrays). It imports
 numpy and the device's data modules only, never torch: run it on the device.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from splitedge.methods.datasets import file_sha256
+from splitedge.methods.data.datasets import file_sha256
 
 MANIFEST = "shards.json"
 ACL = "broker.acl"
@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     how.add_argument("--iid", action="store_true", help="IID split, near-equal sizes (the default without --alpha)")
     s.add_argument("--min-samples", type=int, default=10, metavar="M",
                    help="with --alpha: redraw until every device holds at least M images")
-    skew = s.add_argument_group("feature skew (methods/partition.py feature_skew)")
+    skew = s.add_argument_group("feature skew (methods/data/partition.py feature_skew)")
     skew.add_argument("--feature-skew", action="store_true",
                       help="give each device a fixed rotation (quarter turns, balanced over devices) and a "
                            "per-channel colour shift, applied to its images")
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
 # -- split -------------------------------------------------------------------------------------
 
 def split(args: argparse.Namespace) -> int:
-    from splitedge.methods.datasets import load_dataset, save_shard
-    from splitedge.methods.partition import apply_feature_skew, dirichlet, feature_skew, iid
+    from splitedge.methods.data.datasets import load_dataset, save_shard
+    from splitedge.methods.data.partition import apply_feature_skew, dirichlet, feature_skew, iid
 
     if args.devices < 1 or args.edges < 1:
         raise ValueError(f"need --devices >= 1 and --edges >= 1, got {args.devices} and {args.edges}")
@@ -114,7 +114,7 @@ def split(args: argparse.Namespace) -> int:
     out: Path = args.out
     stale = _existing_shards(out, args.overwrite)  # refuse before the slow part
     if args.acl is not None:  # a run id that cannot go into topics or the ACL fails here, not after the split
-        from splitedge.methods.topology import federation_acl
+        from splitedge.methods.mar.topology import federation_acl
 
         federation_acl(args.acl, {f"d{i}": f"e{i % args.edges}" for i in range(args.devices)})
 
@@ -160,7 +160,7 @@ def split(args: argparse.Namespace) -> int:
     tmp.write_text(_manifest_text(manifest))
     os.replace(tmp, out / MANIFEST)
     if args.acl is not None:
-        from splitedge.methods.topology import write_acl
+        from splitedge.methods.mar.topology import write_acl
 
         from splitedge.protocol.logins import write_logins
 
@@ -194,7 +194,7 @@ def _existing_shards(out: Path, overwrite: bool) -> list[Path]:
 
 def verify_shard(path: Path, class_counts: list[int], image_shape: tuple[int, ...], num_classes: int) -> None:
     """Open `path` as both device backends do; it must hold what was written."""
-    from splitedge.device.local_data import check_arrays
+    from splitedge.methods.data.local import check_arrays
 
     for stream in (True, False):
         x, y = open_as_device(path, stream=stream)
@@ -235,7 +235,7 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
 
 def check(path: Path) -> int:
     """Print what a device would load from `path`; ValueError (one line, exit 2) if it cannot."""
-    from splitedge.device.local_data import NpzImages
+    from splitedge.methods.data.local import NpzImages
 
     if not path.exists():
         raise ValueError(f"{path}: no such file or folder")
@@ -261,7 +261,7 @@ def check(path: Path) -> int:
     print(f"classes: {len(present)} present, labels {int(y.min())}..{int(y.max())}")
     print("counts:  " + " ".join(f"{names[i]}:{counts[i]}" for i in present))
     if path.is_file():
-        from splitedge.methods.datasets import load_shard_meta
+        from splitedge.methods.data.datasets import load_shard_meta
 
         meta = load_shard_meta(path)
         if meta:
@@ -274,7 +274,7 @@ def check(path: Path) -> int:
 
 def _class_names(path: Path, n_labels: int) -> list[str]:
     if path.is_dir():
-        from splitedge.methods.datasets import list_image_folder
+        from splitedge.methods.data.datasets import list_image_folder
 
         return list_image_folder(path)[2]
     return [str(i) for i in range(n_labels)]
@@ -302,7 +302,7 @@ def _against_manifest(path: Path) -> None:
 def open_as_device(path: Path, *, stream: bool) -> tuple[Any, np.ndarray]:
     """device.local_data.open_local_data (which checks the arrays), without its "compressed,
     loading into memory" warning: `check` reports that itself."""
-    from splitedge.device.local_data import log, open_local_data
+    from splitedge.methods.data.local import log, open_local_data
 
     level = log.level
     log.setLevel(logging.ERROR)

@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from splitedge.exporters.suite import export_split, markdown_table
-    from splitedge.methods.datasets import load_dataset
-    from splitedge.methods.preprocess import to_input
+    from splitedge.methods.data.datasets import load_dataset
+    from splitedge.methods.data.preprocess import to_input
 
     torch.set_num_threads(1)
     train, test, info = load_dataset(args.dataset, args.data, max_train=args.calibration,

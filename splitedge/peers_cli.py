@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
     from splitedge.cloud.options import build_run_config, check_run_arguments
     from splitedge.device.peer_agent import PeerPlan
-    from splitedge.methods import topology
-    from splitedge.methods.datasets import load_dataset
+    from splitedge.methods.mar import topology
+    from splitedge.methods.data.datasets import load_dataset
 
     if args.method is None:
         raise ValueError("no installed method runs without a cloud")

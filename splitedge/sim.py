@@ -177,7 +177,7 @@ sim runs out of first."""
 
 
 def partition(labels: np.ndarray, settings: SimSettings) -> list[np.ndarray]:
-    from splitedge.methods.partition import dirichlet, dirichlet_per_device, iid
+    from splitedge.methods.data.partition import dirichlet, dirichlet_per_device, iid
 
     rng = np.random.default_rng(settings.seed)
     if settings.alpha is None:
@@ -218,7 +218,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
 
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
     from splitedge.cloud.options import build_run_config
-    from splitedge.methods.datasets import load_dataset
+    from splitedge.methods.data.datasets import load_dataset
 
     torch.set_num_threads(s.threads)
     started = time.monotonic()
@@ -254,7 +254,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
             if tree is not None:
                 summary["brokers"] = tree.counters()  # bytes and messages through each broker
         (s.out / "summary.json").write_text(dumps(summary, indent=1))
-        from splitedge.plots import plot_run, plot_spectra_per_round
+        from splitedge.runtime.plots import plot_run, plot_spectra_per_round
 
         plot_run(history, s.out / "plot.png",
                  title=f"{s.method} on {s.dataset}, {s.devices} devices, {s.edges} edges, "
@@ -525,7 +525,7 @@ def run_worker(s: SimSettings) -> dict[str, Any]:
     stop; leaves their byte counters in out/workers/worker-I.json."""
     import torch
 
-    from splitedge.methods.datasets import load_dataset
+    from splitedge.methods.data.datasets import load_dataset
     from splitedge.protocol.mqtt import check_reachable
     from splitedge.protocol.mqtt_loop import ensure_fd_limit
 

@@ -8,9 +8,9 @@ import numpy as np
 
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.registry import create_method, default_config
-from splitedge.methods.strategy import NodeContext, RoundPlan
+from splitedge.methods.contract import NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope, decode, encode
-from splitedge.methods.strategy import RoundReport
+from splitedge.methods.contract import RoundReport
 
 SPEC = ModelSpec()  # cnn, 10 classes, 8x8x1 (digits)
 

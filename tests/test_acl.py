@@ -19,8 +19,8 @@ from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
 from splitedge.cloud.options import build_run_config
 from splitedge.device.agent import DeviceAgent
 from splitedge.edge.aggregator import EdgeAggregator
-from splitedge.methods.datasets import load_dataset
-from splitedge.methods.topology import federation_acl
+from splitedge.methods.data.datasets import load_dataset
+from splitedge.methods.mar.topology import federation_acl
 from splitedge.protocol.broker import MosquittoBroker
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.mqtt import MqttTransport

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from splitedge.methods.augment import crop_flip, default_pad, random_crop, random_hflip, two_views
+from splitedge.methods.hsfp.augment import crop_flip, default_pad, random_crop, random_hflip, two_views
 
 
 @pytest.fixture(autouse=True)

@@ -68,7 +68,7 @@ def test_zero_d_entries_stay_arrays():
 
 def test_weight_updates_pick_one_part_and_drop_stale_versions():
     # Prepare: reports holding two parts and an update trained from an old version
-    from splitedge.methods.strategy import RoundReport
+    from splitedge.methods.contract import RoundReport
 
     class Env:
         def __init__(self, part, version, samples):

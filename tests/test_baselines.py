@@ -19,7 +19,7 @@ import pytest
 
 from parts import ctx_for, env, plan_for, report, shipped_methods
 from splitedge.methods.registry import get_method
-from splitedge.methods.strategy import Message
+from splitedge.methods.contract import Message
 
 REPO = Path(__file__).resolve().parents[1]
 pytest.importorskip("amqtt")
@@ -63,7 +63,7 @@ def test_method_lookup_is_torch_free():
 
 # -- SplitFed ---------------------------------------------------------------------------------
 def test_splitfed_moves_activations_and_gradients(tmp_path):
-    from splitedge.methods.datasets import load_dataset
+    from splitedge.methods.data.datasets import load_dataset
 
     # Execute
     summary = sim(tmp_path, "splitfed", rounds=2)

@@ -17,7 +17,7 @@ import pytest
 
 from splitedge.methods.config import MethodConfig
 from splitedge.methods.registry import register_method
-from splitedge.methods.strategy import (
+from splitedge.methods.contract import (
     DONE, PEERS, CloudPart, DevicePart, EdgePart, Message, Method, Placement, RoundPlan, RoundSpec, device,
 )
 from splitedge.protocol.mqtt import MqttTransport

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from splitedge.cli import main
-from splitedge.methods.datasets import load_dataset, load_shard, save_shard
+from splitedge.methods.data.datasets import load_dataset, load_shard, save_shard
 
 
 @pytest.fixture(scope="module")

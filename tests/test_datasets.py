@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from splitedge.methods.datasets import load_dataset, load_image_folder, load_shard, load_shard_meta, save_shard
+from splitedge.methods.data.datasets import load_dataset, load_image_folder, load_shard, load_shard_meta, save_shard
 
 REPO = Path(__file__).resolve().parents[1]
 CIFAR_ARCHIVE = Path(__file__).parents[1] / ".." / "shared" / "data" / "cifar10-jpeg.tar.gz"
@@ -112,8 +112,8 @@ def test_cifar_batches_folder(tmp_path: Path) -> None:
 
 
 def test_numpy_modules_import_without_torch_or_sklearn() -> None:
-    code = ("import sys, splitedge.methods.moments, splitedge.methods.sampling, splitedge.methods.datasets, "
-            "splitedge.methods.partition; "
+    code = ("import sys, splitedge.methods.moments, splitedge.methods.hsfp.sampling, splitedge.methods.data.datasets, "
+            "splitedge.methods.data.partition; "
             "bad = [m for m in ('torch', 'torchvision', 'sklearn') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

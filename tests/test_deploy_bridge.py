@@ -125,8 +125,8 @@ def run_one_round(cloud_url: str, site_url: str, upstream_url: str | None, run: 
     from splitedge.cloud.options import build_run_config
     from splitedge.device.agent import DeviceAgent
     from splitedge.edge.aggregator import EdgeAggregator
-    from splitedge.methods.datasets import load_dataset
-    from splitedge.methods.partition import iid
+    from splitedge.methods.data.datasets import load_dataset
+    from splitedge.methods.data.partition import iid
     from splitedge.runtime.session import connect
 
     train, test, info = load_dataset("digits", max_train=300, max_test=200, seed=0)

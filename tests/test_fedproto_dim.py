@@ -15,9 +15,9 @@ from parts import wire
 
 def test_the_cloud_settles_the_dimension_and_the_edge_holds_to_it_from_the_first_message() -> None:
     from splitedge.cloud.options import build_run_config
-    from splitedge.methods.datasets import load_dataset
+    from splitedge.methods.data.datasets import load_dataset
     from splitedge.methods.registry import create_method
-    from splitedge.methods.strategy import NodeContext
+    from splitedge.methods.contract import NodeContext
 
     _, _, info = load_dataset("digits", max_train=50, max_test=20)
     config = build_run_config("fedproto", info, None, 0, {})
@@ -35,7 +35,7 @@ def test_the_cloud_settles_the_dimension_and_the_edge_holds_to_it_from_the_first
 
 def test_a_dimension_given_by_the_user_is_kept() -> None:
     from splitedge.cloud.options import build_run_config
-    from splitedge.methods.datasets import load_dataset
+    from splitedge.methods.data.datasets import load_dataset
 
     _, _, info = load_dataset("digits", max_train=50, max_test=20)
     assert build_run_config("fedproto", info, None, 0, {"dim": 7}).method.dim == 7

@@ -17,7 +17,7 @@ from splitedge.cli import main
 from splitedge.runtime.outputs import LOCK, RunFolder, dumps
 from splitedge.methods.config import RunConfig
 from splitedge.methods.fedavg.config import FedAvgConfig
-from splitedge.methods.strategy import RoundPlan
+from splitedge.methods.contract import RoundPlan
 
 
 def _run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:

@@ -1,4 +1,4 @@
-"""Head statistics for calibration (methods/headstats.py): exact streaming and merging, the
+"""Head statistics for calibration (methods/hsfp/headstats.py): exact streaming and merging, the
 wire record and its checks, and the closed-form classifier."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from splitedge.methods.headstats import (
+from splitedge.methods.hsfp.headstats import (
     HeadStatsAccumulator, check_head_stats, head_stats_arrays, head_stats_from_arrays, lda_classifier,
     merge_head_stats,
 )

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from parts import ctx_for, method_for, plan_for, wire
-from splitedge.methods.datasets import load_dataset
+from splitedge.methods.data.datasets import load_dataset
 from splitedge.methods.hsfp.method import HSFP
 from splitedge.methods.moments import compute_moments, moments_to_body
-from splitedge.methods.partition import dirichlet
+from splitedge.methods.data.partition import dirichlet
 from splitedge.methods.registry import register_method
-from splitedge.methods.strategy import DONE, Message, Report
+from splitedge.methods.contract import DONE, Message, Report
 from splitedge.protocol.errors import ProtocolError
 
 
@@ -118,7 +118,7 @@ def _dense(body, key):
 
 
 def _inputs(part, x):
-    from splitedge.methods.preprocess import to_input
+    from splitedge.methods.data.preprocess import to_input
 
     return to_input(x, part.spec.mean, part.spec.std)
 

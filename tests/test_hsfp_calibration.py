@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from splitedge.methods.config import ModelSpec
-from splitedge.methods.headstats import HeadStats, head_stats_arrays
+from splitedge.methods.hsfp.headstats import HeadStats, head_stats_arrays
 from splitedge.methods.registry import create_method, default_config
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.session import connect

@@ -11,7 +11,7 @@ import torch
 
 from splitedge.bench import hsfp_diagnose as diag
 from splitedge.methods.moments import compute_moments
-from splitedge.methods.sampling import sample_features
+from splitedge.methods.hsfp.sampling import sample_features
 
 
 @pytest.fixture(autouse=True)
@@ -83,8 +83,8 @@ def test_no_oracles_with_the_sampling_flags(tmp_path):
 
 def test_oracle_edges_draw_real_wc_features_of_their_own_devices():
     from splitedge.cloud.options import build_run_config
-    from splitedge.methods.datasets import load_dataset
-    from splitedge.methods.preprocess import to_input
+    from splitedge.methods.data.datasets import load_dataset
+    from splitedge.methods.data.preprocess import to_input
 
     s = diag.DiagnoseSettings(devices=2, edges=2, rounds=1, max_train=120, max_test=50)
     train, test, info = load_dataset("digits", max_train=120, max_test=50)

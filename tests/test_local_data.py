@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from splitedge.device.local_data import NpzImages, open_local_data
-from splitedge.methods.datasets import load_image_folder, save_shard
+from splitedge.methods.data.local import NpzImages, open_local_data
+from splitedge.methods.data.datasets import load_image_folder, save_shard
 from test_datasets import make_tree
 
 

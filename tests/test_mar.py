@@ -24,9 +24,9 @@ from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
 from splitedge.cloud.options import build_run_config
 from splitedge.device.agent import DeviceAgent
 from splitedge.edge.aggregator import EdgeAggregator
-from splitedge.methods import topology
-from splitedge.methods.datasets import load_dataset
-from splitedge.methods.partition import iid
+from splitedge.methods.mar import topology
+from splitedge.methods.data.datasets import load_dataset
+from splitedge.methods.data.partition import iid
 from splitedge.protocol.broker import MosquittoBroker
 from splitedge.protocol.mqtt import MqttTransport
 from splitedge.sim import SimSettings, run_sim

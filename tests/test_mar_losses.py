@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from splitedge.methods.mar_losses import ammd_loss, ammd_sigma, mar_gamma
+from splitedge.methods.mar.losses import ammd_loss, ammd_sigma, mar_gamma
 
 
 @pytest.fixture(autouse=True)

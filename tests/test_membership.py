@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from splitedge.methods.datasets import load_dataset
+from splitedge.methods.data.datasets import load_dataset
 from splitedge.device.agent import DeviceAgent
 from splitedge.edge.aggregator import EdgeAggregator
 from splitedge.protocol.transport import wait_for

@@ -12,13 +12,13 @@ import onnx
 import pytest
 import torch
 
-from splitedge.device.onnx_backend import OnnxExtractor
-from splitedge.device.onnx_graph import initializer_specs
+from splitedge.methods.thin.onnx_backend import OnnxExtractor
+from splitedge.methods.thin.onnx_graph import initializer_specs
 from splitedge.exporters.onnx_export import export_calib_bytes, export_module, export_wc_bytes, run_torch
 from splitedge.exporters.variants import to_fp16
-from splitedge.methods.headstats import HeadStatsAccumulator, head_stats_from_arrays
+from splitedge.methods.hsfp.headstats import HeadStatsAccumulator, head_stats_from_arrays
 from splitedge.methods.moments import MomentAccumulator
-from splitedge.methods.preprocess import to_input
+from splitedge.methods.data.preprocess import to_input
 from parts import ctx_for, plan_for
 from splitedge.models import ClassifierInput, create_split, state_to_numpy
 from splitedge.protocol import Envelope, ProtocolError, decode, encode

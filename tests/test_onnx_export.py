@@ -12,8 +12,8 @@ import torch
 from splitedge.exporters.onnx_export import ParityError, export_module, max_abs_diff, run_onnx, run_torch
 from splitedge.exporters.suite import export_split
 from splitedge.exporters.variants import to_fp16, to_int8
-from splitedge.methods.datasets import load_dataset
-from splitedge.methods.preprocess import to_input
+from splitedge.methods.data.datasets import load_dataset
+from splitedge.methods.data.preprocess import to_input
 from splitedge.models import create_split, state_to_numpy
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from splitedge.methods.partition import apply_feature_skew, dirichlet, dirichlet_per_device, feature_skew, iid
+from splitedge.methods.data.partition import apply_feature_skew, dirichlet, dirichlet_per_device, feature_skew, iid
 
 LABELS = np.repeat(np.arange(10), 200)  # 2000 samples, 10 balanced classes
 

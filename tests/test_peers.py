@@ -13,9 +13,9 @@ import torch
 
 from splitedge.cli import main
 from splitedge.device.peer_agent import PeerAgent, PeerPlan
-from splitedge.methods import topology
-from splitedge.methods.datasets import load_dataset
-from splitedge.methods.partition import iid
+from splitedge.methods.mar import topology
+from splitedge.methods.data.datasets import load_dataset
+from splitedge.methods.data.partition import iid
 from splitedge.runtime.session import connect
 
 SMALL = ["--set", "patch=2", "--set", "vit_dim=32", "--set", "vit_depth=2", "--set", "decoder_dim=16",

@@ -9,7 +9,7 @@ import pytest
 from parts import SPEC, ctx_for, method_for
 from splitedge.methods.config import MethodConfig, RunConfig, to_wire
 from splitedge.methods.registry import create_method, get_method, list_methods, register_method
-from splitedge.methods.strategy import CloudPart, DevicePart, EdgePart, Method
+from splitedge.methods.contract import CloudPart, DevicePart, EdgePart, Method
 
 BASES = {"device": DevicePart, "edge": EdgePart, "cloud": CloudPart}
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from splitedge.methods.report import knn_accuracy, linear_probe, plot_spectra, representation_report, spectrum
-from splitedge.methods.representation import effective_rank
+from splitedge.methods.metrics.report import knn_accuracy, linear_probe, plot_spectra, representation_report
+from splitedge.methods.metrics.representation import spectrum
+from splitedge.methods.metrics.representation import effective_rank
 
 
 @pytest.fixture(autouse=True)

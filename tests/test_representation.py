@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from splitedge.methods.representation import alignment, effective_rank, uniformity
+from splitedge.methods.metrics.representation import alignment, effective_rank, uniformity
 
 
 def test_effective_rank_is_one_on_a_line_and_d_when_isotropic() -> None:

@@ -13,7 +13,7 @@ import pytest
 from splitedge.cloud import resume
 from splitedge.methods import snapshot
 from splitedge.methods.registry import create_method, default_config
-from splitedge.methods.strategy import NodeContext, Placement, RoundPlan
+from splitedge.methods.contract import NodeContext, Placement, RoundPlan
 
 from parts import SPEC, shipped_methods
 

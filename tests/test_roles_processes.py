@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from splitedge.methods.datasets import load_dataset
+from splitedge.methods.data.datasets import load_dataset
 
 from federation import Federation
 
@@ -137,7 +137,7 @@ def test_a_node_that_finds_a_finished_run_leaves_unless_a_new_cloud_is_up(mosqui
     from splitedge.edge.aggregator import EdgeAggregator
     from splitedge.methods.config import RunConfig
     from splitedge.methods.fedavg.config import FedAvgConfig
-    from splitedge.methods.strategy import RoundPlan
+    from splitedge.methods.contract import RoundPlan
     from splitedge.runtime import node as node_module
     from splitedge.runtime.node import Node
     from splitedge.runtime.session import connect

@@ -10,7 +10,7 @@ from parts import SPEC, env
 from splitedge.device.agent import DeviceAgent
 from splitedge.methods.config import RunConfig
 from splitedge.methods.fedproto.config import FedProtoConfig
-from splitedge.methods.strategy import RoundPlan
+from splitedge.methods.contract import RoundPlan
 from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
 
 TOPIC = "splitedge/r/edge/e0/down/round"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from splitedge.methods.moments import ClassMoments
-from splitedge.methods.sampling import allocate_counts, sample_features
+from splitedge.methods.hsfp.sampling import allocate_counts, sample_features
 
 
 def moments(counts: list[int], d: int = 4, seed: int = 0) -> ClassMoments:
@@ -57,7 +57,7 @@ def test_mean_only_has_almost_no_spread() -> None:
 
 
 def test_seeded_reproducible_and_chunk_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
-    import splitedge.methods.sampling as sampling
+    import splitedge.methods.hsfp.sampling as sampling
 
     m = moments([3, 7, 11])
     a = sample_features(m, 500, np.random.default_rng(4))

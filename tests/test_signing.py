@@ -268,7 +268,7 @@ def test_a_signed_federation_runs_while_forged_unsigned_and_replayed_frames_are_
     from splitedge.cloud.options import build_run_config
     from splitedge.device.agent import DeviceAgent
     from splitedge.edge.aggregator import EdgeAggregator
-    from splitedge.methods.datasets import load_dataset
+    from splitedge.methods.data.datasets import load_dataset
     from splitedge.runtime.session import connect
 
     torch.set_num_threads(1)

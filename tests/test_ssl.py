@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from splitedge.methods.config import ModelSpec
-from splitedge.methods.datasets import load_dataset
-from splitedge.methods.report import representation_report
+from splitedge.methods.data.datasets import load_dataset
+from splitedge.methods.metrics.report import representation_report
 from splitedge.methods.ssl.model import build_net, encode
 from splitedge.protocol.mqtt import MqttTransport
 from splitedge.protocol.topics import parse

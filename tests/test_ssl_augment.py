@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from splitedge.methods.ssl_augment import jitter_colours, luma, ssl_augment, ssl_views
+from splitedge.methods.ssl.augment import jitter_colours, luma, ssl_augment, ssl_views
 
 OFF = dict(scale=(1.0, 1.0), ratio=(1.0, 1.0), flip_p=0.0, jitter_p=0.0, gray_p=0.0)
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from splitedge.methods.ssd_scales import dsr_scales
-from splitedge.methods.ssl_losses import (align_loss, dsr_loss, pd_loss, simsiam_loss,
+from splitedge.methods.ssl.ssd_scales import dsr_scales
+from splitedge.methods.ssl.losses import (align_loss, dsr_loss, pd_loss, simsiam_loss,
                                           uniformity_loss)
 
 
@@ -182,7 +182,7 @@ def test_dsr_scales_bad_arguments_raise(dim, devices, alpha):
 
 def test_dsr_scales_does_not_import_torch():
     code = ("import sys, numpy as np\n"
-            "from splitedge.methods.ssd_scales import dsr_scales\n"
+            "from splitedge.methods.ssl.ssd_scales import dsr_scales\n"
             "dsr_scales(4, ['a'], 10.0, np.random.default_rng(0))\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

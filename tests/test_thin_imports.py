@@ -34,9 +34,9 @@ _ONNX_DEVICE = """
 import hashlib, os, sys
 from types import SimpleNamespace
 import numpy as np
-import splitedge.device.cli, splitedge.device.agent, splitedge.device.local_data, splitedge.device.onnx_backend, splitedge.methods.hsfp.method
+import splitedge.device.cli, splitedge.device.agent, splitedge.methods.data.local, splitedge.methods.thin.onnx_backend, splitedge.methods.hsfp.method
 from splitedge.methods.registry import create_method
-from splitedge.methods.strategy import NodeContext
+from splitedge.methods.contract import NodeContext
 data = open(os.environ["SPLITEDGE_TEST_ONNX"], "rb").read()
 config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": [0.5], "std": [0.25]},
           "method": {}}
@@ -60,7 +60,7 @@ argv = ["-v", "device", "--broker", "mqtt://h:1883", "--id", "d0", "--edge", "e0
         "--backend", "onnx"]
 args = build_parser(_chosen_command(argv)).parse_args(argv)
 assert args.command == "device" and args.backend == "onnx", args
-others = [m for m in ("splitedge.bench.cli", "splitedge.cloud.cli", "splitedge.edge.cli", "splitedge.exporters.cli", "splitedge.sim_cli", "PIL")
+others = [m for m in ("splitedge.bench.cli", "splitedge.cloud.cli", "splitedge.edge.cli", "splitedge.export_cli", "splitedge.sim_cli", "PIL")
           if m in sys.modules]
 assert not others, others
 """

@@ -1,4 +1,4 @@
-"""Peer graphs (methods/topology.py) and the per-device Mosquitto ACL that enforces them.
+"""Peer graphs (methods/mar/topology.py) and the per-device Mosquitto ACL that enforces them.
 
 The last tests start a Mosquitto with the generated ACL (per-device logins from
 mosquitto_passwd, no anonymous clients) and check on a ring d0-d1-d2-d3 that d0 reads its
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from brokers import require_mosquitto
-from splitedge.methods.topology import (check_graph, degrees, edge_list, erdos_renyi, is_connected, mean_degree,
+from splitedge.methods.mar.topology import (check_graph, degrees, edge_list, erdos_renyi, is_connected, mean_degree,
                                         peer_acl, ring, write_acl, write_graph)
 from splitedge.protocol.broker import MosquittoBroker
 

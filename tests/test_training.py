@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from splitedge.methods.losslog import LossLog, merge_weighted, tier_losses
-from splitedge.methods.representation import effective_rank
+from splitedge.methods.metrics.representation import effective_rank
 from splitedge.methods.training import (
     Batch, LossTerm, check_terms, cross_entropy_term, feddecorr_term, total_loss, train_epochs,
 )

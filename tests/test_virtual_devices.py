@@ -21,7 +21,7 @@ def _served(path: Path) -> dict[str, np.ndarray]:
                                               ("hsfp-cal", ("torch", "onnx"))])
 def test_virtual_devices_change_nothing_but_memory(tmp_path: Path, method: str, backends: tuple,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from splitedge.device.onnx_backend import OnnxExtractor
+    from splitedge.methods.thin.onnx_backend import OnnxExtractor
     from splitedge.sim import SimSettings, run_sim
 
     sessions = {"built": 0}  # onnxruntime graphs a run builds (a parked thin device rebuilds its own)

@@ -17,7 +17,7 @@ from splitedge.methods.cflhkd.distill import merge_tables
 from splitedge.methods.cflhkd.method import CLUSTERED, MODEL, SIGNALS, TEACHERS, WARMUP
 from splitedge.methods.fedavg.cloud import FedAvgCloud
 from splitedge.methods.fedproto.protos import weighted_accuracy
-from splitedge.methods.strategy import DEVICES, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
+from splitedge.methods.contract import DEVICES, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
 from splitedge.methods.averaging import weight_updates
 from splitedge.models import load_numpy_state, state_to_numpy
 

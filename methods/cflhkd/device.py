@@ -17,8 +17,9 @@ from splitedge.methods.checks import check_stats, check_weights, weight_specs
 from splitedge.methods.cflhkd.distill import teachers
 from splitedge.methods.cflhkd.method import MODEL, SIGNAL, TEACHERS
 from splitedge.methods.fedproto.device import holdout_split
-from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import accuracy, build_split, local_tensors, model_outputs, sgd, shuffled_batches
+from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.metrics.evaluate import accuracy
+from splitedge.methods.torch_utils import build_split, local_tensors, model_outputs, sgd, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
 from splitedge.protocol.errors import ProtocolError

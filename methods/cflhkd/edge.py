@@ -13,7 +13,7 @@ from splitedge.methods.cflhkd.distill import merge_tables
 from splitedge.methods.cflhkd.method import CLUSTERED, MODEL, SIGNAL, SIGNALS
 from splitedge.methods.checks import check_stats, check_vector, check_weights, weight_specs
 from splitedge.methods.fedproto.protos import weighted_accuracy
-from splitedge.methods.strategy import CHILDREN, EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.contract import CHILDREN, EdgePart, Message, NodeContext, Report, RoundPlan
 
 
 class CFLHKDEdge(EdgePart):

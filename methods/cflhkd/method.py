@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from splitedge.methods.cflhkd.config import CFLHKDConfig
-from splitedge.methods.strategy import Method
+from splitedge.methods.contract import Method
 
 MODEL = "model"
 TEACHERS = "teachers"  # the `arrays` record with every cluster's logits table

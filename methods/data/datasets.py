@@ -27,7 +27,7 @@ Split = tuple[np.ndarray, np.ndarray]  # (x uint8 [N,H,W,C], y int64 [N])
 Stats = tuple[tuple[float, ...], tuple[float, ...]]  # per-channel (mean, std) in [0, 1] units
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 CACHE_FORMAT = 1  # bump when the cached .npz layout changes, so stale caches are rebuilt
-DEFAULT_CIFAR_ARCHIVE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10-jpeg.tar.gz"
+DEFAULT_CIFAR_ARCHIVE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "cifar10-jpeg.tar.gz"
 
 
 @dataclass(frozen=True)

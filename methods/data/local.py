@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from splitedge.methods.datasets import list_image_folder, load_image_folder, load_shard, read_image
+from splitedge.methods.data.datasets import list_image_folder, load_image_folder, load_shard, read_image
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,9 @@ import numpy as np
 from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
-from splitedge.methods.strategy import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
-from splitedge.methods.torch_utils import build_split, evaluate
+from splitedge.methods.contract import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
+from splitedge.methods.torch_utils import build_split
+from splitedge.methods.metrics.evaluate import evaluate
 from splitedge.models import load_numpy_state, state_to_numpy
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import torch
 
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
-from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 from splitedge.methods.torch_utils import build_split, local_tensors, model_outputs, sgd, tensor_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy

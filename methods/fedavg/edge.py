@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from splitedge.methods.averaging import averaged_body, weight_updates
 from splitedge.methods.checks import check_version, check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
-from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from splitedge.methods.fedavg.config import FedAvgConfig
-from splitedge.methods.strategy import Method
+from splitedge.methods.contract import Method
 
 MODEL = "model"
 """The one model FedAvg versions and averages (the whole network)."""

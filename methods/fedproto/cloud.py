@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
-from splitedge.methods.strategy import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
+from splitedge.methods.contract import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
 
 log = logging.getLogger(__name__)
 

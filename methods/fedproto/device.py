@@ -16,10 +16,11 @@ import torch
 from splitedge.methods.fedproto.loss import representation
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body
 from splitedge.methods.moments import MomentAccumulator
-from splitedge.methods.preprocess import batches
-from splitedge.methods.representation import effective_rank
-from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import accuracy, build_split, local_tensors, retune, sgd, shuffled_batches
+from splitedge.methods.data.preprocess import batches
+from splitedge.methods.metrics.representation import effective_rank
+from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.metrics.evaluate import accuracy
+from splitedge.methods.torch_utils import build_split, local_tensors, retune, sgd, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
-from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan
 
 log = logging.getLogger(__name__)
 

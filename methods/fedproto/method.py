@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from splitedge.methods.fedproto.config import FedProtoConfig
-from splitedge.methods.strategy import Method
+from splitedge.methods.contract import Method
 
 
 class FedProto(Method):

@@ -16,13 +16,14 @@ import torch
 
 from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_space, check_stats, check_vector, check_version, check_weights, weight_specs
-from splitedge.methods.headstats import lda_classifier, merge_head_stats
+from splitedge.methods.hsfp.headstats import lda_classifier, merge_head_stats
 from splitedge.methods.hsfp.edge import check_head_record, check_wc_moments, head_stats_of
 from splitedge.methods.hsfp.method import AVERAGE, CALIB, CALIBRATE, LABELS, HEAD_STATS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body
-from splitedge.methods.torch_utils import evaluate, retune
-from splitedge.methods.strategy import CHILDREN, DEVICES, THIN_DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
+from splitedge.methods.metrics.evaluate import evaluate
+from splitedge.methods.torch_utils import retune
+from splitedge.methods.contract import CHILDREN, DEVICES, THIN_DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import ClassifierInput, create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
 from splitedge.protocol.errors import ProtocolError

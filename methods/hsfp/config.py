@@ -39,10 +39,10 @@ class HSFPConfig(MethodConfig):
     sample_floor: int = 8
     eps: float = 1e-5
     # share of each sample's noise drawn once per channel and shared by all positions of a
-    # feature map (methods/sampling.py); 0 draws positions independently (the paper's
+    # feature map (methods/hsfp/sampling.py); 0 draws positions independently (the paper's
     # sampler), 1 moves a channel's positions together so pooling keeps their variance
     spatial_rho: float = 0.0
-    # what the synthetic features are drawn from (methods/sampling.py; the moments on the wire do
+    # what the synthetic features are drawn from (methods/hsfp/sampling.py; the moments on the wire do
     # not change): class_balanced draws as many samples of every class as of any other (the
     # paper: in proportion to the counts); mixture draws each class from its sources' Gaussians
     # (an edge's devices, the cloud's edges) by count, each variance shrunk toward the merged
@@ -73,7 +73,7 @@ class HSFPConfig(MethodConfig):
     robust: str = "none"
     robust_clip_k: float = 2.0
     robust_trim: float = 0.2
-    # head calibration on real statistics (methods/headstats.py): every `calibrate_every` rounds
+    # head calibration on real statistics (methods/hsfp/headstats.py): every `calibrate_every` rounds
     # devices run the newest W_c, W_e and head trunk forward (inference only) and send class means
     # and the shared within-class covariance of the classifier's input; the cloud refits the
     # classifier in closed form (LDA, covariance shrunk by `calib_shrink`) and serves that model.

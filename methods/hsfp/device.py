@@ -11,11 +11,11 @@ from typing import Any, Iterator, Mapping, Protocol
 
 import numpy as np
 
-from splitedge.methods.headstats import HeadStats, HeadStatsAccumulator, head_stats_arrays
+from splitedge.methods.hsfp.headstats import HeadStats, HeadStatsAccumulator, head_stats_arrays
 from splitedge.methods.hsfp.method import CALIB, CALIBRATE, HEAD_STATS, WC
 from splitedge.methods.moments import ClassMoments, MomentAccumulator, moments_to_body
-from splitedge.methods.preprocess import batches, to_input
-from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.data.preprocess import batches, to_input
+from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 
 log = logging.getLogger(__name__)
 

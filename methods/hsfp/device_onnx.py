@@ -17,7 +17,7 @@ import numpy as np
 
 from splitedge.methods.hsfp.device import WC_IN_USE, HSFPDevice
 from splitedge.methods.hsfp.method import CALIB, WC
-from splitedge.methods.strategy import NodeContext, RoundPlan
+from splitedge.methods.contract import NodeContext, RoundPlan
 from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class HSFPOnnxDevice(HSFPDevice):
         graphs = dict(state.get("onnx_graphs") or {})
         super().restore_state({k: v for k, v in state.items() if k != "onnx_graphs"})
         if graphs:
-            from splitedge.device.onnx_backend import OnnxExtractor
+            from splitedge.methods.thin.onnx_backend import OnnxExtractor
 
             self.extractor = OnnxExtractor(graphs[WC]) if WC in graphs else None
             self.calib_extractor = OnnxExtractor(graphs[CALIB]) if CALIB in graphs else None
@@ -108,7 +108,7 @@ class HSFPOnnxDevice(HSFPDevice):
             return
         try:
             if self.extractor is None:
-                from splitedge.device.onnx_backend import OnnxExtractor  # onnxruntime only where needed
+                from splitedge.methods.thin.onnx_backend import OnnxExtractor  # onnxruntime only where needed
 
                 self.extractor = OnnxExtractor(body["model"], sha256=body["sha256"])
             else:
@@ -134,7 +134,7 @@ class HSFPOnnxDevice(HSFPDevice):
     def _on_calib_model(self, body: Mapping[str, Any]) -> None:
         """The calibration graph: its own weights are a placeholder until a CALIB weight map."""
         try:
-            from splitedge.device.onnx_backend import OnnxExtractor
+            from splitedge.methods.thin.onnx_backend import OnnxExtractor
 
             extractor = OnnxExtractor(body["model"], sha256=body["sha256"])
         except ValueError as exc:

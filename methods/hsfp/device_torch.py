@@ -13,13 +13,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from splitedge.methods.augment import two_views
+from splitedge.methods.hsfp.augment import two_views
 from splitedge.methods.checks import check_weight_map, weight_specs
 from splitedge.methods.hsfp.device import HSFPDevice
 from splitedge.methods.hsfp.etf import EtfHead
 from splitedge.methods.hsfp.method import AVERAGE, WC
-from splitedge.methods.preprocess import to_input
-from splitedge.methods.strategy import Message, NodeContext, RoundPlan
+from splitedge.methods.data.preprocess import to_input
+from splitedge.methods.contract import Message, NodeContext, RoundPlan
 from splitedge.methods.torch_utils import PlainSGD, retune, sgd
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import ClassifierInput, create_split, load_numpy_state, pool, seeded_init, state_to_numpy

@@ -11,11 +11,11 @@ import torch
 
 from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_space, check_stats, check_version, check_weights, weight_specs
-from splitedge.methods.headstats import check_head_stats, head_stats_arrays, head_stats_from_arrays, merge_head_stats
+from splitedge.methods.hsfp.headstats import check_head_stats, head_stats_arrays, head_stats_from_arrays, merge_head_stats
 from splitedge.methods.hsfp.method import AVERAGE, CALIB, CALIBRATE, HEAD_STATS, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import output_moments, sample_batches, with_counts
 from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body, moments_without
-from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan, device
+from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan, device
 from splitedge.methods.torch_utils import retune
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import create_split, load_numpy_state, pool, seeded_init, state_to_numpy

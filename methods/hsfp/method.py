@@ -12,8 +12,8 @@ import numpy as np
 
 from splitedge.methods.hsfp.config import HSFPCalConfig, HSFPConfig
 from splitedge.methods.moments import ClassMoments, robust_merge
-from splitedge.methods.sampling import sample_features
-from splitedge.methods.strategy import Method
+from splitedge.methods.hsfp.sampling import sample_features
+from splitedge.methods.contract import Method
 
 # Model names H-SFP versions in `RoundPlan.versions`, and the directive naming the parts a
 # round averages (`{"average": ["wc"]}` every ic rounds, "we" every ie rounds).

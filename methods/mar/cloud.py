@@ -24,7 +24,7 @@ from splitedge.methods.checks import check_vector
 from splitedge.methods.mar.device import build_mae
 from splitedge.methods.mar.method import LATENTS, MODEL, UPLOAD, ZBAR
 from splitedge.methods.ssl.cloud import SSLCloud
-from splitedge.methods.strategy import DEVICES, Message, Placement, Report, RoundPlan, RoundSpec
+from splitedge.methods.contract import DEVICES, Message, Placement, Report, RoundPlan, RoundSpec
 from splitedge.models import load_numpy_state
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class DecMARCloud(MARCloud):
     def placement(self, round_: int) -> dict[str, Placement] | None:
         if self.graph is not None:
             return None
-        from splitedge.methods import topology
+        from splitedge.methods.mar import topology
 
         devices = sorted(self.ctx.view.devices)
         if self.cfg.graph == "ring" or len(devices) < 3:
@@ -84,7 +84,7 @@ class DecMARCloud(MARCloud):
     def write_topology(self) -> None:
         """graph.json, graph.png and peers.acl (each device reads only its neighbours' peer
         topics) in the run folder."""
-        from splitedge.methods import topology
+        from splitedge.methods.mar import topology
 
         out = self.ctx.extra.get("out_dir")
         if out is None or self.graph is None:

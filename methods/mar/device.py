@@ -15,9 +15,9 @@ import torch
 
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.mar.method import LATENT, MODEL, UPLOAD, ZBAR
-from splitedge.methods.mar_losses import mar_gamma
+from splitedge.methods.mar.losses import mar_gamma
 from splitedge.methods.ssl.model import normalise, to_unit
-from splitedge.methods.strategy import DONE, PEERS, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, PEERS, DevicePart, Message, NodeContext, RoundPlan
 from splitedge.methods.torch_utils import device_optimizer, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy

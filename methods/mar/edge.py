@@ -14,7 +14,7 @@ from splitedge.methods.averaging import averaged_body, weight_updates
 from splitedge.methods.checks import check_vector, check_weights
 from splitedge.methods.fedavg.edge import FedAvgEdge
 from splitedge.methods.mar.method import LATENT, LATENTS, MODEL, UPLOAD
-from splitedge.methods.strategy import Message, Report, RoundPlan
+from splitedge.methods.contract import Message, Report, RoundPlan
 
 
 class MAREdge(FedAvgEdge):

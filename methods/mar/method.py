@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from splitedge.methods.mar.config import DecMARConfig, MARConfig
-from splitedge.methods.strategy import Method
+from splitedge.methods.contract import Method
 
 MODEL = "model"
 LATENT, LATENTS, ZBAR = "latent", "latents", "zbar"  # `arrays` records: a device's mean latent, an edge's, the reference
@@ -26,7 +26,7 @@ class FedMAR(Method):
     }
 
     def objective(self, role: str) -> list[Any]:
-        from splitedge.methods.mar_losses import ammd_loss
+        from splitedge.methods.mar.losses import ammd_loss
         from splitedge.methods.training import LossTerm
 
         terms = [LossTerm("mae", lambda out, b: out["mae"], needs=("mae",))]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from splitedge.methods.representation import alignment, effective_rank, normalise, uniformity
+from splitedge.methods.metrics.representation import alignment, effective_rank, normalise, spectrum, uniformity
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +61,8 @@ def linear_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, t
     """
     import torch
 
-    from splitedge.methods.torch_utils import accuracy, tensor_batches
+    from splitedge.methods.metrics.evaluate import accuracy
+    from splitedge.methods.torch_utils import tensor_batches
     from splitedge.methods.training import Batch, cross_entropy_term, train_epochs
 
     train_x, test_x = np.asarray(train_x, np.float64), np.asarray(test_x, np.float64)
@@ -123,24 +124,6 @@ def _knn_votes(sim: np.ndarray, train_y: np.ndarray, num_classes: int, k: int, t
     scores = np.zeros((len(sim), num_classes))
     np.add.at(scores, (np.arange(len(sim))[:, None], train_y[nearest]), weights)
     return scores.argmax(axis=1)
-
-
-def spectrum(features: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Singular values of the centred [N, D] features, sorted descending, normalised to sum 1.
-
-    This is the distribution p whose entropy gives `representation.effective_rank`
-    (exp(H(p))), shown whole: the rank says how many directions are used, the spectrum says how
-    fast the used ones fade. All-equal features (nothing spans any direction) give
-    (1, 0, ..., 0), matching effective rank 1.
-    """
-    x = np.asarray(features, dtype=np.float64)
-    if x.ndim != 2 or len(x) < 2:
-        raise ValueError(f"features must be [N >= 2, D], got shape {x.shape}")
-    s = np.linalg.svd(x - x.mean(axis=0), compute_uv=False)  # LAPACK returns them descending
-    if s.sum() <= eps:
-        s = np.zeros_like(s)
-        s[0] = 1.0
-    return s / s.sum()
 
 
 def split_halves(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

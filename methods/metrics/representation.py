@@ -42,3 +42,21 @@ def uniformity(x: np.ndarray, t: float = 2.0) -> float:
     if not len(iu[0]):
         raise ValueError("uniformity needs at least two features")
     return float(np.log(np.mean(np.exp(-t * sq[iu]))))
+
+
+def spectrum(features: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Singular values of the centred [N, D] features, sorted descending, normalised to sum 1.
+
+    This is the distribution p whose entropy gives `effective_rank`
+    (exp(H(p))), shown whole: the rank says how many directions are used, the spectrum says how
+    fast the used ones fade. All-equal features (nothing spans any direction) give
+    (1, 0, ..., 0), matching effective rank 1.
+    """
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2 or len(x) < 2:
+        raise ValueError(f"features must be [N >= 2, D], got shape {x.shape}")
+    s = np.linalg.svd(x - x.mean(axis=0), compute_uv=False)  # LAPACK returns them descending
+    if s.sum() <= eps:
+        s = np.zeros_like(s)
+        s[0] = 1.0
+    return s / s.sum()

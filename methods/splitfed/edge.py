@@ -26,7 +26,7 @@ from splitedge.methods.averaging import averaged_body, weight_updates
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.losslog import LossLog
 from splitedge.methods.splitfed.method import MODEL
-from splitedge.methods.strategy import EdgePart, Message, NodeContext, Report, RoundPlan, device
+from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan, device
 from splitedge.methods.torch_utils import Optimizer, build_split, sgd
 from splitedge.methods.training import Batch, Outputs, train_step
 from splitedge.models import head_features, load_numpy_state, state_to_numpy

@@ -6,7 +6,7 @@ from typing import Any
 
 from splitedge.methods.splitfed import kinds as _kinds  # noqa: F401 - registers activations/gradients
 from splitedge.methods.splitfed.config import SplitFedConfig
-from splitedge.methods.strategy import Method
+from splitedge.methods.contract import Method
 
 MODEL = "model"
 """One version for W_c, W_e and W_g: SFLv1 averages all three every round."""

@@ -1,7 +1,7 @@
 """Self-supervised cloud: FedAvg of the encoder + projector, and a representation report.
 
 Every `report_every` rounds and at the last one, the global encoder is measured on the test
-split (methods/report.py): a linear probe and a kNN classifier fitted on one half and scored on
+split (methods/metrics/report.py): a linear probe and a kNN classifier fitted on one half and scored on
 the other, alignment of two augmented views, uniformity, effective rank and the normalised
 singular-value spectrum. `accuracy` in the metrics is the linear probe's.
 """
@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from splitedge.methods.fedavg.cloud import FedAvgCloud
-from splitedge.methods.preprocess import batches
+from splitedge.methods.data.preprocess import batches
 from splitedge.methods.ssl.model import build_net, normalise, to_unit
-from splitedge.methods.strategy import DEVICES, Message, NodeContext, RoundPlan, device
+from splitedge.methods.contract import DEVICES, Message, NodeContext, RoundPlan, device
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ class SSLCloud(FedAvgCloud):
 
     def report(self) -> dict[str, Any]:
         """The representation report of the global encoder; `accuracy` is the linear probe's."""
-        from splitedge.methods.report import representation_report
-        from splitedge.methods.ssl_augment import ssl_views
+        from splitedge.methods.metrics.report import representation_report
+        from splitedge.methods.ssl.augment import ssl_views
 
         gen = torch.Generator().manual_seed(self.spec.seed)
 
@@ -80,7 +80,7 @@ class SSDCloud(SSLCloud):
     def before_round(self, round_: int) -> list[Message]:
         if self.scales_sent or not self.cfg.dsr:
             return []
-        from splitedge.methods.ssd_scales import dsr_scales
+        from splitedge.methods.ssl.ssd_scales import dsr_scales
 
         devices = sorted(self.ctx.view.devices)
         q, scales = dsr_scales(self.model.dim, devices, self.cfg.alpha, self.ctx.rng)

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.ssl.method import MODEL
 from splitedge.methods.ssl.model import build_net, normalise, to_unit
-from splitedge.methods.ssl_augment import ssl_views
-from splitedge.methods.strategy import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.ssl.augment import ssl_views
+from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 from splitedge.methods.torch_utils import device_optimizer, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from splitedge.methods.ssl.config import SSDConfig, SSLConfig
-from splitedge.methods.strategy import Method
+from splitedge.methods.contract import Method
 
 MODEL = "model"
 
@@ -28,7 +28,7 @@ class SimSiam(Method):
     predictor = True
 
     def objective(self, role: str) -> list[Any]:
-        from splitedge.methods.ssl_losses import simsiam_loss
+        from splitedge.methods.ssl.losses import simsiam_loss
         from splitedge.methods.training import LossTerm
 
         return [LossTerm("simsiam", lambda out, b: simsiam_loss(out["p1"], out["p2"], out["z1"], out["z2"]),
@@ -44,7 +44,7 @@ class AlignUniform(Method):
     predictor = False
 
     def objective(self, role: str) -> list[Any]:
-        from splitedge.methods.ssl_losses import align_loss, uniformity_loss
+        from splitedge.methods.ssl.losses import align_loss, uniformity_loss
         from splitedge.methods.training import LossTerm
 
         return [LossTerm("align", lambda out, b: align_loss(out["z1"], out["z2"]), needs=("z1", "z2")),
@@ -60,7 +60,7 @@ class SSD(AlignUniform):
     parts = {**_PARTS, "cloud": "splitedge.methods.ssl.cloud:SSDCloud"}
 
     def objective(self, role: str) -> list[Any]:
-        from splitedge.methods.ssl_losses import dsr_loss, pd_loss
+        from splitedge.methods.ssl.losses import dsr_loss, pd_loss
         from splitedge.methods.training import LossTerm
 
         cfg, terms = self.config, super().objective(role)

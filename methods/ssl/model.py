@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from splitedge.methods.config import ModelSpec
-from splitedge.methods.preprocess import batches, to_input
+from splitedge.methods.data.preprocess import batches, to_input
 from splitedge.models import create_split, seeded_init
 
 

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnxruntime as ort
 
-from splitedge.device.onnx_graph import InitializerSpec, initializer_specs, patch_initializers
+from splitedge.methods.thin.onnx_graph import InitializerSpec, initializer_specs, patch_initializers
 
 log = logging.getLogger(__name__)
 

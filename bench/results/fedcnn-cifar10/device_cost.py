@@ -42,17 +42,17 @@ def main() -> None:
 
     from splitedge.cloud.options import build_run_config
     from splitedge.methods.registry import create_method
-    from splitedge.methods.strategy import DONE, NodeContext, RoundPlan
+    from splitedge.methods.contract import DONE, NodeContext, RoundPlan
 
     torch.set_num_threads(1)
     if a.write_shard:
-        from splitedge.methods.datasets import load_dataset, save_shard
+        from splitedge.methods.data.datasets import load_dataset, save_shard
 
         (x, y), _, _ = load_dataset("cifar10", a.data)
         pick = np.sort(np.random.default_rng(0).permutation(len(y))[:a.images])
         save_shard(a.write_shard, x[pick], y[pick])
         return
-    from splitedge.methods.datasets import DatasetInfo, channel_stats, load_shard
+    from splitedge.methods.data.datasets import DatasetInfo, channel_stats, load_shard
 
     x, y = load_shard(a.shard)
     mean, std = channel_stats(x)

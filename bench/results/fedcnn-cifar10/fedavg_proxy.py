@@ -5,9 +5,9 @@ N CIFAR-10 training images (load_dataset's seeded subsample; the sim's partition
 Each variant is model=NAME[|lr=..][|mom=..][|norm=gn][|kw={...}] (norm=gn swaps BatchNorm2d for GroupNorm)."""
 import numpy as np, torch, sys, copy, time
 from torch import nn
-from splitedge.methods.datasets import load_dataset
-from splitedge.methods.preprocess import to_input
-from splitedge.methods.partition import dirichlet
+from splitedge.methods.data.datasets import load_dataset
+from splitedge.methods.data.preprocess import to_input
+from splitedge.methods.data.partition import dirichlet
 from splitedge.models import create_split
 torch.set_num_threads(1)
 N=int(sys.argv[2]); R=int(sys.argv[3])

@@ -1,0 +1,48 @@
+"""A served model measured on a labelled split: top-1 accuracy, and how many directions its
+penultimate features use (effective rank and spectrum, methods/metrics/representation.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from splitedge.methods.config import ModelSpec
+from splitedge.methods.data.preprocess import batches, to_input
+from splitedge.methods.metrics.representation import effective_rank, spectrum
+from splitedge.models import SplitModel
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> float:
+    """Top-1 accuracy of `model` on prepared tensors (eval mode; the mode is restored)."""
+    was_training = model.training
+    model.eval()
+    correct = 0
+    for sl in batches(len(y), batch):
+        correct += int((model(x[sl]).argmax(1) == y[sl]).sum())
+    model.train(was_training)
+    return correct / max(1, len(y))
+
+
+@torch.no_grad()
+def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int = 512) -> dict[str, float]:
+    """A global model on a uint8 test split: top-1 accuracy, and the effective rank and the
+    normalised singular-value spectrum of its penultimate features (how many directions its
+    representation uses; methods/metrics/representation.py, methods/metrics/report.py). Normalised a batch at a
+    time, so a float copy of the whole split is never held."""
+    x, y = test
+    was_training = model.training
+    model.eval()
+    correct, feats = 0, []
+    for sl in batches(len(y), batch):
+        features, logits = model.features_and_logits(torch.from_numpy(to_input(x[sl], spec.mean, spec.std)))
+        correct += int((logits.argmax(1).numpy() == y[sl]).sum())
+        feats.append(features.numpy())
+    model.train(was_training)
+    out = {"accuracy": correct / max(1, len(y))}
+    if len(y) >= 2:
+        features = np.concatenate(feats)
+        out["effective_rank"] = effective_rank(features)
+        out["spectrum"] = [float(v) for v in spectrum(features)]
+    return out
