@@ -148,7 +148,7 @@ class Replica:
         method = HSFP(self.config)
         if tier in REAL_AT[stack]:
             method.sample_features = self._real_source(tier, node)  # the oracle: real features, same counts
-        ctx = NodeContext(node, method, np.random.default_rng(seed), extra={"test": test} if test else {})
+        ctx = NodeContext(node, method, np.random.default_rng(seed), test=test or None)
         return method.cloud_part(ctx) if tier == "cloud" else method.edge_part(ctx)
 
     def _real_source(self, tier: str, node: str) -> Callable[..., tuple[np.ndarray, np.ndarray]]:

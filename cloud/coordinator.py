@@ -63,8 +63,8 @@ class CloudCoordinator(Node):
         self.method = create_method(settings.method, settings.config)  # registers the method's kinds
         self.view = FederationView()
         ctx = NodeContext(node_id=node_id, method=self.method, rng=np.random.default_rng(settings.seed),
-                          extra={"test": test, "rounds": settings.rounds, "out_dir": settings.out_dir,
-                                 "run": run}, view=self.view)
+                          test=test, rounds=settings.rounds, out_dir=settings.out_dir, run=run,
+                          view=self.view)
         self.part: CloudPart = self.method.cloud_part(ctx)
         self.presence = Presence()  # which edges are online, and who went offline a moment ago
         self.rounds = RoundCollector()

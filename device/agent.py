@@ -13,7 +13,7 @@ arrays as float16 when `park_dtype` is "f2") and the torch objects are dropped, 
 holding thousands of devices needs the memory of only as many parts as it has slots. Messages
 for the part that arrive while it is parked wait, in order, until the next round takes it back.
 
-A part that must wait in the middle of a round finds two services in `ctx.extra`:
+A part that must wait in the middle of a round finds two services in its context:
 `request(message, reply_kind, timeout)` (SplitFed: activations up, gradients back) and
 `gather(kind, senders, timeout)` (peer messages of this round). Events that arrive meanwhile
 are deferred and handled, in order, after the round.
@@ -357,7 +357,7 @@ class DeviceAgent(Node):
 
     def _build_part(self, method: Any) -> DevicePart:
         ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement,
-                          extra={"request": self.request, "gather": self.gather})
+                          request=self.request, gather=self.gather)
         return method.device_part(ctx, self.data, self.backend)
 
     def _done_info(self) -> dict[str, Any]:

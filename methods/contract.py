@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -185,18 +186,37 @@ Report = RoundReport
 # -- parts -----------------------------------------------------------------------------------
 
 
+Request = Callable[["Message", str, float], Any]
+"""A device's `request(message, reply_kind, timeout)`: send up, block for the edge's reply."""
+Gather = Callable[..., dict]
+"""A device's `gather(kind, senders=None, timeout=60.0)`: this round's messages from its peers."""
+
+
 @dataclass
 class NodeContext:
-    """What a part knows about where it runs: its id, the method (with its typed config), a
-    seeded rng, the runtime's services in `extra` (e.g. the cloud's test split, a device's
-    `request`/`gather`) and the runtime's `view` (FederationView at the cloud, the device's own
-    Placement on a device)."""
+    """What a part knows about where it runs, and the services its runtime offers it, each a
+    named field (a method that needs a service the runtime already has edits nothing outside
+    its own package). Fields a tier does not offer stay None.
+
+    `view` is the runtime's view of the federation: a FederationView at the cloud, the
+    device's own Placement on a device."""
 
     node_id: str
     method: "Method"
     rng: np.random.Generator
-    extra: dict[str, Any] = field(default_factory=dict)
     view: Any = None
+    run: str = ""
+    """The run id (topic namespace): e.g. what a generated broker ACL names."""
+    rounds: int | None = None
+    """Cloud: how many rounds the run has (a part reports on the last one)."""
+    out_dir: Path | None = None
+    """Cloud: the run folder, for a part's own files (clusters.json, graph.png, ...)."""
+    test: tuple[np.ndarray, np.ndarray] | None = None
+    """Cloud: the labelled test split the served model is evaluated on."""
+    request: Request | None = None
+    """Device: send a message up and wait for the edge's reply (SplitFed)."""
+    gather: Gather | None = None
+    """Device: collect this round's messages from peers (DecMAR)."""
 
 
 class Part:

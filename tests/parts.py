@@ -20,10 +20,10 @@ def method_for(name: str, spec: ModelSpec = SPEC, **settings: Any) -> Any:
     return create_method(name, default_config(name, spec, **settings))
 
 
-def ctx_for(name: str, node: str = "n0", *, spec: ModelSpec = SPEC, seed: int = 0, extra: dict | None = None,
-            **settings: Any) -> NodeContext:
+def ctx_for(name: str, node: str = "n0", *, spec: ModelSpec = SPEC, seed: int = 0, test: Any = None,
+            rounds: int | None = None, **settings: Any) -> NodeContext:
     return NodeContext(node_id=node, method=method_for(name, spec, **settings), rng=np.random.default_rng(seed),
-                       extra=dict(extra or {}))
+                       test=test, rounds=rounds)
 
 
 def plan_for(round_: int = 1, method: str = "x", *, versions: dict | None = None,

@@ -51,7 +51,7 @@ class RingDevice(DevicePart):
         body = {"name": "token", "version": plan.round,
                 "arrays": {"v": np.array([token(self.ctx.node_id, plan.round)], np.int64)}}
         yield Message("arrays", body, to=PEERS, slot="token")  # latest value: a late subscriber still gets it
-        got = self.ctx.extra["gather"]("arrays", timeout=self.cfg.gather_timeout_s)
+        got = self.ctx.gather("arrays", timeout=self.cfg.gather_timeout_s)
         self.heard = {p: int(e.body["arrays"]["v"][0]) for p, e in got.items()}
         yield DONE
 

@@ -45,7 +45,7 @@ _wire = wire
 
 
 def _cloud(test, method: str = "hsfp", **kw):
-    ctx = ctx_for(method, "cloud", extra={"test": test}, **kw)
+    ctx = ctx_for(method, "cloud", test=test, **kw)
     return ctx.method.cloud_part(ctx)
 
 

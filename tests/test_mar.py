@@ -180,7 +180,7 @@ def test_mar_parts_refuse_what_does_not_fit_the_federation() -> None:
     with pytest.raises(ProtocolError):  # a second device with another width
         edge.check(wire("arrays", {"name": "latent", "version": 1, "arrays": {"z": np.zeros(dim + 4, np.float32)}}, "d1"),
                    "child")
-    cloud = MARCloud(ctx_for("fedmar", "cloud", extra={"rounds": 2}, **settings))
+    cloud = MARCloud(ctx_for("fedmar", "cloud", rounds=2, **settings))
     assert weight_specs(state_to_numpy(cloud.model)) == device.specs
     with pytest.raises(ProtocolError):
         cloud.check(wire("arrays", {"name": "latents", "version": 1,

@@ -268,7 +268,7 @@ def test_the_hsfp_cloud_takes_only_label_histograms_of_the_models_classes() -> N
 
     from splitedge.protocol.errors import ProtocolError
 
-    ctx = ctx_for("hsfp", "cloud", extra={"test": None})
+    ctx = ctx_for("hsfp", "cloud", test=None)
     cloud = ctx.method.cloud_part(ctx)
     good = {"name": "labels", "version": 1, "arrays": {"d0": np.ones(10, "f4"), "d1": np.zeros(10, "f4")}}
     cloud.check(wire("arrays", good, "e0"), "child")

@@ -23,7 +23,7 @@ TEST = (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4) % 10)
 def _cloud(name: str, seed: int):
     method = create_method(name, default_config(name, SPEC))
     ctx = NodeContext(node_id="cloud", method=method, rng=np.random.default_rng(seed),
-                      extra={"test": TEST, "rounds": 3, "out_dir": None, "run": "r"})
+                      test=TEST, rounds=3, out_dir=None, run="r")
     return method.cloud_part(ctx)
 
 

@@ -93,7 +93,7 @@ class CFLHKDCloud(FedAvgCloud):
                                    peers=self.ctx.view.placement(d).peers) for d, k in self.assignment.items()}
         self.phase, self.clustered_at = CLUSTERED, round_
         log.info("cloud: %d devices in %d clusters after round %d", len(self.assignment), len(self.cluster_edges), round_)
-        out_dir = self.ctx.extra.get("out_dir")
+        out_dir = self.ctx.out_dir
         if out_dir is not None:
             write_clusters(Path(out_dir), self.assignment, live, edges=self.cluster_edges, round_=round_)
 

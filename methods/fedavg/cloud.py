@@ -35,7 +35,7 @@ class FedAvgCloud(CloudPart):
 
     def evaluate(self, plan: RoundPlan) -> dict[str, Any]:
         """Metrics of the merged model after round `plan.round`."""
-        return evaluate(self.model, self.ctx.extra["test"], self.spec)
+        return evaluate(self.model, self.ctx.test, self.spec)
 
     def _model_message(self) -> Message:
         body = {"part": MODEL, "version": self.version, "samples": self.samples,

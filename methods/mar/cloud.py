@@ -86,15 +86,15 @@ class DecMARCloud(MARCloud):
         topics) in the run folder."""
         from splitedge.methods.mar import topology
 
-        out = self.ctx.extra.get("out_dir")
+        out = self.ctx.out_dir
         if out is None or self.graph is None:
             return
         topology.write_graph(Path(out), self.graph, title=f"DecMAR peers, mean degree {topology.mean_degree(self.graph):.2f}")
         edges = {d: self.ctx.view.devices[d] for d in self.graph}
-        topology.write_acl(Path(out) / "peers.acl", topology.peer_acl(self.ctx.extra.get("run", "run"), self.graph, edges=edges))
+        topology.write_acl(Path(out) / "peers.acl", topology.peer_acl(self.ctx.run or "run", self.graph, edges=edges))
 
     def plan(self, round_: int) -> RoundSpec:
-        last = self.ctx.extra.get("rounds")
+        last = self.ctx.rounds
         report = round_ % self.cfg.report_every == 0 or round_ == last
         return RoundSpec(versions={MODEL: 0}, directives={UPLOAD: True} if report else {})
 

@@ -149,7 +149,7 @@ class DecMARDevice(MARDevice):
         A neighbour that was missing last round gets only a short grace (SUSPECT_WAIT_S) until it
         is heard again: a dead peer must not cost every round the whole window, or the live
         devices fall out of step with each other and miss each other's rounds too."""
-        gather, peers = self.ctx.extra["gather"], list(self.ctx.view.peers)
+        gather, peers = self.ctx.gather, list(self.ctx.view.peers)
         deadline = time.monotonic() + wait
         left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
         models = gather("weights", senders=[p for p in peers if p not in self.missed], timeout=wait)

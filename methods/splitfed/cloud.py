@@ -56,7 +56,7 @@ class SplitFedCloud(CloudPart):
                     log.warning("cloud: round %d without %s updates; keeping it", plan.round, part)
             self.version += 1
             out = [self._message(part, samples[part]) for part in PART_NAMES]
-        metrics = {**evaluate(self.model, self.ctx.extra["test"], self.spec),
+        metrics = {**evaluate(self.model, self.ctx.test, self.spec),
                    "model_version": self.version, "server_samples": samples["we"]}
         return out, metrics
 

@@ -1,6 +1,6 @@
 """SplitFed device: per batch, W_c forward, activations up, wait for their gradient, W_c backward.
 
-The wait happens inside `run_round` through the agent's `request` (ctx.extra["request"]):
+The wait happens inside `run_round` through the agent's `request` (ctx.request):
 the device cannot take its next optimiser step before the edge has answered. After the local
 epochs the device's W_c goes up for the every-round average (SFLv1).
 """
@@ -55,7 +55,7 @@ class SplitFedDevice(DevicePart):
         act = self.wc(batch.x)
         wire = act.detach().numpy().astype(WIRE_DTYPES[self.cfg.feature_dtype])
         body = {"batch": batch.extra["batch"], "x": wire, "y": batch.y.numpy()}
-        reply = self.ctx.extra["request"](Message("activations", body), "gradients", self.cfg.reply_timeout_s)
+        reply = self.ctx.request(Message("activations", body), "gradients", self.cfg.reply_timeout_s)
         grad = torch.from_numpy(np.array(reply.body["grad"], dtype=np.float32))  # decoded arrays are read-only
         if grad.shape != act.shape:
             raise ValueError(f"gradient shape {tuple(grad.shape)} does not match activations {tuple(act.shape)}")
@@ -63,8 +63,8 @@ class SplitFedDevice(DevicePart):
         return {"activations": act, "grad": grad}
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
-        if self.ctx.extra.get("request") is None:
-            raise RuntimeError("splitfed needs a runtime that offers ctx.extra['request'] (device/agent.py)")
+        if self.ctx.request is None:
+            raise RuntimeError("splitfed needs a runtime that offers ctx.request (device/agent.py)")
         opt = sgd(self.wc.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
         self.samples_sent = 0

@@ -40,7 +40,7 @@ class SSLCloud(FedAvgCloud):
                                for sl in batches(len(images), 256)])
 
     def evaluate(self, plan: RoundPlan) -> dict[str, Any]:
-        last = self.ctx.extra.get("rounds")
+        last = self.ctx.rounds
         if plan.round % self.cfg.report_every == 0 or plan.round == last:
             return self.report()
         return {}
@@ -63,7 +63,7 @@ class SSLCloud(FedAvgCloud):
                               self.embed(normalise(v2, self.spec)).numpy()))
             return np.concatenate([a for a, _ in pairs]), np.concatenate([b for _, b in pairs])
 
-        rep = representation_report(self.features, self.ctx.extra["test"],
+        rep = representation_report(self.features, self.ctx.test,
                                     num_classes=self.spec.num_classes, views=views, seed=self.spec.seed,
                                     probe_epochs=self.cfg.probe_epochs)
         return {**rep, "accuracy": rep["probe_accuracy"]}
