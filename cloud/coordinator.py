@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,18 +17,19 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from splitedge.methods.config import RunConfig
-from splitedge.methods.registry import create_method
 from splitedge.methods.losslog import tier_losses
 from splitedge.methods.contract import CloudPart, FederationView, Message, NodeContext, Placement, RoundPlan
 from splitedge.cloud import resume
 from splitedge.methods import snapshot
 from splitedge.runtime.outputs import dumps, save_checkpoint
 from splitedge.protocol.codec import Envelope
-from splitedge.runtime.node import Node, status, topic_kind
+from splitedge.runtime.node import Node, status
+from splitedge.runtime.parts import PartHost
+from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
 from splitedge.runtime.rounds import RoundCollector
-from splitedge.protocol.topics import ALL_DEVICES, THIN_DEVICES, parse, pattern
+from splitedge.protocol.topics import parse, pattern
 from splitedge.protocol.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -60,16 +60,17 @@ class CloudCoordinator(Node):
         self.session = uuid.uuid4().hex[:16]
         self.attempt = 0  # how many times this session was resumed: nodes redo a round of a higher attempt
         self.transport, self.settings = transport, settings
-        self.method = create_method(settings.method, settings.config)  # registers the method's kinds
         self.view = FederationView()
-        ctx = NodeContext(node_id=node_id, method=self.method, rng=np.random.default_rng(settings.seed),
-                          test=test, rounds=settings.rounds, out_dir=settings.out_dir, run=run,
-                          view=self.view)
-        self.part: CloudPart = self.method.cloud_part(ctx)
+        self.router = cloud_router(transport)
+        self.host = PartHost(lambda method: method.cloud_part(NodeContext(
+            node_id=node_id, method=method, rng=np.random.default_rng(settings.seed), test=test, rounds=settings.rounds,
+            out_dir=settings.out_dir, run=run, view=self.view)), name="cloud")
+        self.host.ensure(settings.method, settings.config.to_wire())  # registers the method's kinds
+        self.part: CloudPart = self.host.part
+        self.method = self.part.method
         self.presence = Presence()  # which edges are online, and who went offline a moment ago
         self.rounds = RoundCollector()
         self.history: list[dict[str, Any]] = []
-        self.stopped = threading.Event()
         self.enough_edges = settings.min_edges  # lowered when edges stay away past the rejoin timeout
         self.resumed = resume_from
         if resume_from is not None:
@@ -98,20 +99,15 @@ class CloudCoordinator(Node):
                 self.publish(msg, round_=0)
 
     # -- routing ----------------------------------------------------------------------------
-    def publish(self, msg: Message, round_: int | None = None) -> None:
-        """Route a part's message: edges read the cloud's downlink, devices get it through their edge."""
-        role, node = msg.to.role, msg.to.node
-        to = {"children": None, "devices": ALL_DEVICES, "thin": THIN_DEVICES, "edge": node, "device": node,
-              "group": f"@{node}"}.get(role, "invalid")
-        if to == "invalid" or (role in ("edge", "device", "group") and not node):
-            raise ValueError(f"the cloud cannot send to {msg.to}")
-        if role == "device" and node not in self.view.devices:
+    def publish(self, msg: Message, round_: int | None = None) -> Envelope | None:
+        """Route a part's message (runtime/router.py); one for a device no edge reports is kept
+        for it when it has a slot (retained), else dropped."""
+        if msg.to.role == "device" and msg.to.node and msg.to.node not in self.view.devices:
             log.warning("cloud: %s for device %s, which no edge reports; it waits for it (retained)" if msg.slot
-                        else "cloud: %s for unknown device %s is dropped", msg.kind, node)
+                        else "cloud: %s for unknown device %s is dropped", msg.kind, msg.to.node)
             if not msg.slot:
-                return
-        self.send(self.transport, "down", msg.kind, msg.body, round_=round_, retain=msg.slot is not None,
-                  topic_kind=topic_kind(msg.kind, msg.slot), to=to)
+                return None
+        return super().publish(msg, round_=round_)
 
     # -- membership -------------------------------------------------------------------------
     def handle(self, topic: str, env: Envelope) -> None:
@@ -243,12 +239,11 @@ class CloudCoordinator(Node):
         reports = self.rounds.close()
         self.part.losses = {}
         messages, metrics = self.part.aggregate(plan, reports)
-        for msg in messages:
-            self.publish(msg)
+        self.publish_all(messages)
         record = {"round": r, **metrics, "edges": len(reports), "round_seconds": time.monotonic() - started,
                   "versions": dict(plan.versions), "directives": dict(plan.directives),
                   "loss": tier_losses(reports, self.part.losses), "rounds": dict(self.rounds.counts),
-                  "rejected": self.rejections(reports),
+                  "rejected": self.round_rejections(reports),
                   "bytes": self.transport.counters.snapshot()}
         self._persist(record)
         self.history.append(record)
@@ -256,10 +251,10 @@ class CloudCoordinator(Node):
             self.settings.on_round(record)
         return record
 
-    def rejections(self, reports: list) -> dict[str, dict[str, int]]:
+    def round_rejections(self, reports: list) -> dict[str, dict[str, int]]:
         """Messages dropped so far, by rule: at the cloud (malformed frames, refused by the part)
         and at each edge that closed this round (as its done info says)."""
-        out = {"cloud": {**dict(self.transport.rejected), **dict(self.refused)}}
+        out = {"cloud": self.rejections([self.transport])}
         devices: collections.Counter[str] = collections.Counter()
         for r in reports:
             info = r.get("done").body["info"] if r.get("done") is not None else {}

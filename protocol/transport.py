@@ -1,9 +1,10 @@
 """The Transport interface and an in-process loopback implementation.
 
 Strategies and runtimes talk to a :class:`Transport`, never to MQTT, so the same code runs on
-a real broker and in unit tests. The inbound path (count bytes, decode with a size cap, drop
-and count bad messages, route to the matching handlers, contain handler errors) lives here in
-the base class, so every implementation rejects and counts exactly alike.
+a real broker and in unit tests. The inbound path (count bytes, cap the size, check the
+signature, decode, check the sender, drop duplicates, route to the matching handlers, contain
+handler errors) is one chain of steps (protocol/inbound.py) that the base class runs for every
+implementation, so each rejects and counts exactly alike.
 
 :class:`LoopbackTransport` delivery is SYNCHRONOUS on the publisher's thread: ``publish()``
 returns after every matching handler ran. A handler that publishes does not recurse: the new
@@ -18,7 +19,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from splitedge.protocol.accounting import (
@@ -29,9 +30,10 @@ from splitedge.protocol.accounting import (
     subscribe_packet_bytes,
     unsubscribe_packet_bytes,
 )
-from splitedge.protocol.codec import DEFAULT_MAX_BYTES, Envelope, decode, encode, new_msg_id
+from splitedge.protocol.codec import DEFAULT_MAX_BYTES, Envelope, encode, new_msg_id
 from splitedge.protocol.errors import ProtocolError
-from splitedge.protocol.signing import KeyRing, Signer, Verifier, split_trailer
+from splitedge.protocol.inbound import WIRE_STEPS, Frame, Step, compose
+from splitedge.protocol.signing import KeyRing, Signer, Verifier
 from splitedge.protocol.topics import matches, parse, validate_filter, validate_topic_name
 
 logger = logging.getLogger(__name__)
@@ -62,25 +64,6 @@ def kind_of(topic: str, default: str = "raw") -> str:
         return default
 
 
-def topic_mismatch(topic: str, env: Envelope) -> tuple[str, str] | None:
-    """(rule, reason) when a splitedge topic and its envelope disagree, else None.
-
-    The topic names the publisher (a broker ACL can pin it to a login), so an envelope that
-    claims another sender, run or kind is forged or misrouted. Foreign topics are not checked.
-    """
-    try:
-        parts = parse(topic)
-    except ProtocolError:
-        return None
-    if env.sender != parts.node_id:
-        return "envelope.sender", f"sender {env.sender!r:.80} published on {parts.node_id!r}'s topic"
-    if env.run != parts.run:
-        return "envelope.run", f"run {env.run!r:.80} on a topic of run {parts.run!r}"
-    if env.kind != parts.message_kind:
-        return "envelope.kind_topic", f"kind {env.kind!r} on a {parts.kind!r} topic"
-    return None
-
-
 class Transport(abc.ABC):
     """Publish/subscribe of validated :class:`Envelope` messages with byte accounting.
 
@@ -91,7 +74,8 @@ class Transport(abc.ABC):
     """
 
     def __init__(self, *, role: str, client_id: str, max_bytes: int = DEFAULT_MAX_BYTES,
-                 signer: Signer | None = None, keyring: KeyRing | None = None) -> None:
+                 signer: Signer | None = None, keyring: KeyRing | None = None,
+                 steps: Sequence[Step] = WIRE_STEPS) -> None:
         if type(max_bytes) is not int or max_bytes < 1:
             raise ValueError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
         self.role = role
@@ -107,6 +91,7 @@ class Transport(abc.ABC):
         self.duplicates = 0
         self._state_lock = threading.Lock()
         self._births: dict[str, Envelope] = {}
+        self.inbound = compose(steps, self, self._route)
 
     # -- outbound -------------------------------------------------------------------------
     def publish(self, topic: str, env: Envelope, *, qos: int = 1, retain: bool = False,
@@ -196,66 +181,29 @@ class Transport(abc.ABC):
 
     # -- inbound --------------------------------------------------------------------------
     def _on_inbound(self, topic: str, payload: bytes, qos: int) -> None:
-        """Count, decode, validate and route one received PUBLISH. Never raises.
+        """Run one received PUBLISH through the inbound chain (protocol/inbound.py). Never raises.
 
-        A bad message (too big, malformed, failing its schema) is logged with its rule and
-        counted in ``rejected``; a handler that raises is logged and counted in
-        ``handler_errors``. Neither may kill the network thread.
+        A bad message (too big, malformed, failing its schema, not from its topic's node) is
+        logged with its rule and counted in ``rejected``; a handler that raises is logged and
+        counted in ``handler_errors``. Neither may kill the network thread.
         """
-        packet = publish_packet_bytes(topic, len(payload), qos)
-        if not payload:  # MQTT's "retained message cleared" notice, not a message
-            self.counters.record("in", kind_of(topic), 0, packet)
-            return
         try:
-            env = self._open(topic, payload)
+            self.inbound(Frame(topic, payload, qos))
         except ProtocolError as exc:
-            self.counters.record("in", kind_of(topic), len(payload), packet)
             self._reject(topic, exc.rule, str(exc))
-            return
-        except Exception as exc:  # a codec bug must not kill the loop either
-            self.counters.record("in", kind_of(topic), len(payload), packet)
-            self._reject(topic, "decode.internal", repr(exc))
-            return
-        if env is None:  # a signed copy of the newest frame on its topic: the broker re-sent it
-            self.counters.record("in", kind_of(topic), len(payload), packet)
-            with self._state_lock:
-                self.duplicates += 1
-            return
-        self.counters.record("in", env.kind, len(payload), packet)
-        mismatch = topic_mismatch(topic, env)
-        if mismatch:
-            self._reject(topic, *mismatch)
-            return
-        if self._is_duplicate(topic, env.msg_id):
-            return
-        for handler in self._handlers_for(topic):
+
+    def _route(self, frame: Frame) -> None:
+        """The chain's last step: every handler whose pattern matches, each error contained."""
+        for handler in self._handlers_for(frame.topic):
             try:
-                handler(topic, env)
+                handler(frame.topic, frame.env)
             except Exception:
                 with self._state_lock:
                     self.handler_errors += 1
-                logger.exception("%s: handler for %s (kind %s) raised", self.client_id, topic, env.kind)
+                logger.exception("%s: handler for %s (kind %s) raised", self.client_id, frame.topic, frame.env.kind)
 
-    def _open(self, topic: str, payload: bytes) -> Envelope | None:
-        """The envelope in ``payload``: size cap first, then (with a keyring) the signature, so a
-        frame that is too big or not from its topic's node is refused before anything parses it;
-        None for a signed duplicate. Without a keyring a signature trailer is skipped unchecked."""
-        if len(payload) > self.max_bytes:
-            raise ProtocolError("frame.too_large", f"{len(payload)} bytes > cap of {self.max_bytes}")
-        if self.verifier is not None:
-            frame = self.verifier.open(topic, payload)
-            return None if frame is None else decode(frame, max_bytes=self.max_bytes)
-        parts = split_trailer(payload)
-        if parts is not None:
-            try:
-                return decode(parts[0], max_bytes=self.max_bytes)
-            except ProtocolError:
-                pass  # an unsigned frame that merely ends like a trailer: judge it whole
-        return decode(payload, max_bytes=self.max_bytes)
-
-    def _is_duplicate(self, topic: str, msg_id: str) -> bool:
-        """True for a copy already routed: MQTT 3.1.1 lets a broker (amqtt does) send one copy per
-        overlapping subscription, and QoS 1 may redeliver; handlers run once per message."""
+    def _seen_before(self, topic: str, msg_id: str) -> bool:
+        """True (and counted) for a (topic, msg_id) already routed; remembers SEEN_CACHE of them."""
         key = (topic, msg_id)
         with self._state_lock:
             if key in self._seen:

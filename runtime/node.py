@@ -1,5 +1,5 @@
-"""What every role runtime shares: an inbox fed by transport handlers, addressed publishing,
-and the counting of peers' messages that a method refused.
+"""What every role runtime shares: an inbox fed by transport handlers, the node's inbound
+chain, addressed publishing through its router, and the signs of life a person watches.
 
 Transport handlers run on the network thread and must stay short, so they only enqueue; the
 runtime's own thread takes events off the inbox and does the work (training may take minutes).
@@ -10,31 +10,24 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import threading
 import time
 import zlib
 from typing import Any, Mapping
 
 import numpy as np
 
+from splitedge.methods.contract import Message
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.errors import ProtocolError
-from splitedge.protocol.schema import get_schema
 from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import Transport
+from splitedge.runtime.inbound import Inbound, NodeInbound, carries_session
+from splitedge.runtime.router import Router
 
 log = logging.getLogger(__name__)
 status = logging.getLogger("splitedge.status")
 """Signs of life a person watches (started, joined, round k/N, stopped): the CLI prints them as
 plain lines whatever the log level; a library user sees them as ordinary INFO records."""
-
-
-def carries_session(kind: str) -> bool:
-    """Kinds whose schema has a `session` field carry state of one run incarnation: stamped
-    with the session on the way out, dropped on the way in when of another incarnation."""
-    try:
-        return "session" in get_schema(kind).fields
-    except ProtocolError:
-        return False
 
 
 def topic_kind(kind: str, slot: str | None) -> str:
@@ -49,6 +42,8 @@ HELD_STOP_GRACE_S = 15.0
 class Node:
     """A named participant of a run, publishing under `splitedge/<run>/<tier>/<id>/...`."""
 
+    router: Router
+
     def __init__(self, *, run: str, tier: str, node_id: str) -> None:
         self.run_id, self.tier, self.node_id = run, tier, node_id
         self.held_stop: float | None = None  # deadline to obey a retained stop seen before any round
@@ -57,41 +52,30 @@ class Node:
         self.round = 0
         self.errors = 0  # events whose handling raised; logged, counted, the loop goes on
         self.session = ""  # the cloud's run incarnation, learnt from the round announcement
-        self.foreign = 0  # messages of another incarnation, dropped
-        self.refused: collections.Counter[str] = collections.Counter()  # rule -> messages a part refused
+        self.inbound = NodeInbound(f"{tier} {node_id}", lambda: self.session)
+        self.stopped = threading.Event()
+
+    @property
+    def refused(self) -> collections.Counter[str]:
+        """rule -> messages refused before they reached the part (runtime/inbound.py)."""
+        return self.inbound.refused
+
+    @property
+    def foreign(self) -> int:
+        """Messages of another incarnation of the run, dropped."""
+        return self.inbound.foreign
 
     def current(self, env: Envelope) -> bool:
         """False (and counted) for stateful messages of another incarnation of this run."""
-        session = env.body.get("session", "") if carries_session(env.kind) else ""
-        if session and self.session and session != self.session:
-            self.foreign += 1
-            log.info("%s %s: dropped %s of session %s (current %s)", self.tier, self.node_id, env.kind,
-                     session, self.session)
-            return False
-        return True
+        return self.inbound.current(env)
+
+    def accepts(self, part: Any, env: Envelope, source: str, *, announced: int | None = None) -> bool:
+        """Whether `part` takes a message from its "parent", a "child" or a "peer" (the node's
+        inbound chain: session, samples announced, the part's own check)."""
+        return self.inbound.admit(Inbound(env, source, part, announced))
 
     def handle(self, topic_: str, env: Envelope) -> None:
         raise NotImplementedError
-
-    def accepts(self, part: Any, env: Envelope, source: str, *, announced: int | None = None) -> bool:
-        """Whether `part` takes a message from its "parent", a "child" or a "peer": its `check`
-        may refuse it (ProtocolError) for not fitting the federation, and a child that announced
-        `announced` samples may not count more (methods.checks.check_within_samples). Refusals
-        are logged with their rule and counted; the message never reaches the part's state."""
-        if part is None:
-            return True
-        try:
-            if announced is not None:
-                from splitedge.methods.checks import check_within_samples
-
-                check_within_samples(env.body, announced)
-            part.check(env, source)
-        except ProtocolError as exc:
-            self.refused[exc.rule] += 1
-            log.warning("%s %s: refused %s from %s [%s]: %s", self.tier, self.node_id, env.kind, env.sender,
-                        exc.rule, str(exc)[:300])
-            return False
-        return True
 
     def dispatch(self, event: tuple[str, Envelope] | None) -> None:
         """Handle one inbox event; an exception is logged and counted, never kills the runtime."""
@@ -103,6 +87,9 @@ class Node:
             self.errors += 1
             log.exception("%s %s: handling %s from %s failed", self.tier, self.node_id, event[1].kind,
                           event[1].sender)
+
+    def stop(self) -> None:
+        self.stopped.set()
 
     def seeded_rng(self, seed: int) -> np.random.Generator:
         """Per-node randomness that is the same in every process (str hash() is salted per process)."""
@@ -148,6 +135,22 @@ class Node:
                     self.node_id, self.run_id, self.tier)
         return True
 
+    def on_stop(self, plan: Any, *, started: bool, done: str) -> str | None:
+        """A round announcement that is the run's stop: "finished" (the node stops), "held" (a
+        retained stop found before any round, see hold_stop) or None (a round: any held stop
+        is dropped). `done` ends the finished line (e.g. " after round 4")."""
+        if not plan.stop:
+            self.held_stop = None
+            return None
+        reason = plan.directives.get("reason")
+        if not started and not reason:
+            self.hold_stop(plan.session)  # the run is over, or a new one with this id is starting
+            return "held"
+        status.info("%s %s: run finished%s", self.tier, self.node_id, f": {reason}" if reason else done)
+        self.stopped.set()
+        return "finished"
+
+    # -- sending ---------------------------------------------------------------------------
     def announce_online(self, transport: Transport) -> None:
         """Retained `status: online`, published again by the transport after every reconnect."""
         env = Envelope(kind="status", run=self.run_id, round=0, sender=self.node_id,
@@ -165,3 +168,22 @@ class Node:
                        sender=self.node_id, body=body)
         transport.publish(self.topic(direction, topic_kind or kind, to), env, qos=1, retain=retain)
         return env
+
+    def publish(self, msg: Message, round_: int | None = None) -> Envelope:
+        """Send a part's message where its address says (the tier's router), a slot's latest
+        value retained for nodes that join later."""
+        route = self.router.route(msg.to)
+        return self.send(route.transport, route.direction, msg.kind, msg.body, round_=round_,
+                         retain=msg.slot is not None, topic_kind=topic_kind(msg.kind, msg.slot), to=route.to)
+
+    def publish_all(self, messages: list[Message], round_: int | None = None) -> None:
+        for msg in messages:
+            self.publish(msg, round_=round_)
+
+    def rejections(self, transports: list[Transport]) -> dict[str, int]:
+        """Messages this node dropped so far, by rule: malformed on any of its transports,
+        refused before they reached its part."""
+        out = collections.Counter(self.refused)
+        for transport in {id(t): t for t in transports}.values():
+            out.update(transport.rejected)
+        return dict(out)

@@ -10,6 +10,7 @@ byte counters are the same as in a deployment. The connections share one epoll l
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import subprocess
@@ -307,21 +308,32 @@ class Federation:
         from splitedge.protocol.mqtt_loop import ClientLoop
 
         self.loop = ClientLoop(name=f"sim-{self.run}")
-        edge_slots = threading.Semaphore(self.s.virtual) if self.s.virtual else None  # edges train N at a time too
+        edge_host, device_host = self.hosts()
         for e in range(self.s.edges if self.s.worker is None else 0):  # a worker runs devices only
             edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed,
-                                  slots=edge_slots)
+                                  host=edge_host)
             self._start(edge)
-        slots = threading.Semaphore(self.s.virtual) if self.s.virtual else None  # shared training slots
         for d in worker_devices(self.s):
             idx = self.shards[d]
             backend = self.s.backends[d % len(self.s.backends)]
             data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
             agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
                                 edge=home_edge(d, self.s), data=data, backend=backend, seed=self.s.seed,
-                                slots=slots, park_dtype=self.s.park_dtype)
+                                host=device_host)
             self._start(agent)
         return self
+
+    def hosts(self) -> tuple[Any, Any]:
+        """The part hosts of edges and devices: with `--virtual N`, devices hold their part only
+        while one of N shared training slots is theirs, and N edges aggregate at a time."""
+        from splitedge.runtime.parts import PartHost
+        from splitedge.virtual import ParkingHost, SlottedHost
+
+        if not self.s.virtual:
+            return PartHost, PartHost
+        edge_slots, device_slots = threading.Semaphore(self.s.virtual), threading.Semaphore(self.s.virtual)
+        return (functools.partial(SlottedHost, slots=edge_slots),
+                functools.partial(ParkingHost, slots=device_slots, park_dtype=self.s.park_dtype))
 
     def _start(self, node: Any) -> None:
         node.start()

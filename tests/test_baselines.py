@@ -128,12 +128,12 @@ def test_agent_request_waits_for_matching_reply_and_defers_the_rest():
         agent.enqueue("t", e)
     body = {"batch": 5, "x": np.zeros((1, 2), np.float32), "y": np.zeros(1, np.int64)}
     # Execute
-    reply = agent.request(Message("activations", body), "gradients", timeout=2.0)
+    reply = agent.exchange.request(Message("activations", body), "gradients", timeout=2.0)
     # Assert
     assert reply.body["batch"] == 5 and agent.stale_replies == 1
     assert agent.next_event(0.0)[1] is weights  # deferred events come back after the round
     with pytest.raises(TimeoutError):
-        agent.request(Message("activations", body), "gradients", timeout=0.2)
+        agent.exchange.request(Message("activations", body), "gradients", timeout=0.2)
 
 
 # -- FedAvg -----------------------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""Whether a decoded message may reach a node's part: the node's half of the inbound chain.
+
+The transport's chain (protocol/inbound.py) judged the wire on the network thread. On the
+node's own thread a message from a parent, a child or a peer then passes these steps in
+order before the method's part sees it: drop it when it belongs to another incarnation of
+the run (a cloud restarted without its state), refuse it when its counts exceed the samples
+its sender announced, and let the part refuse what does not fit the federation (its `check`).
+A refusal raises ProtocolError naming its rule: the node logs it and counts it by rule, and
+the message never touches the part's state. Steps take `(message, next)` like the wire's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from splitedge.methods.checks import check_within_samples
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.errors import ProtocolError
+from splitedge.protocol.schema import get_schema
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """A message for a part: from its "parent", a "child" or a "peer"; `announced` is the
+    sample count a child said it holds (None when the sender announced none)."""
+
+    env: Envelope
+    source: str
+    part: Any = None
+    announced: int | None = None
+
+
+Next = Callable[[Inbound], bool]
+Step = Callable[[Inbound, Next], bool]
+
+
+def within_announced(msg: Inbound, nxt: Next) -> bool:
+    """A child that announced n samples may not count more in any statistic it sends."""
+    if msg.announced is not None:
+        check_within_samples(msg.env.body, msg.announced)
+    return nxt(msg)
+
+
+def part_check(msg: Inbound, nxt: Next) -> bool:
+    """The method's own rules: dimension, classes, model names and shapes, versions."""
+    msg.part.check(msg.env, msg.source)
+    return nxt(msg)
+
+
+class NodeInbound:
+    """The node's chain: `admit(message)` is True when the part may take it. Refusals are
+    counted by rule in `refused`, messages of another session in `foreign`."""
+
+    def __init__(self, name: str, session: Callable[[], str], steps: Sequence[Step] = (within_announced, part_check)):
+        self.name, self.session = name, session
+        self.refused: Counter[str] = Counter()
+        self.foreign = 0
+        chain: Next = lambda msg: True  # noqa: E731 - the end of the chain: admitted
+        for step in reversed(steps):
+            chain = (lambda s, n: lambda msg: s(msg, n))(step, chain)
+        self._chain = chain
+
+    def current(self, env: Envelope) -> bool:
+        """False (and counted) for stateful messages of another incarnation of this run."""
+        theirs = env.body.get("session", "") if carries_session(env.kind) else ""
+        mine = self.session()
+        if theirs and mine and theirs != mine:
+            self.foreign += 1
+            log.info("%s: dropped %s of session %s (current %s)", self.name, env.kind, theirs, mine)
+            return False
+        return True
+
+    def admit(self, msg: Inbound) -> bool:
+        if not self.current(msg.env):
+            return False
+        if msg.part is None:  # no method loaded yet: nothing for the steps to judge against
+            return True
+        try:
+            return self._chain(msg)
+        except ProtocolError as exc:
+            self.refused[exc.rule] += 1
+            log.warning("%s: refused %s from %s [%s]: %s", self.name, msg.env.kind, msg.env.sender, exc.rule,
+                        str(exc)[:300])
+            return False
+
+
+def carries_session(kind: str) -> bool:
+    """Kinds whose schema has a `session` field carry state of one run incarnation: stamped
+    with the session on the way out, dropped on the way in when of another incarnation."""
+    try:
+        return "session" in get_schema(kind).fields
+    except ProtocolError:
+        return False

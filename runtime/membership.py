@@ -1,0 +1,65 @@
+"""Which devices an edge holds, decided from their hellos.
+
+A device joins an edge by the copy of its hello addressed to that edge; from then on its
+latest unaddressed hello (which the edge reads through the member's own topics) says whether
+it stays, changed its groups or moved to another edge. Two retained copies addressed to two
+edges cannot be ordered (a device restarted at another edge leaves one behind); the
+unaddressed one can. So when a member's hello names another edge, the id of the copy that
+made it join here is remembered as refuted: read again, it cannot make the device join again
+(else the old edge would take the device back and drop it in a loop).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.topics import THIN_BACKEND, THIN_DEVICES
+
+
+class Members:
+    def __init__(self, edge: str) -> None:
+        self.edge = edge
+        self.samples: dict[str, int] = {}  # device -> samples it announced
+        # device -> the group addresses it reads: "@<g>" per group, and "@thin" on the onnx
+        # backend (the edge reads each from the cloud while a member needs it)
+        self.addresses: dict[str, set[str]] = {}
+        self.joined_by: dict[str, str] = {}  # device -> msg_id of the hello that made it join
+        self.refuted: dict[str, str] = {}
+
+    def __contains__(self, device: object) -> bool:
+        return device in self.samples
+
+    def __iter__(self) -> Any:
+        return iter(self.samples)
+
+    def hello(self, env: Envelope, *, addressed: bool) -> str | None:
+        """Take a hello: "joined", "changed" (groups or backend), "left" (moved), or None."""
+        dev, parent = env.sender, env.body["parent"]
+        if addressed:
+            if parent != self.edge or dev in self or self.refuted.get(dev) == env.msg_id:
+                return None  # another edge's copy, a member's (its unaddressed one counts), or stale
+        elif parent != self.edge:
+            if dev not in self:
+                return None
+            self.refuted[dev] = self.joined_by.pop(dev, "")
+            self.drop(dev)
+            return "left"
+        self.joined_by[dev] = env.msg_id
+        if dev == self.edge:
+            return None
+        thin = {THIN_DEVICES} if env.body["backend"] == THIN_BACKEND else set()
+        addresses = {f"@{g}" for g in env.body["groups"]} | thin
+        if dev in self and self.addresses.get(dev) == addresses:
+            return None
+        change = "changed" if dev in self else "joined"
+        self.samples[dev], self.addresses[dev] = int(env.body["samples"]), addresses
+        return change
+
+    def drop(self, dev: str) -> None:
+        self.samples.pop(dev, None)
+        self.addresses.pop(dev, None)
+
+    def group_addresses(self) -> set[str]:
+        """Every group address some member reads."""
+        return {a for mine in self.addresses.values() for a in mine}
