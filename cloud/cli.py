@@ -91,7 +91,7 @@ def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
         transport.close(offline=True)
         write_counters(args.out, args.id, [transport])
     if args.out is not None:
-        from splitedge.runtime.plots import plot_spectra_per_round
+        from splitedge.runtime.outputs import plot_spectra_per_round
 
         plot_spectra_per_round(history, args.out / "spectrum.png", title=f"{args.method} on {args.dataset}")
     return history

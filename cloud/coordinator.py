@@ -25,6 +25,7 @@ from splitedge.runtime.outputs import dumps, save_checkpoint
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
+from splitedge.runtime.records import round_rejections
 from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
@@ -243,27 +244,13 @@ class CloudCoordinator(Node):
         record = {"round": r, **metrics, "edges": len(reports), "round_seconds": time.monotonic() - started,
                   "versions": dict(plan.versions), "directives": dict(plan.directives),
                   "loss": tier_losses(reports, self.part.losses), "rounds": dict(self.rounds.counts),
-                  "rejected": self.round_rejections(reports),
+                  "rejected": round_rejections(self.rejections([self.transport]), reports),
                   "bytes": self.transport.counters.snapshot()}
         self._persist(record)
         self.history.append(record)
         if self.settings.on_round:
             self.settings.on_round(record)
         return record
-
-    def round_rejections(self, reports: list) -> dict[str, dict[str, int]]:
-        """Messages dropped so far, by rule: at the cloud (malformed frames, refused by the part)
-        and at each edge that closed this round (as its done info says)."""
-        out = {"cloud": self.rejections([self.transport])}
-        devices: collections.Counter[str] = collections.Counter()
-        for r in reports:
-            info = r.get("done").body["info"] if r.get("done") is not None else {}
-            if info.get("refused"):
-                out[r.sender] = dict(info["refused"])
-            devices.update(info.get("device_refused") or {})
-        if devices:
-            out["devices"] = dict(devices)  # summed over this round's devices, each counting since it started
-        return out
 
     def _announce_stop(self, reason: str | None = None) -> None:
         """The end of the run: retained, so a node that (re)joins later still stops. A stop with

@@ -20,12 +20,14 @@ import numpy as np
 from splitedge.methods.contract import DONE, DevicePart, Method, NodeContext, Placement, RoundPlan
 from splitedge.methods.data.local import fits_model
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.topics import THIN_BACKEND, THIN_DEVICES, parse, pattern
+from splitedge.protocol.topics import THIN_BACKEND, parse
 from splitedge.protocol.transport import Transport
 from splitedge.runtime.exchange import Exchange
+from splitedge.runtime.filters import device_filters
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import Misfit, PartHost
 from splitedge.runtime.router import device_router
+from splitedge.runtime.subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class DeviceAgent(Node):
                  host: Callable[..., PartHost] = PartHost) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
         self.transport, self.data, self.backend = transport, data, backend
+        # what the hello names: "torch", "onnx" (a thin device: it reads `@thin` graphs too) or a custom one
+        self.backend_name = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
         self.placement = Placement(edge=edge)
         self.rng = self.seeded_rng(seed)
         self.router = device_router(transport)
@@ -45,7 +49,7 @@ class DeviceAgent(Node):
         self.exchange = Exchange(self, super().next_event)
         self.pending: RoundPlan | None = None
         self.last_round, self.last_attempt = 0, 0  # of the last round done (a resumed cloud's come again, higher)
-        self.subscribed: set[str] = set()
+        self.subs = Subscriptions(transport, self.enqueue)
         self.fatal: str | None = None  # why this device cannot take part in the run (it stops)
 
     @property
@@ -56,38 +60,10 @@ class DeviceAgent(Node):
     def edge(self) -> str:
         return self.placement.edge
 
-    @property
-    def backend_name(self) -> str:
-        """What the hello names: "torch", "onnx" (a thin device: it also reads `@thin` graphs) or a
-        custom backend's name."""
-        return self.backend if isinstance(self.backend, str) else getattr(self.backend, "name", "custom")
-
-    @property
-    def stale_replies(self) -> int:
-        return self.exchange.stale_replies
-
     # -- wiring ----------------------------------------------------------------------------
-    def _filters(self) -> set[str]:
-        """Control topics always; data topics (its edge's downlink for all, for this device, for
-        its groups, and its peers') once a method is loaded, so the method's kinds decode."""
-        down = lambda **kw: pattern(self.run_id, "edge", self.edge, "down", **kw)  # noqa: E731
-        me = self.node_id
-        out = {down(kind="round"), down(kind="assign", to=me), pattern(self.run_id, "edge", self.edge, "up", "status")}
-        if self.host.loaded:
-            out |= {down(), down(to=me), *(down(to=f"@{g}") for g in self.placement.groups)}
-            if self.backend_name == THIN_BACKEND:
-                out.add(down(to=THIN_DEVICES))
-            for p in self.placement.peers:
-                out |= {pattern(self.run_id, "device", p, "peer"), pattern(self.run_id, "device", p, "peer", to=me)}
-        return out
-
     def _sync_subscriptions(self, fresh: bool = False) -> None:
-        wanted = self._filters()
-        for f in sorted(self.subscribed if fresh else self.subscribed - wanted):
-            self.transport.unsubscribe(f)
-        for f in sorted(wanted - (set() if fresh else self.subscribed)):
-            self.transport.subscribe(f, self.enqueue)
-        self.subscribed = wanted
+        self.subs.sync(device_filters(self.run_id, self.node_id, self.placement, loaded=self.host.loaded,
+                                      thin=self.backend_name == THIN_BACKEND), fresh=fresh)
 
     def start(self) -> None:
         self._sync_subscriptions()
@@ -151,8 +127,7 @@ class DeviceAgent(Node):
         self._hello()
 
     def _on_round(self, plan: RoundPlan) -> None:
-        if plan.session and plan.session != self.session and not plan.stop:
-            self._new_session(plan.session)
+        self.follow_session(plan)
         if self.on_stop(plan, started=self.last_round > 0 or self.pending is not None,
                         done=f" after round {self.last_round}"):
             return
@@ -166,21 +141,15 @@ class DeviceAgent(Node):
 
     def _ensure_part(self, plan: RoundPlan) -> bool:
         try:
-            outcome = self.host.ensure(plan.method, plan.config)
+            outcome = self.ensure_part(plan)
         except Misfit as exc:  # the data will never fit this run: say so and leave, do not hold rounds open
             self.fatal = f"device {self.node_id}: {exc}"
             log.error("%s", self.fatal)
             self.stopped.set()
             return False
-        except ValueError as exc:
-            self.refused["config.invalid"] += 1
-            log.error("device %s: cannot take round %d: %s", self.node_id, plan.round, exc)
-            return False
-        if outcome == "reconfigured":
-            log.info("device %s: %s settings changed at round %d", self.node_id, plan.method, plan.round)
-        elif outcome in ("built", "replaced"):  # its kinds registered now: its retained data again
+        if outcome in ("built", "replaced"):  # its kinds registered now: its retained data again
             self._sync_subscriptions(fresh=outcome == "replaced")
-        return True
+        return outcome is not None
 
     def _vet(self, method: Method) -> None:
         misfit = fits_model(self.data[0], self.data[1], method.spec)
@@ -189,10 +158,8 @@ class DeviceAgent(Node):
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, rounds and models."""
-        if self.session:
-            log.info("device %s: new session %s (was %s)", self.node_id, session, self.session)
-        self.session, self.pending, self.last_round, self.last_attempt = session, None, 0, 0
-        self.host.reset()
+        super()._new_session(session)
+        self.pending, self.last_round, self.last_attempt = None, 0, 0
         self.exchange.peer_box.clear()
 
     def _run(self, plan: RoundPlan) -> None:

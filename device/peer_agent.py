@@ -90,13 +90,11 @@ class PeerAgent(DeviceAgent):
         self.placement = Placement(edge="", peers=tuple(plan.graph[node_id]))
         self.records: list[dict[str, Any]] = []
 
-    def _filters(self) -> set[str]:
+    def _sync_subscriptions(self, fresh: bool = False) -> None:
         """Only its neighbours' peer topics (all of them, and those addressed to it)."""
-        if self.part is None:
-            return set()
-        me = self.node_id
-        return {f for p in self.placement.peers
-                for f in (pattern(self.run_id, "device", p, "peer"), pattern(self.run_id, "device", p, "peer", to=me))}
+        me, peers = self.node_id, self.placement.peers if self.part is not None else ()
+        self.subs.sync({f for p in peers for f in (pattern(self.run_id, "device", p, "peer"),
+                                                   pattern(self.run_id, "device", p, "peer", to=me))}, fresh=fresh)
 
     def _hello(self) -> None:
         """No edge to greet."""

@@ -13,7 +13,6 @@ address, kept (retained) when they carry a slot.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from pathlib import Path
@@ -22,29 +21,23 @@ from typing import Any, Callable
 import numpy as np
 
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundPlan
-from splitedge.methods.losslog import device_losses
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
 from splitedge.runtime import statefile
+from splitedge.runtime.filters import edge_cloud_filters
 from splitedge.runtime.membership import Members
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.presence import Presence
+from splitedge.runtime.records import edge_done_info
 from splitedge.runtime.rounds import RoundCollector
-from splitedge.runtime.router import edge_router
+from splitedge.runtime.router import edge_router, relay_route, relayed_retained
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
 
 EDGE_DEADLINE_FRACTION = 0.8  # an edge closes its round before the cloud's deadline
-RETAINED_KINDS = frozenset({"round", "assign"})  # runtime-owned state a late joiner must find
-
-
-def retained(kind_segment: str) -> bool:
-    """A relayed message stays retained when it was: a slot's latest value or runtime state."""
-    return "-" in kind_segment or kind_segment in RETAINED_KINDS
 
 
 class EdgeAggregator(Node):
@@ -57,8 +50,7 @@ class EdgeAggregator(Node):
         self.router = edge_router(self.down, self.up)
         self.host = host(self._build_part, rng=self.rng, stopped=self.stopped, name=f"edge {node_id}")
         self.plan: RoundPlan | None = None
-        self.roster = Members(node_id)
-        self.presence = Presence()  # which devices are online, and who went offline a moment ago
+        self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue))
         self.rounds = RoundCollector()
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
         self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
@@ -73,16 +65,6 @@ class EdgeAggregator(Node):
         """device -> the samples it announced."""
         return self.roster.samples
 
-    @property
-    def live(self) -> set[str]:
-        """Members whose last status is online."""
-        return self.presence.live(self.members)
-
-    @property
-    def awaited(self) -> set[str]:
-        """Members a round waits for: online, or gone so recently they may be back (Presence)."""
-        return self.presence.awaited(self.members)
-
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
         self._resume()
@@ -96,20 +78,12 @@ class EdgeAggregator(Node):
                     self.cloud)
 
     def _sync_subscriptions(self, fresh: bool = False) -> None:
-        """Round announcements and each member's placement always; once a method is loaded (so
-        its kinds decode), the rest: messages for all edges, for this edge, for all devices, for
-        each member and for each group a member is in (and `@thin` while a member is thin)."""
-        cloud = lambda **kw: pattern(self.run_id, "cloud", self.cloud, "down", **kw)  # noqa: E731
-        wanted = {cloud(kind="round"), *(cloud(kind="assign", to=d) for d in self.members),
-                  pattern(self.run_id, "cloud", self.cloud, "up", "status")}
-        if self.part is not None:
-            wanted |= {cloud(), *(cloud(to=to) for to in {self.node_id, ALL_DEVICES, *self.members,
-                                                         *self.roster.group_addresses()})}
-        self.cloud_subs.sync(wanted, fresh=fresh)
+        self.cloud_subs.sync(edge_cloud_filters(self.run_id, self.node_id, self.cloud, self.members,
+                                                self.roster.group_addresses(), loaded=self.part is not None), fresh=fresh)
 
     def _announce(self) -> None:
         hello = {"role": "edge", "parent": self.cloud, "samples": sum(self.members.values()),
-                 "backend": "torch", "classes": np.zeros(0, dtype=np.int64), "members": sorted(self.live)}
+                 "backend": "torch", "classes": np.zeros(0, dtype=np.int64), "members": sorted(self.roster.live)}
         self.send(self.up, "up", "hello", hello, round_=0, retain=True)
         for transport in {id(self.up): self.up, id(self.down): self.down}.values():
             self.announce_online(transport)  # the cloud reads it upstream, the devices on the site broker
@@ -129,37 +103,19 @@ class EdgeAggregator(Node):
         if where.tier == "cloud":
             self._from_cloud(where, env)
         elif env.kind == "hello":
-            self._on_hello(env, addressed=where.to is not None)
+            if self.roster.hello(env, addressed=where.to is not None):
+                self._members_changed()
         elif env.kind == "status":
-            self._on_status(env)
+            if self.roster.status(env):
+                self._announce()  # the cloud waits for live devices before round 1
         elif env.sender in self.members:
             self._from_device(env)
 
-    def _on_hello(self, env: Envelope, *, addressed: bool) -> None:
-        if env.sender == self.node_id:
-            log.warning("edge %s: a device with this edge's own id cannot join it", self.node_id)
-            return
-        change = self.roster.hello(env, addressed=addressed)
-        member_topics = pattern(self.run_id, "device", env.sender, "up", "#")
-        if change == "joined":
-            self.down.subscribe(member_topics, self.enqueue)
-            status.info("edge %s: device %s joined (%d samples)", self.node_id, env.sender, env.body["samples"])
-        elif change == "left":
-            self.down.unsubscribe(member_topics)
-            status.info("edge %s: device %s left for another edge", self.node_id, env.sender)
-        if change is not None:
-            self._sync_subscriptions()
-            self._announce()
-            if self.part is not None:
-                self.part.members_changed(set(self.members))
-
-    def _on_status(self, env: Envelope) -> None:
-        """A member's status (retained: it arrives when its subscription opens, and on change)."""
-        if self.presence.update(env.sender, env.body["state"]) and env.sender in self.members:
-            online = env.sender in self.presence.online
-            (log.info if online else log.warning)("edge %s: device %s %s", self.node_id, env.sender,
-                                                  "is online" if online else "went offline")
-            self._announce()  # the cloud waits for live devices before round 1
+    def _members_changed(self) -> None:
+        self._sync_subscriptions()
+        self._announce()
+        if self.part is not None:
+            self.part.members_changed(set(self.members))
 
     def _pass_round_down(self, env: Envelope, *, retain: bool = True) -> None:
         """The cloud's round announcement (or stop), republished on this edge's downlink."""
@@ -179,16 +135,14 @@ class EdgeAggregator(Node):
 
     def _relay(self, where: Topic, env: Envelope) -> None:
         """Pass the cloud's message for devices on to ours, under the same address and slot."""
-        to = None if where.to == ALL_DEVICES else where.to
-        if to is not None and not to.startswith("@") and to not in self.members:
-            return  # a device that just left us
-        self.send(self.down, "down", env.kind, env.body, round_=env.round, retain=retained(where.kind),
-                  topic_kind=where.kind, to=to)
+        route = relay_route(where, self.down, self.members)
+        if route is not None:
+            self.send(route.transport, route.direction, env.kind, env.body, round_=env.round,
+                      retain=relayed_retained(where.kind), topic_kind=where.kind, to=route.to)
 
     def _on_round(self, env: Envelope) -> None:
         plan = RoundPlan.from_body(env.round, env.body)
-        if plan.session and plan.session != self.session and not plan.stop:
-            self._new_session(plan.session)
+        self.follow_session(plan)
         stop = self.on_stop(plan, started=self.plan is not None,
                             done=f" after round {self.plan.round}" if self.plan else "")
         if stop == "finished":
@@ -198,32 +152,23 @@ class EdgeAggregator(Node):
         if stop or not plan.newer_than(self.plan) or not self._ensure_part(plan):
             return  # a stop, a retained announcement seen again, or a config we cannot use
         self.plan, self.round = plan, plan.round
-        awaited = self.awaited
+        awaited = self.roster.awaited
         self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
         self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, awaited)
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, round and cached state."""
-        if self.session:
-            log.info("edge %s: new session %s (was %s)", self.node_id, session, self.session)
-        self.session, self.plan = session, None
-        self.host.reset()
+        super()._new_session(session)
+        self.plan = None
         if self.rounds.is_open:
             self.rounds.close()
 
     def _ensure_part(self, plan: RoundPlan) -> bool:
-        """The part for the announced method and config; False when it cannot be used."""
-        try:
-            outcome = self.host.ensure(plan.method, plan.config)
-        except ValueError as exc:
-            self.refused["config.invalid"] += 1
-            log.error("edge %s: cannot take round %d: %s", self.node_id, plan.round, exc)
-            return False
-        if outcome == "reconfigured":
-            log.info("edge %s: %s settings changed at round %d", self.node_id, plan.method, plan.round)
-        self._sync_subscriptions(fresh=outcome == "replaced")  # another method: its retained data, with its kinds
-        return True
+        outcome = self.ensure_part(plan)
+        if outcome is not None:  # another method: the cloud's retained data again, with its kinds
+            self._sync_subscriptions(fresh=outcome == "replaced")
+        return outcome is not None
 
     def _build_part(self, method: Method) -> EdgePart:
         part = method.edge_part(NodeContext(node_id=self.node_id, method=method, rng=self.rng, run=self.run_id))
@@ -243,7 +188,7 @@ class EdgeAggregator(Node):
     def _maybe_close_round(self) -> None:
         if not self.rounds.is_open or self.part is None or self.plan is None:
             return
-        if not (self.rounds.complete(self.awaited) or self.rounds.expired()) or not self.part.ready(self.plan):
+        if not (self.rounds.complete(self.roster.awaited) or self.rounds.expired()) or not self.part.ready(self.plan):
             return  # a model this round needs has not arrived yet; it is retained, so it will
         started = time.monotonic()
         reports = self.rounds.close()
@@ -255,39 +200,22 @@ class EdgeAggregator(Node):
             self.errors += 1
             log.exception("edge %s: aggregating round %d failed", self.node_id, self.plan.round)
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
-        self.send(self.up, "up", "done", {"phase": "round", "info": self._round_info(infos, len(reports), started)})
+        info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
+                              errors=self.errors, refused=self.rejections([self.down, self.up]))
+        self.send(self.up, "up", "done", {"phase": "round", "info": info})
         self._save_state()
         status.info("edge %s: round %d closed with %d/%d devices in %.1f s", self.node_id, self.plan.round,
-                    len(infos), len(self.live), time.monotonic() - started)
-
-    def _round_info(self, infos: list[dict[str, Any]], reported: int, started: float) -> dict[str, Any]:
-        """This edge's done info: the part's, its devices' losses and refusals, its own."""
-        device_refused: collections.Counter[str] = collections.Counter()
-        for i in infos:
-            device_refused.update(i.get("refused") or {})
-        info = {**self.part.round_info(), **device_losses(infos), "devices": reported,
-                "device_refused": dict(device_refused), "seconds": round(time.monotonic() - started, 3), "errors": self.errors,
-                "refused": self.rejections([self.down, self.up])}
-        if self.part.losses:
-            info["loss"] = dict(self.part.losses)
-        return info
+                    len(infos), len(self.roster.live), time.monotonic() - started)
 
     # -- crash safety ------------------------------------------------------------------------
     def _save_state(self) -> None:
         """After each round: what a restarted edge needs to carry on in the same session."""
         if self.state_file is not None and self.plan is not None and self.part is not None:
-            statefile.save(self.state_file, run=self.run_id, node=self.node_id, session=self.session,
-                           round_=self.plan.round, plan=self.plan.to_body(), part=self.host.state(), rng=self.rng)
+            statefile.save(self.state_file, self)
 
     def _resume(self) -> None:
         """Take back the state a previous process of this edge saved; a round of the same
         session then carries on with it (a new session drops it, as ever)."""
-        state = statefile.load(self.state_file, run=self.run_id) if self.state_file is not None else None
-        if state is None:
-            return
-        self.host.restore(state["part"])
-        self.rng.bit_generator.state = state["rng"].bit_generator.state
-        self.session, self.round = state["session"], int(state["round"])
-        self.plan = RoundPlan.from_body(self.round, state["plan"])
-        status.info("edge %s: resuming session %s after round %d (%s)", self.node_id, self.session, self.round,
-                    self.state_file)
+        if self.state_file is not None and statefile.resume(self.state_file, self):
+            status.info("edge %s: resuming session %s after round %d (%s)", self.node_id, self.session, self.round,
+                        self.state_file)

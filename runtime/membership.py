@@ -11,15 +11,25 @@ made it join here is remembered as refuted: read again, it cannot make the devic
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.topics import THIN_BACKEND, THIN_DEVICES
+from splitedge.protocol.topics import THIN_BACKEND, THIN_DEVICES, pattern
+from splitedge.runtime.presence import Presence
+from splitedge.runtime.subscriptions import Subscriptions
+
+log = logging.getLogger(__name__)
+status = logging.getLogger("splitedge.status")
 
 
 class Members:
-    def __init__(self, edge: str) -> None:
-        self.edge = edge
+    """An edge's devices (from their hellos) and which of them are alive (from their status).
+    With `subs` (the edge's site transport), each member's own topics are read while it is one."""
+
+    def __init__(self, edge: str, run: str = "", subs: Subscriptions | None = None) -> None:
+        self.edge, self.run, self.subs = edge, run, subs
+        self.presence = Presence()  # which devices are online, and who went offline a moment ago
         self.samples: dict[str, int] = {}  # device -> samples it announced
         # device -> the group addresses it reads: "@<g>" per group, and "@thin" on the onnx
         # backend (the edge reads each from the cloud while a member needs it)
@@ -33,8 +43,21 @@ class Members:
     def __iter__(self) -> Any:
         return iter(self.samples)
 
-    def hello(self, env: Envelope, *, addressed: bool) -> str | None:
-        """Take a hello: "joined", "changed" (groups or backend), "left" (moved), or None."""
+    def hello(self, env: Envelope, *, addressed: bool) -> bool:
+        """Take a hello; True when the members or what they read changed."""
+        if env.sender == self.edge:
+            log.warning("edge %s: a device with this edge's own id cannot join it", self.edge)
+            return False
+        change = self._change(env, addressed=addressed)
+        if change in ("joined", "left"):
+            status.info("edge %s: device %s %s", self.edge, env.sender, f"joined ({env.body['samples']} samples)"
+                        if change == "joined" else "left for another edge")
+        if change is not None and self.subs is not None:  # a member's status, hellos and data
+            self.subs.sync({pattern(self.run, "device", d, "up", "#") for d in self.samples})
+        return change is not None
+
+    def _change(self, env: Envelope, *, addressed: bool) -> str | None:
+        """"joined", "changed" (groups or backend), "left" (moved to another edge), or None."""
         dev, parent = env.sender, env.body["parent"]
         if addressed:
             if parent != self.edge or dev in self or self.refuted.get(dev) == env.msg_id:
@@ -46,8 +69,6 @@ class Members:
             self.drop(dev)
             return "left"
         self.joined_by[dev] = env.msg_id
-        if dev == self.edge:
-            return None
         thin = {THIN_DEVICES} if env.body["backend"] == THIN_BACKEND else set()
         addresses = {f"@{g}" for g in env.body["groups"]} | thin
         if dev in self and self.addresses.get(dev) == addresses:
@@ -55,6 +76,26 @@ class Members:
         change = "changed" if dev in self else "joined"
         self.samples[dev], self.addresses[dev] = int(env.body["samples"]), addresses
         return change
+
+    def status(self, env: Envelope) -> bool:
+        """Take a status (retained: it arrives when the member's filter opens, and on change);
+        True when a member went online or offline."""
+        if not (self.presence.update(env.sender, env.body["state"]) and env.sender in self):
+            return False
+        online = env.sender in self.presence.online
+        (log.info if online else log.warning)("edge %s: device %s %s", self.edge, env.sender,
+                                              "is online" if online else "went offline")
+        return True
+
+    @property
+    def live(self) -> set[str]:
+        """Members whose last status is online."""
+        return self.presence.live(self.samples)
+
+    @property
+    def awaited(self) -> set[str]:
+        """Members a round waits for: online, or gone so recently they may be back (Presence)."""
+        return self.presence.awaited(self.samples)
 
     def drop(self, dev: str) -> None:
         self.samples.pop(dev, None)

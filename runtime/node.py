@@ -22,6 +22,7 @@ from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import Transport
 from splitedge.runtime.inbound import Inbound, NodeInbound, carries_session
+from splitedge.runtime.parts import Misfit, PartHost
 from splitedge.runtime.router import Router
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class Node:
     """A named participant of a run, publishing under `splitedge/<run>/<tier>/<id>/...`."""
 
     router: Router
+    host: PartHost
 
     def __init__(self, *, run: str, tier: str, node_id: str) -> None:
         self.run_id, self.tier, self.node_id = run, tier, node_id
@@ -135,6 +137,17 @@ class Node:
                     self.node_id, self.run_id, self.tier)
         return True
 
+    def follow_session(self, plan: Any) -> None:
+        """A round of another session: the cloud (re)started, so `_new_session` forgets the old one."""
+        if plan.session and plan.session != self.session and not plan.stop:
+            if self.session:
+                log.info("%s %s: new session %s (was %s)", self.tier, self.node_id, plan.session, self.session)
+            self._new_session(plan.session)
+
+    def _new_session(self, session: str) -> None:
+        self.session = session
+        self.host.reset()
+
     def on_stop(self, plan: Any, *, started: bool, done: str) -> str | None:
         """A round announcement that is the run's stop: "finished" (the node stops), "held" (a
         retained stop found before any round, see hold_stop) or None (a round: any held stop
@@ -149,6 +162,22 @@ class Node:
         status.info("%s %s: run finished%s", self.tier, self.node_id, f": {reason}" if reason else done)
         self.stopped.set()
         return "finished"
+
+    def ensure_part(self, plan: Any) -> str | None:
+        """The host's part for the announced method and config (runtime/parts.py): its outcome,
+        or None (counted as `config.invalid`, logged) when the announcement cannot be used.
+        Misfit propagates: only the node knows what a misfit means for it."""
+        try:
+            outcome = self.host.ensure(plan.method, plan.config)
+        except Misfit:
+            raise
+        except ValueError as exc:
+            self.refused["config.invalid"] += 1
+            log.error("%s %s: cannot take round %d: %s", self.tier, self.node_id, plan.round, exc)
+            return None
+        if outcome == "reconfigured":
+            log.info("%s %s: %s settings changed at round %d", self.tier, self.node_id, plan.method, plan.round)
+        return outcome
 
     # -- sending ---------------------------------------------------------------------------
     def announce_online(self, transport: Transport) -> None:

@@ -142,3 +142,14 @@ def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, 
     tmp = path.with_suffix(".tmp")
     save_file({k: np.array(v, order="C") for k, v in weights.items()}, str(tmp), metadata=meta)  # keeps 0-d
     tmp.replace(path)
+
+
+def plot_spectra_per_round(history: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
+    """The representation's singular-value spectrum at every round that reported one (dimensional
+    collapse made visible); None when no round did."""
+    curves = {f"round {h['round']}": h["spectrum"] for h in history if h.get("spectrum")}
+    if not curves:
+        return None
+    from splitedge.methods.metrics.report import plot_spectra
+
+    return plot_spectra(curves, path, title=title or "representation per round")

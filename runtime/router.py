@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from splitedge.methods.contract import To
-from splitedge.protocol.topics import ALL_DEVICES, THIN_DEVICES
+from splitedge.protocol.topics import ALL_DEVICES, THIN_DEVICES, Topic
 from splitedge.protocol.transport import Transport
 
 NAMED = frozenset({"device", "edge", "peer", "group"})
@@ -61,3 +61,21 @@ def cloud_router(t: Transport) -> Router:
                             "thin": lambda _: Route(t, "down", THIN_DEVICES), "edge": lambda node: Route(t, "down", node),
                             "device": lambda node: Route(t, "down", node),
                             "group": lambda node: Route(t, "down", f"@{node}")})
+
+
+RETAINED_KINDS = frozenset({"round", "assign"})  # runtime-owned state a late joiner must find
+
+
+def relay_route(where: Topic, down: Transport, members: Mapping[str, object]) -> Route | None:
+    """Where an edge passes on the cloud's message for devices (`where.to`: `@all`, a device,
+    `@<group>`, `@thin`): its own downlink under the same address; None for a device that is
+    not (or no longer) its member."""
+    to = None if where.to == ALL_DEVICES else where.to
+    if to is not None and not to.startswith("@") and to not in members:
+        return None
+    return Route(down, "down", to)
+
+
+def relayed_retained(kind_segment: str) -> bool:
+    """A relayed message stays retained when it was: a slot's latest value or runtime state."""
+    return "-" in kind_segment or kind_segment in RETAINED_KINDS

@@ -13,27 +13,32 @@ from pathlib import Path
 from typing import Any
 
 from splitedge.methods import snapshot
+from splitedge.methods.contract import RoundPlan
 
 log = logging.getLogger(__name__)
 
 FORMAT = 2  # 1: the part's state taken by walking its attributes (before parts declared it)
 
 
-def save(path: Path, *, run: str, node: str, session: str, round_: int, plan: dict[str, Any],
-         part: dict[str, Any], rng: Any) -> None:
+def save(path: Path, node: Any) -> None:
+    """`node`'s state (an edge: its run, id, session, plan, part host and rng) at `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"format": FORMAT, "run": run, "node": node, "session": session, "round": round_, "plan": plan,
-             "part": part, "rng": snapshot.to_plain(rng)}
+    state = {"format": FORMAT, "run": node.run_id, "node": node.node_id, "session": node.session,
+             "round": node.plan.round, "plan": node.plan.to_body(), "part": node.host.state(),
+             "rng": snapshot.to_plain(node.rng)}
     snapshot.write_atomic(path, snapshot.dumps(state))
 
 
-def load(path: Path, *, run: str) -> dict[str, Any] | None:
-    """The saved state, or None (no file, or not this run's: logged)."""
+def resume(path: Path, node: Any) -> bool:
+    """Put the state saved at `path` back into `node`; False when there is none of its run."""
     if not path.exists():
-        return None
+        return False
     state = snapshot.loads(path.read_bytes())
-    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("run") != run:
+    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("run") != node.run_id:
         log.warning("%s is not this run's state (or of another splitedge version); starting afresh", path)
-        return None
-    state["rng"] = snapshot.from_plain(state["rng"])
-    return state
+        return False
+    node.host.restore(state["part"])
+    node.rng.bit_generator.state = snapshot.from_plain(state["rng"]).bit_generator.state  # after the build's draws
+    node.session, node.round = state["session"], int(state["round"])
+    node.plan = RoundPlan.from_body(node.round, state["plan"])
+    return True

@@ -255,7 +255,8 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
             if tree is not None:
                 summary["brokers"] = tree.counters()  # bytes and messages through each broker
         (s.out / "summary.json").write_text(dumps(summary, indent=1))
-        from splitedge.runtime.plots import plot_run, plot_spectra_per_round
+        from splitedge.plots import plot_run
+        from splitedge.runtime.outputs import plot_spectra_per_round
 
         plot_run(history, s.out / "plot.png",
                  title=f"{s.method} on {s.dataset}, {s.devices} devices, {s.edges} edges, "

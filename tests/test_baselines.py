@@ -130,7 +130,7 @@ def test_agent_request_waits_for_matching_reply_and_defers_the_rest():
     # Execute
     reply = agent.exchange.request(Message("activations", body), "gradients", timeout=2.0)
     # Assert
-    assert reply.body["batch"] == 5 and agent.stale_replies == 1
+    assert reply.body["batch"] == 5 and agent.exchange.stale_replies == 1
     assert agent.next_event(0.0)[1] is weights  # deferred events come back after the round
     with pytest.raises(TimeoutError):
         agent.exchange.request(Message("activations", body), "gradients", timeout=0.2)

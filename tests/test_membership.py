@@ -27,7 +27,7 @@ def test_a_device_talks_to_its_own_edge_only_and_a_restart_elsewhere_moves_it_fo
         e1 = live.start(EdgeAggregator(live.transport("edge", "e1"), run=run, node_id="e1"))
         first = DeviceAgent(live.transport("device", "d0"), run=run, node_id="d0", edge="e0", data=data)
         live.start(first)
-        assert wait_for(lambda: e0.live == {"d0"}, 10), e0.members
+        assert wait_for(lambda: e0.roster.live == {"d0"}, 10), e0.members
         # Assert: e1 received neither its hello nor its status (no wildcard reaches every edge)
         time.sleep(0.5)
         assert device_messages_in(e1, "hello") == 0 and device_messages_in(e1, "status") == 0
@@ -39,7 +39,7 @@ def test_a_device_talks_to_its_own_edge_only_and_a_restart_elsewhere_moves_it_fo
         second = DeviceAgent(live.transport("device", "d0"), run=run, node_id="d0", edge="e1", data=data)
         live.start(second)
         # Assert: e1 has it, e0 let it go
-        assert wait_for(lambda: e1.live == {"d0"} and "d0" not in e0.members, 10), (e0.members, e1.members)
+        assert wait_for(lambda: e1.roster.live == {"d0"} and "d0" not in e0.members, 10), (e0.members, e1.members)
 
         # Execute: e0 restarts; d0's old hello to e0 is still retained on the broker
         e0.stop()
@@ -49,7 +49,7 @@ def test_a_device_talks_to_its_own_edge_only_and_a_restart_elsewhere_moves_it_fo
         # without it (no rejoin loop on the retained hello), while e1 keeps it
         assert wait_for(lambda: device_messages_in(again, "hello") >= 2, 10), again.down.counters.snapshot()
         time.sleep(1.0)
-        assert again.members == {} and e1.live == {"d0"}, (again.members, e1.members)
+        assert again.members == {} and e1.roster.live == {"d0"}, (again.members, e1.members)
         joins = device_messages_in(again, "hello")
         time.sleep(1.0)
         assert device_messages_in(again, "hello") == joins  # settled: nothing keeps resubscribing

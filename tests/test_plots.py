@@ -1,4 +1,4 @@
-"""The run plot (runtime/plots.py): accuracy with chance and averaging marks, bytes per round,
+"""The run plot (splitedge/plots.py): accuracy with chance and averaging marks, bytes per round,
 checked on the matplotlib Figure rather than by parsing the PNG."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from matplotlib.colors import to_rgba
 
-from splitedge.runtime.plots import MARKS, byte_unit, cloud_received_per_round, plot_run, run_figure
+from splitedge.plots import MARKS, byte_unit, cloud_received_per_round, plot_run, run_figure
 
 
 def cumulative_in(total: int) -> dict:

@@ -1,5 +1,5 @@
-"""Plots of a run (matplotlib, headless): accuracy and bytes per round, and the representation's
-spectrum per round."""
+"""Plots of a run (matplotlib, headless): accuracy and bytes per round (the spectrum per round is
+runtime/outputs.py's: the cloud writes it too)."""
 
 from __future__ import annotations
 
@@ -133,14 +133,3 @@ def plot_run(history: Sequence[dict[str, Any]], path: Path, title: str = "", *, 
     """Write `run_figure(...)` to `path` as a PNG (dpi 100)."""
     run_figure(history, title, chance=chance, personalised=personalised, accuracy_label=accuracy_label,
                device_bytes=device_bytes).savefig(path, dpi=100)
-
-
-def plot_spectra_per_round(history: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
-    """The representation's singular-value spectrum at every round that reported one (dimensional
-    collapse made visible); None when no round did."""
-    curves = {f"round {h['round']}": h["spectrum"] for h in history if h.get("spectrum")}
-    if not curves:
-        return None
-    from splitedge.methods.metrics.report import plot_spectra
-
-    return plot_spectra(curves, path, title=title or "representation per round")

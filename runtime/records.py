@@ -1,0 +1,43 @@
+"""What a closed round reports upward: an edge's `done` info, and the cloud's tally of refusals.
+
+Each tier adds its own to what its children said: an edge merges its devices' losses (sample
+weighted) and sums their refusal counts beside its own; the cloud lists refusals per tier in
+its metrics record (`rejected`), so one look at a round shows where messages were dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Mapping, Sequence
+
+from splitedge.methods.contract import Part, Report
+from splitedge.methods.losslog import device_losses
+
+
+def edge_done_info(part: Part, infos: Sequence[Mapping[str, Any]], *, reported: int, seconds: float, errors: int,
+                   refused: Mapping[str, int]) -> dict[str, Any]:
+    """An edge's done info: its part's, its devices' losses and refusals (from their done
+    infos), how many devices reported, its own time, errors and refusals."""
+    device_refused: collections.Counter[str] = collections.Counter()
+    for i in infos:
+        device_refused.update(i.get("refused") or {})
+    info = {**part.round_info(), **device_losses(infos), "devices": reported, "device_refused": dict(device_refused),
+            "seconds": round(seconds, 3), "errors": errors, "refused": dict(refused)}
+    if part.losses:
+        info["loss"] = dict(part.losses)
+    return info
+
+
+def round_rejections(cloud: Mapping[str, int], reports: Sequence[Report]) -> dict[str, dict[str, int]]:
+    """Messages dropped so far, by rule: at the cloud (malformed frames, refused by the part)
+    and at each edge that closed this round (as its done info says); devices summed."""
+    out = {"cloud": dict(cloud)}
+    devices: collections.Counter[str] = collections.Counter()
+    for r in reports:
+        info = r.get("done").body["info"] if r.get("done") is not None else {}
+        if info.get("refused"):
+            out[r.sender] = dict(info["refused"])
+        devices.update(info.get("device_refused") or {})
+    if devices:
+        out["devices"] = dict(devices)  # summed over this round's devices, each counting since it started
+    return out
