@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every value, before any data is loaded or anything connects."""
-    from splitedge.cloud.options import check_run_arguments, method_overrides
+    from splitedge.cloud.options import check_run_arguments
+    from splitedge.methods.flags import method_overrides
 
     check_run_arguments(args.method, args.rounds, args.dataset, args.data, args.deadline, args.seed, args.max_train,
                         args.max_test, method_overrides(args))
@@ -67,7 +68,8 @@ def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
     import torch
 
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
-    from splitedge.cloud.options import build_run_config, method_overrides
+    from splitedge.cloud.options import build_run_config
+    from splitedge.methods.flags import method_overrides
     from splitedge.methods.data.datasets import load_dataset
     from splitedge.runtime.session import check_identity_free, connect
     from splitedge.runtime.outputs import write_counters

@@ -1,5 +1,8 @@
 """Run options shared by `splitedge cloud` and `splitedge sim`, turned into the typed run config.
 
+The method's own settings come from its config fields (methods/flags.py: a flag per flagged
+setting, `--set` for any); this module holds no method's flags.
+
 The result travels in every round announcement (as a nested map), so devices and edges
 started with only a broker URL build the same model and method settings as the cloud.
 """
@@ -7,10 +10,12 @@ started with only a broker URL build the same model and method settings as the c
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import dataclasses
+from typing import Any, Mapping
 
-from splitedge.methods.config import ModelSpec, RunConfig
-from splitedge.methods.registry import create_method, default_config, list_methods
+from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig, from_wire, parse_settings
+from splitedge.methods.flags import add_method_flags
+from splitedge.methods.registry import get_method, list_methods
 
 DEFAULT_MODEL = {"digits": "cnn", "cifar10": "cnn"}
 
@@ -26,36 +31,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the data split, the models' initial weights and sampling")
     p.add_argument("--max-train", type=int, default=None, help="use at most this many training images")
     p.add_argument("--max-test", type=int, default=None, help="evaluate on at most this many test images")
-    g = p.add_argument_group("H-SFP")
-    g.add_argument("--mean-only", action="store_true", help="ablation: prototypes without variance")
-    g.add_argument("--no-slow-averaging", action="store_true", help="ablation: never average W_c / W_e")
-    g.add_argument("--resend-moments", choices=("on-change", "every-round"), default=None,
-                   help="send device moments only when W_c changed (on-change), or every round")
-    g.add_argument("--feature-dtype", choices=("f2", "f4"), default=None, help="moments on the wire")
-    g.add_argument("--ic", type=int, default=None, help="rounds between W_c averages")
-    g.add_argument("--ie", type=int, default=None, help="rounds between W_e averages (0: W_e stays as initialised)")
-    g.add_argument("--local-epochs", type=int, default=None, help="local epochs per round on a device")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any method setting by name (repeatable), e.g. --set edge_samples=4096")
-
-
-def method_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """Method settings given on the command line, checked against the method's config class."""
-    out: dict[str, Any] = {}
-    if args.mean_only:
-        out["mean_only"] = True
-    if args.no_slow_averaging:
-        out["slow_averaging"] = False
-    for flag, key in (("resend_moments", "resend_moments"), ("feature_dtype", "feature_dtype"),
-                      ("ic", "ic"), ("ie", "ie"), ("local_epochs", "local_epochs")):
-        if getattr(args, flag) is not None:
-            out[key] = getattr(args, flag)
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        out[key] = value
-    return out
+    add_method_flags(p)
 
 
 def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None, deadline_s: float, seed: int,
@@ -82,20 +58,29 @@ def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None
     for flag, value in (("--max-train", max_train), ("--max-test", max_test)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
+    method_config(method, overrides)
+
+
+def method_config(method: str, overrides: Mapping[str, Any]) -> MethodConfig:
+    """The method's typed settings: its defaults with `overrides` (typed values or command-line
+    text), each parsed and checked by the method's Config. One ValueError naming the setting."""
+    cls = get_method(method).Config
     try:
-        default_config(method, ModelSpec(), **overrides)
+        return from_wire(cls, parse_settings(cls, overrides))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{method} settings: {exc}") from None
 
 
-def build_run_config(method: str, info: Any, model: str | None, seed: int, overrides: dict[str, Any]) -> RunConfig:
-    """Model spec + the method's typed config, each setting checked against the method's Config."""
+def build_run_config(method: str, info: Any, model: str | None, seed: int, overrides: Mapping[str, Any]) -> RunConfig:
+    """The run's config, built once: the model spec from the data set, the method's settings,
+    and what the method derives from the model before round 1 (`Method.settle`) for the
+    settings the command line left open."""
     spec = ModelSpec(model=model or DEFAULT_MODEL.get(info.name, "cnn"), num_classes=info.num_classes,
                      channels=info.channels, image_size=info.image_size, mean=tuple(info.mean),
                      std=tuple(info.std), seed=seed)
+    config = RunConfig(spec, method_config(method, overrides))
     try:
-        config = default_config(method, spec, **overrides)
-        derived = {k: v for k, v in create_method(method, config).settle().items() if k not in overrides}
-        return default_config(method, spec, **overrides, **derived) if derived else config
+        derived = {k: v for k, v in get_method(method)(config, name=method).settle().items() if k not in overrides}
+        return RunConfig(spec, dataclasses.replace(config.method, **derived)) if derived else config
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{method} settings: {exc}") from None

@@ -22,6 +22,13 @@ import numpy as np
 T = TypeVar("T")
 
 
+def flag(default: Any, help: str, *, choices: tuple[str, ...] | None = None) -> Any:
+    """A setting with a command-line flag of its own (methods/flags.py): `--<name> VALUE`, or
+    for a boolean `--<name>` (default False) / `--no-<name>` (default True). Every setting is
+    also reached by `--set <name>=VALUE`."""
+    return dataclasses.field(default=default, metadata={"flag": help, "choices": choices})
+
+
 @dataclass(frozen=True)
 class MethodConfig:
     """Settings every method has; each method's Config subclasses it.

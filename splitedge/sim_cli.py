@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitedge.cloud.options import method_overrides
+    from splitedge.methods.flags import method_overrides
     from splitedge.sim import SimSettings, run_sim
 
     s = SimSettings(rounds=args.rounds, devices=args.devices, edges=args.edges, method=args.method,

@@ -55,7 +55,7 @@ def test_sim_bytes_by_tier_are_consistent(sim_run) -> None:
 def test_ablation_flags_reach_the_method_config(tmp_path: Path) -> None:
     args = build_parser().parse_args(["sim", "--mean-only", "--no-slow-averaging", "--resend-moments",
                                       "every-round", "--feature-dtype", "f2", "--set", "edge_samples=512"])
-    from splitedge.cloud.options import method_overrides
+    from splitedge.methods.flags import method_overrides
 
     assert method_overrides(args) == {"mean_only": True, "slow_averaging": False,
                                       "resend_moments": "every-round", "feature_dtype": "f2", "edge_samples": "512"}

@@ -4,26 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from splitedge.methods.config import MethodConfig
+from splitedge.methods.config import MethodConfig, flag
 from splitedge.methods.moments import ROBUST_MERGES
 
 
 @dataclass(frozen=True)
 class HSFPConfig(MethodConfig):
     # device: SupCon on two augmented views through a device-only projection head
-    local_epochs: int = 1
+    local_epochs: int = flag(1, "local epochs per round on a device")
     tau: float = 0.5
     device_lr: float = 0.05
     device_batch: int = 64
     proj_dim: int = 64
     # slow time scale: W_c averaged every ic rounds, W_e every ie rounds; ie = 0 keeps W_e as
     # initialised (a fixed random layer): never averaged, and edges do not train it
-    ic: int = 5
-    ie: int = 10
-    slow_averaging: bool = True
+    ic: int = flag(5, "rounds between W_c averages")
+    ie: int = flag(10, "rounds between W_e averages (0: W_e stays as initialised)")
+    slow_averaging: bool = flag(True, "ablation: never average W_c / W_e")
     # wire
-    feature_dtype: str = "f4"
-    resend_moments: str = "on-change"  # or "every-round"
+    feature_dtype: str = flag("f4", "moments on the wire", choices=("f2", "f4"))
+    resend_moments: str = flag("on-change", "send device moments only when W_c changed (on-change), or every round",
+                               choices=("on-change", "every-round"))
     # edge: SupCon on synthetic W_c features
     edge_samples: int = 2048
     edge_epochs: int = 1
@@ -35,7 +36,7 @@ class HSFPConfig(MethodConfig):
     cloud_lr: float = 0.01
     cloud_batch: int = 128
     # Gaussian sampling
-    mean_only: bool = False
+    mean_only: bool = flag(False, "ablation: prototypes without variance")
     sample_floor: int = 8
     eps: float = 1e-5
     # share of each sample's noise drawn once per channel and shared by all positions of a

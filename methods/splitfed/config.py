@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from splitedge.methods.config import MethodConfig
+from splitedge.methods.config import MethodConfig, flag
 
 
 @dataclass(frozen=True)
 class SplitFedConfig(MethodConfig):
-    local_epochs: int = 1
+    local_epochs: int = flag(1, "local epochs per round on a device")
     device_batch: int = 32
     device_lr: float = 0.05
     edge_lr: float = 0.05
