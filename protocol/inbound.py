@@ -15,9 +15,10 @@ its sender announced, whether the method's part takes it) is the node's chain
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from splitedge.protocol.accounting import publish_packet_bytes
 from splitedge.protocol.codec import Envelope, decode
@@ -25,8 +26,17 @@ from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.signing import split_trailer
 from splitedge.protocol.topics import parse
 
-if TYPE_CHECKING:
-    from splitedge.protocol.transport import Transport
+
+class Wire(Protocol):
+    """What the steps read of the transport that runs them (protocol/transport.py's Transport)."""
+
+    counters: Any
+    max_bytes: int
+    verifier: Any
+    duplicates: int
+    _state_lock: threading.Lock
+
+    def _seen_before(self, topic: str, msg_id: str) -> bool: ...
 
 
 @dataclass
@@ -40,7 +50,7 @@ class Frame:
 
 
 Next = Callable[[Frame], None]
-Step = Callable[[Frame, "Transport", Next], None]
+Step = Callable[[Frame, Wire, Next], None]
 
 
 def counted_kind(topic: str) -> str:
@@ -52,27 +62,27 @@ def counted_kind(topic: str) -> str:
         return "raw"
 
 
-def count_bytes(frame: Frame, t: "Transport", nxt: Next) -> None:
+def count_bytes(frame: Frame, t: Wire, nxt: Next) -> None:
     """Payload and MQTT packet bytes, whatever becomes of the frame (it crossed the wire)."""
     packet = publish_packet_bytes(frame.topic, len(frame.payload), frame.qos)
     t.counters.record("in", counted_kind(frame.topic), len(frame.payload), packet)
     nxt(frame)
 
 
-def skip_cleared(frame: Frame, t: "Transport", nxt: Next) -> None:
+def skip_cleared(frame: Frame, t: Wire, nxt: Next) -> None:
     """An empty payload is MQTT's "retained message cleared" notice, not a message."""
     if frame.payload:
         nxt(frame)
 
 
-def cap_size(frame: Frame, t: "Transport", nxt: Next) -> None:
+def cap_size(frame: Frame, t: Wire, nxt: Next) -> None:
     """Refuse a frame over the cap before anything parses it."""
     if len(frame.payload) > t.max_bytes:
         raise ProtocolError("frame.too_large", f"{len(frame.payload)} bytes > cap of {t.max_bytes}")
     nxt(frame)
 
 
-def open_frame(frame: Frame, t: "Transport", nxt: Next) -> None:
+def open_frame(frame: Frame, t: Wire, nxt: Next) -> None:
     """Check the signature (with a keyring: a frame not from its topic's node is refused
     before it is decoded) and decode. A signed copy of the newest frame on its topic (the
     broker re-sent it) is dropped and counted as a duplicate. Without a keyring a signature
@@ -90,7 +100,7 @@ def open_frame(frame: Frame, t: "Transport", nxt: Next) -> None:
     nxt(frame)
 
 
-def _decode(frame: Frame, t: "Transport") -> Envelope | None:
+def _decode(frame: Frame, t: Wire) -> Envelope | None:
     if t.verifier is not None:
         opened = t.verifier.open(frame.topic, frame.payload)
         return None if opened is None else decode(opened, max_bytes=t.max_bytes)
@@ -103,7 +113,7 @@ def _decode(frame: Frame, t: "Transport") -> Envelope | None:
     return decode(frame.payload, max_bytes=t.max_bytes)
 
 
-def check_sender(frame: Frame, t: "Transport", nxt: Next) -> None:
+def check_sender(frame: Frame, t: Wire, nxt: Next) -> None:
     """The topic names the publisher (a broker ACL can pin it to a login), so an envelope that
     claims another sender, run or kind is forged or misrouted. Foreign topics are not checked."""
     mismatch = topic_mismatch(frame.topic, frame.env)
@@ -127,7 +137,7 @@ def topic_mismatch(topic: str, env: Envelope) -> tuple[str, str] | None:
     return None
 
 
-def drop_duplicates(frame: Frame, t: "Transport", nxt: Next) -> None:
+def drop_duplicates(frame: Frame, t: Wire, nxt: Next) -> None:
     """A copy already routed is dropped: MQTT 3.1.1 lets a broker (amqtt does) send one copy
     per overlapping subscription, and QoS 1 may redeliver; handlers run once per message."""
     if not t._seen_before(frame.topic, frame.env.msg_id):
@@ -138,7 +148,7 @@ WIRE_STEPS: tuple[Step, ...] = (count_bytes, skip_cleared, cap_size, open_frame,
 """The order every transport judges a received frame in; routing to the handlers comes last."""
 
 
-def compose(steps: Sequence[Step], t: "Transport", last: Next) -> Next:
+def compose(steps: Sequence[Step], t: Wire, last: Next) -> Next:
     """One callable running `steps` in order, then `last`."""
     handler = last
     for step in reversed(steps):

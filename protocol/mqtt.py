@@ -12,7 +12,7 @@ Design choices, and why:
   scale bench). Everything else (QoS, will, births, resubscription, counters) is the same code.
 * The last will (a retained, QoS 1 encoded Envelope, typically ``status: offline``) is set
   before connecting, so the broker announces a crashed node without any help from it.
-* Handlers run on paho's network thread (or the loop's). The inbound path (in ``Transport._on_inbound``)
+* Handlers run on paho's network thread (or the loop's). The inbound chain (protocol/inbound.py)
   never raises: bad messages and failing handlers are logged and counted.
 * Byte accounting: PUBLISH sizes come from the MQTT 3.1.1 framing; control packets are
   counted from paho's own "Sending X"/"Received X" log events (CONNECT, SUBACK, PUBACK,
@@ -26,6 +26,7 @@ import logging
 import socket
 import ssl
 import threading
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -45,6 +46,7 @@ from splitedge.protocol.accounting import (
     unsubscribe_packet_bytes,
 )
 from splitedge.protocol.codec import Envelope, encode
+from splitedge.protocol.inbound import WIRE_STEPS, Step
 from splitedge.protocol.mqtt_loop import ClientLoop
 from splitedge.protocol.signing import KeyRing, Signer
 from splitedge.protocol.topics import validate_topic_name
@@ -104,8 +106,9 @@ class MqttTransport(Transport):
                  connect_timeout: float = 10.0, keepalive: int = 30,
                  reconnect_min: float = 0.5, reconnect_max: float = 10.0, subscribe_timeout: float = 5.0,
                  signer: Signer | None = None, keyring: KeyRing | None = None,
-                 loop: ClientLoop | None = None) -> None:
-        super().__init__(role=role, client_id=client_id, max_bytes=max_bytes, signer=signer, keyring=keyring)
+                 loop: ClientLoop | None = None, steps: Sequence[Step] = WIRE_STEPS) -> None:
+        super().__init__(role=role, client_id=client_id, max_bytes=max_bytes, signer=signer, keyring=keyring,
+                         steps=steps)
         if loop is not None and loop.in_loop_thread():
             raise ValueError("create an MqttTransport outside its ClientLoop's thread (not in a handler): "
                              "its connect waits for the loop")

@@ -293,8 +293,10 @@ class LoopbackTransport(Transport):
 
     def __init__(self, bus: LoopbackBus, *, role: str, client_id: str,
                  will: tuple[str, Envelope] | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
-                 signer: Signer | None = None, keyring: KeyRing | None = None) -> None:
-        super().__init__(role=role, client_id=client_id, max_bytes=max_bytes, signer=signer, keyring=keyring)
+                 signer: Signer | None = None, keyring: KeyRing | None = None,
+                 steps: Sequence[Step] = WIRE_STEPS) -> None:
+        super().__init__(role=role, client_id=client_id, max_bytes=max_bytes, signer=signer, keyring=keyring,
+                         steps=steps)
         self.bus = bus
         self._will = (will[0], self._seal(will[0], encode(will[1]), will=True)) if will else None
         self._closed = False
