@@ -52,7 +52,7 @@ class PeerPlan:
     @classmethod
     def load(cls, path: Path) -> "PeerPlan":
         """The plan at `path`, checked: ValueError with one line saying what is wrong."""
-        from splitedge.methods.mar import topology
+        from splitedge.methods import topology
         from splitedge.methods.registry import create_method
 
         try:

@@ -114,7 +114,7 @@ def split(args: argparse.Namespace) -> int:
     out: Path = args.out
     stale = _existing_shards(out, args.overwrite)  # refuse before the slow part
     if args.acl is not None:  # a run id that cannot go into topics or the ACL fails here, not after the split
-        from splitedge.methods.mar.topology import federation_acl
+        from splitedge.protocol.acl import federation_acl
 
         federation_acl(args.acl, {f"d{i}": f"e{i % args.edges}" for i in range(args.devices)})
 
@@ -160,7 +160,7 @@ def split(args: argparse.Namespace) -> int:
     tmp.write_text(_manifest_text(manifest))
     os.replace(tmp, out / MANIFEST)
     if args.acl is not None:
-        from splitedge.methods.mar.topology import write_acl
+        from splitedge.protocol.acl import write_acl
 
         from splitedge.protocol.logins import write_logins
 

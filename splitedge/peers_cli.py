@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
     from splitedge.cloud.options import build_run_config, check_run_arguments
     from splitedge.device.peer_agent import PeerPlan
-    from splitedge.methods.mar import topology
+    from splitedge.methods import topology
+    from splitedge.protocol import acl
     from splitedge.methods.data.datasets import load_dataset
 
     if args.method is None:
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                     deadline_s=args.deadline, graph=graph)
     args.out.mkdir(parents=True, exist_ok=True)
     topology.write_graph(args.out, graph, title=f"{args.method} peers, mean degree {topology.mean_degree(graph):.2f}")
-    topology.write_acl(args.out / "peers.acl", topology.peer_acl(run_id, graph))
+    acl.write_acl(args.out / "peers.acl", acl.peer_acl(run_id, graph))
     plan_path.write_text(plan.to_json() + "\n")
     print(f"splitedge peers: {args.method}, {args.devices} devices, mean degree {topology.mean_degree(graph):.2f}, "
           f"{args.rounds} rounds, run {run_id}; wrote {plan_path}, graph.json, graph.png, peers.acl")

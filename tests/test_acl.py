@@ -20,7 +20,7 @@ from splitedge.cloud.options import build_run_config
 from splitedge.device.agent import DeviceAgent
 from splitedge.edge.aggregator import EdgeAggregator
 from splitedge.methods.data.datasets import load_dataset
-from splitedge.methods.mar.topology import federation_acl
+from splitedge.protocol.acl import federation_acl
 from splitedge.protocol.broker import MosquittoBroker
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.mqtt import MqttTransport

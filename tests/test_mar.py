@@ -24,7 +24,8 @@ from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
 from splitedge.cloud.options import build_run_config
 from splitedge.device.agent import DeviceAgent
 from splitedge.edge.aggregator import EdgeAggregator
-from splitedge.methods.mar import topology
+from splitedge.methods import topology
+from splitedge.protocol import acl
 from splitedge.methods.data.datasets import load_dataset
 from splitedge.methods.data.partition import iid
 from splitedge.protocol.broker import MosquittoBroker
@@ -83,15 +84,15 @@ def test_decmar_ring_of_four_under_the_generated_acl(tmp_path) -> None:
     run, devices, rounds = "decmar-acl", ["d0", "d1", "d2", "d3"], 2
     homes = {d: f"e{i % 2}" for i, d in enumerate(devices)}
     graph = topology.ring(devices)
-    device_acl = topology.peer_acl(run, graph, edges=homes)
+    device_acl = acl.peer_acl(run, graph, edges=homes)
     trusted = "".join(f"\nuser {u}\ntopic readwrite splitedge/{run}/#\n" for u in ("cloud", "e0", "e1", "observer"))
-    acl = topology.write_acl(tmp_path / "broker.acl", device_acl + trusted)
+    acl_path = acl.write_acl(tmp_path / "broker.acl", device_acl + trusted)
     passwd = _passwords(tmp_path / "passwd", [*devices, "cloud", "e0", "e1", "observer"])
     train, test, info = load_dataset("digits", max_train=800)
     shards = iid(train[1], len(devices), np.random.default_rng(0))
     config = build_run_config("decmar", info, None, 0, {**SMALL, "graph": "ring"})
 
-    conf = f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\n"
+    conf = f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl_path}\n"
     with MosquittoBroker(extra_conf=conf) as broker:
         heard: dict[str, list[str]] = {"neighbour": [], "stranger": [], "observer": []}
         lock = threading.Lock()

@@ -13,7 +13,8 @@ import torch
 
 from splitedge.cli import main
 from splitedge.device.peer_agent import PeerAgent, PeerPlan
-from splitedge.methods.mar import topology
+from splitedge.methods import topology
+from splitedge.protocol.acl import peer_acl
 from splitedge.methods.data.datasets import load_dataset
 from splitedge.methods.data.partition import iid
 from splitedge.runtime.session import connect
@@ -35,7 +36,7 @@ def test_peers_writes_the_plan_graph_and_acl(tmp_path) -> None:
     assert plan.graph == want and topology.is_connected(plan.graph)
     assert json.loads((out / "graph.json").read_text())["edges"] == topology.edge_list(want)
     assert (out / "graph.png").stat().st_size > 0
-    assert (out / "peers.acl").read_text() == topology.peer_acl("p2p", want)
+    assert (out / "peers.acl").read_text() == peer_acl("p2p", want)
     assert plan.method == "decmar" and plan.config["method"]["vit_dim"] == 32 and plan.rounds == 2
 
 

@@ -1,4 +1,4 @@
-"""Peer graphs (methods/mar/topology.py) and the per-device Mosquitto ACL that enforces them.
+"""Peer graphs (methods/topology.py) and the per-device Mosquitto ACL enforcing them (protocol/acl.py).
 
 The last tests start a Mosquitto with the generated ACL (per-device logins from
 mosquitto_passwd, no anonymous clients) and check on a ring d0-d1-d2-d3 that d0 reads its
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from brokers import require_mosquitto
-from splitedge.methods.mar.topology import (check_graph, degrees, edge_list, erdos_renyi, is_connected, mean_degree,
-                                        peer_acl, ring, write_acl, write_graph)
+from splitedge.methods.topology import (check_graph, degrees, edge_list, erdos_renyi, is_connected, mean_degree, ring,
+                                        write_graph)
+from splitedge.protocol.acl import peer_acl, write_acl
 from splitedge.protocol.broker import MosquittoBroker
 
 TEN = [f"d{i}" for i in range(10)]

@@ -69,7 +69,7 @@ class DecMARCloud(MARCloud):
     def placement(self, round_: int) -> dict[str, Placement] | None:
         if self.graph is not None:
             return None
-        from splitedge.methods.mar import topology
+        from splitedge.methods import topology
 
         devices = sorted(self.ctx.view.devices)
         if self.cfg.graph == "ring" or len(devices) < 3:
@@ -84,14 +84,15 @@ class DecMARCloud(MARCloud):
     def write_topology(self) -> None:
         """graph.json, graph.png and peers.acl (each device reads only its neighbours' peer
         topics) in the run folder."""
-        from splitedge.methods.mar import topology
+        from splitedge.methods import topology
+        from splitedge.protocol import acl
 
         out = self.ctx.out_dir
         if out is None or self.graph is None:
             return
         topology.write_graph(Path(out), self.graph, title=f"DecMAR peers, mean degree {topology.mean_degree(self.graph):.2f}")
         edges = {d: self.ctx.view.devices[d] for d in self.graph}
-        topology.write_acl(Path(out) / "peers.acl", topology.peer_acl(self.ctx.run or "run", self.graph, edges=edges))
+        acl.write_acl(Path(out) / "peers.acl", acl.peer_acl(self.ctx.run or "run", self.graph, edges=edges))
 
     def plan(self, round_: int) -> RoundSpec:
         last = self.ctx.rounds
