@@ -56,18 +56,19 @@ class CloudSettings:
 class CloudCoordinator(Node):
     def __init__(self, transport: Transport, settings: CloudSettings, *, run: str,
                  test: tuple[np.ndarray, np.ndarray], node_id: str = "cloud",
-                 resume_from: resume.CloudState | None = None) -> None:
+                 resume_from: resume.CloudState | None = None, host: Callable[..., PartHost] = PartHost) -> None:
         super().__init__(run=run, tier="cloud", node_id=node_id)
         self.session = uuid.uuid4().hex[:16]
         self.attempt = 0  # how many times this session was resumed: nodes redo a round of a higher attempt
         self.transport, self.settings = transport, settings
         self.view = FederationView()
         self.router = cloud_router(transport)
-        self.host = PartHost(lambda method: method.cloud_part(NodeContext(
-            node_id=node_id, method=method, rng=np.random.default_rng(settings.seed), test=test, rounds=settings.rounds,
-            out_dir=settings.out_dir, run=run, view=self.view)), name="cloud")
+        # the part's randomness is the node's, so a part the host rebuilds carries on with it
+        self.rng = np.random.default_rng(settings.seed)
+        self.host = host(lambda method: method.cloud_part(NodeContext(
+            node_id=node_id, method=method, rng=self.rng, test=test, rounds=settings.rounds,
+            out_dir=settings.out_dir, run=run, view=self.view)), rng=self.rng, stopped=self.stopped, name="cloud")
         self.host.ensure(settings.method, settings.config.to_wire())  # registers the method's kinds
-        self.part: CloudPart = self.host.part
         self.method = self.part.method
         self.presence = Presence()  # which edges are online, and who went offline a moment ago
         self.rounds = RoundCollector()
@@ -77,13 +78,18 @@ class CloudCoordinator(Node):
         if resume_from is not None:
             self._restore(resume_from)
 
+    @property
+    def part(self) -> CloudPart:
+        """The host's current part (a host may rebuild it between rounds)."""
+        return self.host.part
+
     def _restore(self, saved: resume.CloudState) -> None:
         """Carry on the run of `saved` (its session, round, part and randomness)."""
         self.session, self.round, self.attempt = saved.session, saved.round, saved.attempt + 1
         self.enough_edges = saved.enough_edges
         self.view.placements = snapshot.from_plain(saved.placements)
         self.part.restore_state(saved.part)
-        self.part.ctx.rng.bit_generator.state = snapshot.from_plain(saved.rng).bit_generator.state
+        self.rng.bit_generator.state = snapshot.from_plain(saved.rng).bit_generator.state
         if self.settings.out_dir is not None:
             self.history = resume.committed_history(self.settings.out_dir, saved.round)
         status.info("cloud: resuming run %s (session %s) after round %d", self.run_id, self.session, saved.round)
@@ -246,6 +252,7 @@ class CloudCoordinator(Node):
                   "loss": tier_losses(reports, self.part.losses), "rounds": dict(self.rounds.counts),
                   "rejected": round_rejections(self.rejections([self.transport]), reports),
                   "bytes": self.transport.counters.snapshot()}
+        self.host.end_round()  # after the round's losses are read off the part: a host may swap the part out
         self._persist(record)
         self.history.append(record)
         if self.settings.on_round:
@@ -280,5 +287,5 @@ class CloudCoordinator(Node):
         resume.save(s.out_dir, resume.CloudState(
             run=self.run_id, method=s.method, config=self.method.run_config.to_wire(), seed=s.seed,
             session=self.session, round=self.round, attempt=self.attempt, enough_edges=self.enough_edges,
-            placements=snapshot.to_plain(dict(self.view.placements)), rng=snapshot.to_plain(self.part.ctx.rng),
+            placements=snapshot.to_plain(dict(self.view.placements)), rng=snapshot.to_plain(self.rng),
             part=self.part.resume_state(), finished=finished))

@@ -21,7 +21,7 @@ from splitedge.methods import snapshot
 log = logging.getLogger(__name__)
 
 STATE_FILE = "resume.state"
-FORMAT = 1
+FORMAT = 2  # 1 walked the part's attributes; parts now declare their state. A format-1 file: pass --overwrite
 
 
 @dataclass

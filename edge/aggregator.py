@@ -203,6 +203,7 @@ class EdgeAggregator(Node):
         info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
                               errors=self.errors, refused=self.rejections([self.down, self.up]))
         self.send(self.up, "up", "done", {"phase": "round", "info": info})
+        self.host.end_round()  # after the round's info is read off the part: a host may swap the part out
         self._save_state()
         status.info("edge %s: round %d closed with %d/%d devices in %.1f s", self.node_id, self.plan.round,
                     len(infos), len(self.roster.live), time.monotonic() - started)

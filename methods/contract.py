@@ -224,7 +224,16 @@ class Part:
 
     `losses` holds the mean of each loss term the part minimised this round (the runtime
     clears it before the round and reports it, merged per tier, in the cloud's metrics).
+
+    `state` names the attributes that carry the part from one round to the next (models,
+    optimisers, cached statistics, versions, pending messages): what a restarted edge or
+    cloud, or a device parked between rounds, takes up again. What the part rebuilds from its
+    context, config or data when it is built (weight specs, local tensors, views of its
+    models) is left out, so it is neither stored twice nor restored over a fresh copy. A
+    subclass extends its base's: `state = FedAvgDevice.state + ("extra",)`.
     """
+
+    state: tuple[str, ...] = ()
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
@@ -262,19 +271,21 @@ class Part:
         return {}
 
     def resume_state(self) -> dict[str, Any]:
-        """What a restarted cloud or edge needs to carry on where this part was: by default
-        every attribute methods.snapshot can keep (models, optimisers, arrays, counters,
-        caches). A part with state it cannot see that way overrides both hooks."""
+        """What a restarted cloud or edge (or a parked device) needs to carry on where this
+        part was: its declared `state`, as methods.snapshot data. A declared value that cannot
+        be kept is a SnapshotError naming it; a part with state that is no attribute (e.g. an
+        ONNX graph's bytes) adds it here and takes it back in `restore_state`."""
         from splitedge.methods.snapshot import capture
 
-        return capture(self)
+        return capture(self, self.state)
 
     def restore_state(self, state: dict[str, Any]) -> None:
-        """Take back `resume_state()`'s data into this freshly built part (SnapshotError when
-        it does not fit: another model, another version of the method)."""
-        from splitedge.methods.snapshot import restore_into
+        """Take back `resume_state()`'s data into this freshly built part: models and
+        optimisers in place, the rest replaced (SnapshotError when it does not fit: another
+        model, another version of the method, a key it does not declare or one missing)."""
+        from splitedge.methods.snapshot import restore
 
-        restore_into(self, state)
+        restore(self, self.state, state)
 
 
 class DevicePart(Part):
@@ -324,6 +335,8 @@ class EdgePart(Part):
 
 class CloudPart(Part):
     """Cloud side: schedule, merge edge reports, train the head, evaluate, publish models."""
+
+    state = ("moves",)  # decided while aggregating, handed over before the next round
 
     def initial_messages(self) -> list[Message]:
         """Models every node needs before round 1 (usually with a slot, so late joiners get them)."""

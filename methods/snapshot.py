@@ -1,10 +1,12 @@
 """A part's state as bytes and back, without pickle: what a restarted cloud or edge resumes from.
 
-A part's attributes are walked and each value is kept in a tagged msgpack form: numpy arrays
-(``np.save`` with ``allow_pickle=False``), torch modules and optimisers (their state dicts),
-tensors, numpy generators (their bit-generator state), tuples, sets, maps with non-string keys
-and this package's own dataclasses (e.g. ClassMoments, Placement). Anything else (the context,
-callables, loggers) is left out: the freshly built part keeps its own.
+A part's declared attributes (`Part.state`) are each kept in a tagged msgpack form: numpy
+arrays (``np.save`` with ``allow_pickle=False``), torch modules and optimisers (their state
+dicts), tensors, numpy generators (their bit-generator state), tuples, sets, maps with
+non-string keys and this package's own dataclasses (e.g. ClassMoments, Placement). A declared
+value of any other type is an error naming the part and the attribute: nothing is dropped
+silently, and nothing the part did not declare (its context, views of its models, caches it
+rebuilds) is kept twice.
 
 Restoring loads modules and optimisers *in place*, so an optimiser still points at the very
 parameters of the module it trains; every other attribute is replaced by its saved value. A
@@ -19,28 +21,20 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import io
-import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import msgpack
 import numpy as np
 
-log = logging.getLogger(__name__)
-
 _EXT_NDARRAY = 42
-SKIPPED_ATTRS = frozenset({"ctx", "data", "backend"})
-"""Attributes a part gets from its runtime, rebuilt on restart rather than saved."""
 
 
 class SnapshotError(ValueError):
-    """A state file that cannot be read, or does not fit the part it is loaded into."""
-
-
-class _Skip(Exception):
-    pass
+    """A value that cannot be kept, a state file that cannot be read, or one that does not fit
+    the part it is loaded into."""
 
 
 # -- values -> tagged plain data ----------------------------------------------------------
@@ -58,7 +52,7 @@ def _is_torch(obj: Any, name: str) -> bool:
 
 
 def to_plain(obj: Any) -> Any:
-    """`obj` as tagged, msgpack-ready data; raises _Skip for what cannot be kept."""
+    """`obj` as tagged, msgpack-ready data; SnapshotError for what cannot be kept."""
     if isinstance(obj, int) and not isinstance(obj, bool) and not -2**63 <= obj < 2**64:
         return {"__t": "int", "v": str(obj)}  # e.g. PCG64's 128-bit state, past msgpack's integers
     if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
@@ -67,7 +61,7 @@ def to_plain(obj: Any) -> Any:
         return obj.item()
     if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject:
-            raise _Skip
+            raise SnapshotError("arrays of Python objects cannot be kept")
         return obj
     if isinstance(obj, np.random.Generator):
         return {"__t": "rng", "state": to_plain(obj.bit_generator.state)}
@@ -91,11 +85,11 @@ def to_plain(obj: Any) -> Any:
         cls = type(obj)
         return {"__t": "dc", "cls": f"{cls.__module__}:{cls.__qualname__}",
                 "fields": {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
-    raise _Skip
+    raise SnapshotError(f"{type(obj).__name__} values cannot be kept")
 
 
 def from_plain(data: Any) -> Any:
-    """The value `to_plain` made (modules and optimisers stay state dicts: see `restore_into`)."""
+    """The value `to_plain` made (modules and optimisers stay state dicts: see `restore`)."""
     if isinstance(data, list):
         return [from_plain(v) for v in data]
     if not isinstance(data, dict):
@@ -121,7 +115,7 @@ def from_plain(data: Any) -> Any:
 
         return torch.from_numpy(np.array(data["a"]))
     if tag in ("module", "optim"):
-        return data  # loaded in place by restore_into
+        return data  # loaded in place by restore
     if tag == "dc":
         module, _, name = str(data["cls"]).partition(":")
         if not module.startswith("splitedge.") or not name.isidentifier():
@@ -157,24 +151,37 @@ def _optimizer_state(data: Any) -> Any:
 
 # -- parts ----------------------------------------------------------------------------------
 
-def capture(obj: Any, skip: frozenset[str] = SKIPPED_ATTRS) -> dict[str, Any]:
-    """The attributes of `obj` that can be kept, as tagged plain data."""
+def capture(obj: Any, names: Sequence[str]) -> dict[str, Any]:
+    """The attributes `names` of `obj` as tagged plain data. One that is not set, or whose
+    value cannot be kept, is a SnapshotError naming it: a part that declared it needs it."""
     out = {}
-    for name, value in vars(obj).items():
-        if name in skip:
-            continue
+    for name in names:
+        where = f"{type(obj).__name__}.{name}"
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            raise SnapshotError(f"{where} is declared in its state but not set") from None
         try:
             out[name] = to_plain(value)
-        except _Skip:
-            log.debug("snapshot: %s.%s (%s) is not kept", type(obj).__name__, name, type(value).__name__)
+        except SnapshotError as exc:
+            raise SnapshotError(f"{where} ({type(value).__name__}) is declared in its state, but {exc}") from None
     return out
 
 
-def restore_into(obj: Any, state: dict[str, Any]) -> None:
-    """Put `capture`d attributes back: modules and optimisers in place, the rest replaced."""
-    current = vars(obj)
-    for name, data in state.items():
-        setattr(obj, name, _restore(current.get(name), data, f"{type(obj).__name__}.{name}"))
+def restore(obj: Any, names: Sequence[str], state: Mapping[str, Any]) -> None:
+    """Put `capture`d attributes `names` back into `obj`: modules and optimisers in place, the
+    rest replaced. A saved attribute `obj` does not declare, or a declared one the state lacks,
+    means the state is of another version of the part: SnapshotError naming them."""
+    cls = type(obj).__name__
+    unknown, missing = sorted(set(state) - set(names)), [n for n in names if n not in state]
+    if unknown:
+        raise SnapshotError(f"the saved state holds {', '.join(unknown)}, which {cls} does not declare; "
+                            f"it is of another version of this method")
+    if missing:
+        raise SnapshotError(f"the saved state lacks {', '.join(missing)}, which {cls} declares; "
+                            f"it is of another version of this method")
+    for name in names:
+        setattr(obj, name, _restore(getattr(obj, name, None), state[name], f"{cls}.{name}"))
 
 
 def _restore(target: Any, data: Any, where: str) -> Any:

@@ -92,7 +92,8 @@ class PartHost:
         return True
 
     def end_round(self) -> None:
-        """After a round's work (done or failed)."""
+        """After a round's work (done or failed): a device's round, an edge's or the cloud's
+        aggregation, once what the round reports was read off the part."""
 
     def hold(self, event: tuple[str, Any]) -> bool:
         """True when the host keeps a message for the part until the next round."""

@@ -242,7 +242,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
                                      min_edges=s.edges, min_devices=s.devices, join_timeout_s=s.join_timeout,
                                      out_dir=s.out, seed=s.seed,
                                      on_round=per_device.record)
-            cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test)
+            cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test, host=fed.hosts()[0])
             try:
                 history = cloud.run()
             except KeyboardInterrupt:  # what finished is kept, and marked as such
@@ -309,7 +309,7 @@ class Federation:
         from splitedge.protocol.mqtt_loop import ClientLoop
 
         self.loop = ClientLoop(name=f"sim-{self.run}")
-        edge_host, device_host = self.hosts()
+        _, edge_host, device_host = self.hosts()
         for e in range(self.s.edges if self.s.worker is None else 0):  # a worker runs devices only
             edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed,
                                   host=edge_host)
@@ -324,16 +324,16 @@ class Federation:
             self._start(agent)
         return self
 
-    def hosts(self) -> tuple[Any, Any]:
-        """The part hosts of edges and devices: with `--virtual N`, devices hold their part only
-        while one of N shared training slots is theirs, and N edges aggregate at a time."""
+    def hosts(self) -> tuple[Any, Any, Any]:
+        """The part hosts of the cloud, edges and devices: with `--virtual N`, devices hold their
+        part only while one of N shared training slots is theirs, and N edges aggregate at a time."""
         from splitedge.runtime.parts import PartHost
         from splitedge.virtual import ParkingHost, SlottedHost
 
         if not self.s.virtual:
-            return PartHost, PartHost
+            return PartHost, PartHost, PartHost
         edge_slots, device_slots = threading.Semaphore(self.s.virtual), threading.Semaphore(self.s.virtual)
-        return (functools.partial(SlottedHost, slots=edge_slots),
+        return (PartHost, functools.partial(SlottedHost, slots=edge_slots),
                 functools.partial(ParkingHost, slots=device_slots, park_dtype=self.s.park_dtype))
 
     def _start(self, node: Any) -> None:

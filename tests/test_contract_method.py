@@ -38,6 +38,8 @@ def token(node: str, round_: int) -> int:
 class RingDevice(DevicePart):
     """Sends its token to both ring neighbours, gathers theirs, and keeps any secret the cloud sent it."""
 
+    state = ("secrets",)  # `heard` is the round's
+
     def __init__(self, ctx: Any, data: Any, backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.secrets: list[int] = []

@@ -20,11 +20,17 @@ from parts import SPEC, shipped_methods
 TEST = (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4) % 10)
 
 
-def _cloud(name: str, seed: int):
+def _cloud(name: str, seed: int, extra: tuple[str, ...] = ()):
+    """The method's cloud part; with `extra`, of a subclass declaring those attributes too (as a
+    method extending another's part does)."""
     method = create_method(name, default_config(name, SPEC))
     ctx = NodeContext(node_id="cloud", method=method, rng=np.random.default_rng(seed),
                       test=TEST, rounds=3, out_dir=None, run="r")
-    return method.cloud_part(ctx)
+    part = method.cloud_part(ctx)
+    if extra:
+        base = type(part)
+        part.__class__ = type(base.__name__, (base,), {"state": base.state + extra})
+    return part
 
 
 def _same(a, b) -> None:
@@ -49,15 +55,15 @@ def test_every_cloud_part_comes_back_from_its_snapshot_bytes(name: str) -> None:
     import torch
 
     # Prepare: a part whose models moved away from their initial weights
-    part = _cloud(name, seed=0)
+    part = _cloud(name, seed=0, extra=("extra_counter",))
     for module in [v for v in vars(part).values() if isinstance(v, torch.nn.Module)]:
         with torch.no_grad():
             for p in module.parameters():
                 p.add_(0.5)
-    part.extra_counter = 7  # any plain attribute a method adds
+    part.extra_counter = 7  # any plain attribute a method adds and declares
     saved = snapshot.dumps(part.resume_state())
     # Execute: a fresh part (other seed) takes the bytes back
-    fresh = _cloud(name, seed=1)
+    fresh = _cloud(name, seed=1, extra=("extra_counter",))
     fresh.restore_state(snapshot.loads(saved))
     # Assert: it holds exactly what was saved
     _same(snapshot.loads(saved), snapshot.loads(snapshot.dumps(fresh.resume_state())))

@@ -68,13 +68,14 @@ def test_a_parked_device_keeps_its_optimiser_and_model_in_half_the_bytes() -> No
         def __init__(self) -> None:
             self.model, self.opt = model, opt
 
-    full = snapshot.dumps(snapshot.capture(Part()))
-    half = snapshot.dumps(snapshot.cast_floats(snapshot.capture(Part()), "f2"))
+    names = ("model", "opt")
+    full = snapshot.dumps(snapshot.capture(Part(), names))
+    half = snapshot.dumps(snapshot.cast_floats(snapshot.capture(Part(), names), "f2"))
     assert len(half) < 0.6 * len(full)
     fresh = Part.__new__(Part)
     fresh.model, fresh.opt = torch.nn.Linear(64, 32), None
     fresh.opt = PlainSGD(fresh.model.parameters(), lr=0.5, momentum=0.0)
-    snapshot.restore_into(fresh, snapshot.loads(half))
+    snapshot.restore(fresh, names, snapshot.loads(half))
     assert fresh.opt.momentum == 0.9 and fresh.opt.momentum_buffers[0].dtype == torch.float32
     assert torch.allclose(fresh.model.weight, model.weight, atol=1e-3)
     assert fresh.opt.params[0] is fresh.model.weight  # the optimiser still trains the restored model

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class CFLHKDCloud(FedAvgCloud):
+    state = FedAvgCloud.state + ("phase", "assignment", "cluster_edges", "signals", "clustered_at")
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.phase = WARMUP

@@ -16,26 +16,33 @@ import torch
 from splitedge.methods.checks import check_stats, check_weights, weight_specs
 from splitedge.methods.cflhkd.distill import teachers
 from splitedge.methods.cflhkd.method import MODEL, SIGNAL, TEACHERS
-from splitedge.methods.fedproto.device import holdout_split
+from splitedge.methods.fedproto.device import held_out_tensors, holdout_split
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 from splitedge.methods.metrics.evaluate import accuracy
-from splitedge.methods.torch_utils import build_split, local_tensors, model_outputs, sgd, shuffled_batches
+from splitedge.methods.torch_utils import build_split, model_outputs, sgd, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
 
 
 class CFLHKDDevice(DevicePart):
+    # As FedProto's device: the held-out rows are kept (drawn from the node's rng at build), the
+    # tensors rebuilt from them; info is the round's, read by round_info as it ends.
+    state = ("model", "version", "tables", "holdout_rows")
+
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.model = build_split(self.spec).eval()
         self.specs = weight_specs(state_to_numpy(self.model))
-        x, y = local_tensors(data, self.spec)
-        train, held = holdout_split(len(y), self.cfg.holdout, ctx.rng)
-        self.x, self.y, self.x_eval, self.y_eval = x[train], y[train], x[held], y[held]
+        self.holdout_rows = holdout_split(len(data[1]), self.cfg.holdout, ctx.rng)
+        self.x, self.y, self.x_eval, self.y_eval = held_out_tensors(data, self.spec, self.holdout_rows)
         self.version = -1
         self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # cluster -> (counts [C], logits [C, C])
         self.info: dict[str, Any] = {}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        self.x, self.y, self.x_eval, self.y_eval = held_out_tensors(self.data, self.spec, self.holdout_rows)
 
     @property
     def cluster(self) -> int | None:

@@ -17,6 +17,8 @@ from splitedge.methods.contract import CHILDREN, EdgePart, Message, NodeContext,
 
 
 class CFLHKDEdge(EdgePart):
+    state = ("specs", "signal_dim")  # info: the round's accuracy, read by round_info as the round ends
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.specs: dict | None = None  # the model's names and shapes, from the first global model

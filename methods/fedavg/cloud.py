@@ -23,6 +23,8 @@ class FedAvgCloud(CloudPart):
     """The whole model merged every round and sent to every device. Methods on the same pattern
     (the self-supervised ones) override `build_model` and `evaluate` only."""
 
+    state = CloudPart.state + ("model", "version", "samples")
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.model = self.build_model().eval()

@@ -16,6 +16,9 @@ from splitedge.models import load_numpy_state, state_to_numpy
 
 
 class FedAvgDevice(DevicePart):
+    # the optimiser is made afresh each round; specs and the local tensors come from the spec and data
+    state = ("model", "version")
+
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.model = build_split(self.spec).eval()

@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class FedAvgEdge(EdgePart):
+    state = ("specs", "version")  # specs: learnt from the first global model relayed, not known at build
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.specs: dict | None = None  # from the first global model seen

@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class FedProtoCloud(CloudPart):
+    state = CloudPart.state + ("version", "protos", "dim")
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.version = 0  # of the global prototypes; 0 = none yet

@@ -31,7 +31,20 @@ def holdout_split(n: int, share: float, rng: np.random.Generator) -> tuple[np.nd
     return np.sort(order[n_eval:]), np.sort(order[:n_eval])
 
 
+def held_out_tensors(data: tuple[np.ndarray, np.ndarray], spec: Any,
+                     rows: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, ...]:
+    """(x, y, x_eval, y_eval): the local tensors of the `holdout_split` rows (train, eval)."""
+    x, y = local_tensors(data, spec)
+    train, held = (torch.from_numpy(np.array(r, dtype=np.int64)) for r in rows)  # saved arrays are read-only
+    return x[train], y[train], x[held], y[held]
+
+
 class FedProtoDevice(DevicePart):
+    # The held-out split is drawn from the node's rng when the part is built, so a rebuilt part
+    # would draw another: its rows are kept, the tensors rebuilt from them. The last accuracy
+    # and rank are the round's, read by round_info as it ends.
+    state = ("model", "opt", "protos", "has_proto", "proto_version", "holdout_rows")
+
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.model = build_split(self.spec).eval()
@@ -39,15 +52,17 @@ class FedProtoDevice(DevicePart):
                                                                 self.spec.image_size))[0].shape[1])
         if self.cfg.dim and self.cfg.dim != self.dim:
             raise ValueError(f"the run's prototypes have {self.cfg.dim} dimensions, this device's model {self.dim}")
-        x, y = local_tensors(data, self.spec)
-        train, held = holdout_split(len(y), self.cfg.holdout, ctx.rng)
-        self.x, self.y = x[train], y[train]
-        self.x_eval, self.y_eval = x[held], y[held]
+        self.holdout_rows = holdout_split(len(data[1]), self.cfg.holdout, ctx.rng)
+        self.x, self.y, self.x_eval, self.y_eval = held_out_tensors(data, self.spec, self.holdout_rows)
         self.opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
         self.protos = torch.zeros(self.spec.num_classes, 0)
         self.has_proto = torch.zeros(self.spec.num_classes, dtype=torch.bool)
         self.proto_version = 0  # 0: no global prototypes yet (round 1 trains with CE only)
         self.last_accuracy = self.last_rank = float("nan")
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        self.x, self.y, self.x_eval, self.y_eval = held_out_tensors(self.data, self.spec, self.holdout_rows)
 
     def reconfigure(self, method: Any) -> None:
         super().reconfigure(method)

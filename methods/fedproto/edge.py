@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class FedProtoEdge(EdgePart):
+    state = ("dim",)  # info: the round's accuracy, read by round_info as the round ends
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.info: dict[str, Any] = {}

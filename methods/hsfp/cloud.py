@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 
 
 class HSFPCloud(CloudPart):
+    # Left out: the weight specs and head_dim (from the spec).
+    state = CloudPart.state + ("model", "served", "served_versions", "opt", "wc_version", "we_version", "cache",
+                               "cached_ids", "cached_at", "reference", "wc_sources", "global_sent", "calib_version",
+                               "calib")
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         with seeded_init(self.spec.seed):

@@ -36,6 +36,7 @@ class HSFPDevice(DevicePart):
     """Publishes per-class moments of the global W_c; sends nothing when they have not changed."""
 
     moment_batch = MOMENT_BATCH  # images per extractor call while computing moments
+    state = ("wc_version", "sent_version", "calib_version")  # the extractor is the runtime's backend
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)

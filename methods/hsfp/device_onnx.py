@@ -31,6 +31,8 @@ class HSFPOnnxDevice(HSFPDevice):
     # over the moments pass is +150 MB at 256 against 32, +10 MB at 32 against 8 and +1.6 MB
     # at 8 against 4; 4 still takes ~2 s (a batch of 1 takes 6 s for 2.6 MB less).
     moment_batch = 4
+    # The graphs themselves are no attribute: resume_state adds their bytes (see there).
+    state = HSFPDevice.state + ("model_version", "unapplied")
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -59,22 +61,26 @@ class HSFPOnnxDevice(HSFPDevice):
             np.maximum(h, 0, out=h)
         return self.calib_extractor.features(h)
 
-    def resume_state(self) -> dict[str, Any]:
-        """Parked (a virtual device) or restarted: the graphs in use as ONNX bytes, their
-        current weights patched in, beside what the snapshot keeps of the rest; sessions are
-        rebuilt on restore, so a parked thin device holds no onnxruntime session. A newest
-        weight map a graph already carries (its version in use) is left out of `latest`: kept,
-        the state held those weights twice (a ResNet-18 trunk: ~44 MB more per parked device)."""
+    @property
+    def unapplied(self) -> dict[str, tuple[int, Mapping[str, np.ndarray]]]:
+        """`latest` without the weight maps a graph already carries (their version in use): what
+        is saved of it. Kept whole, the state held those weights twice, in the graph and here
+        (a ResNet-18 trunk: ~44 MB more per parked device)."""
         graphs = {WC: (self.extractor, self.wc_version), CALIB: (self.calib_extractor, self.calib_version)}
-        kept = self.latest
-        self.latest = {part: (version, weights) for part, (version, weights) in kept.items()
-                       if graphs[part][0] is None or version > graphs[part][1]}
-        try:
-            state = super().resume_state()
-        finally:
-            self.latest = kept
-        state["onnx_graphs"] = {part: graph.model_bytes for part, (graph, _) in graphs.items() if graph is not None}
-        return state
+        return {part: (version, weights) for part, (version, weights) in self.latest.items()
+                if graphs[part][0] is None or version > graphs[part][1]}
+
+    @unapplied.setter
+    def unapplied(self, latest: Mapping[str, tuple[int, Mapping[str, np.ndarray]]]) -> None:
+        self.latest = dict(latest)
+
+    def resume_state(self) -> dict[str, Any]:
+        """Parked (a virtual device) or restarted: beside the declared state, the graphs in
+        use as ONNX bytes with their current weights patched in; sessions are rebuilt on
+        restore, so a parked thin device holds no onnxruntime session."""
+        graphs = {WC: self.extractor, CALIB: self.calib_extractor}
+        return {**super().resume_state(),
+                "onnx_graphs": {part: graph.model_bytes for part, graph in graphs.items() if graph is not None}}
 
     def restore_state(self, state: dict[str, Any]) -> None:
         graphs = dict(state.get("onnx_graphs") or {})

@@ -31,6 +31,9 @@ class HSFPTorchDevice(HSFPDevice):
     # float64 moments differ only by rounding (~1e-15 relative).
     moment_batch = 32
     can_calibrate = True
+    # Left out: the weight specs (from the spec), the label tensor (from the data) and the
+    # pre-ReLU view of wc_global (built when moments are taken, see `features`).
+    state = HSFPDevice.state + ("wc_global", "wc_local", "head", "opt", "calib")
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -51,7 +54,8 @@ class HSFPTorchDevice(HSFPDevice):
 
     def restore_state(self, state: dict[str, Any]) -> None:
         """A parked (virtual) device that had calibrated keeps the calibration models it was
-        sent: build them before their weights are loaded back in place."""
+        sent: built only at the first calibration, they are built here before their weights
+        are loaded back in place."""
         if state.get("calib") is not None:
             self._calib_module()
         super().restore_state(state)

@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 
 
 class HSFPEdge(EdgePart):
+    # Left out: shapes, head_dim and weight specs (from the spec) and info (the round's, read by
+    # round_info as it ends).
+    state = ("we_global", "we_local", "opt", "we_version", "wc_version", "calib_version", "last_wc_version",
+             "cache", "cached_ids", "cached_at", "reference", "global_wc", "sent_wc")
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         with seeded_init(self.spec.seed):  # the cloud's W_e v0 replaces these weights before any training

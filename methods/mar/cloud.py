@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class MARCloud(SSLCloud):
+    state = SSLCloud.state + ("zbar_version",)
     zbar_version = 0
 
     def build_model(self) -> Any:
@@ -64,6 +65,7 @@ class MARCloud(SSLCloud):
 class DecMARCloud(MARCloud):
     """Announces rounds and observes: places devices on the peer graph, evaluates the consensus."""
 
+    state = MARCloud.state + ("graph",)
     graph: dict[str, tuple[str, ...]] | None = None
 
     def placement(self, round_: int) -> dict[str, Placement] | None:

@@ -36,6 +36,9 @@ def build_mae(spec: Any, cfg: Any) -> Any:
 
 
 class MARDevice(DevicePart):
+    # mean_latent is the mean of this round's batches, taken before it is sent
+    state = ("model", "version", "zbar", "zbar_version", "participations")
+
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.model = build_mae(self.spec, self.cfg).eval()
@@ -121,6 +124,8 @@ class DecMARDevice(MARDevice):
     averages itself with them; z_bar for the next round is the mean of their mean latents.
     Every device builds the same initial model from the run's seed, so it needs nobody's
     model to start (a run with no cloud, device/peer_agent.py)."""
+
+    state = MARDevice.state + ("missed",)  # info: this round's, read by round_info as it ends
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)

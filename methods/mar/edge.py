@@ -18,7 +18,8 @@ from splitedge.methods.contract import Message, Report, RoundPlan
 
 
 class MAREdge(FedAvgEdge):
-    latent_dim: int | None = None
+    state = FedAvgEdge.state + ("latent_dim",)
+    latent_dim: int | None = None  # from the first latent record seen
 
     def check(self, env: Any, source: str) -> None:
         super().check(env, source)
@@ -35,7 +36,8 @@ class MAREdge(FedAvgEdge):
 
 
 class DecMAREdge(FedAvgEdge):
-    """Learns the model's shapes from the initial model it relays (FedAvgEdge.on_message)."""
+    """Learns the model's shapes from the initial model it relays (FedAvgEdge.on_message).
+    `heard` is the round's, read by round_info as it ends: FedAvgEdge's state is all it keeps."""
 
     def check(self, env: Any, source: str) -> None:
         if env.kind == "weights" and self.specs is not None:

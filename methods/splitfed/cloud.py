@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 
 
 class SplitFedCloud(CloudPart):
+    state = CloudPart.state + ("model", "version")
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.model = build_split(self.spec).eval()

@@ -26,6 +26,9 @@ Request = Callable[[Message, str, float], Any]
 
 
 class SplitFedDevice(DevicePart):
+    # samples_sent is counted afresh each round; the optimiser is made each round
+    state = ("wc", "version")
+
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         split = build_split(self.spec)

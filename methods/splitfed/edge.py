@@ -60,6 +60,9 @@ class Copy:
 
 
 class SplitFedEdge(EdgePart):
+    # the per-device copies and their loss log live within a round (cleared when it closes)
+    state = ("server", "versions")
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         split = build_split(self.spec)

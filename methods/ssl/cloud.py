@@ -73,6 +73,8 @@ class SSDCloud(SSLCloud):
     """Draws Q and each device's disjoint scale directions once, before round 1, and sends Q to
     every device and d_k to device k alone (METHODS.md SSD)."""
 
+    state = SSLCloud.state + ("scales_sent",)
+
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.scales_sent = False

@@ -28,6 +28,8 @@ SCALE_RECORDS = ("ssd_q", "ssd_d")
 
 
 class SSLDevice(DevicePart):
+    state = ("net", "version", "scales")  # the optimiser is made afresh each round
+
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.net = build_net(self.spec, self.cfg.proj_hidden, self.method.predictor, self.cfg)
