@@ -5,8 +5,6 @@ quorum or deadline, runs the method's cloud part, writes metrics (JSON lines) an
 
 from __future__ import annotations
 
-import collections
-import json
 import logging
 import time
 import uuid
@@ -18,7 +16,7 @@ import numpy as np
 
 from splitedge.methods.config import RunConfig
 from splitedge.methods.losslog import tier_losses
-from splitedge.methods.contract import CloudPart, FederationView, Message, NodeContext, Placement, RoundPlan
+from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan
 from splitedge.cloud import resume
 from splitedge.methods import snapshot
 from splitedge.runtime.outputs import dumps, save_checkpoint
@@ -77,11 +75,6 @@ class CloudCoordinator(Node):
         self.resumed = resume_from
         if resume_from is not None:
             self._restore(resume_from)
-
-    @property
-    def part(self) -> CloudPart:
-        """The host's current part (a host may rebuild it between rounds)."""
-        return self.host.part
 
     def _restore(self, saved: resume.CloudState) -> None:
         """Carry on the run of `saved` (its session, round, part and randomness)."""

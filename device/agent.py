@@ -53,10 +53,6 @@ class DeviceAgent(Node):
         self.fatal: str | None = None  # why this device cannot take part in the run (it stops)
 
     @property
-    def part(self) -> DevicePart | None:
-        return self.host.part
-
-    @property
     def edge(self) -> str:
         return self.placement.edge
 

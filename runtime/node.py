@@ -58,6 +58,11 @@ class Node:
         self.stopped = threading.Event()
 
     @property
+    def part(self) -> Any:
+        """The method part this node runs now (its host may rebuild it between rounds)."""
+        return self.host.part
+
+    @property
     def refused(self) -> collections.Counter[str]:
         """rule -> messages refused before they reached the part (runtime/inbound.py)."""
         return self.inbound.refused
