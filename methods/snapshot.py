@@ -234,7 +234,7 @@ def cast_floats(state: Any, dtype: str = "f2") -> Any:
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         buf = io.BytesIO()
-        np.save(buf, np.ascontiguousarray(obj), allow_pickle=False)
+        np.save(buf, np.asarray(obj, order="C"), allow_pickle=False)  # ascontiguousarray would make 0-d 1-d
         return msgpack.ExtType(_EXT_NDARRAY, buf.getvalue())
     raise TypeError(f"cannot keep a {type(obj).__name__} in a state file")
 
