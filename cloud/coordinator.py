@@ -5,6 +5,7 @@ quorum or deadline, runs the method's cloud part, writes metrics (JSON lines) an
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -14,6 +15,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from splitedge.methods.calibration import CALIBRATE, calibrates
+from splitedge.methods.calibration.records import Gate, records_of
 from splitedge.methods.config import RunConfig
 from splitedge.methods.losslog import tier_losses
 from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan
@@ -240,9 +243,13 @@ class CloudCoordinator(Node):
         self.part.losses = {}
         messages, metrics = self.part.aggregate(plan, reports)
         self.publish_all(messages)
+        losses = tier_losses(reports, self.part.losses)
+        if calibrates(self.method.config, r, self.settings.rounds):
+            calibration, reports = self.calibration_phase(r, reports)  # the edges' latest word on what they refused
+            metrics.update(calibration)
         record = {"round": r, **metrics, "edges": len(reports), "round_seconds": time.monotonic() - started,
                   "versions": dict(plan.versions), "directives": dict(plan.directives),
-                  "loss": tier_losses(reports, self.part.losses), "rounds": dict(self.rounds.counts),
+                  "loss": losses, "rounds": dict(self.rounds.counts),
                   "rejected": round_rejections(self.rejections([self.transport]), reports),
                   "bytes": self.transport.counters.snapshot()}
         self.host.end_round()  # after the round's losses are read off the part: a host may swap the part out
@@ -251,6 +258,30 @@ class CloudCoordinator(Node):
         if self.settings.on_round:
             self.settings.on_round(record)
         return record
+
+    def calibration_phase(self, r: int, trained: list[Any]) -> tuple[dict[str, Any], list[Any]]:
+        """Round r's calibration (methods/calibration): devices send head statistics of the
+        model they now hold, edges merge them, the part fits the head. Returns its metrics and
+        the phase's reports (`trained`, the round's, when no phase could be opened)."""
+        dim = self.part.calibration_dim()
+        if dim is None:
+            log.warning("cloud: %s cannot calibrate its head; round %d is not calibrated", self.method.name, r)
+            return {}, trained
+        self.publish_all(self.part.before_calibration(r), round_=r)
+        plan = dataclasses.replace(self.plan(r), versions=dict(self.part.calibration_versions(r)),
+                                   directives={CALIBRATE: {"dim": int(dim)}}, phase=CALIBRATE)
+        self.gate = Gate.of(plan, self.method)
+        self.rounds.open(r, plan.deadline_s, self.awaited, phase=CALIBRATE)
+        self.send(self.transport, "down", "round", plan.to_body(), retain=True)
+        while not (self.rounds.complete(self.awaited) or self.rounds.expired()):
+            self.dispatch(self.next_event(0.2))
+        reports, self.gate = self.rounds.close(), None
+        sources = records_of(reports)
+        if not sources:
+            log.warning("cloud: round %d's calibration got no head statistics; the head is not refitted", r)
+            return {"calibrated_edges": 0}, reports
+        return {**self.part.calibrate(plan, sources), "calibrated_edges": len(sources),
+                "calibration_versions": dict(plan.versions)}, reports
 
     def _announce_stop(self, reason: str | None = None) -> None:
         """The end of the run: retained, so a node that (re)joins later still stops. A stop with

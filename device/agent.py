@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from splitedge.methods.calibration.records import calibration_round
 from splitedge.methods.contract import DONE, DevicePart, Method, NodeContext, Placement, RoundPlan
 from splitedge.methods.data.local import fits_model
 from splitedge.protocol.codec import Envelope
@@ -26,6 +27,7 @@ from splitedge.runtime.exchange import Exchange
 from splitedge.runtime.filters import device_filters
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import Misfit, PartHost
+from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import device_router
 from splitedge.runtime.subscriptions import Subscriptions
 
@@ -48,7 +50,7 @@ class DeviceAgent(Node):
         self.host = host(self._build_part, rng=self.rng, vet=self._vet, stopped=self.stopped, name=f"device {node_id}")
         self.exchange = Exchange(self, super().next_event)
         self.pending: RoundPlan | None = None
-        self.last_round, self.last_attempt = 0, 0  # of the last round done (a resumed cloud's come again, higher)
+        self.last: tuple[int, int, int] = (0, 0, 0)  # RoundPlan.key of the last work done (a resumed cloud's come again, higher)
         self.subs = Subscriptions(transport, self.enqueue)
         self.fatal: str | None = None  # why this device cannot take part in the run (it stops)
 
@@ -124,10 +126,10 @@ class DeviceAgent(Node):
 
     def _on_round(self, plan: RoundPlan) -> None:
         self.follow_session(plan)
-        if self.on_stop(plan, started=self.last_round > 0 or self.pending is not None,
-                        done=f" after round {self.last_round}"):
+        if self.on_stop(plan, started=self.last[0] > 0 or self.pending is not None,
+                        done=f" after round {self.last[0]}"):
             return
-        if (plan.round, plan.attempt) <= (self.last_round, self.last_attempt) or not self.host.begin_round():
+        if plan.key <= self.last or not self.host.begin_round():
             return  # seen already (a retained announcement after a reconnect or a move), or stopped
         self.exchange.deferred.extendleft(reversed(self.host.held()))  # first, in their order
         if self._ensure_part(plan):
@@ -155,25 +157,25 @@ class DeviceAgent(Node):
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, rounds and models."""
         super()._new_session(session)
-        self.pending, self.last_round, self.last_attempt = None, 0, 0
+        self.pending, self.last = None, (0, 0, 0)
         self.exchange.peer_box.clear()
 
     def _run(self, plan: RoundPlan) -> None:
-        self.round, self.last_round, self.last_attempt = plan.round, plan.round, plan.attempt
+        self.round, self.last = plan.round, plan.key
         self.part.losses = {}
-        sent_done, started = False, time.monotonic()
+        phase, sent_done, started = done_phase(plan.phase), False, time.monotonic()
         try:
-            for item in self.part.run_round(plan):
+            for item in (calibration_round(self.part, plan) if plan.calibrating else self.part.run_round(plan)):
                 if item is DONE and not sent_done:
-                    self.send(self.transport, "up", "done", {"phase": "round", "info": self.done_info()})
+                    self.send(self.transport, "up", "done", {"phase": phase, "info": self.done_info(plan)})
                     sent_done = True
                 elif item is not DONE:
                     self.publish(item)
         finally:  # even a failed round tells the edge not to wait for us
             if not sent_done:
-                self.send(self.transport, "up", "done", {"phase": "round", "info": {"failed": True}})
-            status.info("device %s: round %d %s", self.node_id, plan.round, f"done in {time.monotonic() - started:.1f} s"
-                        if sent_done else "failed (see the log)")
+                self.send(self.transport, "up", "done", {"phase": phase, "info": {"failed": True}})
+            status.info("device %s: round %d%s %s", self.node_id, plan.round, " calibration" if plan.calibrating else "",
+                        f"done in {time.monotonic() - started:.1f} s" if sent_done else "failed (see the log)")
             self.host.end_round()
 
     def _build_part(self, method: Method) -> DevicePart:
@@ -181,8 +183,10 @@ class DeviceAgent(Node):
                           request=self.exchange.request, gather=self.exchange.gather)
         return method.device_part(ctx, self.data, self.backend)
 
-    def done_info(self) -> dict[str, Any]:
-        info = {**self.part.round_info(), "samples": int(len(self.data[1]))}
+    def done_info(self, plan: RoundPlan) -> dict[str, Any]:
+        """The round's info: the part's own (not in a calibration phase, which trains nothing),
+        the samples this device holds, its losses and what it refused."""
+        info = {**({} if plan.calibrating else self.part.round_info()), "samples": int(len(self.data[1]))}
         if self.part.losses:
             info["loss"] = dict(self.part.losses)
         if self.refused:

@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from splitedge.methods.calibration.records import Gate, edge_merge
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
@@ -30,7 +31,7 @@ from splitedge.runtime.membership import Members
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.records import edge_done_info
-from splitedge.runtime.rounds import RoundCollector
+from splitedge.runtime.rounds import RoundCollector, done_phase
 from splitedge.runtime.router import edge_router, relay_route, relayed_retained
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.subscriptions import Subscriptions
@@ -148,10 +149,12 @@ class EdgeAggregator(Node):
         if stop or not plan.newer_than(self.plan) or not self._ensure_part(plan):
             return  # a stop, a retained announcement seen again, or a config we cannot use
         self.plan, self.round = plan, plan.round
+        self.gate = Gate.of(plan, self.part.method) if plan.calibrating else None
         awaited = self.roster.awaited
-        self.publish_all(self.part.on_round_open(plan, awaited))
+        if not plan.calibrating:
+            self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
-        self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, awaited)
+        self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, awaited, phase=plan.phase)
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, round and cached state."""
@@ -186,23 +189,28 @@ class EdgeAggregator(Node):
             return
         if not (self.rounds.complete(self.roster.awaited) or self.rounds.expired()) or not self.part.ready(self.plan):
             return  # a model this round needs has not arrived yet; it is retained, so it will
-        started = time.monotonic()
+        started, plan = time.monotonic(), self.plan
         reports = self.rounds.close()
-        self.part.losses = {}
+        self.part.losses, extra = {}, {}
         try:
             with self.host.working():
-                self.publish_all(self.part.aggregate(self.plan, reports))
+                if plan.calibrating:  # the devices' head statistics, merged and sent up
+                    messages, extra["calibrated"] = edge_merge(plan, reports, self.part.method.config)
+                else:
+                    messages = self.part.aggregate(plan, reports)
+                self.publish_all(messages)
         except Exception:  # the cloud still hears that this edge is done, so the run goes on
             self.errors += 1
-            log.exception("edge %s: aggregating round %d failed", self.node_id, self.plan.round)
+            log.exception("edge %s: aggregating round %d (%s) failed", self.node_id, plan.round, plan.phase)
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
         info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
                               errors=self.errors, refused=self.rejections([self.down, self.up]))
-        self.send(self.up, "up", "done", {"phase": "round", "info": info})
+        self.send(self.up, "up", "done", {"phase": done_phase(plan.phase), "info": {**info, **extra}})
         self.host.end_round()  # after the round's info is read off the part: a host may swap the part out
         self._save_state()
-        status.info("edge %s: round %d closed with %d/%d devices in %.1f s", self.node_id, self.plan.round,
-                    len(infos), len(self.roster.live), time.monotonic() - started)
+        status.info("edge %s: round %d%s closed with %d/%d devices in %.1f s", self.node_id, plan.round,
+                    " calibration" if plan.calibrating else "", len(infos), len(self.roster.live),
+                    time.monotonic() - started)
 
     # -- crash safety ------------------------------------------------------------------------
     def _save_state(self) -> None:

@@ -19,6 +19,8 @@ from typing import Any, Mapping, TypeVar
 
 import numpy as np
 
+from splitedge.methods.moments import ROBUST_MERGES
+
 T = TypeVar("T")
 
 
@@ -35,13 +37,44 @@ class MethodConfig:
 
     feddecorr_beta: weight of the FedDecorr regulariser (METHODS.md) on the representation each
     tier trains; 0 switches it off. Any method can turn it on (`--set feddecorr_beta=0.1`).
+
+    calibrate: "lda" refits the served model's classifier in closed form on the devices' head
+    statistics (methods/calibration) after every `calibrate_every`-th round and after the last
+    (0: only after the last); `calib_shrink` shrinks the shared covariance toward a multiple of
+    the identity, `calib_cov` sends it whole ("full", D(D+1)/2 values) or its diagonal ("diag",
+    D values), `calib_dtype` is the records' float type on the wire.
+
+    robust: how an edge merges its devices' statistics and the cloud its edges' (feature moments,
+    head statistics): "none" exactly; "clip" each source clipped to `robust_clip_k` reference
+    standard deviations; "trimmed" coordinate-wise, dropping `robust_trim` of the sources at
+    each end; "median" coordinate-wise medians (methods/moments.py, methods/calibration/robust.py).
     """
 
     feddecorr_beta: float = 0.0
+    calibrate: str = flag("none", "fit the served head in closed form on the devices' head statistics",
+                          choices=("none", "lda"))
+    calibrate_every: int = flag(1, "rounds between head calibrations (0: only after the last round)")
+    calib_shrink: float = 0.1
+    calib_cov: str = "full"
+    calib_dtype: str = "f4"
+    robust: str = "none"
+    robust_clip_k: float = 2.0
+    robust_trim: float = 0.2
 
     def __post_init__(self) -> None:
         if self.feddecorr_beta < 0:
             raise ValueError(f"feddecorr_beta must be >= 0, got {self.feddecorr_beta}")
+        if self.calibrate not in ("none", "lda") or self.calibrate_every < 0 or not 0 < self.calib_shrink <= 1:
+            raise ValueError(f"calibrate must be none or lda, calibrate_every >= 0 and calib_shrink in (0, 1], got "
+                             f"{self.calibrate!r}, {self.calibrate_every} and {self.calib_shrink}")
+        if self.calib_cov not in ("full", "diag") or self.calib_dtype not in ("f2", "f4", "f8"):
+            raise ValueError(f"calib_cov must be full or diag and calib_dtype f2, f4 or f8, got {self.calib_cov!r} "
+                             f"and {self.calib_dtype!r}")
+        if self.robust not in ROBUST_MERGES:
+            raise ValueError(f"robust must be one of {', '.join(ROBUST_MERGES)}, got {self.robust!r}")
+        if not self.robust_clip_k > 0 or not 0 <= self.robust_trim < 0.5:
+            raise ValueError(f"robust_clip_k must be > 0 and robust_trim in [0, 0.5), got {self.robust_clip_k} and "
+                             f"{self.robust_trim}")
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,9 @@ class RoundPlan:
     attempt: int = 0
     """How many times the cloud resumed this session after a crash: a node that already did
     round r under the dead cloud does it again when r is announced with a higher attempt."""
+    phase: str = "train"
+    """"train": the round's work; "calibrate": after it, devices send head statistics of the
+    model they now hold and nothing else (methods/calibration)."""
 
     def to_body(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
@@ -125,12 +128,21 @@ class RoundPlan:
         return cls(round=round_, method=body["method"], deadline_s=body["deadline_s"], config=body["config"],
                    versions=dict(body["versions"]), directives=dict(body.get("directives") or {}),
                    session=body.get("session", ""), stop=bool(body.get("stop", False)),
-                   attempt=int(body.get("attempt", 0)))
+                   attempt=int(body.get("attempt", 0)), phase=body.get("phase", "train"))
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """(round, attempt, phase): announcements are work in this order."""
+        return self.round, self.attempt, int(self.phase == "calibrate")
+
+    @property
+    def calibrating(self) -> bool:
+        return self.phase == "calibrate"
 
     def newer_than(self, other: "RoundPlan | None") -> bool:
-        """Whether this announcement is work to do after `other`: a later round, or the same
-        round again from a cloud resumed after a crash (a higher attempt)."""
-        return other is None or (self.round, self.attempt) > (other.round, other.attempt)
+        """Whether this announcement is work to do after `other`: a later round, the same round
+        again from a cloud resumed after a crash (a higher attempt), or the round's calibration."""
+        return other is None or self.key > other.key
 
     def version(self, name: str) -> int:
         """The announced version of model `name` (0 when the method does not version it)."""
@@ -307,6 +319,15 @@ class DevicePart(Part):
         cloud saves it at the end); empty when the device holds nothing worth saving."""
         return {}
 
+    can_calibrate: bool = False
+    """Whether `classifier_input` works here: the part holds (or has been sent) everything
+    between an image and the served model's classifier."""
+
+    def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        """The served model's classifier input [N, D] for normalised images [N, C, H, W], as the
+        part holds the model in a calibration phase (methods/calibration)."""
+        raise NotImplementedError
+
 
 class EdgePart(Part):
     """Edge side: merge what devices sent, train, report upward."""
@@ -374,6 +395,28 @@ class CloudPart(Part):
         """The served global model as a flat name -> array map (saved without pickle)."""
         return {}
 
+    # -- calibration (methods/calibration): after round r is merged, when the config says so
+    def calibration_dim(self) -> int | None:
+        """The classifier input's dimension D the devices' head statistics must have, or None
+        when this method cannot calibrate (no calibration phase is opened)."""
+        return None
+
+    def before_calibration(self, round_: int) -> list[Message]:
+        """What devices need to reach the classifier's input that they do not hold (e.g. the
+        layers above a split), sent before the calibration phase of round `round_`."""
+        return []
+
+    def calibration_versions(self, round_: int) -> Mapping[str, int]:
+        """The model versions a device must hold for round `round_`'s calibration phase: those
+        it will train from next (the model just merged)."""
+        return self.plan(round_ + 1).versions
+
+    def calibrate(self, plan: RoundPlan, sources: Mapping[str, Any]) -> dict[str, Any]:
+        """The calibration phase closed: `sources` are the edges' merged head statistics
+        (methods.calibration.stats.HeadStats, by edge). Returns metrics (e.g. the calibrated
+        model's accuracy) for the round's record."""
+        return {}
+
 
 # -- the method ------------------------------------------------------------------------------
 
@@ -399,6 +442,9 @@ class Method:
     serverless: bool = False
     """True when the device part can run with no cloud and no edge, its rounds clocked by the
     devices themselves from a shared plan (`splitedge peers`, device/peer_agent.py): DecMAR."""
+    head_calibration: bool = True
+    """Whether `calibrate="lda"` is open to this method: its devices hold the one served model
+    after a round (not FedProto's own models, CFLHKD's cluster models, DecMAR's consensus)."""
 
     def __init__(self, config: RunConfig, name: str | None = None) -> None:
         if not isinstance(config.method, self.Config):
@@ -450,7 +496,11 @@ class Method:
     def settle(self) -> dict[str, Any]:
         """Settings the cloud derives from the model before round 1 (where torch is), so that
         numpy-only edges check every message against them instead of trusting the first one
-        (e.g. FedProto's prototype dimension). Empty by default."""
+        (e.g. FedProto's prototype dimension). Empty by default. A setting the method cannot
+        honour is a ValueError here, before round 1."""
+        if self.config.calibrate != "none" and not self.head_calibration:
+            raise ValueError(f"{self.name} cannot calibrate its head (calibrate={self.config.calibrate!r}): its devices "
+                             f"do not hold one served model; leave calibrate at none")
         return {}
 
     def loss_terms(self, role: str) -> list[Any]:

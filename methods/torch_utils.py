@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from splitedge.methods.config import ModelSpec
-from splitedge.methods.data.preprocess import batches, to_input
+from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.training import Batch
 from splitedge.models import SplitModel, create_split, seeded_init
 

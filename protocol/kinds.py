@@ -49,8 +49,10 @@ BUILTIN_KINDS: dict[str, Schema] = {
         "method": Str(max_len=64), "session": _SESSION, "deadline_s": Float(gt=0), "versions": _VERSIONS,
         "config": Data(), "directives": Data(optional=True, default={}),
         "stop": Bool(optional=True, default=False), "attempt": Int(ge=0, optional=True, default=0),
+        "phase": Str(choices=("train", "calibrate"), optional=True, default="train"),
     }, doc="cloud/edge -> down (retained); `config` is the method's typed config as a nested map, "
-           "`directives` what the method asks of this round, `stop` ends the run"),
+           "`directives` what the method asks of this round, `phase` its training or its calibration, "
+           "`stop` ends the run"),
     "assign": Schema({
         "edge": Str(max_len=128), "groups": List(items=_NAME, max_items=64),
         "peers": _IDS.but(max_items=1024),
@@ -90,7 +92,7 @@ BUILTIN_KINDS: dict[str, Schema] = {
     }, doc="parent -> one child: resend state the parent lost or never got (e.g. after a restart)"),
     "done": Schema({
         "phase": Str(), "info": Data(optional=True, default={}),
-    }, doc="any -> up; round-completion marker"),
+    }, doc="any -> up; round-completion marker (`phase`: round, or calibrate)"),
 }
 
 for _name, _schema in BUILTIN_KINDS.items():

@@ -4,7 +4,9 @@ The transport's chain (protocol/inbound.py) judged the wire on the network threa
 node's own thread a message from a parent, a child or a peer then passes these steps in
 order before the method's part sees it: drop it when it belongs to another incarnation of
 the run (a cloud restarted without its state), refuse it when its counts exceed the samples
-its sender announced, and let the part refuse what does not fit the federation (its `check`).
+its sender announced, judge head statistics against the open calibration phase (the runtime
+merges those; the part never sees them), and let the part refuse what does not fit the
+federation (its `check`).
 A refusal raises ProtocolError naming its rule: the node logs it and counts it by rule, and
 the message never touches the part's state. Steps take `(message, next)` like the wire's.
 """
@@ -17,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from splitedge.methods.calibration import is_head_stats
 from splitedge.methods.checks import check_within_samples
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.errors import ProtocolError
@@ -28,12 +31,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Inbound:
     """A message for a part: from its "parent", a "child" or a "peer"; `announced` is the
-    sample count a child said it holds (None when the sender announced none)."""
+    sample count a child said it holds (None when the sender announced none); `gate` what the
+    open calibration phase's head statistics must fit (methods.calibration.records.Gate), None
+    outside one."""
 
     env: Envelope
     source: str
     part: Any = None
     announced: int | None = None
+    gate: Any = None
 
 
 Next = Callable[[Inbound], bool]
@@ -47,6 +53,17 @@ def within_announced(msg: Inbound, nxt: Next) -> bool:
     return nxt(msg)
 
 
+def head_statistics(msg: Inbound, nxt: Next) -> bool:
+    """A child's head statistics fit the open calibration phase (its round, the classifier
+    input's dimension, classes, dtype and covariance form); they end here, admitted or refused."""
+    if not is_head_stats(msg.env):
+        return nxt(msg)
+    if msg.gate is None or msg.source != "child":
+        raise ProtocolError("state.phase", "head statistics outside a calibration phase")
+    msg.gate.check(msg.env)
+    return True
+
+
 def part_check(msg: Inbound, nxt: Next) -> bool:
     """The method's own rules: dimension, classes, model names and shapes, versions."""
     msg.part.check(msg.env, msg.source)
@@ -57,7 +74,7 @@ class NodeInbound:
     """The node's chain: `admit(message)` is True when the part may take it. Refusals are
     counted by rule in `refused`, messages of another session in `foreign`."""
 
-    def __init__(self, name: str, session: Callable[[], str], steps: Sequence[Step] = (within_announced, part_check)):
+    def __init__(self, name: str, session: Callable[[], str], steps: Sequence[Step] = (within_announced, head_statistics, part_check)):
         self.name, self.session = name, session
         self.refused: Counter[str] = Counter()
         self.foreign = 0

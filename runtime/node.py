@@ -55,6 +55,7 @@ class Node:
         self.errors = 0  # events whose handling raised; logged, counted, the loop goes on
         self.session = ""  # the cloud's run incarnation, learnt from the round announcement
         self.inbound = NodeInbound(f"{tier} {node_id}", lambda: self.session)
+        self.gate: Any = None  # what head statistics must fit while a calibration phase is open
         self.stopped = threading.Event()
 
     @property
@@ -79,7 +80,7 @@ class Node:
     def accepts(self, part: Any, env: Envelope, source: str, *, announced: int | None = None) -> bool:
         """Whether `part` takes a message from its "parent", a "child" or a "peer" (the node's
         inbound chain: session, samples announced, the part's own check)."""
-        return self.inbound.admit(Inbound(env, source, part, announced))
+        return self.inbound.admit(Inbound(env, source, part, announced, self.gate))
 
     def handle(self, topic_: str, env: Envelope) -> None:
         raise NotImplementedError
@@ -150,7 +151,7 @@ class Node:
             self._new_session(plan.session)
 
     def _new_session(self, session: str) -> None:
-        self.session = session
+        self.session, self.gate = session, None
         self.host.reset()
 
     def on_stop(self, plan: Any, *, started: bool, done: str) -> str | None:

@@ -2,6 +2,8 @@
 
 A round opens with the set of live children expected to report. Messages for another round
 are stale and dropped; a message id seen before is a duplicate and dropped; both are counted.
+A round's calibration phase opens the same round again: a `done` of the other phase (a late
+child's) is stale there, so it cannot close the phase it does not belong to.
 A round closes when every live child has sent `done` (quorum) or its deadline passes; the
 caller then gets one report per child with its messages grouped by kind.
 """
@@ -15,12 +17,20 @@ from typing import Any, Callable
 from splitedge.methods.contract import RoundReport
 
 SEEN_IDS = 4096  # remember this many message ids for duplicate detection
+DONE_PHASES = ("round", "calibrate")
+"""A `done` body's phase: the round's training, or its calibration."""
+
+
+def done_phase(phase: str) -> str:
+    """The `done` phase of a round plan's phase ("train" -> "round", "calibrate")."""
+    return "calibrate" if phase == "calibrate" else "round"
 
 
 class RoundCollector:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.round: int | None = None
+        self.phase = DONE_PHASES[0]
         self.deadline = 0.0
         self.expected: set[str] = set()
         self.reports: dict[str, RoundReport] = {}
@@ -33,8 +43,8 @@ class RoundCollector:
     def is_open(self) -> bool:
         return self.round is not None
 
-    def open(self, round_: int, deadline_s: float, expected: set[str]) -> None:
-        self.round, self.deadline = round_, self.clock() + deadline_s
+    def open(self, round_: int, deadline_s: float, expected: set[str], phase: str = "train") -> None:
+        self.round, self.deadline, self.phase = round_, self.clock() + deadline_s, done_phase(phase)
         self.expected, self.reports, self.done = set(expected), {}, set()
 
     def add(self, env: Any) -> bool:
@@ -42,7 +52,8 @@ class RoundCollector:
         if self._is_duplicate(env.msg_id):
             self.counts["duplicate"] += 1
             return False
-        if self.round is None or env.round != self.round:
+        if self.round is None or env.round != self.round or (
+                env.kind == "done" and env.body.get("phase", DONE_PHASES[0]) != self.phase):
             self.counts["stale"] += 1
             return False
         self.reports.setdefault(env.sender, RoundReport(env.sender)).messages.setdefault(env.kind, []).append(env)

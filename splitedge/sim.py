@@ -426,6 +426,8 @@ def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings,
     """The run in one JSON document; `status` "complete" or "interrupted", `evaluated_rounds`
     how many rounds produced an accuracy (0 means the run learnt nothing that was measured)."""
     acc = [h.get("accuracy", float("nan")) for h in history]  # a method may report no accuracy
+    calibrated = [h.get("accuracy_calibrated") for h in history]  # None: the round was not calibrated
+    measured = [a for a in calibrated if a is not None]
     by_tier = fed.bytes_by_tier()
     by_kind = fed.bytes_by_kind("device")
     if workers is not None and s.workers:
@@ -439,6 +441,8 @@ def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings,
         "final_accuracy": acc[-1] if acc else None,
         "best_accuracy": max((a for a in acc if a == a), default=None),
         "accuracy_per_round": acc,
+        **({"final_accuracy_calibrated": calibrated[-1], "best_accuracy_calibrated": max(measured),
+            "accuracy_calibrated_per_round": calibrated} if measured else {}),
         "round_seconds": [h["round_seconds"] for h in history],
         "closed_on_quorum": closed_on_quorum(history),
         "wall_seconds": seconds,

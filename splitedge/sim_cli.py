@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"splitedge sim: {s.method} on {s.dataset}, {s.devices} devices, {s.edges} edges, "
           f"{s.rounds} rounds, {'IID' if s.alpha is None else f'Dirichlet({s.alpha})'}, into {s.out}", flush=True)
     summary = run_sim(s, on_round=_progress(s.rounds))
-    print(json.dumps({k: summary[k] for k in ("final_accuracy", "wall_seconds",
-                                              "device_up_bytes_per_device_per_round")}))
+    print(json.dumps({k: summary[k] for k in ("final_accuracy", "final_accuracy_calibrated", "wall_seconds",
+                                              "device_up_bytes_per_device_per_round") if k in summary}))
     print(f"wrote {s.out}/metrics.jsonl, summary.json, plot.png")
     if not summary["evaluated_rounds"]:
         print(f"splitedge sim: no round produced an evaluation (accuracy is null in every round); "
@@ -93,6 +93,8 @@ def _progress(total: int):
         bar = "#" * int(20 * record["round"] / total)
         acc = record.get("accuracy")
         acc_text = "  -  " if acc is None else f"{acc:.3f}"  # not measured this round (report_every)
+        if record.get("accuracy_calibrated") is not None:
+            acc_text += f" (calibrated {record['accuracy_calibrated']:.3f})"
         sys.stdout.write(f"[{bar:<20}] round {record['round']}/{total}  accuracy {acc_text}  "
                          f"{record['round_seconds']:.1f}s  cloud in {up / 1e6:.2f} MB\n")
         sys.stdout.flush()

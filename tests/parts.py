@@ -27,9 +27,9 @@ def ctx_for(name: str, node: str = "n0", *, spec: ModelSpec = SPEC, seed: int = 
 
 
 def plan_for(round_: int = 1, method: str = "x", *, versions: dict | None = None,
-             directives: dict | None = None) -> RoundPlan:
+             directives: dict | None = None, phase: str = "train") -> RoundPlan:
     return RoundPlan(round=round_, method=method, deadline_s=10.0, config={}, versions=dict(versions or {}),
-                     directives=dict(directives or {}))
+                     directives=dict(directives or {}), phase=phase)
 
 
 def env(kind: str, body: dict, sender: str = "d0", round_: int = 1) -> Envelope:

@@ -1,5 +1,6 @@
-"""`hsfp-cal`: the head refitted on real statistics, over Mosquitto, with thin devices beside
-torch ones and a rogue that sends head statistics which do not fit."""
+"""`hsfp-cal`: the head refitted on real statistics in each round's calibration phase, over
+Mosquitto, with thin devices beside torch ones and a rogue that sends head statistics which do
+not fit (or outside a calibration phase)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 import torch
 
 from splitedge.methods.config import ModelSpec
-from splitedge.methods.hsfp.headstats import HeadStats, head_stats_arrays
-from splitedge.methods.registry import create_method, default_config
+from splitedge.methods.calibration import calibrates
+from splitedge.methods.calibration.stats import HeadStats, head_stats_arrays
+from splitedge.methods.registry import default_config
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.session import connect
 from splitedge.protocol.topics import pattern, topic
@@ -23,9 +25,10 @@ HEAD_DIM = 64  # the digits cnn's classifier input
 
 
 class RogueCalibrator:
-    """Device d9 of edge e0 (100 samples announced): each round, head statistics of a stale
-    calibration version, of another dimension, counting more than its hello, and with a
-    negative variance, then its `done`."""
+    """Device d9 of edge e0 (100 samples announced): in each round, head statistics where no
+    calibration phase is open; in each calibration phase, head statistics of another round, of
+    another dimension, counting more than its hello, and with a negative variance; each time
+    its `done`."""
 
     def __init__(self, url: str, run: str) -> None:
         self.run, self.t = run, connect(url, run=run, tier="device", node_id="d9")
@@ -47,17 +50,19 @@ class RogueCalibrator:
     def on_round(self, _topic: str, env: Envelope) -> None:
         if env.body.get("stop"):
             return
-        r, versions = env.round, env.body["versions"]
-        calib, wc = int(versions.get("calib", 0)), int(versions["wc"])
+        r = env.round
+        if env.body.get("phase") != "calibrate":  # a record in the training phase
+            self.say("arrays", {"name": "head_stats", "version": r, "arrays": self.stats(HEAD_DIM, [10, 10])}, r)
+            self.say("done", {"phase": "round", "info": {}}, r)
+            return
         negative = self.stats(HEAD_DIM, [10, 10])
         negative["cov"][0] = -1.0
-        for version, arrays in ((calib + 5, self.stats(HEAD_DIM, [10, 10])),  # a version not yet sent
-                                (calib, self.stats(HEAD_DIM + 1, [10, 10])),  # another head dimension
-                                (calib, self.stats(HEAD_DIM, [90, 90])),  # 180 samples of 100 announced
-                                (calib, negative)):
-            self.say("arrays", {"name": "head_stats", "version": version, "arrays": arrays,
-                                "scalars": {"wc": wc}}, r)
-        self.say("done", {"phase": "round", "info": {}}, r)
+        for version, arrays in ((r + 5, self.stats(HEAD_DIM, [10, 10])),  # another round's
+                                (r, self.stats(HEAD_DIM + 1, [10, 10])),  # another head dimension
+                                (r, self.stats(HEAD_DIM, [90, 90])),  # 180 samples of 100 announced
+                                (r, negative)):
+            self.say("arrays", {"name": "head_stats", "version": version, "arrays": arrays}, r)
+        self.say("done", {"phase": "calibrate", "info": {}}, r)
 
     def close(self) -> None:
         self.t.close()
@@ -79,12 +84,15 @@ def clean(mosquitto, tmp_path_factory) -> list[dict]:
 
 def test_torch_and_thin_devices_calibrate_every_round(clean) -> None:
     # d0 and d2 (torch) and d1 and d3 (onnx, a second graph for W_e and W_g's trunk) each count
-    # all their images: the 600 training images, every round
+    # all their images: the 600 training images, every round, through both edges
     assert [r["calibrated"] for r in clean] == [600] * ROUNDS, clean
+    assert all(r["calibrated_edges"] == 2 for r in clean)
     assert all(r["merged"] == 4 for r in clean), [r["merged"] for r in clean]
-    # W_e and the trunk go down again only when they changed: W_e is averaged after round 2 (ie=2)
-    assert [r["versions"]["calib"] for r in clean] == [0, 0, 1], [r["versions"] for r in clean]
-    assert min(r["accuracy"] for r in clean) > 0.5, [r["accuracy"] for r in clean]  # chance is 0.1
+    # W_e and the trunk go down again only when they changed: W_e is averaged in round 2 (ie=2),
+    # so round 2's calibration already uses the new one; W_c is averaged in round 2 (ic=2) too
+    assert [r["calibration_versions"]["calib"] for r in clean] == [0, 1, 1], clean
+    assert [r["calibration_versions"]["wc"] for r in clean] == [0, 1, 1], clean
+    assert min(r["accuracy_calibrated"] for r in clean) > 0.5, clean  # chance is 0.1
 
 
 def test_head_statistics_that_do_not_fit_are_refused_and_change_nothing(mosquitto, clean, tmp_path) -> None:
@@ -93,16 +101,17 @@ def test_head_statistics_that_do_not_fit_are_refused_and_change_nothing(mosquitt
         poisoned = _sim(mosquitto.url, "calib-rogue", tmp_path / "rogue")
     finally:
         rogue.close()
-    assert [r["accuracy"] for r in poisoned] == [r["accuracy"] for r in clean]
-    assert [r["calibrated"] for r in poisoned] == [r["calibrated"] for r in clean]
+    for key in ("accuracy", "accuracy_calibrated", "calibrated"):
+        assert [r[key] for r in poisoned] == [r[key] for r in clean], key
     refused = poisoned[-1]["rejected"]["e0"]
-    for rule in ("state.stale", "state.dim", "state.samples", "state.range"):
+    for rule in ("state.phase", "state.stale", "state.dim", "state.samples", "state.range"):
         assert refused.get(rule) == ROUNDS, (rule, refused)
 
 
 def test_calibrated_rounds_follow_the_setting() -> None:
-    def rounds(every: int) -> list[int]:
-        method = create_method("hsfp", default_config("hsfp", ModelSpec(), calibrate_every=every))
-        return [r for r in range(1, 8) if method.calibrates(r)]
+    def rounds(calibrate: str, every: int, last: int = 7) -> list[int]:
+        cfg = default_config("hsfp", ModelSpec(), calibrate=calibrate, calibrate_every=every).method
+        return [r for r in range(1, last + 1) if calibrates(cfg, r, last)]
 
-    assert rounds(0) == [] and rounds(1) == list(range(1, 8)) and rounds(3) == [1, 4, 7]
+    assert rounds("none", 1) == [] and rounds("lda", 1) == list(range(1, 8))
+    assert rounds("lda", 3) == [3, 6, 7] and rounds("lda", 0) == [7]

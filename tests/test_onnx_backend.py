@@ -16,7 +16,8 @@ from splitedge.methods.thin.onnx_backend import OnnxExtractor
 from splitedge.methods.thin.onnx_graph import initializer_specs
 from splitedge.exporters.onnx_export import export_calib_bytes, export_module, export_wc_bytes, run_torch
 from splitedge.exporters.variants import to_fp16
-from splitedge.methods.hsfp.headstats import HeadStatsAccumulator, head_stats_from_arrays
+from splitedge.methods.calibration.records import calibration_round, head_stats
+from splitedge.methods.calibration.stats import HeadStatsAccumulator, head_stats_from_arrays
 from splitedge.methods.moments import MomentAccumulator
 from splitedge.methods.data.preprocess import to_input
 from parts import ctx_for, plan_for
@@ -215,7 +216,8 @@ def test_thin_device_head_statistics_match_torch(splits, model_bytes, images):
     dev = thin_device(images)
     dev.on_message(model_env(model_bytes))
     calib = ClassifierInput(splits[1].we, splits[1].wg).eval()
-    plan = plan_for(1, versions={"wc": 0, "we": 0, "calib": 0}, directives={"calibrate": True})
+    plan = plan_for(1, versions={"wc": 0, "we": 0, "calib": 0}, directives={"calibrate": {"dim": 64}},
+                    phase="calibrate")
     graph = export_calib_bytes(splits[0])
     calib_env = SimpleNamespace(kind="onnx_model", body={"part": "calib", "version": 0, "model": graph,
                                                          "sha256": hashlib.sha256(graph).hexdigest()})
@@ -225,9 +227,9 @@ def test_thin_device_head_statistics_match_torch(splits, model_bytes, images):
     assert not dev.ready(plan)
     dev.on_message(calib_env)
     assert dev.ready(plan) and dev.calib_version == 0
-    sent = [m for m in dev.run_round(plan) if hasattr(m, "kind")]
-    assert [m.kind for m in sent] == ["moments", "arrays"] and sent[1].body["name"] == "head_stats"
-    got = head_stats_from_arrays(sent[1].body["arrays"])
+    sent = [m for m in calibration_round(dev, plan) if hasattr(m, "kind")]
+    assert [m.kind for m in sent] == ["arrays"] and sent[0].body["name"] == "head_stats"
+    got = head_stats_from_arrays(sent[0].body["arrays"])
     with torch.no_grad():
         feats = calib(splits[0].wc(torch.from_numpy(to_input(images[0], (0.5,), (0.25,))))).numpy()
     acc = HeadStatsAccumulator(feats.shape[1])
@@ -262,7 +264,7 @@ def test_thin_device_with_pre_relu_takes_moments_before_the_relu_and_calibrates_
     moments = dev.compute_moments()
     np.testing.assert_allclose(moments.mean, torch_moments(pre_activation(splits[0].wc), images).mean, atol=1e-5)
     assert (moments.mean < 0).any()  # before the ReLU
-    got = dev.compute_head_stats()
+    got = head_stats(dev.classifier_input, images, (0.5,), (0.25,))
     with torch.no_grad():
         feats = calib(splits[0].wc(torch.from_numpy(to_input(images[0], (0.5,), (0.25,))))).numpy()
     acc = HeadStatsAccumulator(feats.shape[1])

@@ -38,13 +38,13 @@ class CyclingHost(PartHost):
         CyclingHost.cycled[self.name] += 1
 
 
-def _run(method: str, out: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _run(method: str, out: Path, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     from safetensors.numpy import load_file
 
     from splitedge.sim import SimSettings, run_sim
 
     s = SimSettings(rounds=ROUNDS, devices=DEVICES, edges=EDGES, method=method, seed=2, max_train=600, max_test=300,
-                    out=out, overrides={"patch": 2} if method in ("fedmar", "decmar") else {})
+                    out=out, overrides={**({"patch": 2} if method in ("fedmar", "decmar") else {}), **settings})
     summary = run_sim(s)
     return summary, load_file(str(out / "model.safetensors"))
 
@@ -54,21 +54,30 @@ def _sent(summary: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return {k: (v["messages"], v["payload"]) for k, v in summary["device_bytes_by_kind"]["out"].items()}
 
 
-@pytest.mark.parametrize("method", shipped_methods())  # the registry's, less those other test modules add
-def test_a_part_restored_from_its_bytes_does_the_same_next_round(method: str, tmp_path: Path, monkeypatch) -> None:
+CASES = [(m, {}) for m in shipped_methods()] + [("fedavg", {"calibrate": "lda"}), ("splitfed", {"calibrate": "lda"})]
+"""Every registered method (the registry's, less those other test modules add) as it comes, and
+the calibrating forms of methods whose default does not calibrate."""
+
+
+@pytest.mark.parametrize("method, settings", CASES, ids=[m + ("+lda" if s else "") for m, s in CASES])
+def test_a_part_restored_from_its_bytes_does_the_same_next_round(method: str, settings: dict, tmp_path: Path,
+                                                                 monkeypatch) -> None:
     import splitedge.sim
 
     # Prepare: the uninterrupted run
-    plain, plain_model = _run(method, tmp_path / "plain")
+    plain, plain_model = _run(method, tmp_path / "plain", settings)
     monkeypatch.setattr(splitedge.sim.Federation, "hosts", lambda self: (CyclingHost,) * 3)
     CyclingHost.cycled.clear()
-    # Execute: every part of every tier rebuilt from its bytes after each of its rounds
-    cycled, cycled_model = _run(method, tmp_path / "cycled")
+    # Execute: every part of every tier rebuilt from its bytes after each of its rounds (and
+    # after each calibration phase, which devices and edges work through like a round)
+    cycled, cycled_model = _run(method, tmp_path / "cycled", settings)
     # Assert: every node's part was swapped after every round, and nothing told the runs apart
+    phases = 2 if "accuracy_calibrated_per_round" in plain else 1
     nodes = ["cloud", *(f"edge e{e}" for e in range(EDGES)), *(f"device d{d}" for d in range(DEVICES))]
-    assert {n: CyclingHost.cycled[n] for n in nodes} == {n: ROUNDS for n in nodes}
+    assert {n: CyclingHost.cycled[n] for n in nodes} == {n: ROUNDS * (1 if n == "cloud" else phases) for n in nodes}
     assert plain["closed_on_quorum"] and cycled["closed_on_quorum"]
     assert repr(cycled["accuracy_per_round"]) == repr(plain["accuracy_per_round"])  # NaN rounds (SSL) compare too
+    assert cycled.get("accuracy_calibrated_per_round") == plain.get("accuracy_calibrated_per_round")
     # ... nor what the devices sent: a part that lost a cache it asks for again (an edge's device
     # moments) learns the same, at the cost of messages an uninterrupted part never sends
     assert _sent(cycled) == _sent(plain)

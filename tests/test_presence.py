@@ -17,7 +17,7 @@ class Clock:
 
 
 def done(sender: str, round_: int = 1) -> SimpleNamespace:
-    return SimpleNamespace(msg_id=f"{sender}-{round_}", round=round_, sender=sender, kind="done")
+    return SimpleNamespace(msg_id=f"{sender}-{round_}", round=round_, sender=sender, kind="done", body={"phase": "round"})
 
 
 def test_a_child_gone_for_less_than_the_grace_is_still_awaited_then_dropped() -> None:

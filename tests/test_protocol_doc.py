@@ -66,7 +66,7 @@ def wire(mosquitto, tmp_path_factory) -> dict:
     try:
         run_sim(SimSettings(rounds=2, devices=4, edges=2, method="hsfp", backends=("torch", "onnx"), alpha=0.3,
                             broker=mosquitto.url, run=RUNS[0], out=out / "hsfp", deadline_s=60.0,
-                            overrides={"assign": "balanced", "ic": 2, "ie": 2}))
+                            overrides={"assign": "balanced", "ic": 2, "ie": 2, "calibrate": "lda"}))
         run_sim(SimSettings(rounds=2, devices=4, edges=2, method="cflhkd", groups=2, broker=mosquitto.url,
                             run=RUNS[1], out=out / "cflhkd", deadline_s=60.0))
         time.sleep(0.5)  # the last PUBACKed frames reach the capture client
@@ -107,7 +107,10 @@ def test_every_captured_message_conforms_to_protocol_md(doc: ProtocolDoc, wire: 
     assert seen >= {"hello", "status", "round", "assign", "moments", "weights", "arrays", "logits", "onnx_model",
                     "request", "done"}, seen
     segments = {e["topic"].split("/")[5] for e in envelopes}
-    assert {"weights-wc", "weights-we", "onnx_model-wc", "weights-model", "arrays-teachers"} <= segments, segments
+    assert {"weights-wc", "weights-we", "onnx_model-wc", "weights-model", "arrays-teachers", "weights-calib",
+            "onnx_model-calib"} <= segments, segments
+    assert any(e["k"] == "round" and e["b"].get("phase") == "calibrate" for e in envelopes)  # calibration phases
+    assert any(e["k"] == "arrays" and e["b"]["name"] == "head_stats" for e in envelopes)
 
 
 def test_stop_announcements_are_retained_rounds_with_stop_true(wire: dict, doc: ProtocolDoc) -> None:

@@ -1,5 +1,6 @@
 """FedAvg cloud: merge the edges' models (sample-weighted by default), publish the new global
-model to every device, evaluate it."""
+model to every device, evaluate it; with `calibrate="lda"`, also fit the closed-form head on the
+devices' head statistics of that model and serve the model with it (methods/calibration)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from splitedge.methods.averaging import weight_updates
+from splitedge.methods.calibration.serving import CalibratedCloud
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
 from splitedge.methods.contract import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
@@ -19,11 +21,11 @@ from splitedge.models import load_numpy_state, state_to_numpy
 log = logging.getLogger(__name__)
 
 
-class FedAvgCloud(CloudPart):
+class FedAvgCloud(CalibratedCloud, CloudPart):
     """The whole model merged every round and sent to every device. Methods on the same pattern
     (the self-supervised ones) override `build_model` and `evaluate` only."""
 
-    state = CloudPart.state + ("model", "version", "samples")
+    state = CloudPart.state + ("model", "version", "samples", "calibrated")
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -59,7 +61,7 @@ class FedAvgCloud(CloudPart):
         parts = weight_updates(reports, MODEL, plan.version(MODEL))
         out: list[Message] = []
         if parts:
-            load_numpy_state(self.model, self.method.merge_weights(parts))
+            load_numpy_state(self.model, self.server_update(self.method.merge_weights(parts)))
             self.version += 1
             self.samples = sum(n for _, n in parts)
             out.append(self._model_message())
@@ -67,5 +69,12 @@ class FedAvgCloud(CloudPart):
             log.warning("cloud: round %d without any edge model; keeping version %d", plan.round, self.version)
         return out, {**self.evaluate(plan), "model_version": self.version, "samples": self.samples}
 
+    def server_update(self, merged: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The new global model from the merge of the devices' (FedAvg: the merge itself; a
+        server optimiser steps on the pseudo-gradient, the merge minus the current model)."""
+        return merged
+
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
-        return state_to_numpy(self.model)
+        """The model as merged, or with calibration its last calibrated form (the model of the
+        last calibrating round with the closed-form head)."""
+        return self.served_state(state_to_numpy(self.model))

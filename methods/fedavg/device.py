@@ -42,6 +42,13 @@ class FedAvgDevice(DevicePart):
     def forward(self, batch: Batch) -> Outputs:
         return model_outputs(self.model, batch.x)
 
+    can_calibrate = True
+
+    def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        """The global model's classifier input (in a calibration phase: the model just merged)."""
+        with torch.inference_mode():
+            return self.model.features_and_logits(torch.from_numpy(x))[0].numpy()
+
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         # A fresh optimiser each round: momentum from the last local model does not fit the new global one.
         opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)

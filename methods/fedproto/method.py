@@ -12,6 +12,7 @@ class FedProto(Method):
     name = "fedproto"
     Config = FedProtoConfig
     personalised = True
+    head_calibration = False
     parts = {
         "device:torch": "splitedge.methods.fedproto.device:FedProtoDevice",
         "edge": "splitedge.methods.fedproto.edge:FedProtoEdge",
@@ -25,6 +26,7 @@ class FedProto(Method):
         from splitedge.methods.fedproto.loss import representation
         from splitedge.methods.torch_utils import build_split
 
+        super().settle()
         x = torch.zeros(2, self.spec.channels, self.spec.image_size, self.spec.image_size)
         return {"dim": int(representation(build_split(self.spec).eval(), x)[0].shape[1])}
 

@@ -16,26 +16,27 @@ import torch
 
 from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_space, check_stats, check_vector, check_version, check_weights, weight_specs
-from splitedge.methods.hsfp.headstats import lda_classifier, merge_head_stats
-from splitedge.methods.hsfp.edge import check_head_record, check_wc_moments, head_stats_of
-from splitedge.methods.hsfp.method import AVERAGE, CALIB, CALIBRATE, LABELS, HEAD_STATS, REPORT_LABELS, WC, WE
+from splitedge.methods.calibration.serving import CalibratedCloud
+from splitedge.methods.calibration.upper import CALIB, sent_copy, upper_update
+from splitedge.methods.hsfp.edge import check_wc_moments
+from splitedge.methods.hsfp.method import AVERAGE, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body
 from splitedge.methods.metrics.evaluate import evaluate
 from splitedge.methods.torch_utils import retune
 from splitedge.methods.contract import CHILDREN, DEVICES, THIN_DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
 from splitedge.methods.training import Batch, Outputs, train_epochs
-from splitedge.models import ClassifierInput, create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
+from splitedge.models import create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
 
-class HSFPCloud(CloudPart):
-    # Left out: the weight specs and head_dim (from the spec).
+class HSFPCloud(CalibratedCloud, CloudPart):
+    # Left out: the weight specs (from the spec).
     state = CloudPart.state + ("model", "served", "served_versions", "opt", "wc_version", "we_version", "cache",
                                "cached_ids", "cached_at", "reference", "wc_sources", "global_sent", "calib_version",
-                               "calib")
+                               "calib", "calibrated")
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -55,9 +56,8 @@ class HSFPCloud(CloudPart):
         # and which of them the last federation-wide merge sent to the edges held
         self.wc_sources: dict[str, tuple[int, str, ClassMoments]] = {}
         self.global_sent: tuple = ()
-        self.head_dim = int(self.model.wg[-1].in_features)
         self.calib_version = -1  # the calibration models last sent; their copy below
-        self.calib = ClassifierInput(copy.deepcopy(self.model.we), copy.deepcopy(self.model.wg))
+        self.calib = sent_copy(self.model)
 
     def reconfigure(self, method: Any) -> None:
         super().reconfigure(method)
@@ -75,7 +75,7 @@ class HSFPCloud(CloudPart):
             from splitedge.exporters.onnx_export import export_calib_bytes, export_wc_bytes  # needs onnx
 
             graphs = [(WC, self.wc_version, export_wc_bytes(self.model, pre_relu=self.cfg.pre_relu))]
-            if self.cfg.calibrate_every:
+            if self.cfg.calibrate != "none":
                 graphs.append((CALIB, 0, export_calib_bytes(self.model)))
         except (ImportError, ValueError) as exc:
             log.warning("cloud: no onnx_model for thin devices (%s)", exc)
@@ -89,20 +89,12 @@ class HSFPCloud(CloudPart):
         body = {"part": part, "version": version, "samples": samples, "weights": state_to_numpy(module)}
         return Message("weights", body, to=DEVICES if part == WC else CHILDREN, slot=part)
 
-    def before_round(self, round_: int) -> list[Message]:
-        """Before a calibrating round: the newest W_e and W_g's trunk to every device, kept as
-        sent. Unchanged ones are not sent again (W_e changes only at its average, every `ie`
-        rounds, and the cnn's trunk has no parameters): the round names the version they hold."""
-        if not self.method.calibrates(round_):
-            return []
-        new = ClassifierInput(self.model.we, self.model.wg).state_dict()  # a view: the live model's tensors
-        current = self.calib.state_dict()
-        if self.calib_version >= 0 and all(torch.equal(new[k], current[k]) for k in current):
-            return []
-        self.calib.load_state_dict(new)
-        self.calib_version += 1
-        body = {"part": CALIB, "version": self.calib_version, "samples": 0, "weights": state_to_numpy(self.calib)}
-        return [Message("weights", body, to=DEVICES, slot=CALIB)]
+    def before_calibration(self, round_: int) -> list[Message]:
+        """Before a calibration phase: the newest W_e and W_g's trunk to every device, unless
+        unchanged (W_e changes only at its average, every `ie` rounds, and the cnn's trunk has
+        no parameters): the phase names the version they hold."""
+        self.calib_version, out = upper_update(self.calib, self.calib_version, self.model)
+        return out
 
     def plan(self, round_: int) -> RoundSpec:
         """Versions in use; W_c averaged every ic rounds and W_e every ie (the slow time scale)."""
@@ -112,11 +104,11 @@ class HSFPCloud(CloudPart):
         directives: dict = {AVERAGE: average}
         if self.cfg.assign != "random" and round_ == 1:
             directives[REPORT_LABELS] = True
-        versions = {WC: self.wc_version, WE: self.we_version}
-        if self.method.calibrates(round_):
-            directives[CALIBRATE] = True
-            versions[CALIB] = self.calib_version
-        return RoundSpec(versions=versions, directives=directives)
+        return RoundSpec(versions={WC: self.wc_version, WE: self.we_version}, directives=directives)
+
+    def calibration_versions(self, round_: int) -> dict[str, int]:
+        """W_c and W_e as merged, and the W_e and trunk sent for the calibration (CALIB)."""
+        return {WC: self.wc_version, WE: self.we_version, CALIB: self.calib_version}
 
     def _assign(self, reports: Sequence[Report]) -> None:
         """Place devices on edges by their label histograms instead of the order they started in."""
@@ -134,10 +126,7 @@ class HSFPCloud(CloudPart):
     def check(self, env: Any, source: str) -> None:
         """Edges send moments of W_e outputs and averaged W_c / W_e of this run's model."""
         body = env.body
-        if env.kind == "arrays" and body["name"] == HEAD_STATS:
-            check_head_record(body, self.head_dim, self.spec.num_classes, self.cfg.feature_dtype,
-                              calib=self.calib_version, wc=self.wc_version)
-        elif env.kind == "moments" and body["space"] == WC and self.cfg.edge_features == "global":
+        if env.kind == "moments" and body["space"] == WC and self.cfg.edge_features == "global":
             check_wc_moments(body, int(np.prod(self.model.wc_shape)), self.spec.num_classes, self.cfg.feature_dtype,
                              wc=self.wc_version)
         elif env.kind == "moments":
@@ -204,12 +193,9 @@ class HSFPCloud(CloudPart):
             merged = self.method.merge_moments(current, reference)
             self.reference = (versions, merged)
             metrics["head_loss"] = self._train_head(merged, current)
-            if not self.cfg.calibrate_every:  # calibrating runs serve only calibrated heads
-                self.served.load_state_dict(self.model.state_dict())
-                self.served_versions = (self.wc_version, self.we_version)
+            self.served.load_state_dict(self.model.state_dict())
+            self.served_versions = (self.wc_version, self.we_version)
         out = self._global_wc_moments() if self.cfg.edge_features == "global" else []
-        if plan.directives.get(CALIBRATE):
-            metrics["calibrated"] = self._calibrate(plan, reports)
         infos = [r.get("done").body["info"] or {} for r in reports if r.get("done") is not None]
         metrics["merged"] = sum(int(i.get("merged", 0)) for i in infos)  # devices whose moments the edges merged
         if self.cfg.edge_features == "global":
@@ -237,29 +223,6 @@ class HSFPCloud(CloudPart):
         body = moments_to_body(merged, dtype=self.cfg.feature_dtype, space=WC, versions={WC: self.wc_version})
         return [Message("moments", body, to=CHILDREN, slot="wc_global")]
 
-    def _calibrate(self, plan: RoundPlan, reports: Sequence[Report]) -> int:
-        """Serve W_c, the calibration W_e and W_g with the classifier refitted in closed form on
-        the real head statistics the edges merged; returns how many samples they counted."""
-        parts = head_stats_of(reports, plan.version(CALIB))
-        if not parts:  # no device reported in time (or none could): serve the model as trained
-            log.warning("cloud: calibrating round %d without head statistics; serving the uncalibrated model",
-                        plan.round)
-            if self.served_versions != (self.wc_version, self.we_version):
-                self.served.load_state_dict(self.model.state_dict())
-                self.served_versions = (self.wc_version, self.we_version)
-            return 0
-        stats = merge_head_stats(parts)
-        weight, bias = lda_classifier(stats, self.spec.num_classes, shrink=self.cfg.calib_shrink)
-        self.served.wc.load_state_dict(self.model.wc.state_dict())
-        self.served.we.load_state_dict(self.calib.we.state_dict())
-        self.served.wg[:-1].load_state_dict(self.calib.wg.state_dict())
-        classifier = self.served.wg[-1]
-        with torch.no_grad():
-            classifier.weight.copy_(torch.from_numpy(weight))
-            classifier.bias.copy_(torch.from_numpy(bias))
-        self.served_versions = (self.wc_version, self.we_version)
-        return stats.total
-
     def forward(self, batch: Batch) -> Outputs:
         features, logits = head_features(self.model.wg, batch.x)
         return {"features": features, "logits": logits}
@@ -286,4 +249,5 @@ class HSFPCloud(CloudPart):
         return [self._weights_message(part, current + 1, module, sum(n for _, n in parts))]
 
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
-        return state_to_numpy(self.served)
+        """The consistent triple served (METHODS.md), or with calibration the last calibrated model."""
+        return self.served_state(state_to_numpy(self.served))

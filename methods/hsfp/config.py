@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splitedge.methods.config import MethodConfig, flag
-from splitedge.methods.moments import ROBUST_MERGES
 
 
 @dataclass(frozen=True)
@@ -66,21 +65,9 @@ class HSFPConfig(MethodConfig):
     # devices with similar label histograms share an edge (CFLHKD's clustering, one cluster per
     # edge); "balanced": each edge gets devices whose labels together match the federation's mix
     assign: str = "random"
-    # how an edge merges its devices' moments and the cloud its edges' (methods/moments.py
-    # robust_merge): "none" the exact merge; "clip" each source's class mean clipped to
-    # robust_clip_k reference standard deviations of the last merge (variance capped alike);
-    # "trimmed" a coordinate-wise trimmed mean dropping robust_trim of the sources at each end;
-    # "median" a coordinate-wise median
-    robust: str = "none"
-    robust_clip_k: float = 2.0
-    robust_trim: float = 0.2
-    # head calibration on real statistics (methods/hsfp/headstats.py): every `calibrate_every` rounds
-    # devices run the newest W_c, W_e and head trunk forward (inference only) and send class means
-    # and the shared within-class covariance of the classifier's input; the cloud refits the
-    # classifier in closed form (LDA, covariance shrunk by `calib_shrink`) and serves that model.
-    # 0 never calibrates (the paper's method)
-    calibrate_every: int = 0
-    calib_shrink: float = 0.1
+    # head calibration (calibrate="lda", methods/calibration): devices also need W_e and W_g's
+    # trunk to reach the classifier's input; the cloud sends them before a calibration phase
+    # when they changed
     # what devices train W_c towards: "supcon" (the paper: SupCon through a private projection
     # head) or "etf" (cross-entropy against a fixed simplex ETF every device shares, cosine
     # logits / etf_tau; methods/hsfp/etf.py)
@@ -97,11 +84,6 @@ class HSFPConfig(MethodConfig):
             raise ValueError(f"assign must be random, clusters or balanced, got {self.assign!r}")
         if self.we_moments not in ("global", "local"):
             raise ValueError(f"we_moments must be global or local, got {self.we_moments!r}")
-        if self.robust not in ROBUST_MERGES:
-            raise ValueError(f"robust must be one of {', '.join(ROBUST_MERGES)}, got {self.robust!r}")
-        if not self.robust_clip_k > 0 or not 0 <= self.robust_trim < 0.5:
-            raise ValueError(f"robust_clip_k must be > 0 and robust_trim in [0, 0.5), got {self.robust_clip_k} and "
-                             f"{self.robust_trim}")
         if self.edge_features not in ("own", "global") or not 0.0 <= self.mixture_shrink <= 1.0:
             raise ValueError(f"edge_features must be own or global and mixture_shrink in [0, 1], got "
                              f"{self.edge_features!r} and {self.mixture_shrink}")
@@ -110,9 +92,6 @@ class HSFPConfig(MethodConfig):
         if self.device_target not in ("supcon", "etf") or not self.etf_tau > 0:
             raise ValueError(f"device_target must be 'supcon' or 'etf' and etf_tau > 0, got {self.device_target!r} "
                              f"and {self.etf_tau}")
-        if self.calibrate_every < 0 or not 0 < self.calib_shrink <= 1:
-            raise ValueError(f"calibrate_every must be >= 0 and calib_shrink in (0, 1], got {self.calibrate_every} "
-                             f"and {self.calib_shrink}")
         if self.ic < 1 or self.ie < 0 or self.local_epochs < 0:
             raise ValueError("ic must be >= 1, ie >= 0 (0: W_e stays as initialised) and local_epochs >= 0")
 
@@ -123,5 +102,5 @@ class HSFPCalConfig(HSFPConfig):
     initialised (ie = 0): the best H-SFP measured (bench/results/hsfp-cal-cifar10-10dev/README.md,
     both regimes, two seeds); the W_e edges train on synthetic features serves worse once averaged."""
 
-    calibrate_every: int = 1
+    calibrate: str = "lda"
     ie: int = 0

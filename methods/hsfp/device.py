@@ -11,8 +11,7 @@ from typing import Any, Iterator, Mapping, Protocol
 
 import numpy as np
 
-from splitedge.methods.hsfp.headstats import HeadStats, HeadStatsAccumulator, head_stats_arrays
-from splitedge.methods.hsfp.method import CALIB, CALIBRATE, HEAD_STATS, WC
+from splitedge.methods.hsfp.method import CALIB, WC
 from splitedge.methods.moments import ClassMoments, MomentAccumulator, moments_to_body
 from splitedge.methods.data.preprocess import batches, to_input
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
@@ -49,11 +48,9 @@ class HSFPDevice(DevicePart):
     def num_samples(self) -> int:
         return int(len(self.data[1]))
 
-    can_calibrate = False
-    """Whether this backend runs W_e and the head trunk for calibration (the torch device does)."""
-
     def calibrating(self, plan: RoundPlan) -> bool:
-        return bool(plan.directives.get(CALIBRATE)) and self.can_calibrate
+        """A calibration phase this backend takes part in: it runs W_e and W_g's trunk too."""
+        return plan.calibrating and self.can_calibrate
 
     def ready(self, plan: RoundPlan) -> bool:
         calib_ok = not self.calibrating(plan) or self.calib_version >= plan.version(CALIB)
@@ -102,10 +99,6 @@ class HSFPDevice(DevicePart):
                                    versions={WC: self.wc_version})
             yield Message("moments", body)
             self.sent_version = self.wc_version
-        if self.calibrating(plan):
-            arrays = head_stats_arrays(self.compute_head_stats(), self.cfg.feature_dtype)
-            yield Message("arrays", {"name": HEAD_STATS, "version": self.calib_version, "arrays": arrays,
-                                     "scalars": {WC: self.wc_version}})
         yield from self.train_round(plan)
         yield DONE
 
@@ -116,10 +109,6 @@ class HSFPDevice(DevicePart):
     def compute_moments(self) -> ClassMoments:
         """Per-class moments of the flattened global-W_c features, accumulated in float64."""
         return self._accumulate(self.extractor.features, MomentAccumulator)
-
-    def compute_head_stats(self) -> HeadStats:
-        """Class means and shared covariance of the classifier's input on all local images."""
-        return self._accumulate(self.classifier_input, HeadStatsAccumulator)
 
     def _accumulate(self, features: Any, accumulator: Any) -> Any:
         """Local images through `features` in batches, into a float64 accumulator."""

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from splitedge.methods.calibration.upper import check_upper, upper_layers
 from splitedge.methods.hsfp.augment import two_views
 from splitedge.methods.checks import check_weight_map, weight_specs
 from splitedge.methods.hsfp.device import HSFPDevice
@@ -62,14 +63,11 @@ class HSFPTorchDevice(HSFPDevice):
 
     def _calib_module(self) -> ClassifierInput:
         if self.calib is None:
-            with seeded_init(self.spec.seed):
-                split = create_split(self.spec.model, num_classes=self.spec.num_classes,
-                                     in_channels=self.spec.channels, image_size=self.spec.image_size)
-            self.calib = ClassifierInput(split.we, split.wg).eval()
+            self.calib = upper_layers(self.spec)
         return self.calib
 
     def check_calib(self, weights: Mapping[str, np.ndarray]) -> None:
-        check_weight_map(weights, weight_specs(state_to_numpy(self._calib_module())))
+        check_upper(self._calib_module(), weights)
 
     def load_calib(self, weights: Mapping[str, np.ndarray]) -> None:
         load_numpy_state(self._calib_module(), weights)

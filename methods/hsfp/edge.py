@@ -11,8 +11,7 @@ import torch
 
 from splitedge.methods.averaging import weight_updates
 from splitedge.methods.checks import check_space, check_stats, check_version, check_weights, weight_specs
-from splitedge.methods.hsfp.headstats import check_head_stats, head_stats_arrays, head_stats_from_arrays, merge_head_stats
-from splitedge.methods.hsfp.method import AVERAGE, CALIB, CALIBRATE, HEAD_STATS, LABELS, REPORT_LABELS, WC, WE
+from splitedge.methods.hsfp.method import AVERAGE, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import output_moments, sample_batches, with_counts
 from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body, moments_without
 from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan, device
@@ -25,9 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class HSFPEdge(EdgePart):
-    # Left out: shapes, head_dim and weight specs (from the spec) and info (the round's, read by
+    # Left out: shapes and weight specs (from the spec) and info (the round's, read by
     # round_info as it ends).
-    state = ("we_global", "we_local", "opt", "we_version", "wc_version", "calib_version", "last_wc_version",
+    state = ("we_global", "we_local", "opt", "we_version", "wc_version", "last_wc_version",
              "cache", "cached_ids", "cached_at", "reference", "global_wc", "sent_wc")
 
     def __init__(self, ctx: NodeContext) -> None:
@@ -36,8 +35,6 @@ class HSFPEdge(EdgePart):
             split = create_split(self.spec.model, num_classes=self.spec.num_classes,
                                  in_channels=self.spec.channels, image_size=self.spec.image_size)
         self.wc_shape, self.we_shape = split.wc_shape, split.we_shape
-        self.head_dim = int(split.wg[-1].in_features)  # the classifier's input: what calibration measures
-        self.calib_version = -1  # the newest calibration version announced
         self.wc_specs, self.we_specs = weight_specs(state_to_numpy(split.wc)), weight_specs(state_to_numpy(split.we))
         self.we_global = split.we.eval()
         self.we_local = copy.deepcopy(split.we)
@@ -78,8 +75,7 @@ class HSFPEdge(EdgePart):
         elif env.kind == "weights" and body["part"] in (WC, WE):
             check_weights(body, self.wc_specs if body["part"] == WC else self.we_specs)
         elif env.kind == "arrays" and source == "child":
-            check_head_record(body, self.head_dim, self.spec.num_classes, self.cfg.feature_dtype,
-                              calib=self.calib_version, wc=self.wc_version)
+            raise ProtocolError("state.name", f"H-SFP devices send no {body['name']!r} records")
 
     def _check_newer(self, env: Any) -> None:
         """A device's cached moments are replaced only by newer ones: a message of an older W_c
@@ -136,8 +132,6 @@ class HSFPEdge(EdgePart):
         """Ask devices for moments this edge lacks (e.g. it restarted), unless a new W_c version
         just started, when every device sends them anyway."""
         self.wc_version = max(self.wc_version, plan.version(WC))
-        if plan.directives.get(CALIBRATE):
-            self.calib_version = max(self.calib_version, plan.version(CALIB))
         steady = self.last_wc_version == plan.version(WC)
         self.last_wc_version = plan.version(WC)
         if not steady:
@@ -170,19 +164,7 @@ class HSFPEdge(EdgePart):
                                            "weights": state_to_numpy(self.we_local)}))
         if plan.directives.get(REPORT_LABELS):
             out.extend(self._label_histograms(plan))
-        if plan.directives.get(CALIBRATE):
-            out.extend(self._merge_head_stats(plan, reports))
         return out
-
-    def _merge_head_stats(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
-        """The round's real head statistics of this edge's devices, merged exactly, sent up."""
-        parts = head_stats_of(reports, plan.version(CALIB))
-        self.info["calibrated"] = len(parts)
-        if not parts:
-            return []
-        arrays = head_stats_arrays(merge_head_stats(parts), self.cfg.feature_dtype)
-        return [Message("arrays", {"name": HEAD_STATS, "version": plan.version(CALIB), "arrays": arrays,
-                                   "scalars": {WC: plan.version(WC)}})]
 
     def _merge(self, version: int, current: list[ClassMoments]) -> ClassMoments:
         """The configured merge (exact by default); "clip" clips against the last merge of this W_c version."""
@@ -257,25 +239,3 @@ def check_wc_moments(body: Any, dim: int, num_classes: int, dtype: str, *, wc: i
     check_space(body, WC)
     check_stats(body, "mean", dim=dim, num_classes=num_classes, dtype=dtype)
     check_version(WC, int(body["versions"].get(WC, 0)), at_most=wc)
-
-
-def check_head_record(body: Any, dim: int, num_classes: int, dtype: str, *, calib: int, wc: int) -> None:
-    """A head-statistics record (device -> edge, edge -> cloud) of the calibration and W_c
-    versions in use and the federation's head dimension, classes and wire dtype."""
-    if body["name"] != HEAD_STATS:
-        raise ProtocolError("state.name", f"H-SFP sends {HEAD_STATS!r} records up, not {body['name']!r}")
-    if int(body["version"]) != calib or int(body["scalars"].get(WC, -1)) != wc:
-        raise ProtocolError("state.stale", f"head statistics of calibration v{body['version']} and W_c "
-                                           f"v{body['scalars'].get(WC)}; the round uses v{calib} and v{wc}")
-    check_head_stats(body["arrays"], dim=dim, num_classes=num_classes, dtype=dtype)
-
-
-def head_stats_of(reports: Sequence[Report], version: int) -> list[Any]:
-    """Each sender's head statistics of calibration `version` (its last record: a second one
-    cannot double its weight), in sender order so the merge sums in one order."""
-    found = {}
-    for r in reports:
-        for env in r.all("arrays"):
-            if env.body["name"] == HEAD_STATS and int(env.body["version"]) == version:
-                found[r.sender] = env.body["arrays"]
-    return [head_stats_from_arrays(found[s]) for s in sorted(found)]

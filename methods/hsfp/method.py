@@ -20,10 +20,9 @@ from splitedge.methods.contract import Method
 WC, WE = "wc", "we"
 AVERAGE = "average"
 REPORT_LABELS, LABELS = "report_labels", "labels"  # directive, and the edges' `arrays` record of label histograms
-# Head calibration (`calibrate_every` > 0): the `weights` part the cloud sends devices before a
-# calibrating round (W_e and W_g as "we.*" / "wg.*"), versioned as CALIB in the round plan; the
-# round's directive; and the `arrays` record of real head statistics devices and edges send up.
-CALIB, CALIBRATE, HEAD_STATS = "calib", "calibrate", "head_stats"
+# Head calibration (`calibrate="lda"`): the `weights` part the cloud sends devices before a
+# calibration phase (W_e and W_g's trunk, methods/calibration/upper.py), versioned in its plan.
+CALIB = "calib"  # methods.calibration.upper.CALIB, kept here torch-free for the thin device
 
 
 class HSFP(Method):
@@ -36,11 +35,6 @@ class HSFP(Method):
         "edge": "splitedge.methods.hsfp.edge:HSFPEdge",
         "cloud": "splitedge.methods.hsfp.cloud:HSFPCloud",
     }
-
-    def calibrates(self, round_: int) -> bool:
-        """Whether round `round_` collects real head statistics (rounds 1, 1 + k, 1 + 2k, ...)."""
-        every = self.config.calibrate_every
-        return every > 0 and (round_ - 1) % every == 0
 
     def objective(self, role: str) -> list[Any]:
         """SupCon on projected device features and on pooled W_e outputs; CE for the head."""

@@ -70,6 +70,13 @@ class MARDevice(DevicePart):
             self.zbar = torch.from_numpy(np.array(body["arrays"]["z"], dtype=np.float32))
             self.zbar_version = int(body["version"])
 
+    can_calibrate = True
+
+    def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        """The encoder's mean latent with every patch visible (the federated probe's input)."""
+        with torch.inference_mode():
+            return self.model.encode(torch.from_numpy(x)).numpy()
+
     def forward(self, batch: Batch) -> Outputs:
         out = self.model(normalise(batch.x, self.spec), generator=batch.extra["gen"])
         latent = out["latent"]

@@ -48,6 +48,7 @@ class DecMAR(FedMAR):
     name = "decmar"
     Config = DecMARConfig
     serverless = True
+    head_calibration = False
     parts = {
         "device:torch": "splitedge.methods.mar.device:DecMARDevice",
         "edge": "splitedge.methods.mar.edge:DecMAREdge",

@@ -8,6 +8,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from splitedge.methods.averaging import weight_updates
+from splitedge.methods.calibration.serving import CalibratedCloud
+from splitedge.methods.calibration.upper import CALIB, sent_copy, upper_update
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.splitfed.method import MODEL
 from splitedge.methods.contract import CHILDREN, DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
@@ -19,14 +21,15 @@ from splitedge.protocol.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 
-class SplitFedCloud(CloudPart):
-    state = CloudPart.state + ("model", "version")
+class SplitFedCloud(CalibratedCloud, CloudPart):
+    state = CloudPart.state + ("model", "version", "calib", "calib_version", "calibrated")
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.model = build_split(self.spec).eval()
         self.specs = {part: weight_specs(state_to_numpy(self.model.part(part))) for part in PART_NAMES}
         self.version = 0  # one counter: W_c, W_e and W_g are averaged together every round
+        self.calib, self.calib_version = sent_copy(self.model), -1  # W_e and the trunk devices calibrate with
 
     def _message(self, part: str, samples: int = 0) -> Message:
         """W_c to every device (through its edge), W_e and W_g to the edges' server side."""
@@ -39,6 +42,14 @@ class SplitFedCloud(CloudPart):
 
     def plan(self, round_: int) -> RoundSpec:
         return RoundSpec(versions={MODEL: self.version})
+
+    def before_calibration(self, round_: int) -> list[Message]:
+        """Devices hold W_c only: the merged W_e and W_g's trunk go to them when they changed."""
+        self.calib_version, out = upper_update(self.calib, self.calib_version, self.model)
+        return out
+
+    def calibration_versions(self, round_: int) -> dict[str, int]:
+        return {MODEL: self.version, CALIB: self.calib_version}
 
     def check(self, env: Any, source: str) -> None:
         if env.kind == "weights":
@@ -63,4 +74,4 @@ class SplitFedCloud(CloudPart):
         return out, metrics
 
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
-        return state_to_numpy(self.model)
+        return self.served_state(state_to_numpy(self.model))

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from splitedge.methods.calibration.upper import CALIB, check_upper, upper_layers
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.splitfed.method import MODEL
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
@@ -26,8 +27,9 @@ Request = Callable[[Message, str, float], Any]
 
 
 class SplitFedDevice(DevicePart):
-    # samples_sent is counted afresh each round; the optimiser is made each round
-    state = ("wc", "version")
+    # samples_sent is counted afresh each round; the optimiser is made each round. calib: W_e
+    # and W_g's trunk for head calibration, built when the cloud first sends them
+    state = ("wc", "version", "calib", "calib_version")
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -37,12 +39,33 @@ class SplitFedDevice(DevicePart):
         self.x, self.y = local_tensors(data, self.spec)
         self.version = -1
         self.samples_sent = 0
+        self.calib: Any = None
+        self.calib_version = -1
 
     def ready(self, plan: RoundPlan) -> bool:
-        return self.version >= plan.version(MODEL) and self.version >= 0
+        calib_ok = not plan.calibrating or self.calib_version >= plan.version(CALIB)
+        return self.version >= plan.version(MODEL) and self.version >= 0 and calib_ok
+
+    can_calibrate = True
+
+    def _upper(self) -> Any:
+        self.calib = self.calib if self.calib is not None else upper_layers(self.spec)
+        return self.calib
+
+    def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        """W_c as merged, then the served W_e and W_g's trunk the cloud sent (CALIB)."""
+        with torch.inference_mode():
+            return self._upper()(self.wc(torch.from_numpy(x))).numpy()
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        if state.get("calib") is not None:  # built before its weights are loaded back in place
+            self._upper()
+        super().restore_state(state)
 
     def check(self, env: Any, source: str) -> None:
-        if env.kind == "weights":
+        if env.kind == "weights" and env.body["part"] == CALIB:
+            check_upper(self._upper(), env.body["weights"])
+        elif env.kind == "weights":
             check_weights(env.body, self.specs, part="wc")
         elif env.kind == "gradients" and env.body["grad"].shape[1:] != self.wc_shape:
             raise ProtocolError("state.shape", f"gradient of shape {env.body['grad'].shape[1:]}, W_c gives {self.wc_shape}")
@@ -52,6 +75,9 @@ class SplitFedDevice(DevicePart):
         if env.kind == "weights" and body["part"] == "wc" and body["version"] > self.version:
             load_numpy_state(self.wc, body["weights"])
             self.version = int(body["version"])
+        elif env.kind == "weights" and body["part"] == CALIB and body["version"] > self.calib_version:
+            load_numpy_state(self._upper(), body["weights"])
+            self.calib_version = int(body["version"])
 
     def forward(self, batch: Batch) -> Outputs:
         """W_c forward, then the edge's gradient for these activations (the wait is the split)."""

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from splitedge.methods.averaging import averaged_body, weight_updates
+from splitedge.methods.calibration.upper import CALIB
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.losslog import LossLog
 from splitedge.methods.splitfed.method import MODEL
@@ -82,6 +83,8 @@ class SplitFedEdge(EdgePart):
 
     def check(self, env: Any, source: str) -> None:
         body = env.body
+        if env.kind == "weights" and body["part"] == CALIB:
+            return  # W_e and the trunk for the devices' calibration: relayed, checked by them
         if env.kind == "weights":
             if body["part"] not in self.specs:
                 raise ProtocolError("state.part", f"no SplitFed part {body['part']!r}")

@@ -39,6 +39,20 @@ class SSLCloud(FedAvgCloud):
         return np.concatenate([self.embed(normalise(to_unit(images[sl]), self.spec)).numpy()
                                for sl in batches(len(images), 256)])
 
+    # calibration: the federated linear probe (LDA on the devices' statistics of the encoder's output)
+    def head_features(self) -> Any:
+        def features(x: torch.Tensor) -> torch.Tensor:
+            self.model.eval()
+            return self.embed(x)
+
+        return features
+
+    def calibration_dim(self) -> int | None:
+        return int(self.model.dim)
+
+    def served_with(self, head: Any) -> None:
+        return None  # the probe measures the encoder; the served model stays the encoder
+
     def evaluate(self, plan: RoundPlan) -> dict[str, Any]:
         last = self.ctx.rounds
         if plan.round % self.cfg.report_every == 0 or plan.round == last:

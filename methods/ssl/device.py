@@ -62,6 +62,15 @@ class SSLDevice(DevicePart):
             key = "q" if body["name"] == "ssd_q" else "d"
             self.scales[key] = torch.from_numpy(np.array(body["arrays"][key], dtype=np.float32))
 
+    can_calibrate = True
+
+    def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        """The global encoder's output, what the federated probe classifies (labels are used
+        here only, to measure the representation; training never sees them)."""
+        self.net.eval()
+        with torch.inference_mode():
+            return self.net.encoder(torch.from_numpy(x)).numpy()
+
     def forward(self, batch: Batch) -> Outputs:
         """Both views through encoder and projector (and predictor) as one batch of 2B."""
         v1, v2 = ssl_views(batch.x, batch.extra["gen"], scale=(self.cfg.crop_scale_min, 1.0))

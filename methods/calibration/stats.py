@@ -6,8 +6,10 @@ counts, class means and its pooled within-class covariance; edges and the cloud 
 exactly (the parallel-variance formula, matrix form); the cloud fits the linear classifier in
 closed form (LDA with shrinkage). numpy only: thin devices compute these too.
 
-On the wire (an `arrays` record): classes i8[K], counts i8[K], mean [K, D] and the covariance's
-upper triangle `cov` [D(D+1)/2], both in the configured feature dtype.
+On the wire (an `arrays` record): classes i8[K], counts i8[K], mean [K, D] and the covariance as
+`cov`, its upper triangle [D(D+1)/2] (`calib_cov = "full"`) or its diagonal [D] ("diag": D values
+instead of D(D+1)/2, for wide classifier inputs; the classifier then treats the features as
+uncorrelated), both in the configured feature dtype.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from splitedge.methods.moments import WIRE_DTYPES, PerClassStats
 from splitedge.protocol.errors import ProtocolError
 
 ARRAYS = ("classes", "counts", "mean", "cov")
+COVARIANCES = ("full", "diag")
+"""How the shared covariance travels: its upper triangle, or its diagonal only."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,24 +94,32 @@ def merge_head_stats(parts: Sequence[HeadStats]) -> HeadStats:
     return HeadStats(classes, n, mean, _symmetric(scatter) / n.sum())
 
 
-def head_stats_arrays(s: HeadStats, dtype: str) -> dict[str, np.ndarray]:
-    """The `arrays` of a head-statistics record (the covariance as its upper triangle)."""
+def head_stats_arrays(s: HeadStats, dtype: str, cov: str = "full") -> dict[str, np.ndarray]:
+    """The `arrays` of a head-statistics record (the covariance as its upper triangle, or its
+    diagonal with `cov="diag"`)."""
     wire = WIRE_DTYPES[dtype]
+    packed = np.diagonal(s.cov) if cov == "diag" else s.cov[np.triu_indices(s.dim)]
     with np.errstate(over="ignore"):
         mean = np.ascontiguousarray(s.mean, dtype=wire)
-        cov = np.ascontiguousarray(s.cov[np.triu_indices(s.dim)], dtype=wire)
-    if not (np.isfinite(mean).all() and np.isfinite(cov).all()):
+        cov_ = np.ascontiguousarray(packed, dtype=wire)
+    if not (np.isfinite(mean).all() and np.isfinite(cov_).all()):
         raise ValueError(f"head statistics overflow {dtype}; use a wider dtype")
     return {"classes": np.ascontiguousarray(s.classes, "<i8"), "counts": np.ascontiguousarray(s.counts, "<i8"),
-            "mean": mean, "cov": cov}
+            "mean": mean, "cov": cov_}
 
 
-def check_head_stats(arrays: Mapping[str, Any], *, dim: int, num_classes: int, dtype: str) -> None:
+def wire_values(dim: int, classes: int, cov: str = "full") -> int:
+    """Floats in one record: K x D means plus the covariance, D(D+1)/2 ("full") or D ("diag")."""
+    return classes * dim + (dim if cov == "diag" else dim * (dim + 1) // 2)
+
+
+def check_head_stats(arrays: Mapping[str, Any], *, dim: int, num_classes: int, dtype: str, cov: str = "full") -> None:
     """A record that fits the federation: its arrays, dimension, classes, dtype, counts and a
-    covariance whose diagonal is not negative. Raises ProtocolError with the rule broken."""
+    covariance (of the configured form) whose diagonal is not negative. Raises ProtocolError
+    with the rule broken."""
     if set(arrays) != set(ARRAYS):
         raise ProtocolError("state.arrays", f"head statistics carry {sorted(ARRAYS)}, got {sorted(arrays)}")
-    classes, counts, mean, cov = (np.asarray(arrays[k]) for k in ARRAYS)
+    classes, counts, mean, packed = (np.asarray(arrays[k]) for k in ARRAYS)
     if classes.dtype.kind != "i" or counts.dtype.kind != "i" or classes.ndim != 1 or counts.shape != classes.shape:
         raise ProtocolError("state.shape", "classes and counts must be integer vectors of one length")
     k = len(classes)
@@ -116,13 +128,15 @@ def check_head_stats(arrays: Mapping[str, Any], *, dim: int, num_classes: int, d
         raise ProtocolError("state.classes", f"classes must be distinct ids below {num_classes}")
     if int(counts.min()) < 1:
         raise ProtocolError("state.counts", "every class sent needs a count of at least 1")
-    if mean.shape != (k, dim) or cov.shape != (dim * (dim + 1) // 2,):
-        raise ProtocolError("state.dim", f"mean {mean.shape} / cov {cov.shape} do not fit dimension {dim} and "
-                                         f"{k} classes")
+    size = dim if cov == "diag" else dim * (dim + 1) // 2
+    if mean.shape != (k, dim) or packed.shape != (size,):
+        raise ProtocolError("state.dim", f"mean {mean.shape} / cov {packed.shape} do not fit dimension {dim}, "
+                                         f"{k} classes and a {cov} covariance")
     want = np.dtype(dtype).newbyteorder("<")
-    if mean.dtype != want or cov.dtype != want:
-        raise ProtocolError("state.dtype", f"mean/cov are {mean.dtype.str}/{cov.dtype.str}, the config says {dtype}")
-    if (np.asarray(cov, np.float64)[_diagonal_positions(dim)] < 0).any():
+    if mean.dtype != want or packed.dtype != want:
+        raise ProtocolError("state.dtype", f"mean/cov are {mean.dtype.str}/{packed.dtype.str}, the config says {dtype}")
+    diagonal = packed if cov == "diag" else packed[_diagonal_positions(dim)]
+    if (np.asarray(diagonal, np.float64) < 0).any():
         raise ProtocolError("state.range", "a covariance diagonal entry is negative")
 
 
@@ -133,26 +147,15 @@ def _diagonal_positions(dim: int) -> np.ndarray:
 
 
 def head_stats_from_arrays(arrays: Mapping[str, Any]) -> HeadStats:
-    """HeadStats (float64) from a checked record's arrays."""
+    """HeadStats (float64) from a checked record's arrays (either covariance form: a diagonal
+    has D values, an upper triangle D(D+1)/2)."""
     mean = np.asarray(arrays["mean"], dtype=np.float64)
     dim = mean.shape[1]
-    cov = np.zeros((dim, dim))
-    cov[np.triu_indices(dim)] = np.asarray(arrays["cov"], dtype=np.float64)
-    cov = cov + np.triu(cov, 1).T
+    packed = np.asarray(arrays["cov"], dtype=np.float64)
+    if packed.shape == (dim,) and dim > 1:
+        cov = np.diag(packed)
+    else:
+        cov = np.zeros((dim, dim))
+        cov[np.triu_indices(dim)] = packed
+        cov = cov + np.triu(cov, 1).T
     return HeadStats(np.asarray(arrays["classes"], np.int64), np.asarray(arrays["counts"], np.int64), mean, cov)
-
-
-def lda_classifier(s: HeadStats, num_classes: int, *, shrink: float = 0.1,
-                   absent_bias: float = -1e4) -> tuple[np.ndarray, np.ndarray]:
-    """Weights [num_classes, D] and bias [num_classes] of the Bayes classifier for Gaussian
-    classes with the shared covariance, shrunk toward its mean variance (Ledoit-Wolf style,
-    weight `shrink`) so it stays invertible with few samples. Priors are the classes' shares
-    of the merged counts; a class nobody holds gets zero weights and `absent_bias`."""
-    dim = s.dim
-    scale = max(float(np.trace(s.cov)) / dim, 1e-12)
-    cov = (1 - shrink) * s.cov + (shrink * scale + 1e-9 * scale) * np.eye(dim)
-    w = np.linalg.solve(cov, s.mean.T).T  # [K, D]: Sigma^-1 mu_c
-    b = -0.5 * np.einsum("kd,kd->k", w, s.mean) + np.log(s.counts / s.counts.sum())
-    weight, bias = np.zeros((num_classes, dim)), np.full(num_classes, absent_bias)
-    weight[s.classes], bias[s.classes] = w, b
-    return weight, bias

@@ -1,14 +1,14 @@
-"""Head statistics for calibration (methods/hsfp/headstats.py): exact streaming and merging, the
-wire record and its checks, and the closed-form classifier."""
+"""Head statistics for calibration (methods/calibration/stats.py): exact streaming and merging,
+the wire record in both covariance forms and its checks, and the closed-form classifier."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from splitedge.methods.hsfp.headstats import (
-    HeadStatsAccumulator, check_head_stats, head_stats_arrays, head_stats_from_arrays, lda_classifier,
-    merge_head_stats,
+from splitedge.methods.calibration.lda import lda_classifier
+from splitedge.methods.calibration.stats import (
+    HeadStatsAccumulator, check_head_stats, head_stats_arrays, head_stats_from_arrays, merge_head_stats,
 )
 from splitedge.protocol.errors import ProtocolError
 
@@ -110,3 +110,71 @@ def test_the_closed_form_classifier_agrees_with_sklearn_lda() -> None:
     assert (ours == theirs).mean() > 0.995
     assert (ours == y).mean() > 0.8 and not np.isin(ours, [5, 6]).any()
     assert np.all(weight[5:] == 0) and np.all(bias[5:] < -1e3)
+
+
+def test_the_diagonal_form_carries_d_values_and_a_diagonal_classifier() -> None:
+    x, y = _data(5, offset=0.0)
+    acc = HeadStatsAccumulator(x.shape[1])
+    acc.add(x, y)
+    s = acc.result()
+    arrays = head_stats_arrays(s, "f4", cov="diag")
+    assert arrays["cov"].shape == (6,)
+    check_head_stats(arrays, dim=6, num_classes=4, dtype="f4", cov="diag")
+    with pytest.raises(ProtocolError) as err:  # a full record where the run says diagonal, and back
+        check_head_stats(head_stats_arrays(s, "f4"), dim=6, num_classes=4, dtype="f4", cov="diag")
+    assert err.value.rule == "state.dim"
+    back = head_stats_from_arrays(arrays)
+    np.testing.assert_allclose(np.diag(back.cov), np.diag(s.cov), rtol=1e-6)
+    assert np.count_nonzero(back.cov - np.diag(np.diag(back.cov))) == 0
+
+
+def _devices(n_devices: int = 7, seed: int = 6) -> list:
+    """Head statistics of devices holding slices of one data set (each holds every class)."""
+    x, y = _data(seed, n=2100, classes=4, offset=0.0)
+    parts = []
+    for idx in np.array_split(np.arange(len(y)), n_devices):
+        acc = HeadStatsAccumulator(x.shape[1])
+        acc.add(x[idx], y[idx])
+        parts.append(acc.result())
+    return parts, x, y
+
+
+def _scaled(s, mean: float = 50.0, cov: float = 1e3):
+    from splitedge.methods.calibration.stats import HeadStats
+
+    return HeadStats(s.classes, s.counts, s.mean * mean, s.cov * cov)
+
+
+def test_robust_none_is_the_exact_merge_bit_for_bit() -> None:
+    from splitedge.methods.calibration.robust import robust_head_merge
+
+    parts, _, _ = _devices()
+    exact, none = merge_head_stats(parts), robust_head_merge(parts, "none")
+    assert np.array_equal(exact.mean, none.mean) and np.array_equal(exact.cov, none.cov)
+
+
+@pytest.mark.parametrize("how", ["clip", "trimmed", "median"])
+def test_a_scaled_device_moves_the_robust_head_little_and_the_exact_one_far(how: str) -> None:
+    from splitedge.methods.calibration.robust import robust_head_merge
+
+    # Prepare: seven honest devices, then the same with device 3 scaling its record
+    parts, x, y = _devices()
+    clean = merge_head_stats(parts)
+    poisoned = [*parts[:3], _scaled(parts[3]), *parts[4:]]
+
+    def accuracy(s) -> float:
+        w, b = lda_classifier(s, 4)
+        return float((np.argmax(x @ w.T + b, axis=1) == y).mean())
+
+    # Execute
+    exact, robust = merge_head_stats(poisoned), robust_head_merge(poisoned, how)
+    honest = robust_head_merge(parts, how)
+    # Assert: the exact merge follows the rogue; the robust one stays near the clean statistics
+    # and classifies as well (honest devices alone: the robust rule costs little)
+    scale = np.abs(clean.mean).max()
+    assert np.abs(exact.mean - clean.mean).max() > 2 * scale
+    assert np.abs(robust.mean - clean.mean).max() < 0.5 * scale, np.abs(robust.mean - clean.mean).max()
+    assert np.trace(robust.cov) < 3 * np.trace(clean.cov) < np.trace(exact.cov) / 10
+    assert accuracy(robust) > accuracy(clean) - 0.05 > accuracy(exact), (accuracy(robust), accuracy(clean), accuracy(exact))
+    assert accuracy(honest) > accuracy(clean) - 0.02
+    assert robust.counts.tolist() == clean.counts.tolist()  # counts stay exact sums

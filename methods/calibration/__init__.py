@@ -1,0 +1,40 @@
+"""Head calibration for any labelled method: the classifier refitted in closed form on statistics
+every device can send (the CCVR / Fed3R / FedCOF family).
+
+After a calibrating round has been trained and merged, the cloud opens that round's calibration
+phase (`RoundPlan.phase == "calibrate"`): each device runs the served model it now holds up to
+the classifier's input and sends counts, class means and the pooled within-class covariance of
+its local images (`stats.py`); edges and the cloud merge them exactly or by the run's robust
+rule (`robust.py`); the cloud fits the LDA classifier (`lda.py`) and reports the calibrated
+model's accuracy beside the model's own. Which rounds calibrate is the method's config:
+`calibrate = "lda"`, every `calibrate_every` rounds and always after the last (0: only then).
+
+Torch-free: thin devices and numpy-only edges import this package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HEAD_STATS = "head_stats"
+"""The `arrays` record of head statistics (device -> edge, edge -> cloud)."""
+CALIBRATE = "calibrate"
+"""The round plan's phase in which devices send head statistics (and its directive: what the
+records must fit, `{"dim": D}`, set by the cloud, which knows the model)."""
+TRAIN = "train"
+PHASES = (TRAIN, CALIBRATE)
+"""A round's phases in order: a calibrating round is trained and merged, then calibrated."""
+CALIBRATIONS = ("none", "lda")
+
+
+def calibrates(cfg: Any, round_: int, rounds: int) -> bool:
+    """Whether round `round_` of `rounds` is followed by a calibration phase: every
+    `calibrate_every` rounds and after the last one (calibrate_every 0: only after the last)."""
+    if getattr(cfg, "calibrate", "none") == "none":
+        return False
+    every = cfg.calibrate_every
+    return round_ == rounds or (every > 0 and round_ % every == 0)
+
+
+def is_head_stats(env: Any) -> bool:
+    return env.kind == "arrays" and env.body.get("name") == HEAD_STATS

@@ -1,0 +1,110 @@
+"""Head-statistics records on the wire: what a device sends in a calibration phase, the checks
+every receiver runs before a record is kept, and an edge's merge of its devices' records.
+
+numpy only: thin devices compute records and numpy-only edges check and merge them. The check
+needs the classifier input's dimension, which only a tier holding the model knows: the cloud
+puts it in the calibration phase's directive, and every node checks against that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from splitedge.methods.calibration import CALIBRATE, HEAD_STATS, is_head_stats
+from splitedge.methods.calibration.robust import robust_head_merge
+from splitedge.methods.calibration.stats import (
+    HeadStats, HeadStatsAccumulator, check_head_stats, head_stats_arrays, head_stats_from_arrays,
+)
+from splitedge.methods.contract import DONE, Message, RoundPlan
+from splitedge.methods.data.preprocess import batches, to_input
+from splitedge.protocol.errors import ProtocolError
+
+STATS_BATCH = 64
+"""Images per forward pass while a device accumulates its statistics (inference only)."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What a calibration phase's records must fit: made in `round`, of dimension `dim`, at most
+    `num_classes` classes, in the run's wire dtype and covariance form."""
+
+    round: int
+    dim: int
+    num_classes: int
+    dtype: str
+    cov: str
+
+    @classmethod
+    def of(cls, plan: RoundPlan, method: Any) -> "Gate":
+        cfg = method.config
+        dim = int((plan.directives.get(CALIBRATE) or {}).get("dim", 0))
+        return cls(plan.round, dim, method.spec.num_classes, cfg.calib_dtype, cfg.calib_cov)
+
+    def check(self, env: Any) -> None:
+        """ProtocolError naming the rule when the record does not fit this phase."""
+        if int(env.body["version"]) != self.round:
+            raise ProtocolError("state.stale", f"head statistics of round {env.body['version']}; the calibration "
+                                               f"is of round {self.round}")
+        check_head_stats(env.body["arrays"], dim=self.dim, num_classes=self.num_classes, dtype=self.dtype,
+                         cov=self.cov)
+
+
+def head_stats(features: Callable[[np.ndarray], np.ndarray], data: tuple[np.ndarray, np.ndarray],
+               mean: Sequence[float], std: Sequence[float], batch: int = STATS_BATCH) -> HeadStats:
+    """Local uint8 images through `features` (normalised images -> classifier input) in
+    batches, into the float64 accumulator."""
+    x, y = data
+    acc = None
+    for sl in batches(len(y), batch):
+        feats = np.asarray(features(to_input(x[sl], mean, std)))
+        feats = feats.reshape(len(feats), -1)
+        acc = acc or HeadStatsAccumulator(feats.shape[1])
+        acc.add(feats, y[sl])
+    if acc is None:
+        raise ValueError("device has no local data")
+    return acc.result()
+
+
+def record(stats: HeadStats, plan: RoundPlan, cfg: Any) -> Message:
+    """The `arrays` record of `stats` for the calibration phase `plan` (sent up)."""
+    arrays = head_stats_arrays(stats, cfg.calib_dtype, cfg.calib_cov)
+    return Message("arrays", {"name": HEAD_STATS, "version": plan.round, "arrays": arrays})
+
+
+def calibration_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:
+    """A device's calibration phase: the record of its head statistics when its part can reach
+    the classifier's input (`DevicePart.can_calibrate`), then DONE. Nothing is trained."""
+    if part.can_calibrate:
+        spec = part.spec
+        yield record(head_stats(part.classifier_input, part.data, spec.mean, spec.std), plan, part.cfg)
+    yield DONE
+
+
+def records_of(reports: Sequence[Any]) -> dict[str, HeadStats]:
+    """Each sender's head statistics in a phase's reports (its last record; records were checked
+    on arrival), by sender."""
+    found: dict[str, Mapping[str, Any]] = {}
+    for report in reports:
+        for env in report.all("arrays"):
+            if is_head_stats(env):
+                found[report.sender] = env.body["arrays"]
+    return {s: head_stats_from_arrays(found[s]) for s in sorted(found)}
+
+
+def merge(sources: Mapping[str, HeadStats], cfg: Any) -> HeadStats:
+    """The sources merged (in sender order, so arrival order does not matter) by the run's
+    robust rule for statistics (exact by default)."""
+    return robust_head_merge([sources[s] for s in sorted(sources)], cfg.robust, clip_k=cfg.robust_clip_k,
+                             trim=cfg.robust_trim)
+
+
+def edge_merge(plan: RoundPlan, reports: Sequence[Any], cfg: Any) -> tuple[list[Message], int]:
+    """An edge's calibration phase: its devices' records merged and sent up (nothing when none
+    came); returns the messages and how many devices' records were merged."""
+    sources = records_of(reports)
+    if not sources:
+        return [], 0
+    return [record(merge(sources, cfg), plan, cfg)], len(sources)

@@ -1,0 +1,109 @@
+"""Head calibration for any labelled method (methods/calibration), through real brokers: the
+calibration phase after a round, its schedule, the head it serves (equal to the one fitted
+centrally on every training image), self-supervised methods' federated probe, SplitFed's
+devices that hold W_c only, virtual devices, and the methods that refuse it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from splitedge.methods.calibration.lda import lda_classifier
+from splitedge.methods.calibration.stats import HeadStatsAccumulator
+from splitedge.sim import SimSettings, run_sim
+
+ROUNDS = 3
+
+
+def _sim(tmp: Path, method: str = "fedavg", **kw) -> tuple[dict, list[dict]]:
+    torch.set_num_threads(1)
+    overrides = {"calibrate": "lda", **kw.pop("overrides", {})}
+    s = SimSettings(rounds=kw.pop("rounds", ROUNDS), devices=4, edges=2, method=method, out=tmp, max_train=600,
+                    max_test=300, alpha=0.5, overrides=overrides, **kw)
+    summary = run_sim(s)
+    return summary, [json.loads(line) for line in (tmp / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def fedavg(tmp_path_factory) -> tuple[dict, list[dict], Path]:
+    out = tmp_path_factory.mktemp("fedavg")
+    summary, rounds = _sim(out, overrides={"calib_dtype": "f8"})
+    return summary, rounds, out
+
+
+def test_every_round_reports_its_own_head_and_the_calibrated_one(fedavg) -> None:
+    summary, rounds, _ = fedavg
+    assert [r["calibrated"] for r in rounds] == [600] * ROUNDS  # every training image, every round
+    assert all(r["calibrated_edges"] == 2 for r in rounds)
+    # the phase calibrates the model the round just merged: the version devices train from next
+    assert [r["calibration_versions"]["model"] for r in rounds] == [r["model_version"] for r in rounds]
+    assert all(0.5 < r["accuracy_calibrated"] <= 1 and 0 < r["accuracy"] <= 1 for r in rounds), rounds
+    assert summary["accuracy_calibrated_per_round"] == [r["accuracy_calibrated"] for r in rounds]
+    assert summary["final_accuracy_calibrated"] == rounds[-1]["accuracy_calibrated"]
+
+
+def test_the_served_head_is_the_one_fitted_on_all_training_images(fedavg) -> None:
+    """The edges' and the cloud's merges are exact: the served classifier equals the LDA head
+    fitted centrally on the served model's features of every training image."""
+    from safetensors.numpy import load_file
+
+    from splitedge.methods.data.datasets import load_dataset
+    from splitedge.methods.data.preprocess import to_input
+    from splitedge.methods.torch_utils import build_split
+    from splitedge.models import load_numpy_state
+
+    summary, _, out = fedavg
+    served = load_file(str(out / "model.safetensors"))
+    spec_wire = summary["config"]["model"]
+    from splitedge.methods.config import ModelSpec, from_wire
+
+    spec = from_wire(ModelSpec, spec_wire)
+    model = build_split(spec).eval()
+    load_numpy_state(model, served)
+    (x, y), _, _ = load_dataset("digits", None, max_train=600, max_test=300, seed=0)
+    with torch.no_grad():
+        feats = model.features_and_logits(torch.from_numpy(to_input(x, spec.mean, spec.std)))[0].numpy()
+    acc = HeadStatsAccumulator(feats.shape[1])
+    acc.add(feats, y)
+    weight, bias = lda_classifier(acc.result(), spec.num_classes, shrink=0.1)
+    np.testing.assert_allclose(served["wg.fc.weight"], weight.astype(np.float32), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(served["wg.fc.bias"], bias.astype(np.float32), rtol=1e-4, atol=1e-3)
+
+
+def test_calibration_every_second_round_and_at_the_end(tmp_path) -> None:
+    _, rounds = _sim(tmp_path, overrides={"calibrate_every": 2})
+    assert [r.get("accuracy_calibrated") is not None for r in rounds] == [False, True, True]
+    _, rounds = _sim(tmp_path / "end", overrides={"calibrate_every": 0})
+    assert [r.get("accuracy_calibrated") is not None for r in rounds] == [False, False, True]
+    assert [r["accuracy"] for r in rounds] == [r["accuracy"] for r in _sim(tmp_path / "off", overrides={
+        "calibrate": "none"})[1]]  # calibrating changes nothing the devices train
+
+
+def test_splitfed_devices_get_the_layers_above_w_c_and_calibrate(tmp_path, fedavg) -> None:
+    # SFLv1 with per-device server copies is FedAvg step for step: the same calibrated heads
+    _, rounds = _sim(tmp_path, method="splitfed", overrides={"calib_dtype": "f8"})
+    assert [r["calibrated"] for r in rounds] == [600] * ROUNDS
+    assert [r["calibration_versions"]["calib"] for r in rounds] == [0, 1, 2]  # W_e changes every round
+    assert [r["accuracy_calibrated"] for r in rounds] == [r["accuracy_calibrated"] for r in fedavg[1]]
+
+
+def test_a_self_supervised_method_gets_the_federated_probe(tmp_path) -> None:
+    summary, rounds = _sim(tmp_path, method="simsiam", rounds=2, overrides={"report_every": 2})
+    assert [r["calibrated"] for r in rounds] == [600, 600]
+    assert all(r["accuracy_calibrated"] > 0.5 for r in rounds), rounds  # chance is 0.1
+    assert "probe_accuracy" in rounds[-1]  # the central probe stays beside it
+
+
+def test_virtual_devices_calibrate_the_same(tmp_path, fedavg) -> None:
+    _, rounds = _sim(tmp_path, virtual=1, overrides={"calib_dtype": "f8"})
+    assert [r["accuracy_calibrated"] for r in rounds] == [r["accuracy_calibrated"] for r in fedavg[1]]
+
+
+@pytest.mark.parametrize("method", ["fedproto", "cflhkd", "decmar"])
+def test_methods_without_one_served_model_refuse_calibration_before_round_one(tmp_path, method: str) -> None:
+    with pytest.raises(ValueError, match="cannot calibrate its head"):
+        _sim(tmp_path, method=method, rounds=1)
