@@ -36,11 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every value, before any data is loaded or anything connects."""
-    from splitedge.cloud.options import check_run_arguments
+    from splitedge.cloud.options import check_run_arguments, sampling_of
     from splitedge.methods.flags import method_overrides
 
     check_run_arguments(args.method, args.rounds, args.dataset, args.data, args.deadline, args.seed, args.max_train,
                         args.max_test, method_overrides(args))
+    sampling_of(args)
     if args.edges < 1 or args.devices < 0:
         raise ValueError(f"--edges must be >= 1 and --devices >= 0, got {args.edges} and {args.devices}")
     if not args.join_timeout > 0:
@@ -68,7 +69,7 @@ def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
     import torch
 
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
-    from splitedge.cloud.options import build_run_config
+    from splitedge.cloud.options import build_run_config, sampling_of
     from splitedge.methods.flags import method_overrides
     from splitedge.methods.data.datasets import load_dataset
     from splitedge.runtime.session import check_identity_free, connect
@@ -84,7 +85,8 @@ def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
     settings = CloudSettings(method=args.method, rounds=args.rounds, config=config, deadline_s=args.deadline,
                              min_edges=args.edges, min_devices=args.devices, join_timeout_s=args.join_timeout,
                              rejoin_timeout_s=args.rejoin_timeout,
-                             out_dir=args.out, seed=args.seed, on_round=_round_printer(args.rounds))
+                             out_dir=args.out, seed=args.seed, sampling=sampling_of(args),
+                             on_round=_round_printer(args.rounds))
     transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     try:
         history = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id,

@@ -31,6 +31,7 @@ from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
 from splitedge.runtime.rounds import RoundCollector
+from splitedge.runtime.sampling import Sampling
 from splitedge.protocol.topics import parse, pattern
 from splitedge.protocol.transport import Transport
 
@@ -51,6 +52,7 @@ class CloudSettings:
     rejoin_timeout_s: float = 120.0  # before a round, wait this long for edges that went offline
     out_dir: Path | None = None
     seed: int = 0
+    sampling: Sampling = field(default_factory=Sampling)  # which online devices train each round
     on_round: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
 
 
@@ -137,6 +139,10 @@ class CloudCoordinator(Node):
     def live_devices(self) -> int:
         return sum(len(self.view.members[e]) for e in self.live)
 
+    def online_devices(self) -> set[str]:
+        """The devices the live edges list as live: those a round may draw."""
+        return {d for e in self.live for d in self.view.members[e]}
+
     def wait_for_edges(self) -> None:
         """Block until enough edges (and devices behind them) joined, or the join timeout."""
         s = self.settings
@@ -219,11 +225,12 @@ class CloudCoordinator(Node):
         self._save_state(finished=True)
         return self.history
 
-    def plan(self, r: int) -> RoundPlan:
+    def plan(self, r: int, participants: tuple[str, ...] = ()) -> RoundPlan:
         spec = self.part.plan(r)
         return RoundPlan(round=r, method=self.method.name, deadline_s=self.settings.deadline_s,
                          config=self.method.run_config.to_wire(), versions=dict(spec.versions),
-                         directives=dict(spec.directives), session=self.session, attempt=self.attempt)
+                         directives=dict(spec.directives), session=self.session, attempt=self.attempt,
+                         participants=participants)
 
     def run_round(self, r: int) -> dict[str, Any]:
         started = time.monotonic()
@@ -233,7 +240,7 @@ class CloudCoordinator(Node):
             self.place(moves)
         for msg in self.part.before_round(r):
             self.publish(msg, round_=r)
-        plan = self.plan(r)
+        plan = self.plan(r, self.settings.sampling.draw(r, self.online_devices()))
         self.round = r
         self.rounds.open(r, plan.deadline_s, self.awaited)
         self.send(self.transport, "down", "round", plan.to_body(), retain=True)
@@ -245,9 +252,10 @@ class CloudCoordinator(Node):
         self.publish_all(messages)
         losses = tier_losses(reports, self.part.losses)
         if calibrates(self.method.config, r, self.settings.rounds):
-            calibration, reports = self.calibration_phase(r, reports)  # the edges' latest word on what they refused
+            calibration, reports = self.calibration_phase(plan, reports)  # the edges' latest word on what they refused
             metrics.update(calibration)
-        record = {"round": r, **metrics, "edges": len(reports), "round_seconds": time.monotonic() - started,
+        record = {"round": r, **metrics, "edges": len(reports),
+                  "participants": len(plan.participants) if plan.participants else len(self.online_devices()), "round_seconds": time.monotonic() - started,
                   "versions": dict(plan.versions), "directives": dict(plan.directives),
                   "loss": losses, "rounds": dict(self.rounds.counts),
                   "rejected": round_rejections(self.rejections([self.transport]), reports),
@@ -259,16 +267,17 @@ class CloudCoordinator(Node):
             self.settings.on_round(record)
         return record
 
-    def calibration_phase(self, r: int, trained: list[Any]) -> tuple[dict[str, Any], list[Any]]:
-        """Round r's calibration (methods/calibration): devices send head statistics of the
-        model they now hold, edges merge them, the part fits the head. Returns its metrics and
-        the phase's reports (`trained`, the round's, when no phase could be opened)."""
-        dim = self.part.calibration_dim()
+    def calibration_phase(self, trained_plan: RoundPlan, trained: list[Any]) -> tuple[dict[str, Any], list[Any]]:
+        """The round's calibration (methods/calibration): its devices (those drawn, when
+        sampling) send head statistics of the model they now hold, edges merge them, the part
+        fits the head. Returns its metrics and the phase's reports (`trained`, the round's,
+        when no phase could be opened)."""
+        r, dim = trained_plan.round, self.part.calibration_dim()
         if dim is None:
             log.warning("cloud: %s cannot calibrate its head; round %d is not calibrated", self.method.name, r)
             return {}, trained
         self.publish_all(self.part.before_calibration(r), round_=r)
-        plan = dataclasses.replace(self.plan(r), versions=dict(self.part.calibration_versions(r)),
+        plan = dataclasses.replace(trained_plan, versions=dict(self.part.calibration_versions(r)),
                                    directives={CALIBRATE: {"dim": int(dim)}}, phase=CALIBRATE)
         self.gate = Gate.of(plan, self.method)
         self.rounds.open(r, plan.deadline_s, self.awaited, phase=CALIBRATE)

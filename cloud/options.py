@@ -31,7 +31,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the data split, the models' initial weights and sampling")
     p.add_argument("--max-train", type=int, default=None, help="use at most this many training images")
     p.add_argument("--max-test", type=int, default=None, help="evaluate on at most this many test images")
+    g = p.add_argument_group("client sampling", "which online devices train each round (seeded by --seed)")
+    g.add_argument("--sample-fraction", type=float, default=1.0, metavar="F",
+                   help="draw int(F x online devices) each round (default 1: all)")
+    g.add_argument("--sample-count", type=int, default=0, metavar="N", help="draw N devices each round instead")
+    g.add_argument("--sample-min", type=int, default=1, metavar="M", help="draw at least M devices (default 1)")
     add_method_flags(p)
+
+
+def sampling_of(args: argparse.Namespace) -> Any:
+    """The command line's client sampling (ValueError naming the flag when it makes no sense)."""
+    from splitedge.runtime.sampling import Sampling
+
+    return Sampling(fraction=args.sample_fraction, count=args.sample_count, minimum=args.sample_min, seed=args.seed)
 
 
 def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None, deadline_s: float, seed: int,

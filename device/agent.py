@@ -129,6 +129,9 @@ class DeviceAgent(Node):
         if self.on_stop(plan, started=self.last[0] > 0 or self.pending is not None,
                         done=f" after round {self.last[0]}"):
             return
+        if not plan.takes_part(self.node_id) and plan.key > self.last:
+            self.last = plan.key  # not drawn this round: nothing to do, nothing to send
+            return
         if plan.key <= self.last or not self.host.begin_round():
             return  # seen already (a retained announcement after a reconnect or a move), or stopped
         self.exchange.deferred.extendleft(reversed(self.host.held()))  # first, in their order

@@ -62,6 +62,12 @@ class EdgeAggregator(Node):
         """device -> the samples it announced."""
         return self.roster.samples
 
+    @property
+    def awaited(self) -> set[str]:
+        """Members a round waits for: live (or only just gone) and, when the cloud sampled, drawn."""
+        live = self.roster.awaited
+        return live & set(self.plan.participants) if self.plan is not None and self.plan.participants else live
+
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
         self._resume()
@@ -150,7 +156,7 @@ class EdgeAggregator(Node):
             return  # a stop, a retained announcement seen again, or a config we cannot use
         self.plan, self.round = plan, plan.round
         self.gate = Gate.of(plan, self.part.method) if plan.calibrating else None
-        awaited = self.roster.awaited
+        awaited = self.awaited
         if not plan.calibrating:
             self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
@@ -187,7 +193,7 @@ class EdgeAggregator(Node):
     def _maybe_close_round(self) -> None:
         if not self.rounds.is_open or self.part is None or self.plan is None:
             return
-        if not (self.rounds.complete(self.roster.awaited) or self.rounds.expired()) or not self.part.ready(self.plan):
+        if not (self.rounds.complete(self.awaited) or self.rounds.expired()) or not self.part.ready(self.plan):
             return  # a model this round needs has not arrived yet; it is retained, so it will
         started, plan = time.monotonic(), self.plan
         reports = self.rounds.close()

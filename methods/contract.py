@@ -117,6 +117,9 @@ class RoundPlan:
     phase: str = "train"
     """"train": the round's work; "calibrate": after it, devices send head statistics of the
     model they now hold and nothing else (methods/calibration)."""
+    participants: tuple[str, ...] = ()
+    """The devices drawn for this round when the cloud samples (runtime/sampling.py); empty:
+    every device."""
 
     def to_body(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
@@ -128,7 +131,12 @@ class RoundPlan:
         return cls(round=round_, method=body["method"], deadline_s=body["deadline_s"], config=body["config"],
                    versions=dict(body["versions"]), directives=dict(body.get("directives") or {}),
                    session=body.get("session", ""), stop=bool(body.get("stop", False)),
-                   attempt=int(body.get("attempt", 0)), phase=body.get("phase", "train"))
+                   attempt=int(body.get("attempt", 0)), phase=body.get("phase", "train"),
+                   participants=tuple(body.get("participants") or ()))
+
+    def takes_part(self, device_id: str) -> bool:
+        """Whether `device_id` works on this round (every device, unless the cloud sampled)."""
+        return not self.participants or device_id in self.participants
 
     @property
     def key(self) -> tuple[int, int, int]:

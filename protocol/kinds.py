@@ -50,9 +50,10 @@ BUILTIN_KINDS: dict[str, Schema] = {
         "config": Data(), "directives": Data(optional=True, default={}),
         "stop": Bool(optional=True, default=False), "attempt": Int(ge=0, optional=True, default=0),
         "phase": Str(choices=("train", "calibrate"), optional=True, default="train"),
+        "participants": _IDS.but(optional=True, default=[]),
     }, doc="cloud/edge -> down (retained); `config` is the method's typed config as a nested map, "
            "`directives` what the method asks of this round, `phase` its training or its calibration, "
-           "`stop` ends the run"),
+           "`participants` the devices drawn (empty: all), `stop` ends the run"),
     "assign": Schema({
         "edge": Str(max_len=128), "groups": List(items=_NAME, max_items=64),
         "peers": _IDS.but(max_items=1024),

@@ -64,6 +64,15 @@ class SimSettings:
     site_brokers: dict[str, str] = field(default_factory=dict)  # a worker of a tree sim: edge -> its site broker
     split: str = "niid"  # with alpha: "niid" (NIID-Bench, per class) or "per-device" (Hsu et al.; many devices)
     join_timeout_s: float | None = None  # None: JOIN_BASE_S + JOIN_PER_DEVICE_S per device (join_timeout)
+    sample_fraction: float = 1.0  # client sampling (runtime/sampling.py): a fraction of the online devices,
+    sample_count: int = 0  # or a count, per round
+    sample_min: int = 1
+
+    @property
+    def sampling(self) -> Any:
+        from splitedge.runtime.sampling import Sampling
+
+        return Sampling(fraction=self.sample_fraction, count=self.sample_count, minimum=self.sample_min, seed=self.seed)
 
     @property
     def join_timeout(self) -> float:
@@ -110,6 +119,7 @@ def check_run_settings(s: Any) -> None:
     if not 0 <= s.groups <= s.devices or s.group_skew not in ("rotate", "labels"):
         raise ValueError(f"--groups must be in 0..--devices and --group-skew rotate or labels, got {s.groups} and "
                          f"{s.group_skew!r}")
+    s.sampling  # a sampling that makes no sense is one ValueError naming the flag
 
 
 def check_scale_settings(s: SimSettings) -> None:
@@ -240,7 +250,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
             per_device = fed.per_device_bytes(on_round)
             settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
                                      min_edges=s.edges, min_devices=s.devices, join_timeout_s=s.join_timeout,
-                                     out_dir=s.out, seed=s.seed,
+                                     out_dir=s.out, seed=s.seed, sampling=s.sampling,
                                      on_round=per_device.record)
             cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test, host=fed.hosts()[0])
             try:

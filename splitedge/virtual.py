@@ -19,7 +19,13 @@ from typing import Any, ContextManager
 
 from splitedge.malloc import trim
 from splitedge.methods import snapshot
+from splitedge.protocol.topics import parse
 from splitedge.runtime.parts import PartHost
+
+
+def is_slot(topic: str) -> bool:
+    """A latest-value topic (`<kind>-<slot>`): only its newest message matters."""
+    return "-" in parse(topic).kind
 
 SLOT_POLL_S = 0.5  # how often a device waiting for a slot checks whether it was stopped
 
@@ -67,8 +73,13 @@ class ParkingHost(PartHost):
             self.slots.release()
 
     def hold(self, event: tuple[str, Any]) -> bool:
+        """Keep a message for the parked part. A latest-value one (a slot: each new model
+        version) replaces the one kept from the same topic, so a device sitting out rounds
+        (client sampling) holds one model, not one per round."""
         if self.parked is None:
             return False
+        if is_slot(event[0]):
+            self.kept = [e for e in self.kept if e[0] != event[0]]
         self.kept.append(event)
         return True
 

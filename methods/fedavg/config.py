@@ -13,6 +13,8 @@ from splitedge.methods.config import MethodConfig, flag
 
 @dataclass(frozen=True)
 class FedAvgConfig(MethodConfig):
+    # 0: devices train nothing and send the model back as they got it, so it stays as initialised:
+    # with calibrate=lda the bench's lower bound (a random network with the calibrated head)
     local_epochs: int = flag(1, "local epochs per round on a device")
     device_lr: float = 0.05
     momentum: float = 0.9
@@ -21,5 +23,5 @@ class FedAvgConfig(MethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.local_epochs < 1 or self.device_batch < 2 or self.device_lr <= 0:
+        if self.local_epochs < 0 or self.device_batch < 2 or self.device_lr <= 0:
             raise ValueError(f"bad FedAvg config: {self}")
