@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from splitedge.bench import plateau
 from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
 from splitedge.bench.report import Progress, pyplot, table, save_figure
 from splitedge.bench.simrun import FederationSettings, bytes_to_target, device_bytes, parse_variant, run_on_mosquitto
@@ -78,9 +79,13 @@ def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, s
     sim = s.sim(method, alpha, run=f"bench-acc-{method}", overrides=overrides)
     res = run_on_mosquitto(sim, check_sys=False)
     summary, rounds = res["summary"], max(1, len(res["per_round"]))
+    device = res["tiers"].get("device", {})
     return {"method": label, "base_method": method, "overrides": overrides, "split": split_name(alpha),
             "alpha": alpha, "final_accuracy": summary["final_accuracy"], "best_accuracy": summary["best_accuracy"],
             "accuracy_per_round": summary["accuracy_per_round"],
+            "accuracy_calibrated_per_round": summary.get("accuracy_calibrated_per_round"),
+            "device_up_per_device_per_round": device.get("out_payload", 0) / s.devices / rounds,
+            "device_down_per_device_per_round": device.get("in_payload", 0) / s.devices / rounds,
             "effective_rank": (res["per_round"][-1] if res["per_round"] else {}).get("effective_rank"),
             "device_payload_per_device_per_round": device_bytes(res["tiers"]) / s.devices / rounds,
             "total_device_payload_bytes": device_bytes(res["tiers"]),
@@ -95,6 +100,17 @@ def personalised(method: str) -> bool:
     from splitedge.methods.registry import get_method
 
     return bool(getattr(get_method(method), "personalised", False))
+
+
+def add_curves(rows: list[dict[str, Any]]) -> None:
+    """Each row's plateau summary (bench/plateau.py) of its own accuracy and, when it
+    calibrated, of the calibrated one."""
+    for r in rows:
+        if "error" in r:
+            continue
+        r["own"] = plateau.summary(r["accuracy_per_round"])
+        curve = r.get("accuracy_calibrated_per_round")
+        r["calibrated"] = plateau.summary(curve) if curve else None
 
 
 def add_bytes_to_reference(rows: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -144,6 +160,7 @@ def run_summarised(s: AccuracySettings, summarise: Callable[[dict[str, Any]], No
 
 
 def _results(s: AccuracySettings, rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    add_curves(rows)
     targets = add_bytes_to_reference(rows)
     config = {**vars(s), "methods": list(dict.fromkeys(r["method"] for r in rows)),
               "splits": [split_name(a) for a in s.splits]}
@@ -151,7 +168,12 @@ def _results(s: AccuracySettings, rows: list[dict[str, Any]]) -> tuple[dict[str,
 
 
 def refresh(results: dict[str, Any]) -> None:
-    """Recompute the reference columns of a finished run (``splitedge bench accuracy --rerender``)."""
+    """Recompute the derived columns of a finished run (``splitedge bench accuracy --rerender``)."""
+    for r in results["runs"]:  # runs recorded before the calibrated curve was kept: from their rounds
+        if "error" not in r and r.get("accuracy_calibrated_per_round") is None and r.get("per_round"):
+            curve = [p.get("accuracy_calibrated") for p in r["per_round"]]
+            r["accuracy_calibrated_per_round"] = curve if any(a is not None for a in curve) else None
+    add_curves(results["runs"])
     results["reference_accuracy"] = add_bytes_to_reference(results["runs"])
 
 
@@ -187,6 +209,7 @@ def markdown(results: dict[str, Any]) -> str:
         out.append("\neff. rank: effective rank (exp of the entropy of the normalised singular values, centred) of "
                    "the final model's penultimate features on the test split; personalised rows: the devices' "
                    "own models on their held-out data, weighted by its size.")
+    out += ["", *curves_table(ok)]
     targets = results.get("reference_accuracy") or {}
     out.append("")
     out += [f"- {split}: {ref} final accuracy {t:.4g}" for split, t in targets.items() if t is not None]
@@ -194,6 +217,32 @@ def markdown(results: dict[str, Any]) -> str:
             and r["split"] == ok[0]["split"]]
     out += [f"- {r['method']} / {r['split']} failed: {r['error']}" for r in results["runs"] if "error" in r]
     return "\n".join(out)
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{100 * value:.2f}"
+
+
+def curves_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Final, best, round to 90 % of final and plateau status, of the model's own head and of
+    the calibrated one, and the bytes a device sends and receives per round."""
+    body = []
+    for r in rows:
+        own, cal = r.get("own") or plateau.summary(r["accuracy_per_round"]), r.get("calibrated")
+        status = lambda c: "-" if c is None else (f"yes (r{c['plateau_round']})" if c["plateaued"] else "no")  # noqa: E731
+        body.append((r["method"], r["split"], len(r["accuracy_per_round"]), _pct(own["final"]), _pct(own["best"]),
+                     own["round_to_90pct_of_final"] or "-", status(own),
+                     _pct(cal and cal["final"]), _pct(cal and cal["best"]), status(cal),
+                     round(r.get("device_up_per_device_per_round", 0)),
+                     round(r.get("device_down_per_device_per_round", 0))))
+    return ["## Own head and calibrated head, to a plateau\n",
+            table(["method", "split", "rounds", "final %", "best %", "round to 90 % of final", "plateaued",
+                   "calibrated final %", "calibrated best %", "calibrated plateaued", "device up B/round",
+                   "device down B/round"], body),
+            f"\nplateaued: the best accuracy of the last {plateau.WINDOW} rounds exceeded the best before them by "
+            f"less than {100 * plateau.TOLERANCE:g} points, judged from round {plateau.START}; rN: the first round "
+            f"it held. Calibrated: the model of the same round with the closed-form head fitted on the devices' "
+            f"head statistics (methods/calibration)."]
 
 
 def _rank(value: Any) -> Any:
@@ -206,7 +255,13 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     for r in results["runs"]:
         if "error" not in r:
             acc = r["accuracy_per_round"]
-            ax.plot(range(1, len(acc) + 1), acc, marker="o", label=f"{r['method']} {r['split']}")
+            line, = ax.plot(range(1, len(acc) + 1), acc, marker="o" if len(acc) < 30 else None,
+                            label=f"{r['method']} {r['split']}")
+            cal = r.get("accuracy_calibrated_per_round")
+            if cal:
+                rounds = [i + 1 for i, a in enumerate(cal) if a is not None]
+                ax.plot(rounds, [a for a in cal if a is not None], linestyle="--", color=line.get_color(),
+                        label=f"{r['method']} {r['split']} calibrated")
     ax.set(xlabel="round", ylabel="test accuracy")
     ax.legend(fontsize=7)
     return save_figure(fig, out_dir / "accuracy.png")

@@ -1,0 +1,42 @@
+"""When a run has stopped climbing, and what its curve says (METHODS.md "Runs to a plateau").
+
+A run has plateaued when the best accuracy of its last `window` rounds exceeds the best before
+them by less than `tolerance` (0.5 points), judged from round `start` (20) on. Reported beside
+the final and best accuracy: the round at which the run first reached 90 % of its final accuracy.
+Curves may have gaps (rounds that measured nothing: None or NaN); those rounds are skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+WINDOW, TOLERANCE, START = 10, 0.005, 20
+
+
+def _measured(curve: Sequence[Any]) -> list[tuple[int, float]]:
+    return [(i + 1, float(a)) for i, a in enumerate(curve) if a is not None and a == a]
+
+
+def plateau_round(curve: Sequence[Any], *, window: int = WINDOW, tolerance: float = TOLERANCE,
+                  start: int = START) -> int | None:
+    """The first round r >= start at which the rule held over rounds r-window+1..r, or None."""
+    points = _measured(curve)
+    for r in range(max(start, window + 1), len(curve) + 1):
+        last = [a for i, a in points if r - window < i <= r]
+        before = [a for i, a in points if i <= r - window]
+        if last and before and max(last) - max(before) < tolerance:
+            return r
+    return None
+
+
+def summary(curve: Sequence[Any], **rule: Any) -> dict[str, Any]:
+    """final, best, the round reaching 90 % of final, and whether (and when) the run plateaued."""
+    points = _measured(curve)
+    if not points:
+        return {"final": None, "best": None, "round_to_90pct_of_final": None, "plateaued": False,
+                "plateau_round": None}
+    final = points[-1][1]
+    reached = next((i for i, a in points if a >= 0.9 * final), None)
+    at = plateau_round(curve, **rule)
+    return {"final": final, "best": max(a for _, a in points), "round_to_90pct_of_final": reached,
+            "plateaued": at is not None, "plateau_round": at}
