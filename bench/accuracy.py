@@ -86,6 +86,7 @@ def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, s
             "accuracy_calibrated_per_round": summary.get("accuracy_calibrated_per_round"),
             "device_up_per_device_per_round": device.get("out_payload", 0) / s.devices / rounds,
             "device_down_per_device_per_round": device.get("in_payload", 0) / s.devices / rounds,
+            "device_bytes_by_kind": summary.get("device_bytes_by_kind"),
             "effective_rank": (res["per_round"][-1] if res["per_round"] else {}).get("effective_rank"),
             "device_payload_per_device_per_round": device_bytes(res["tiers"]) / s.devices / rounds,
             "total_device_payload_bytes": device_bytes(res["tiers"]),
