@@ -66,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="what sets a planted group apart (default rotate): turned images or permuted labels")
     g.add_argument("--variant", action="append", default=[], metavar="NAME=METHOD:KEY=VALUE,...",
                    help="accuracy: also run METHOD with these settings as row NAME (repeatable), "
-                        "e.g. hsfp-ic2=hsfp:ic=2,ie=2")
+                        "e.g. hsfp-ic2=hsfp:ic=2,ie=2; sample_fraction, sample_count and sample_min set "
+                        "the run's client sampling")
     g.add_argument("--target", type=float, default=None,
                    help="bandwidth: target accuracy when fedavg did not run")
     g = p.add_argument_group("ram")

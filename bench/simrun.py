@@ -23,6 +23,10 @@ REPRESENTATION_KEYS = ("effective_rank", "spectrum", "probe_accuracy", "knn_accu
 """What a round's record may say about the representation (methods/metrics/report.py), kept per round."""
 
 
+SIM_KEYS = {"sample_fraction": float, "sample_count": int, "sample_min": int}
+"""Variant keys that set the run rather than the method (e.g. all=fedavg:sample_fraction=0.1)."""
+
+
 @dataclasses.dataclass
 class FederationSettings:
     """What every federation suite (bandwidth, accuracy) varies; `sim()` makes one run of it."""
@@ -43,13 +47,16 @@ class FederationSettings:
     virtual: int = 0  # > 0: virtual devices, this many training at a time (splitedge sim --virtual)
 
     def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
+        """One run's SimSettings; of `overrides`, the run's own keys (SIM_KEYS: client sampling)
+        go to the sim, the rest to the method."""
         from splitedge.sim import SimSettings
 
+        settings = {**self.overrides, **(overrides or {})}
+        sim_keys = {k: SIM_KEYS[k](settings.pop(k)) for k in list(settings) if k in SIM_KEYS}
         return SimSettings(rounds=self.rounds, devices=self.devices, edges=self.edges, method=method,
                            dataset=self.dataset, data=self.data, model=self.model, alpha=alpha, seed=self.seed,
-                           max_train=self.max_train, max_test=self.max_test, run=run,
-                           overrides={**self.overrides, **(overrides or {})}, groups=self.groups,
-                           group_skew=self.group_skew, virtual=self.virtual)
+                           max_train=self.max_train, max_test=self.max_test, run=run, overrides=settings,
+                           groups=self.groups, group_skew=self.group_skew, virtual=self.virtual, **sim_keys)
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:

@@ -18,8 +18,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from splitedge.methods.calibration.records import Gate, edge_merge
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
@@ -62,15 +60,10 @@ class EdgeAggregator(Node):
         """device -> the samples it announced."""
         return self.roster.samples
 
-    @property
-    def awaited(self) -> set[str]:
-        """Members a round waits for: live (or only just gone) and, when the cloud sampled, drawn."""
-        live = self.roster.awaited
-        return live & set(self.plan.participants) if self.plan is not None and self.plan.participants else live
 
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
-        self._resume()
+        statefile.resume(self.state_file, self)
         clear_retained(self.down, pattern(self.run_id, "edge", self.node_id, "down", "#"))
         self._sync_subscriptions()
         # the hellos addressed to this edge (a device joins by sending it one); a member's other
@@ -85,9 +78,7 @@ class EdgeAggregator(Node):
                                                 self.roster.group_addresses(), loaded=self.part is not None), fresh=fresh)
 
     def _announce(self) -> None:
-        hello = {"role": "edge", "parent": self.cloud, "samples": sum(self.members.values()),
-                 "backend": "torch", "classes": np.zeros(0, dtype=np.int64), "members": sorted(self.roster.live)}
-        self.send(self.up, "up", "hello", hello, round_=0, retain=True)
+        self.send(self.up, "up", "hello", self.roster.hello_body(self.cloud), round_=0, retain=True)
         for transport in {id(self.up): self.up, id(self.down): self.down}.values():
             self.announce_online(transport)  # the cloud reads it upstream, the devices on the site broker
 
@@ -156,7 +147,7 @@ class EdgeAggregator(Node):
             return  # a stop, a retained announcement seen again, or a config we cannot use
         self.plan, self.round = plan, plan.round
         self.gate = Gate.of(plan, self.part.method) if plan.calibrating else None
-        awaited = self.awaited
+        awaited = self.roster.awaited_in(self.plan)
         if not plan.calibrating:
             self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
@@ -193,7 +184,8 @@ class EdgeAggregator(Node):
     def _maybe_close_round(self) -> None:
         if not self.rounds.is_open or self.part is None or self.plan is None:
             return
-        if not (self.rounds.complete(self.awaited) or self.rounds.expired()) or not self.part.ready(self.plan):
+        due = self.rounds.complete(self.roster.awaited_in(self.plan)) or self.rounds.expired()
+        if not due or not self.part.ready(self.plan):
             return  # a model this round needs has not arrived yet; it is retained, so it will
         started, plan = time.monotonic(), self.plan
         reports = self.rounds.close()
@@ -213,20 +205,7 @@ class EdgeAggregator(Node):
                               errors=self.errors, refused=self.rejections([self.down, self.up]))
         self.send(self.up, "up", "done", {"phase": done_phase(plan.phase), "info": {**info, **extra}})
         self.host.end_round()  # after the round's info is read off the part: a host may swap the part out
-        self._save_state()
+        statefile.save(self.state_file, self)  # what a restarted edge carries on from
         status.info("edge %s: round %d%s closed with %d/%d devices in %.1f s", self.node_id, plan.round,
                     " calibration" if plan.calibrating else "", len(infos), len(self.roster.live),
                     time.monotonic() - started)
-
-    # -- crash safety ------------------------------------------------------------------------
-    def _save_state(self) -> None:
-        """After each round: what a restarted edge needs to carry on in the same session."""
-        if self.state_file is not None and self.plan is not None and self.part is not None:
-            statefile.save(self.state_file, self)
-
-    def _resume(self) -> None:
-        """Take back the state a previous process of this edge saved; a round of the same
-        session then carries on with it (a new session drops it, as ever)."""
-        if self.state_file is not None and statefile.resume(self.state_file, self):
-            status.info("edge %s: resuming session %s after round %d (%s)", self.node_id, self.session, self.round,
-                        self.state_file)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
+
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import THIN_BACKEND, THIN_DEVICES, pattern
 from splitedge.runtime.presence import Presence
@@ -96,6 +98,16 @@ class Members:
     def awaited(self) -> set[str]:
         """Members a round waits for: online, or gone so recently they may be back (Presence)."""
         return self.presence.awaited(self.samples)
+
+    def awaited_in(self, plan: Any) -> set[str]:
+        """The members round `plan` waits for: `awaited`, and when the cloud sampled, drawn."""
+        awaited = self.awaited
+        return awaited & set(plan.participants) if plan is not None and plan.participants else awaited
+
+    def hello_body(self, cloud: str) -> dict[str, Any]:
+        """The edge's own hello: its parent, its devices' samples and the live ones."""
+        return {"role": "edge", "parent": cloud, "samples": sum(self.samples.values()), "backend": "torch",
+                "classes": np.zeros(0, dtype=np.int64), "members": sorted(self.live)}
 
     def drop(self, dev: str) -> None:
         self.samples.pop(dev, None)

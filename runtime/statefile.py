@@ -16,12 +16,16 @@ from splitedge.methods import snapshot
 from splitedge.methods.contract import RoundPlan
 
 log = logging.getLogger(__name__)
+status = logging.getLogger("splitedge.status")
 
 FORMAT = 2  # 1: the part's state taken by walking its attributes (before parts declared it)
 
 
-def save(path: Path, node: Any) -> None:
-    """`node`'s state (an edge: its run, id, session, plan, part host and rng) at `path`."""
+def save(path: Path | None, node: Any) -> None:
+    """`node`'s state (an edge: its run, id, session, plan, part host and rng) at `path`, after
+    each round (nothing without a path, or before the node has a round and a part)."""
+    if path is None or node.plan is None or node.part is None:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"format": FORMAT, "run": node.run_id, "node": node.node_id, "session": node.session,
              "round": node.plan.round, "plan": node.plan.to_body(), "part": node.host.state(),
@@ -29,9 +33,10 @@ def save(path: Path, node: Any) -> None:
     snapshot.write_atomic(path, snapshot.dumps(state))
 
 
-def resume(path: Path, node: Any) -> bool:
-    """Put the state saved at `path` back into `node`; False when there is none of its run."""
-    if not path.exists():
+def resume(path: Path | None, node: Any) -> bool:
+    """Put the state saved at `path` back into `node` (a round of the same session then carries
+    on with it; a new session drops it, as ever); False when there is none of its run."""
+    if path is None or not path.exists():
         return False
     state = snapshot.loads(path.read_bytes())
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("run") != node.run_id:
@@ -41,4 +46,6 @@ def resume(path: Path, node: Any) -> bool:
     node.rng.bit_generator.state = snapshot.from_plain(state["rng"]).bit_generator.state  # after the build's draws
     node.session, node.round = state["session"], int(state["round"])
     node.plan = RoundPlan.from_body(node.round, state["plan"])
+    status.info("%s %s: resuming session %s after round %d (%s)", node.tier, node.node_id, node.session, node.round,
+                path)
     return True
