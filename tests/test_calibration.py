@@ -107,3 +107,63 @@ def test_virtual_devices_calibrate_the_same(tmp_path, fedavg) -> None:
 def test_methods_without_one_served_model_refuse_calibration_before_round_one(tmp_path, method: str) -> None:
     with pytest.raises(ValueError, match="cannot calibrate its head"):
         _sim(tmp_path, method=method, rounds=1)
+
+
+class ScaledCalibrator:
+    """Device d9 of edge e0, announcing 150 samples: in every calibration phase a well-formed
+    record within every bound (its counts, dtype, dimension, finite values) whose class means are
+    50 and covariance 1000 x the identity, far from any honest device's; `done` in every phase."""
+
+    def __init__(self, url: str, run: str) -> None:
+        from splitedge.protocol.codec import Envelope
+        from splitedge.protocol.topics import pattern, topic
+        from splitedge.runtime.session import connect
+
+        self.Envelope, self.topic, self.run = Envelope, topic, run
+        self.t = connect(url, run=run, tier="device", node_id="d9")
+        self.say("hello", {"role": "device", "parent": "e0", "samples": 150, "backend": "torch",
+                           "classes": np.arange(10, dtype=np.int64)}, 0, retain=True)
+        self.say("status", {"state": "online", "role": "device"}, 0, retain=True)
+        self.t.subscribe(pattern(run, "edge", "e0", "down", "round"), self.on_round)
+
+    def say(self, kind: str, body: dict, round_: int, retain: bool = False) -> None:
+        env = self.Envelope(kind=kind, run=self.run, round=round_, sender="d9", body=body)
+        self.t.publish(self.topic(self.run, "device", "d9", "up", kind, "e0" if kind == "hello" else None), env,
+                       retain=retain)
+
+    def on_round(self, _topic: str, env) -> None:
+        from splitedge.methods.calibration.stats import HeadStats, head_stats_arrays
+
+        if env.body.get("stop"):
+            return
+        if env.body.get("phase") == "calibrate":
+            dim = env.body["directives"]["calibrate"]["dim"]
+            s = HeadStats(np.arange(10), np.full(10, 15), np.full((10, dim), 50.0), 1e3 * np.eye(dim))
+            self.say("arrays", {"name": "head_stats", "version": env.round, "arrays": head_stats_arrays(s, "f4")},
+                     env.round)
+        self.say("done", {"phase": "calibrate" if env.body.get("phase") == "calibrate" else "round", "info": {}},
+                 env.round)
+
+    def close(self) -> None:
+        self.t.close()
+
+
+def test_the_robust_rules_hold_the_calibrated_head_against_a_scaled_device(mosquitto, tmp_path) -> None:
+    def run(name: str, robust: str, rogue: bool) -> list[float]:
+        s = SimSettings(rounds=2, devices=4, edges=2, method="fedavg", out=tmp_path / name, max_train=600,
+                        max_test=300, broker=mosquitto.url, run=f"cal-{name}", deadline_s=60.0,
+                        overrides={"calibrate": "lda", "robust": robust})
+        attacker = ScaledCalibrator(mosquitto.url, f"cal-{name}") if rogue else None
+        try:
+            return run_sim(s)["accuracy_calibrated_per_round"]
+        finally:
+            if attacker is not None:
+                attacker.close()
+
+    torch.set_num_threads(1)
+    clean = run("clean", "none", rogue=False)
+    exact = run("exact", "none", rogue=True)
+    median = run("median", "median", rogue=True)
+    clip = run("clip", "clip", rogue=True)
+    assert exact[-1] < clean[-1] - 0.2, (exact, clean)  # the attack works on the exact merge
+    assert median[-1] > clean[-1] - 0.03 and clip[-1] > clean[-1] - 0.03, (median, clip, clean)
