@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,14 @@ from splitedge.bench.report import Progress, pyplot, table, save_figure
 from splitedge.bench.simrun import FederationSettings, bytes_to_target, device_bytes, parse_variant, run_on_mosquitto
 
 log = logging.getLogger(__name__)
+
+
+def jobs_of(a: argparse.Namespace) -> int:
+    """--jobs: runs at a time (each a process; one torch thread each)."""
+    jobs = getattr(a, "jobs", None) or 1
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1 (runs at a time), got {jobs}")
+    return jobs
 
 
 def parse_splits(value: str | None) -> tuple[float | None, ...]:
@@ -39,6 +48,7 @@ def split_name(alpha: float | None) -> str:
 class AccuracySettings(FederationSettings):
     splits: tuple[float | None, ...] = (None, 0.3)
     variants: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    jobs: int = 1  # runs at a time, each in a process of its own
     deadline_s: float | None = None  # None: the sim's default (a large model on all 50,000 images needs more)
 
     @classmethod
@@ -57,7 +67,7 @@ class AccuracySettings(FederationSettings):
                    max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None),
                    variants=variants, groups=getattr(a, "groups", None) or 0,
                    group_skew=getattr(a, "group_skew", None) or "rotate", deadline_s=getattr(a, "deadline", None),
-                   virtual=virtual)
+                   virtual=virtual, jobs=jobs_of(a))
 
     def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
         sim = super().sim(method, alpha, run, overrides)
@@ -129,33 +139,89 @@ def add_bytes_to_reference(rows: list[dict[str, Any]]) -> dict[str, float | None
     return targets
 
 
-def run(s: AccuracySettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every (method or variant, split) run in turn; `progress(config, results)` after each, so
-    an hours-long bench that is stopped keeps the runs it finished."""
-    rows: list[dict[str, Any]] = []
-    for label, method, overrides in s.entries():
-        for alpha in s.splits:
-            log.info("accuracy: %s on %s", label, split_name(alpha))
-            try:
-                rows.append(one_run(s, label, method, overrides, alpha))
-            except Exception as exc:  # report the others even if one method is broken
-                log.exception("accuracy: %s on %s failed", label, split_name(alpha))
-                rows.append({"method": label, "base_method": method, "split": split_name(alpha), "alpha": alpha,
-                             "error": repr(exc)})
-            if progress is not None:
-                progress(*_results(s, rows))
-    return _results(s, rows)
+Task = tuple[str, str, dict[str, str], "float | None"]
+"""(row label, registered method, overrides, split): one run of the bench."""
+
+RESUME_KEYS = ("dataset", "model", "devices", "edges", "rounds", "seed", "max_train", "max_test", "groups",
+               "group_skew", "virtual", "overrides")
+"""Settings a resumed bench must share with the runs it keeps."""
+
+
+def guarded_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, str],
+                alpha: float | None) -> dict[str, Any]:
+    """One run, or its error row: one broken method does not stop the others."""
+    log.info("accuracy: %s on %s", label, split_name(alpha))
+    try:
+        return one_run(s, label, method, overrides, alpha)
+    except Exception as exc:  # report the others even if one method is broken
+        log.exception("accuracy: %s on %s failed", label, split_name(alpha))
+        return {"method": label, "base_method": method, "split": split_name(alpha), "alpha": alpha,
+                "error": repr(exc)}
+
+
+def kept_runs(s: AccuracySettings, tasks: list[Task], previous: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+    """With `--resume`: the finished runs of the folder's earlier bench that are tasks of this
+    one (same label, split and settings), by task index. ValueError when that bench measured
+    other settings (mixing them would compare unlike runs)."""
+    if not previous:
+        return {}
+    mine = {k: getattr(s, k) for k in RESUME_KEYS}
+    theirs = {k: previous["config"].get(k) for k in RESUME_KEYS}
+    differ = [k for k in RESUME_KEYS if json.dumps(mine[k], default=str) != json.dumps(theirs[k], default=str)]
+    if differ:
+        raise ValueError(f"--resume: the folder's runs were made with other settings ({', '.join(differ)}); use "
+                         f"another --out or the same settings")
+    done = {(r["method"], r["split"]): r for r in previous["results"]["runs"] if "error" not in r}
+    kept = {}
+    for i, (label, _, overrides, alpha) in enumerate(tasks):
+        row = done.get((label, split_name(alpha)))
+        if row is not None and row.get("overrides", {}) == overrides:
+            kept[i] = row
+    return kept
+
+
+def run(s: AccuracySettings, progress: Progress | None = None,
+        previous: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every (method or variant, split) run, `s.jobs` at a time (each in a process of its own,
+    with its own Mosquitto); `progress(config, results)` after each, so an hours-long bench that
+    is stopped keeps the runs it finished, and `previous` (the folder's JSON, `--resume`) gives
+    back the runs an earlier bench finished."""
+    tasks: list[Task] = [(label, method, overrides, alpha) for label, method, overrides in s.entries()
+                         for alpha in s.splits]
+    rows = kept_runs(s, tasks, previous)
+    if rows:
+        log.info("accuracy: %d of %d runs kept from the earlier bench", len(rows), len(tasks))
+
+    def finished(i: int, row: dict[str, Any]) -> None:
+        rows[i] = row
+        if progress is not None:
+            progress(*_results(s, [rows[j] for j in sorted(rows)]))
+
+    todo = [i for i in range(len(tasks)) if i not in rows]
+    if s.jobs <= 1:
+        for i in todo:
+            finished(i, guarded_run(s, *tasks[i]))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=s.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(guarded_run, s, *tasks[i]): i for i in todo}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+    return _results(s, [rows[i] for i in range(len(tasks))])
 
 
 def run_summarised(s: AccuracySettings, summarise: Callable[[dict[str, Any]], None],
-                   progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                   progress: Progress | None = None,
+                   previous: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """`run`, with `summarise(results)` (a suite built on these runs, e.g. ssl or cluster,
     deriving its columns in place) applied before every partial write and at the end."""
     def partial(config: dict[str, Any], results: dict[str, Any]) -> None:
         summarise(results)
         progress(config, results)
 
-    config, results = run(s, progress=partial if progress else None)
+    config, results = run(s, progress=partial if progress else None, previous=previous)
     summarise(results)
     return config, results
 

@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="output folder (default: a new runs/bench/<suite>-<date>-<time>; with 'all', one subfolder "
                         "per suite); bench/results holds the committed results, write there only on purpose")
     p.add_argument("--no-plots", action="store_true", help="skip the matplotlib figures")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="accuracy, ssl, cluster: runs at a time, each in a process of its own (default 1)")
+    p.add_argument("--resume", action="store_true",
+                   help="accuracy, ssl, cluster: keep the runs --out already holds (same settings) and run the rest")
     p.add_argument("--rerender", action="store_true",
                    help="run nothing: rewrite the markdown (and plots) of the JSON already in --out with this "
                         "checkout's report code")
@@ -104,6 +108,8 @@ def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str
     settings = module.Settings.from_args(args)
     started = time.monotonic()
     kwargs = {}
+    if "previous" in inspect.signature(module.run).parameters and args.resume:
+        kwargs["previous"] = previous_results(out_dir, name)
     if "progress" in inspect.signature(module.run).parameters:  # a long suite: keep each finished run
         def progress(config: dict[str, Any], results: dict[str, Any]) -> None:
             doc = report.document(name, argv, config, results, time.monotonic() - started)
@@ -115,6 +121,14 @@ def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str
     plots = [] if args.no_plots else module.plot(results, out_dir)
     print(f"bench {name}: wrote {json_path}, {md_path}" + "".join(f", {p}" for p in plots), flush=True)
     return json_path
+
+
+def previous_results(out_dir: Path, suite: str) -> dict[str, Any] | None:
+    """The suite's JSON already in `out_dir` (partial or whole), for --resume; None if none."""
+    import json
+
+    path = out_dir / f"{suite}.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def rerender(module: Any, out_dir: Path, *, plots: bool, suite: str) -> Path:

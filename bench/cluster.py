@@ -53,9 +53,10 @@ def _summarise(row: dict[str, Any]) -> None:
     row["ari"] = adjusted_rand(assignment, truth) if assignment and truth else None
 
 
-def run(s: ClusterSettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def run(s: ClusterSettings, progress: Progress | None = None,
+        previous: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The accuracy suite's runs, summarised per cluster."""
-    return accuracy.run_summarised(s, refresh, progress)
+    return accuracy.run_summarised(s, refresh, progress, previous)
 
 
 def refresh(results: dict[str, Any]) -> None:

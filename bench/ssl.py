@@ -35,9 +35,10 @@ class SSLSettings(accuracy.AccuracySettings):
         return cls(**vars(base))
 
 
-def run(s: SSLSettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def run(s: SSLSettings, progress: Progress | None = None,
+        previous: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The accuracy suite's runs, each row with its final representation measures."""
-    return accuracy.run_summarised(s, summarise, progress)
+    return accuracy.run_summarised(s, summarise, progress, previous)
 
 
 def summarise(results: dict[str, Any]) -> None:

@@ -141,6 +141,29 @@ def test_accuracy_quick(tmp_path: Path) -> None:
     assert all("error" not in r and r["device_payload_per_device_per_round"] > 0 for r in runs)
 
 
+@needs_mosquitto
+def test_accuracy_runs_in_parallel_and_resumes_keeping_the_runs_it_finished(tmp_path: Path) -> None:
+    """--jobs 2 runs two federations at once, each in its own process; --resume then keeps them
+    (same numbers, same wall time) and runs only the new variant; other settings are refused."""
+    # Prepare / Execute: two variants, two at a time, with calibration and the plateau summary
+    common = ["--rounds", "1", "--alphas", "iid", "--no-plots", "--variant", "a=fedavg:calibrate=lda"]
+    first = run_bench(tmp_path, "accuracy", *common, "--variant", "b=fedprox", "--jobs", "2")
+    rows = {r["method"]: r for r in first["results"]["runs"]}
+    assert set(rows) == {"a", "b"} and all("error" not in r for r in rows.values())
+    assert rows["a"]["calibrated"]["final"] > 0.3 and rows["b"]["calibrated"] is None  # b did not calibrate
+    # Execute: the same bench with one more variant, resumed
+    again = run_bench(tmp_path, "accuracy", *common, "--variant", "b=fedprox", "--variant", "c=fedavgm",
+                      "--resume")
+    # Assert
+    rows_again = {r["method"]: r for r in again["results"]["runs"]}
+    assert list(rows_again) == ["a", "b", "c"]
+    for name in ("a", "b"):
+        assert rows_again[name]["wall_seconds"] == rows[name]["wall_seconds"]  # kept, not run again
+    assert main(["bench", "accuracy", "--quick", "--out", str(tmp_path), "--rounds", "2", "--alphas", "iid",
+                 "--variant", "a=fedavg", "--resume"]) == 2  # a one-line error: other settings
+    assert json.loads((tmp_path / "accuracy.json").read_text())["results"]["runs"] == again["results"]["runs"]
+
+
 def test_bytes_to_target_is_cumulative_until_the_first_round_reaching_it() -> None:
     rounds = [{"round": r, "accuracy": a, "bytes": {"device": {"out_payload": 10 * r, "in_payload": r,
                                                                "out_wire": 11 * r}}}
