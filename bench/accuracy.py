@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from splitedge.bench import plateau
 from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
+from splitedge.bench.central import CENTRAL, central_run
 from splitedge.bench.report import Progress, pyplot, table, save_figure
 from splitedge.bench.simrun import FederationSettings, bytes_to_target, device_bytes, parse_variant, run_on_mosquitto
 
@@ -79,7 +80,8 @@ class AccuracySettings(FederationSettings):
         methods = selected_methods(self.methods) if self.methods or not self.variants else []
         out = [(m, m, {}) for m in methods]
         for name, (method, overrides) in self.variants.items():
-            selected_methods((method,))  # an unknown method fails before any run
+            if method != CENTRAL:
+                selected_methods((method,))  # an unknown method fails before any run
             out.append((name, method, overrides))
         return out
 
@@ -110,6 +112,8 @@ def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, s
 def personalised(method: str) -> bool:
     from splitedge.methods.registry import get_method
 
+    if method == CENTRAL:
+        return False
     return bool(getattr(get_method(method), "personalised", False))
 
 
@@ -152,6 +156,8 @@ def guarded_run(s: AccuracySettings, label: str, method: str, overrides: dict[st
     """One run, or its error row: one broken method does not stop the others."""
     log.info("accuracy: %s on %s", label, split_name(alpha))
     try:
+        if method == CENTRAL:
+            return central_run(s, label, overrides, alpha)
         return one_run(s, label, method, overrides, alpha)
     except Exception as exc:  # report the others even if one method is broken
         log.exception("accuracy: %s on %s failed", label, split_name(alpha))

@@ -164,6 +164,18 @@ def test_accuracy_runs_in_parallel_and_resumes_keeping_the_runs_it_finished(tmp_
     assert json.loads((tmp_path / "accuracy.json").read_text())["results"]["runs"] == again["results"]["runs"]
 
 
+def test_the_central_upper_bound_trains_the_same_network_on_every_training_image() -> None:
+    from splitedge.bench.accuracy import AccuracySettings
+    from splitedge.bench.central import central_run
+
+    s = AccuracySettings(rounds=3, devices=4, max_train=400, max_test=200, seed=1)
+    row = central_run(s, "upper", {"device_lr": "0.05"}, None)
+    assert row["train_images"] == 400 and len(row["accuracy_per_round"]) == 3  # one epoch per round
+    assert row["final_accuracy"] > 0.5 and row["device_up_per_device_per_round"] == 0  # chance 0.1, no wire
+    again = central_run(s, "upper", {"device_lr": "0.05"}, None)
+    assert again["accuracy_per_round"] == row["accuracy_per_round"]  # seeded
+
+
 def test_bytes_to_target_is_cumulative_until_the_first_round_reaching_it() -> None:
     rounds = [{"round": r, "accuracy": a, "bytes": {"device": {"out_payload": 10 * r, "in_payload": r,
                                                                "out_wire": 11 * r}}}
