@@ -19,7 +19,7 @@ from splitedge.methods.calibration.stats import (
     HeadStats, HeadStatsAccumulator, check_head_stats, head_stats_arrays, head_stats_from_arrays,
 )
 from splitedge.methods.contract import DONE, Message, RoundPlan
-from splitedge.methods.data.preprocess import batches, to_input
+from splitedge.methods.data.preprocess import accumulate
 from splitedge.protocol.errors import ProtocolError
 
 STATS_BATCH = 64
@@ -56,16 +56,7 @@ def head_stats(features: Callable[[np.ndarray], np.ndarray], data: tuple[np.ndar
                mean: Sequence[float], std: Sequence[float], batch: int = STATS_BATCH) -> HeadStats:
     """Local uint8 images through `features` (normalised images -> classifier input) in
     batches, into the float64 accumulator."""
-    x, y = data
-    acc = None
-    for sl in batches(len(y), batch):
-        feats = np.asarray(features(to_input(x[sl], mean, std)))
-        feats = feats.reshape(len(feats), -1)
-        acc = acc or HeadStatsAccumulator(feats.shape[1])
-        acc.add(feats, y[sl])
-    if acc is None:
-        raise ValueError("device has no local data")
-    return acc.result()
+    return accumulate(features, data, mean, std, HeadStatsAccumulator, batch)
 
 
 def record(stats: HeadStats, plan: RoundPlan, cfg: Any) -> Message:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -20,3 +20,20 @@ def to_input(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.n
 def batches(n: int, size: int) -> list[slice]:
     """Slices covering range(n) in order, `size` at a time."""
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def accumulate(features: Any, data: tuple[Any, np.ndarray], mean: Sequence[float], std: Sequence[float],
+               accumulator: Any, batch: int) -> Any:
+    """A device's uint8 images through `features` (normalised images -> features), `batch` at a
+    time, into a float64 `accumulator(dim)` (per-class moments, head statistics); its result.
+    ValueError when the device holds no data."""
+    x, y = data
+    acc = None
+    for sl in batches(len(y), batch):
+        feats = np.asarray(features(to_input(x[sl], mean, std)))
+        feats = feats.reshape(len(feats), -1)
+        acc = acc or accumulator(feats.shape[1])
+        acc.add(feats, y[sl])
+    if acc is None:
+        raise ValueError("device has no local data")
+    return acc.result()

@@ -13,7 +13,7 @@ import numpy as np
 
 from splitedge.methods.hsfp.method import CALIB, WC
 from splitedge.methods.moments import ClassMoments, MomentAccumulator, moments_to_body
-from splitedge.methods.data.preprocess import batches, to_input
+from splitedge.methods.data.preprocess import accumulate
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 
 log = logging.getLogger(__name__)
@@ -108,17 +108,5 @@ class HSFPDevice(DevicePart):
 
     def compute_moments(self) -> ClassMoments:
         """Per-class moments of the flattened global-W_c features, accumulated in float64."""
-        return self._accumulate(self.extractor.features, MomentAccumulator)
-
-    def _accumulate(self, features: Any, accumulator: Any) -> Any:
-        """Local images through `features` in batches, into a float64 accumulator."""
-        x, y = self.data
-        acc = None
-        for sl in batches(len(y), self.moment_batch):
-            feats = features(to_input(x[sl], self.spec.mean, self.spec.std))
-            feats = feats.reshape(len(feats), -1)
-            acc = acc or accumulator(feats.shape[1])
-            acc.add(feats, y[sl])
-        if acc is None:
-            raise ValueError("device has no local data")
-        return acc.result()
+        return accumulate(self.extractor.features, self.data, self.spec.mean, self.spec.std, MomentAccumulator,
+                          self.moment_batch)
