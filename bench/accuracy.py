@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from splitedge.bench import plateau
+from splitedge.methods.metrics import plateau
 from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
 from splitedge.bench.central import CENTRAL, central_run
 from splitedge.bench.report import Progress, pyplot, table, save_figure
@@ -68,7 +68,7 @@ class AccuracySettings(FederationSettings):
                    max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None),
                    variants=variants, groups=getattr(a, "groups", None) or 0,
                    group_skew=getattr(a, "group_skew", None) or "rotate", deadline_s=getattr(a, "deadline", None),
-                   virtual=virtual, jobs=jobs_of(a))
+                   virtual=virtual, jobs=jobs_of(a), until_plateau=bool(getattr(a, "until_plateau", False)))
 
     def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
         sim = super().sim(method, alpha, run, overrides)
@@ -147,7 +147,7 @@ Task = tuple[str, str, dict[str, str], "float | None"]
 """(row label, registered method, overrides, split): one run of the bench."""
 
 RESUME_KEYS = ("dataset", "model", "devices", "edges", "rounds", "seed", "max_train", "max_test", "groups",
-               "group_skew", "virtual", "overrides")
+               "group_skew", "virtual", "overrides", "until_plateau")
 """Settings a resumed bench must share with the runs it keeps."""
 
 
@@ -157,7 +157,7 @@ def guarded_run(s: AccuracySettings, label: str, method: str, overrides: dict[st
     log.info("accuracy: %s on %s", label, split_name(alpha))
     try:
         if method == CENTRAL:
-            return central_run(s, label, overrides, alpha)
+            return central_run(s, label, overrides, alpha, split_name(alpha))
         return one_run(s, label, method, overrides, alpha)
     except Exception as exc:  # report the others even if one method is broken
         log.exception("accuracy: %s on %s failed", label, split_name(alpha))
@@ -172,7 +172,8 @@ def kept_runs(s: AccuracySettings, tasks: list[Task], previous: dict[str, Any] |
     if not previous:
         return {}
     mine = {k: getattr(s, k) for k in RESUME_KEYS}
-    theirs = {k: previous["config"].get(k) for k in RESUME_KEYS}
+    defaults = AccuracySettings()
+    theirs = {k: previous["config"].get(k, getattr(defaults, k)) for k in RESUME_KEYS}  # older runs lack new keys
     differ = [k for k in RESUME_KEYS if json.dumps(mine[k], default=str) != json.dumps(theirs[k], default=str)]
     if differ:
         raise ValueError(f"--resume: the folder's runs were made with other settings ({', '.join(differ)}); use "
@@ -240,12 +241,20 @@ def _results(s: AccuracySettings, rows: list[dict[str, Any]]) -> tuple[dict[str,
     return config, {"runs": rows, "reference": TARGET_REFERENCE, "reference_accuracy": targets}
 
 
-def refresh(results: dict[str, Any]) -> None:
+def refresh(results: dict[str, Any], config: dict[str, Any] | None = None) -> None:
     """Recompute the derived columns of a finished run (``splitedge bench accuracy --rerender``)."""
-    for r in results["runs"]:  # runs recorded before the calibrated curve was kept: from their rounds
-        if "error" not in r and r.get("accuracy_calibrated_per_round") is None and r.get("per_round"):
+    for r in results["runs"]:  # runs recorded before these columns were kept: from their rounds
+        if "error" in r or not r.get("per_round"):
+            continue
+        if r.get("accuracy_calibrated_per_round") is None:
             curve = [p.get("accuracy_calibrated") for p in r["per_round"]]
             r["accuracy_calibrated_per_round"] = curve if any(a is not None for a in curve) else None
+        if "device_up_per_device_per_round" not in r:
+            device = r["per_round"][-1]["bytes"].get("device", {})
+            devices, rounds = (config or {}).get("devices"), len(r["per_round"])
+            if devices:
+                r["device_up_per_device_per_round"] = device.get("out_payload", 0) / devices / rounds
+                r["device_down_per_device_per_round"] = device.get("in_payload", 0) / devices / rounds
     add_curves(results["runs"])
     results["reference_accuracy"] = add_bytes_to_reference(results["runs"])
 

@@ -3,8 +3,8 @@
 `--variant upper=central[:KEY=VALUE,...]` in `splitedge bench accuracy`: the run's training
 images (every device's, pooled), the network and initial weights the run's model spec gives,
 FedAvg's device optimiser and batch (its settings, changed by the variant's), for as many
-epochs as the federated rows have rounds (times `local_epochs`), evaluated on the same test
-split after each epoch. No broker and no bytes: it bounds what the devices' data can teach
+epochs as the federated rows have rounds (times `local_epochs`; with --until-plateau, until
+its own plateau), evaluated on the same test split after each epoch. No broker and no bytes: it bounds what the devices' data can teach
 this network, not a method.
 """
 
@@ -17,13 +17,15 @@ CENTRAL = "central"
 """The pseudo-method name a bench variant gives for this arm."""
 
 
-def central_run(s: Any, label: str, overrides: dict[str, str], alpha: float | None) -> dict[str, Any]:
-    """One centrally trained row of `splitedge bench accuracy` (its fields as a federated row's)."""
+def central_run(s: Any, label: str, overrides: dict[str, str], alpha: float | None, split: str) -> dict[str, Any]:
+    """One centrally trained row of `splitedge bench accuracy` (its fields as a federated row's;
+    `split` names the row's split, whose federated rows it bounds: central training pools it)."""
     import torch
 
     from splitedge.cloud.options import build_run_config
     from splitedge.methods.data.datasets import load_dataset
     from splitedge.methods.metrics.evaluate import evaluate
+    from splitedge.methods.metrics.plateau import plateau_round
     from splitedge.methods.torch_utils import build_split, local_tensors, sgd, tensor_batches
     from splitedge.methods.training import cross_entropy_term, train_epochs
     from splitedge.models import SplitModel
@@ -48,9 +50,9 @@ def central_run(s: Any, label: str, overrides: dict[str, str], alpha: float | No
         acc = evaluate(model, test, spec)["accuracy"]
         curve.append(acc)
         per_round.append({"round": epoch, "accuracy": acc, "loss": losses, "bytes": {}})
-    from splitedge.bench.accuracy import split_name
-
-    return {"method": label, "base_method": CENTRAL, "overrides": overrides, "split": split_name(alpha), "alpha": alpha,
+        if getattr(s, "until_plateau", False) and plateau_round(curve) == epoch:
+            break  # as the federated rows of an --until-plateau bench stop
+    return {"method": label, "base_method": CENTRAL, "overrides": overrides, "split": split, "alpha": alpha,
             "final_accuracy": curve[-1], "best_accuracy": max(curve), "accuracy_per_round": curve,
             "accuracy_calibrated_per_round": None, "device_up_per_device_per_round": 0,
             "device_down_per_device_per_round": 0, "device_payload_per_device_per_round": 0,

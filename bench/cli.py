@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--devices", type=int, default=None, help="devices per federation (default: the suite's)")
     g.add_argument("--edges", type=int, default=None, help="edges per federation (default: the suite's)")
     g.add_argument("--rounds", type=int, default=None, help="rounds per federation (default: the suite's)")
+    g.add_argument("--until-plateau", action="store_true",
+                   help="accuracy, ssl, cluster: each run stops at its plateau (--rounds is the budget)")
     g.add_argument("--alpha", type=float, default=None, help="bandwidth: Dirichlet(alpha) split; IID if omitted")
     g.add_argument("--alphas", default=None, help="accuracy: comma-separated splits, 'iid' or a Dirichlet alpha")
     g.add_argument("--seed", type=int, default=0, help="seed of the split and the models")
@@ -141,7 +143,8 @@ def rerender(module: Any, out_dir: Path, *, plots: bool, suite: str) -> Path:
     json_path = out_dir / f"{suite}.json"  # as report.write names it (hsfp-diagnose: not the module's name)
     doc = json.loads(json_path.read_text())
     if hasattr(module, "refresh"):
-        module.refresh(doc["results"])
+        takes_config = len(inspect.signature(module.refresh).parameters) > 1
+        module.refresh(doc["results"], *([doc["config"]] if takes_config else []))
     report.write(out_dir, doc, module.markdown(doc["results"]))
     if plots:
         module.plot(doc["results"], out_dir)

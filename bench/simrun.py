@@ -45,6 +45,7 @@ class FederationSettings:
     groups: int = 0  # planted device groups (see splitedge.sim)
     group_skew: str = "rotate"
     virtual: int = 0  # > 0: virtual devices, this many training at a time (splitedge sim --virtual)
+    until_plateau: bool = False  # runs stop at their plateau, `rounds` being the budget
 
     def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
         """One run's SimSettings; of `overrides`, the run's own keys (SIM_KEYS: client sampling)
@@ -56,7 +57,8 @@ class FederationSettings:
         return SimSettings(rounds=self.rounds, devices=self.devices, edges=self.edges, method=method,
                            dataset=self.dataset, data=self.data, model=self.model, alpha=alpha, seed=self.seed,
                            max_train=self.max_train, max_test=self.max_test, run=run, overrides=settings,
-                           groups=self.groups, group_skew=self.group_skew, virtual=self.virtual, **sim_keys)
+                           groups=self.groups, group_skew=self.group_skew, virtual=self.virtual,
+                           until_plateau=self.until_plateau, **sim_keys)
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:

@@ -19,6 +19,7 @@ from splitedge.methods.calibration import CALIBRATE, calibrates
 from splitedge.methods.calibration.records import Gate, records_of
 from splitedge.methods.config import RunConfig
 from splitedge.methods.losslog import tier_losses
+from splitedge.methods.metrics.plateau import plateaued
 from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan
 from splitedge.cloud import resume
 from splitedge.methods import snapshot
@@ -53,6 +54,7 @@ class CloudSettings:
     out_dir: Path | None = None
     seed: int = 0
     sampling: Sampling = field(default_factory=Sampling)  # which online devices train each round
+    until_plateau: bool = False  # stop before `rounds` once the accuracy has plateaued (methods/metrics/plateau.py)
     on_round: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
 
 
@@ -220,6 +222,9 @@ class CloudCoordinator(Node):
                 if self.stopped.is_set():
                     break
                 self.run_round(r)
+                if self.settings.until_plateau and plateaued(self.history):
+                    status.info("cloud: accuracy plateaued at round %d of at most %d; stopping", r, self.settings.rounds)
+                    break
         finally:
             self._announce_stop()
         self._save_state(finished=True)

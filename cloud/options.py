@@ -22,7 +22,10 @@ DEFAULT_MODEL = {"digits": "cnn", "cifar10": "cnn"}
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="hsfp", choices=list_methods(), help="the learning method (docs/methods.md)")
-    p.add_argument("--rounds", type=int, default=10, help="rounds to run")
+    p.add_argument("--rounds", type=int, default=10, help="rounds to run (with --until-plateau: at most)")
+    p.add_argument("--until-plateau", action="store_true",
+                   help="stop once the accuracy (and the calibrated one) has plateaued: the best of the last 10 "
+                        "rounds beats the best before by less than 0.5 points, from round 20 on")
     p.add_argument("--dataset", default="digits", choices=("digits", "cifar10"),
                    help="digits (bundled with scikit-learn) or cifar10 (needs --data)")
     p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")

@@ -67,6 +67,7 @@ class SimSettings:
     sample_fraction: float = 1.0  # client sampling (runtime/sampling.py): a fraction of the online devices,
     sample_count: int = 0  # or a count, per round
     sample_min: int = 1
+    until_plateau: bool = False  # stop before `rounds` once the accuracy has plateaued
 
     @property
     def sampling(self) -> Any:
@@ -251,6 +252,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
             settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
                                      min_edges=s.edges, min_devices=s.devices, join_timeout_s=s.join_timeout,
                                      out_dir=s.out, seed=s.seed, sampling=s.sampling,
+                                     until_plateau=s.until_plateau,
                                      on_round=per_device.record)
             cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test, host=fed.hosts()[0])
             try:
@@ -455,6 +457,7 @@ def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings,
             "accuracy_calibrated_per_round": calibrated} if measured else {}),
         "round_seconds": [h["round_seconds"] for h in history],
         "closed_on_quorum": closed_on_quorum(history),
+        "stopped_on_plateau": status == "complete" and s.until_plateau and 0 < len(history) < s.rounds,
         "wall_seconds": seconds,
         "bytes": by_tier,
         "edge_messages": fed.messages_by_node("edge"),

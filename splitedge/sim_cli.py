@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                     virtual=args.virtual, park_dtype=args.park_dtype, workers=args.workers, worker=args.worker,
                     spawn_workers=not args.remote_workers, run=args.run, broker_tree=args.broker_tree,
                     split=args.split, join_timeout_s=args.join_timeout, sample_fraction=args.sample_fraction,
-                    sample_count=args.sample_count, sample_min=args.sample_min)
+                    sample_count=args.sample_count, sample_min=args.sample_min, until_plateau=args.until_plateau)
     if s.worker is not None:
         from splitedge.sim import run_worker
 

@@ -169,10 +169,10 @@ def test_the_central_upper_bound_trains_the_same_network_on_every_training_image
     from splitedge.bench.central import central_run
 
     s = AccuracySettings(rounds=3, devices=4, max_train=400, max_test=200, seed=1)
-    row = central_run(s, "upper", {"device_lr": "0.05"}, None)
+    row = central_run(s, "upper", {"device_lr": "0.05"}, None, "IID")
     assert row["train_images"] == 400 and len(row["accuracy_per_round"]) == 3  # one epoch per round
     assert row["final_accuracy"] > 0.5 and row["device_up_per_device_per_round"] == 0  # chance 0.1, no wire
-    again = central_run(s, "upper", {"device_lr": "0.05"}, None)
+    again = central_run(s, "upper", {"device_lr": "0.05"}, None, "IID")
     assert again["accuracy_per_round"] == row["accuracy_per_round"]  # seeded
 
 

@@ -1,8 +1,8 @@
-"""The plateau rule of the bench (bench/plateau.py, METHODS.md "Runs to a plateau")."""
+"""The plateau rule (methods/metrics/plateau.py, METHODS.md "Runs to a plateau")."""
 
 from __future__ import annotations
 
-from splitedge.bench.plateau import plateau_round, summary
+from splitedge.methods.metrics.plateau import plateau_round, summary
 
 
 def test_a_climbing_run_has_not_plateaued_and_a_flat_one_has_from_round_20() -> None:
@@ -24,3 +24,26 @@ def test_gaps_are_skipped_and_the_90pct_round_is_reported() -> None:
     s = summary(curve)
     assert s["final"] == 0.5 and s["best"] == 0.5 and s["round_to_90pct_of_final"] == 4
     assert summary([None, None])["final"] is None
+
+
+def test_a_run_has_plateaued_when_each_of_its_curves_has() -> None:
+    from splitedge.methods.metrics.plateau import plateaued
+
+    flat = [{"accuracy": 0.5} for _ in range(25)]
+    assert plateaued(flat) and not plateaued(flat[:19])  # judged from round 20
+    climbing = [{"accuracy": 0.5, "accuracy_calibrated": 0.01 * r} for r in range(25)]
+    assert not plateaued(climbing)  # its calibrated head still climbs
+    assert not plateaued([{"accuracy": None} for _ in range(30)])  # measured nothing: goes on to its budget
+
+
+def test_the_cloud_stops_a_run_at_its_plateau(tmp_path) -> None:
+    """digits with FedAvg flattens within a few rounds: a 40-round budget stops at the rule's
+    first chance, round 20 or soon after, and says so."""
+    import torch
+
+    from splitedge.sim import SimSettings, run_sim
+
+    torch.set_num_threads(1)
+    summary = run_sim(SimSettings(rounds=40, devices=2, edges=1, method="fedavg", max_train=300, max_test=200,
+                                  out=tmp_path, until_plateau=True))
+    assert summary["stopped_on_plateau"] and 20 <= summary["rounds_done"] < 40, summary["accuracy_per_round"]

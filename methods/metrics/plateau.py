@@ -1,4 +1,5 @@
-"""When a run has stopped climbing, and what its curve says (METHODS.md "Runs to a plateau").
+"""When a run has stopped climbing, and what its curve says (METHODS.md "Runs to a plateau"):
+the bench's summary of a curve, and the cloud's `--until-plateau` stop.
 
 A run has plateaued when the best accuracy of its last `window` rounds exceeds the best before
 them by less than `tolerance` (0.5 points), judged from round `start` (20) on. Reported beside
@@ -40,3 +41,18 @@ def summary(curve: Sequence[Any], **rule: Any) -> dict[str, Any]:
     at = plateau_round(curve, **rule)
     return {"final": final, "best": max(a for _, a in points), "round_to_90pct_of_final": reached,
             "plateaued": at is not None, "plateau_round": at}
+
+
+def curves(history: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    """A run's curves from its metrics records: its own accuracy and, when it calibrates, the
+    calibrated one."""
+    own = [h.get("accuracy") for h in history]
+    calibrated = [h.get("accuracy_calibrated") for h in history]
+    return [own, calibrated] if any(a is not None for a in calibrated) else [own]
+
+
+def plateaued(history: Sequence[dict[str, Any]], **rule: Any) -> bool:
+    """True once every curve of the run has plateaued by the last round (the cloud stops there
+    with `--until-plateau`); a run whose curve measured nothing goes on to its budget."""
+    return all(any(a is not None and a == a for a in c) and plateau_round(c, **rule) is not None
+               for c in curves(history))
