@@ -26,6 +26,7 @@ SUITES = {
     "hsfp-diagnose": "splitedge.bench.hsfp_diagnose",
     "soak": "splitedge.bench.soak",
     "scale": "splitedge.bench.scale",
+    "compare": "splitedge.bench.compare",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""
@@ -46,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="accuracy, ssl, cluster: runs at a time, each in a process of its own (default 1)")
     p.add_argument("--resume", action="store_true",
                    help="accuracy, ssl, cluster: keep the runs --out already holds (same settings) and run the rest")
+    p.add_argument("--inputs", type=_csv, default=(),
+                   help="compare: folders of accuracy benches (seeds, splits) to put in one table")
     p.add_argument("--rerender", action="store_true",
                    help="run nothing: rewrite the markdown (and plots) of the JSON already in --out with this "
                         "checkout's report code")
@@ -75,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "e.g. hsfp-ic2=hsfp:ic=2,ie=2; sample_fraction, sample_count and sample_min set "
                         "the run's client sampling")
     g.add_argument("--target", type=float, default=None,
-                   help="bandwidth: target accuracy when fedavg did not run")
+                   help="bandwidth: target accuracy when fedavg did not run; compare: the common target (a "
+                        "fraction, default 0.9 x the best final accuracy)")
     g = p.add_argument_group("ram")
     g.add_argument("--images", type=int, default=None, help="images on the measured device")
     g.add_argument("--backends", type=_csv, default=("torch", "onnx"), help="device backends to measure")
@@ -181,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         if not data.exists():
             raise ValueError(f"--data {args.data}: no such file or folder")
         args.data = str(data.resolve())
-    names = list(SUITES) if args.suite == "all" else [args.suite]
+    names = [n for n in SUITES if n != "compare"] if args.suite == "all" else [args.suite]  # compare only reads
     for name in names:
         if args.out is None:
             out_dir = DEFAULT_OUT / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -400,3 +400,26 @@ def test_bandwidth_writes_each_method_before_the_next(tmp_path: Path, monkeypatc
     code = main(["bench", "bandwidth", "--methods", "fedavg,hsfp", "--out", str(tmp_path), "--no-plots"])
     doc = json.loads((tmp_path / "bandwidth.json").read_text())
     assert code != 0 and doc["partial"] is True and [r["method"] for r in doc["results"]["methods"]] == ["fedavg"]
+
+
+def test_compare_puts_seeds_of_one_row_side_by_side(tmp_path: Path) -> None:
+    """Two seed folders of an accuracy bench become one row per method and split, with each
+    seed's final accuracy, own head and calibrated, their plateau status and bytes to a target."""
+    def doc(seed: int, finals: list[float]) -> dict[str, Any]:
+        per_round = [{"round": i + 1, "bytes": {"device": {"out_payload": 100 * (i + 1), "in_payload": 50 * (i + 1)}}}
+                     for i in range(len(finals))]
+        run = {"method": "fedavg", "split": "IID", "accuracy_per_round": [f - 0.1 for f in finals],
+               "accuracy_calibrated_per_round": finals, "per_round": per_round, "wall_seconds": 3.0,
+               "device_up_per_device_per_round": 50.0, "device_down_per_device_per_round": 25.0}
+        return {"suite": "accuracy", "config": {"seed": seed, "devices": 2}, "results": {"runs": [run]}}
+
+    for seed, finals in ((0, [0.2, 0.5, 0.6]), (1, [0.3, 0.4, 0.62])):
+        (tmp_path / f"s{seed}").mkdir()
+        (tmp_path / f"s{seed}" / "accuracy.json").write_text(json.dumps(doc(seed, finals)))
+    out = tmp_path / "out"
+    assert main(["bench", "compare", "--inputs", f"{tmp_path / 's0'},{tmp_path / 's1'}", "--out", str(out),
+                 "--target", "0.55", "--no-plots"]) == 0
+    row = json.loads((out / "compare.json").read_text())["results"]["rows"][0]
+    assert row["seeds"] == [0, 1] and row["calibrated_final"] == [0.6, 0.62]
+    assert [h["round"] for h in row["to_target"]] == [3, 3] and row["to_target"][0]["up"] == 150.0  # 300 B / 2
+    assert "60.0 / 62.0 (mean 61.0)" in (out / "compare.md").read_text()
