@@ -27,6 +27,7 @@ SUITES = {
     "soak": "splitedge.bench.soak",
     "scale": "splitedge.bench.scale",
     "compare": "splitedge.bench.compare",
+    "matrix": "splitedge.bench.matrix",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""
@@ -47,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="accuracy, ssl, cluster: runs at a time, each in a process of its own (default 1)")
     p.add_argument("--resume", action="store_true",
                    help="accuracy, ssl, cluster: keep the runs --out already holds (same settings) and run the rest")
+    p.add_argument("--plan", default=None, help="matrix: which plan of bench/matrix.py to run (e.g. fedcnn-10dev)")
     p.add_argument("--inputs", type=_csv, default=(),
                    help="compare: folders of accuracy benches (seeds, splits) to put in one table")
     p.add_argument("--rerender", action="store_true",
@@ -109,7 +111,7 @@ def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str
     from splitedge.bench import report
 
     module = importlib.import_module(SUITES[name])
-    if args.rerender:
+    if args.rerender and not getattr(module, "RERENDERS_ITSELF", False):
         return rerender(module, out_dir, plots=not args.no_plots, suite=name)
     settings = module.Settings.from_args(args)
     started = time.monotonic()
@@ -185,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         if not data.exists():
             raise ValueError(f"--data {args.data}: no such file or folder")
         args.data = str(data.resolve())
-    names = [n for n in SUITES if n != "compare"] if args.suite == "all" else [args.suite]  # compare only reads
+    names = [n for n in SUITES if n not in ("compare", "matrix")] if args.suite == "all" else [args.suite]
     for name in names:
         if args.out is None:
             out_dir = DEFAULT_OUT / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -423,3 +423,20 @@ def test_compare_puts_seeds_of_one_row_side_by_side(tmp_path: Path) -> None:
     assert row["seeds"] == [0, 1] and row["calibrated_final"] == [0.6, 0.62]
     assert [h["round"] for h in row["to_target"]] == [3, 3] and row["to_target"][0]["up"] == 150.0  # 300 B / 2
     assert "60.0 / 62.0 (mean 61.0)" in (out / "compare.md").read_text()
+
+
+@needs_mosquitto
+def test_the_matrix_runs_its_cells_resumes_them_and_rerenders(tmp_path: Path) -> None:
+    """`bench matrix --plan smoke`: one cell (IID, seed 0) with its bounds and FedAvg, then the
+    comparison; run again, every run is kept; --rerender rewrites without running."""
+    assert main(["bench", "matrix", "--plan", "smoke", "--out", str(tmp_path), "--no-plots"]) == 0
+    cell = json.loads((tmp_path / "iid-s0" / "accuracy.json").read_text())
+    rows = {r["method"]: r for r in cell["results"]["runs"]}
+    assert set(rows) == {"upper", "lower", "fedavg"} and rows["upper"]["central"]
+    assert rows["lower"]["final_accuracy"] < 0.3 < rows["lower"]["calibrated"]["final"]  # random net, calibrated head
+    assert main(["bench", "matrix", "--plan", "smoke", "--out", str(tmp_path), "--no-plots"]) == 0
+    again = json.loads((tmp_path / "iid-s0" / "accuracy.json").read_text())
+    assert [r["wall_seconds"] for r in again["results"]["runs"]] == [r["wall_seconds"] for r in cell["results"]["runs"]]
+    (tmp_path / "matrix.md").unlink()
+    assert main(["bench", "matrix", "--plan", "smoke", "--out", str(tmp_path), "--rerender", "--no-plots"]) == 0
+    assert "| fedavg | IID |" in (tmp_path / "matrix.md").read_text()
