@@ -15,8 +15,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from splitedge.methods.calibration import CALIBRATE, calibrates
-from splitedge.methods.calibration.records import Gate, records_of
+from splitedge.methods.calibration import CALIBRATE, EVALUATE, HEAD, calibrates
+from splitedge.methods.calibration.records import Gate, merged_scores, records_of
 from splitedge.methods.config import RunConfig
 from splitedge.methods.losslog import tier_losses
 from splitedge.methods.metrics.plateau import plateaued
@@ -247,11 +247,7 @@ class CloudCoordinator(Node):
             self.publish(msg, round_=r)
         plan = self.plan(r, self.settings.sampling.draw(r, self.online_devices()))
         self.round = r
-        self.rounds.open(r, plan.deadline_s, self.awaited)
-        self.send(self.transport, "down", "round", plan.to_body(), retain=True)
-        while not (self.rounds.complete(self.awaited) or self.rounds.expired()):
-            self.dispatch(self.next_event(0.2))
-        reports = self.rounds.close()
+        reports = self.run_phase(plan)
         self.part.losses = {}
         messages, metrics = self.part.aggregate(plan, reports)
         self.publish_all(messages)
@@ -259,10 +255,10 @@ class CloudCoordinator(Node):
         if calibrates(self.method.config, r, self.settings.rounds):
             calibration, reports = self.calibration_phase(plan, reports)  # the edges' latest word on what they refused
             metrics.update(calibration)
-        record = {"round": r, **metrics, "edges": len(reports),
-                  "participants": len(plan.participants) if plan.participants else len(self.online_devices()), "round_seconds": time.monotonic() - started,
-                  "versions": dict(plan.versions), "directives": dict(plan.directives),
-                  "loss": losses, "rounds": dict(self.rounds.counts),
+        taking_part = len(plan.participants) if plan.participants else len(self.online_devices())
+        record = {"round": r, **metrics, "edges": len(reports), "participants": taking_part,
+                  "round_seconds": time.monotonic() - started, "versions": dict(plan.versions),
+                  "directives": dict(plan.directives), "loss": losses, "rounds": dict(self.rounds.counts),
                   "rejected": round_rejections(self.rejections([self.transport]), reports),
                   "bytes": self.transport.counters.snapshot()}
         self.host.end_round()  # after the round's losses are read off the part: a host may swap the part out
@@ -272,11 +268,21 @@ class CloudCoordinator(Node):
             self.settings.on_round(record)
         return record
 
+    def run_phase(self, plan: RoundPlan) -> list[Any]:
+        """Announce `plan` (a round, its calibration or its evaluation) and collect the edges'
+        reports until every awaited edge is done or the deadline passes."""
+        self.rounds.open(plan.round, plan.deadline_s, self.awaited, phase=plan.phase)
+        self.send(self.transport, "down", "round", plan.to_body(), retain=True)
+        while not (self.rounds.complete(self.awaited) or self.rounds.expired()):
+            self.dispatch(self.next_event(0.2))
+        return self.rounds.close()
+
     def calibration_phase(self, trained_plan: RoundPlan, trained: list[Any]) -> tuple[dict[str, Any], list[Any]]:
         """The round's calibration (methods/calibration): its devices (those drawn, when
         sampling) send head statistics of the model they now hold, edges merge them, the part
-        fits the head. Returns its metrics and the phase's reports (`trained`, the round's,
-        when no phase could be opened)."""
+        fits the head; where devices hold their own models, an evaluation phase follows.
+        Returns the metrics and the last phase's reports (`trained`, the round's, when no phase
+        could be opened)."""
         r, dim = trained_plan.round, self.part.calibration_dim()
         if dim is None:
             log.warning("cloud: %s cannot calibrate its head; round %d is not calibrated", self.method.name, r)
@@ -285,17 +291,33 @@ class CloudCoordinator(Node):
         plan = dataclasses.replace(trained_plan, versions=dict(self.part.calibration_versions(r)),
                                    directives={CALIBRATE: {"dim": int(dim)}}, phase=CALIBRATE)
         self.gate = Gate.of(plan, self.method)
-        self.rounds.open(r, plan.deadline_s, self.awaited, phase=CALIBRATE)
-        self.send(self.transport, "down", "round", plan.to_body(), retain=True)
-        while not (self.rounds.complete(self.awaited) or self.rounds.expired()):
-            self.dispatch(self.next_event(0.2))
-        reports, self.gate = self.rounds.close(), None
+        reports, self.gate = self.run_phase(plan), None
         sources = records_of(reports)
         if not sources:
             log.warning("cloud: round %d's calibration got no head statistics; the head is not refitted", r)
             return {"calibrated_edges": 0}, reports
-        return {**self.part.calibrate(plan, sources), "calibrated_edges": len(sources),
-                "calibration_versions": dict(plan.versions)}, reports
+        metrics = {**self.part.calibrate(plan, sources), "calibrated_edges": len(sources),
+                   "calibration_versions": dict(plan.versions)}
+        heads = self.part.head_messages()
+        if heads:
+            scores, reports = self.evaluation_phase(plan, heads)
+            metrics.update(scores)
+        return metrics, reports
+
+    def evaluation_phase(self, calibrated: RoundPlan, heads: list[Message]) -> tuple[dict[str, Any], list[Any]]:
+        """Devices that hold their own models score the head they were sent on their held-out
+        data; each edge merges its devices' scores, the cloud its edges' (by samples scored)."""
+        r = calibrated.round
+        self.publish_all(heads, round_=r)
+        plan = dataclasses.replace(calibrated, versions={**calibrated.versions, HEAD: r}, directives={}, phase=EVALUATE)
+        reports = self.run_phase(plan)
+        infos = {rep.sender: rep.get("done").body["info"] for rep in reports if rep.get("done") is not None}
+        merged = merged_scores(list(infos.values()))
+        scores = {"personalised_accuracy_calibrated": merged.get("accuracy"),
+                  "cluster_accuracy_calibrated": {e: i["accuracy"] for e, i in infos.items() if "accuracy" in i}}
+        if self.method.personalised:  # its accuracy is the devices' own: so is the calibrated one
+            scores["accuracy_calibrated"] = merged.get("accuracy")
+        return scores, reports
 
     def _announce_stop(self, reason: str | None = None) -> None:
         """The end of the run: retained, so a node that (re)joins later still stops. A stop with

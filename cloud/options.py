@@ -61,8 +61,8 @@ def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None
         raise ValueError(f"--dataset must be one of {sorted(DEFAULT_MODEL)}, got {dataset!r}")
     if data is not None:
         if dataset != "cifar10":
-            raise ValueError(f"--data is read only with --dataset cifar10 (digits come with scikit-learn); "
-                             f"add --dataset cifar10 or drop --data")
+            raise ValueError("--data is read only with --dataset cifar10 (digits come with scikit-learn); "
+                             "add --dataset cifar10 or drop --data")
         if not Path(data).exists():
             raise ValueError(f"--data {data}: no such file or folder (the CIFAR-10 .tar.gz, an ImageFolder tree "
                              f"or cifar-10-batches-py)")

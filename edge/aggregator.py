@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from splitedge.methods.calibration.records import Gate, edge_merge
+from splitedge.methods.calibration.records import Gate, edge_merge, merged_scores
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
@@ -194,6 +194,8 @@ class EdgeAggregator(Node):
             with self.host.working():
                 if plan.calibrating:  # the devices' head statistics, merged and sent up
                     messages, extra["calibrated"] = edge_merge(plan, reports, self.part.method.config)
+                elif plan.evaluating:  # the devices' scores of their heads, in the done info
+                    messages = []
                 else:
                     messages = self.part.aggregate(plan, reports)
                 self.publish_all(messages)
@@ -201,8 +203,11 @@ class EdgeAggregator(Node):
             self.errors += 1
             log.exception("edge %s: aggregating round %d (%s) failed", self.node_id, plan.round, plan.phase)
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
+        if plan.evaluating:
+            extra = merged_scores(infos)
         info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
-                              errors=self.errors, refused=self.rejections([self.down, self.up]))
+                              errors=self.errors, refused=self.rejections([self.down, self.up]),
+                              trained=plan.phase == "train")
         self.send(self.up, "up", "done", {"phase": done_phase(plan.phase), "info": {**info, **extra}})
         self.host.end_round()  # after the round's info is read off the part: a host may swap the part out
         statefile.save(self.state_file, self)  # what a restarted edge carries on from

@@ -94,6 +94,10 @@ class RoundSpec:
     directives: Mapping[str, Any] = field(default_factory=dict)
 
 
+PHASES = ("train", "calibrate", "evaluate")
+"""A round's phases, in the order nodes work on them."""
+
+
 @dataclass(frozen=True)
 class RoundPlan:
     """The round announcement (body of the `round` message), built by the cloud runtime.
@@ -116,7 +120,9 @@ class RoundPlan:
     round r under the dead cloud does it again when r is announced with a higher attempt."""
     phase: str = "train"
     """"train": the round's work; "calibrate": after it, devices send head statistics of the
-    model they now hold and nothing else (methods/calibration)."""
+    model they now hold and nothing else; "evaluate": then, where each device holds its own model
+    (FedProto, CFLHKD's clusters), devices score the calibrated head they were sent on their
+    held-out data (methods/calibration)."""
     participants: tuple[str, ...] = ()
     """The devices drawn for this round when the cloud samples (runtime/sampling.py); empty:
     every device."""
@@ -141,11 +147,15 @@ class RoundPlan:
     @property
     def key(self) -> tuple[int, int, int]:
         """(round, attempt, phase): announcements are work in this order."""
-        return self.round, self.attempt, int(self.phase == "calibrate")
+        return self.round, self.attempt, PHASES.index(self.phase)
 
     @property
     def calibrating(self) -> bool:
         return self.phase == "calibrate"
+
+    @property
+    def evaluating(self) -> bool:
+        return self.phase == "evaluate"
 
     def newer_than(self, other: "RoundPlan | None") -> bool:
         """Whether this announcement is work to do after `other`: a later round, the same round
@@ -336,6 +346,16 @@ class DevicePart(Part):
         part holds the model in a calibration phase (methods/calibration)."""
         raise NotImplementedError
 
+    def calibration_data(self) -> tuple[Any, np.ndarray]:
+        """The images and labels head statistics are taken over: all the device's, or (a part
+        that keeps a held-out share to score itself) its training share."""
+        return self.data
+
+    def evaluate_head(self) -> dict[str, Any]:
+        """In an evaluation phase: the calibrated head the part was sent, scored on its held-out
+        data with its own model, as `{"accuracy": a, "eval_samples": n}` (empty: nothing to score)."""
+        return {}
+
 
 class EdgePart(Part):
     """Edge side: merge what devices sent, train, report upward."""
@@ -425,6 +445,12 @@ class CloudPart(Part):
         model's accuracy) for the round's record."""
         return {}
 
+    def head_messages(self) -> list[Message]:
+        """After `calibrate`, where devices hold their own models: the fitted heads for them
+        (e.g. one per cluster), sent before the evaluation phase in which each device scores
+        its head on its held-out data. Empty (the default): no evaluation phase."""
+        return []
+
 
 # -- the method ------------------------------------------------------------------------------
 
@@ -451,8 +477,8 @@ class Method:
     """True when the device part can run with no cloud and no edge, its rounds clocked by the
     devices themselves from a shared plan (`splitedge peers`, device/peer_agent.py): DecMAR."""
     head_calibration: bool = True
-    """Whether `calibrate="lda"` is open to this method: its devices hold the one served model
-    after a round (not FedProto's own models, CFLHKD's cluster models, DecMAR's consensus)."""
+    """Whether `calibrate="lda"` is open to this method: its devices hold the served model after
+    a round, or their own models scored with a head sent back (not DecMAR's consensus)."""
 
     def __init__(self, config: RunConfig, name: str | None = None) -> None:
         if not isinstance(config.method, self.Config):
@@ -508,7 +534,7 @@ class Method:
         honour is a ValueError here, before round 1."""
         if self.config.calibrate != "none" and not self.head_calibration:
             raise ValueError(f"{self.name} cannot calibrate its head (calibrate={self.config.calibrate!r}): its devices "
-                             f"do not hold one served model; leave calibrate at none")
+                             f"hold no model the cloud could serve a head for; leave calibrate at none")
         return {}
 
     def loss_terms(self, role: str) -> list[Any]:

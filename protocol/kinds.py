@@ -49,7 +49,7 @@ BUILTIN_KINDS: dict[str, Schema] = {
         "method": Str(max_len=64), "session": _SESSION, "deadline_s": Float(gt=0), "versions": _VERSIONS,
         "config": Data(), "directives": Data(optional=True, default={}),
         "stop": Bool(optional=True, default=False), "attempt": Int(ge=0, optional=True, default=0),
-        "phase": Str(choices=("train", "calibrate"), optional=True, default="train"),
+        "phase": Str(choices=("train", "calibrate", "evaluate"), optional=True, default="train"),
         "participants": _IDS.but(optional=True, default=[]),
     }, doc="cloud/edge -> down (retained); `config` is the method's typed config as a nested map, "
            "`directives` what the method asks of this round, `phase` its training or its calibration, "

@@ -15,13 +15,13 @@ from splitedge.methods.losslog import device_losses
 
 
 def edge_done_info(part: Part, infos: Sequence[Mapping[str, Any]], *, reported: int, seconds: float, errors: int,
-                   refused: Mapping[str, int]) -> dict[str, Any]:
-    """An edge's done info: its part's, its devices' losses and refusals (from their done
-    infos), how many devices reported, its own time, errors and refusals."""
+                   refused: Mapping[str, int], trained: bool = True) -> dict[str, Any]:
+    """An edge's done info: its part's (of a training phase), its devices' losses and refusals
+    (from their done infos), how many devices reported, its own time, errors and refusals."""
     device_refused: collections.Counter[str] = collections.Counter()
     for i in infos:
         device_refused.update(i.get("refused") or {})
-    info = {**part.round_info(), **device_losses(infos), "devices": reported, "device_refused": dict(device_refused),
+    info = {**(part.round_info() if trained else {}), **device_losses(infos), "devices": reported, "device_refused": dict(device_refused),
             "seconds": round(seconds, 3), "errors": errors, "refused": dict(refused)}
     if part.losses:
         info["loss"] = dict(part.losses)

@@ -17,13 +17,13 @@ from typing import Any, Callable
 from splitedge.methods.contract import RoundReport
 
 SEEN_IDS = 4096  # remember this many message ids for duplicate detection
-DONE_PHASES = ("round", "calibrate")
-"""A `done` body's phase: the round's training, or its calibration."""
+DONE_PHASES = ("round", "calibrate", "evaluate")
+"""A `done` body's phase: the round's training, its calibration, or its evaluation."""
 
 
 def done_phase(phase: str) -> str:
-    """The `done` phase of a round plan's phase ("train" -> "round", "calibrate")."""
-    return "calibrate" if phase == "calibrate" else "round"
+    """The `done` phase of a round plan's phase ("train" -> "round", "calibrate", "evaluate")."""
+    return phase if phase in DONE_PHASES else "round"
 
 
 class RoundCollector:

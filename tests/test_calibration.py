@@ -103,10 +103,31 @@ def test_virtual_devices_calibrate_the_same(tmp_path, fedavg) -> None:
     assert [r["accuracy_calibrated"] for r in rounds] == [r["accuracy_calibrated"] for r in fedavg[1]]
 
 
-@pytest.mark.parametrize("method", ["fedproto", "cflhkd", "decmar"])
-def test_methods_without_one_served_model_refuse_calibration_before_round_one(tmp_path, method: str) -> None:
+def test_decmar_refuses_calibration_before_round_one(tmp_path) -> None:
     with pytest.raises(ValueError, match="cannot calibrate its head"):
-        _sim(tmp_path, method=method, rounds=1)
+        _sim(tmp_path, method="decmar", rounds=1)
+
+
+def test_fedproto_devices_score_the_federation_s_head_on_their_held_out_share(tmp_path) -> None:
+    """No global model: the head fitted on every device's training share goes back to every
+    device, which scores it with its own model on its held-out 20 % (an evaluation phase)."""
+    summary, rounds = _sim(tmp_path, method="fedproto", rounds=2)
+    held_out = [r["eval_samples"] for r in rounds]
+    assert all(r["calibrated"] + n == 600 for r, n in zip(rounds, held_out))  # statistics of the training shares
+    assert all(0.5 < r["accuracy_calibrated"] <= 1 for r in rounds)
+    assert [r["accuracy_calibrated"] for r in rounds] == [r["personalised_accuracy_calibrated"] for r in rounds]
+    assert summary["final_accuracy_calibrated"] == rounds[-1]["accuracy_calibrated"]
+
+
+def test_cflhkd_clusters_score_their_own_heads(tmp_path) -> None:
+    """After clustering each edge holds one cluster: a head per edge, sent to each of its
+    devices, scored on their held-out shares; each cluster's score is reported."""
+    _, rounds = _sim(tmp_path, method="cflhkd", rounds=3, groups=2, group_skew="labels")
+    assert [r["phase"] for r in rounds] == ["warmup", "clustered", "clustered"]
+    last = rounds[-1]
+    assert last["calibrated_heads"] == 2 and set(last["cluster_accuracy_calibrated"]) == {"e0", "e1"}
+    assert all(0.3 < a <= 1 for a in last["cluster_accuracy_calibrated"].values()), last
+    assert last["personalised_accuracy_calibrated"] > last["personalised_accuracy"] - 0.3
 
 
 class ScaledCalibrator:

@@ -54,7 +54,7 @@ def _sent(summary: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return {k: (v["messages"], v["payload"]) for k, v in summary["device_bytes_by_kind"]["out"].items()}
 
 
-CASES = [(m, {}) for m in shipped_methods()] + [("fedavg", {"calibrate": "lda"}), ("splitfed", {"calibrate": "lda"})]
+CASES = [(m, {}) for m in shipped_methods()] + [(m, {"calibrate": "lda"}) for m in ("fedavg", "splitfed", "fedproto", "cflhkd")]
 """Every registered method (the registry's, less those other test modules add) as it comes, and
 the calibrating forms of methods whose default does not calibrate."""
 
@@ -72,7 +72,8 @@ def test_a_part_restored_from_its_bytes_does_the_same_next_round(method: str, se
     # after each calibration phase, which devices and edges work through like a round)
     cycled, cycled_model = _run(method, tmp_path / "cycled", settings)
     # Assert: every node's part was swapped after every round, and nothing told the runs apart
-    phases = 2 if "accuracy_calibrated_per_round" in plain else 1
+    phases = 1 + ("calibrate" in settings or "accuracy_calibrated_per_round" in plain) + (method in ("fedproto", "cflhkd")
+                                                                                          and "calibrate" in settings)
     nodes = ["cloud", *(f"edge e{e}" for e in range(EDGES)), *(f"device d{d}" for d in range(DEVICES))]
     assert {n: CyclingHost.cycled[n] for n in nodes} == {n: ROUNDS * (1 if n == "cloud" else phases) for n in nodes}
     assert plain["closed_on_quorum"] and cycled["closed_on_quorum"]

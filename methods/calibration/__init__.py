@@ -9,6 +9,11 @@ rule (`robust.py`); the cloud fits the LDA classifier (`lda.py`) and reports the
 model's accuracy beside the model's own. Which rounds calibrate is the method's config:
 `calibrate = "lda"`, every `calibrate_every` rounds and always after the last (0: only then).
 
+Where devices hold their own models (FedProto) or their cluster's (CFLHKD), the statistics are
+of their training share; the cloud sends each the head fitted for it and opens an evaluation
+phase (`phase == "evaluate"`) in which each scores that head on its held-out share with its own
+model, and the edges and the cloud merge those scores.
+
 Torch-free: thin devices and numpy-only edges import this package.
 """
 
@@ -21,9 +26,12 @@ HEAD_STATS = "head_stats"
 CALIBRATE = "calibrate"
 """The round plan's phase in which devices send head statistics (and its directive: what the
 records must fit, `{"dim": D}`, set by the cloud, which knows the model)."""
-TRAIN = "train"
-PHASES = (TRAIN, CALIBRATE)
-"""A round's phases in order: a calibrating round is trained and merged, then calibrated."""
+EVALUATE = "evaluate"
+"""The phase after a calibration where devices hold their own models: each scores the head it
+was sent on its held-out data (FedProto, CFLHKD)."""
+HEAD = "head"
+"""The `arrays` record of a fitted head (`weight` [classes, D], `bias` [classes]) sent to devices
+before an evaluation phase, versioned by the round."""
 CALIBRATIONS = ("none", "lda")
 
 

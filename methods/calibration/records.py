@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from splitedge.methods.calibration import CALIBRATE, HEAD_STATS, is_head_stats
+from splitedge.methods.calibration import CALIBRATE, HEAD, HEAD_STATS, is_head_stats
 from splitedge.methods.calibration.robust import robust_head_merge
 from splitedge.methods.calibration.stats import (
     HeadStats, HeadStatsAccumulator, check_head_stats, head_stats_arrays, head_stats_from_arrays,
@@ -70,8 +70,38 @@ def calibration_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:
     the classifier's input (`DevicePart.can_calibrate`), then DONE. Nothing is trained."""
     if part.can_calibrate:
         spec = part.spec
-        yield record(head_stats(part.classifier_input, part.data, spec.mean, spec.std), plan, part.cfg)
+        yield record(head_stats(part.classifier_input, part.calibration_data(), spec.mean, spec.std), plan, part.cfg)
     yield DONE
+
+
+def evaluation_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:
+    """A device's evaluation phase: its part scores the head it was sent (`evaluate_head`,
+    kept as `part.evaluation` for the `done` info), then DONE. Nothing is sent but `done`."""
+    part.evaluation = part.evaluate_head()
+    yield DONE
+
+
+def head_message(head: tuple[np.ndarray, np.ndarray], round_: int, to: Any) -> Message:
+    """A fitted head for the devices at `to`, kept as the newest of its slot (float32)."""
+    arrays = {"weight": np.ascontiguousarray(head[0], "<f4"), "bias": np.ascontiguousarray(head[1], "<f4")}
+    return Message("arrays", {"name": HEAD, "version": round_, "arrays": arrays}, to=to, slot=HEAD)
+
+
+def check_head(body: Mapping[str, Any], num_classes: int, dim: int) -> None:
+    """A head record must hold `weight` [classes, D] and `bias` [classes] (ProtocolError)."""
+    arrays = body["arrays"]
+    if set(arrays) != {"weight", "bias"} or tuple(arrays["weight"].shape) != (num_classes, dim) \
+            or tuple(arrays["bias"].shape) != (num_classes,):
+        raise ProtocolError("state.shape", f"a head is weight [{num_classes}, {dim}] and bias [{num_classes}]")
+
+
+def merged_scores(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Devices' (or edges') scores of their heads merged: the accuracy over all their held-out
+    samples, and how many there were (empty when nobody scored)."""
+    scored = [(float(i["accuracy"]), int(i["eval_samples"])) for i in infos
+              if i.get("accuracy") is not None and int(i.get("eval_samples") or 0) > 0]
+    total = sum(n for _, n in scored)
+    return {"accuracy": sum(a * n for a, n in scored) / total, "eval_samples": total} if total else {}
 
 
 def records_of(reports: Sequence[Any]) -> dict[str, HeadStats]:

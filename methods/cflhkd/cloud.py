@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -17,7 +17,9 @@ from splitedge.methods.cflhkd.distill import merge_tables
 from splitedge.methods.cflhkd.method import CLUSTERED, MODEL, SIGNALS, TEACHERS, WARMUP
 from splitedge.methods.fedavg.cloud import FedAvgCloud
 from splitedge.methods.fedproto.protos import weighted_accuracy
-from splitedge.methods.contract import DEVICES, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
+from splitedge.methods.calibration.lda import lda_classifier
+from splitedge.methods.calibration.records import head_message, merge
+from splitedge.methods.contract import DEVICES, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec, device
 from splitedge.methods.averaging import weight_updates
 from splitedge.models import load_numpy_state, state_to_numpy
 
@@ -127,6 +129,28 @@ class CFLHKDCloud(FedAvgCloud):
         if self.assignment:
             out["assignment"] = dict(self.assignment)
         return out
+
+    # -- calibration: a head per cluster (one edge each), scored by its devices on held-out data
+    def calibrate(self, plan: RoundPlan, sources: Mapping[str, Any]) -> dict[str, Any]:
+        """Before clustering every device holds the global model: one head for all. Afterwards
+        each edge holds one cluster and its devices that cluster's model: a head per edge, from
+        its devices' statistics, sent to each device it holds now (a placement decided this
+        round applies from the next one, so the devices are still where their statistics say)."""
+        if self.phase != CLUSTERED or not self.cluster_edges:
+            stats = merge(sources, self.cfg)
+            self.heads = [head_message(self._head(stats), plan.round, DEVICES)]
+            return {"calibrated": stats.total, "calibrated_heads": 1}
+        heads = {e: self._head(merge({e: stats}, self.cfg)) for e, stats in sources.items()}
+        self.heads = [head_message(heads[e], plan.round, device(d)) for d, e in self.ctx.view.devices.items()
+                      if e in heads]
+        return {"calibrated": sum(p.total for p in sources.values()), "calibrated_heads": len(heads)}
+
+    def _head(self, stats: Any) -> Any:
+        return lda_classifier(stats, self.spec.num_classes, shrink=self.cfg.calib_shrink)
+
+    def head_messages(self) -> list[Message]:
+        heads, self.heads = getattr(self, "heads", []), []
+        return heads
 
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
         return state_to_numpy(self.model)

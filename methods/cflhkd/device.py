@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from splitedge.methods.calibration.personal import PersonalHead
 from splitedge.methods.checks import check_stats, check_weights, weight_specs
 from splitedge.methods.cflhkd.distill import teachers
 from splitedge.methods.cflhkd.method import MODEL, SIGNAL, TEACHERS
@@ -25,10 +26,12 @@ from splitedge.models import load_numpy_state, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
 
 
-class CFLHKDDevice(DevicePart):
+class CFLHKDDevice(PersonalHead, DevicePart):
     # As FedProto's device: the held-out rows are kept (drawn from the node's rng at build), the
-    # tensors rebuilt from them; info is the round's, read by round_info as it ends.
-    state = ("model", "version", "tables", "holdout_rows")
+    # tensors rebuilt from them; info is the round's, read by round_info as it ends. head: its
+    # cluster's calibrated head (calibrate=lda), scored on the held-out share.
+    state = ("model", "version", "tables", "holdout_rows", "head", "head_version")
+    can_calibrate = True
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -51,11 +54,22 @@ class CFLHKDDevice(DevicePart):
         return int(groups[0][1:]) if groups else None
 
     def ready(self, plan: RoundPlan) -> bool:
-        return self.version >= max(plan.version(MODEL), 0)
+        return self.version >= max(plan.version(MODEL), 0) and self.head_ready(plan)
+
+    @torch.no_grad()
+    def head_features(self, x: torch.Tensor) -> np.ndarray:
+        """The cluster model's classifier input (eval mode)."""
+        self.model.eval()
+        return self.model.features_and_logits(x)[0].numpy()
+
+    def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        return self.head_features(torch.from_numpy(x))
 
     def check(self, env: Any, source: str) -> None:
         body = env.body
-        if env.kind == "weights":
+        if self.is_head(env):
+            self.check_head(env, int(self.model.wg[-1].in_features))
+        elif env.kind == "weights":
             check_weights(body, self.specs, part=MODEL)
         elif env.kind == "arrays" and body["name"] == TEACHERS:
             c = self.spec.num_classes
@@ -65,7 +79,9 @@ class CFLHKDDevice(DevicePart):
 
     def on_message(self, env: Any) -> None:
         body = env.body
-        if env.kind == "weights" and body["version"] > self.version:
+        if self.is_head(env):
+            self.take_head(env)
+        elif env.kind == "weights" and body["version"] > self.version:
             load_numpy_state(self.model, body["weights"])
             self.version = int(body["version"])
         elif env.kind == "arrays" and body["name"] == TEACHERS:

@@ -17,7 +17,6 @@ WARMUP, CLUSTERED = "warmup", "clustered"  # `phase` directive
 
 class CFLHKD(Method):
     name = "cflhkd"
-    head_calibration = False  # its devices hold cluster models (calibration per cluster: not yet)
     Config = CFLHKDConfig
     parts = {
         "device:torch": "splitedge.methods.cflhkd.device:CFLHKDDevice",

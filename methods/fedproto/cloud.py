@@ -12,6 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from splitedge.methods.calibration.lda import lda_classifier
+from splitedge.methods.calibration.records import head_message, merge
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
 from splitedge.methods.contract import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
 
@@ -53,6 +55,20 @@ class FedProtoCloud(CloudPart):
                    "proto_version": self.version,
                    "proto_classes": 0 if self.protos is None else len(self.protos[0])}
         return out, metrics
+
+    # -- calibration: one head for the federation, scored by each device on its held-out share
+    def calibration_dim(self) -> int | None:
+        return self.dim
+
+    def calibrate(self, plan: RoundPlan, sources: Any) -> dict[str, Any]:
+        stats = merge(sources, self.cfg)
+        head = lda_classifier(stats, self.spec.num_classes, shrink=self.cfg.calib_shrink)
+        self.heads = [head_message(head, plan.round, DEVICES)]
+        return {"calibrated": stats.total}
+
+    def head_messages(self) -> list[Message]:
+        heads, self.heads = getattr(self, "heads", []), []
+        return heads
 
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
         """The global prototypes (there is no global model)."""

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from splitedge.methods.calibration.personal import PersonalHead
 from splitedge.methods.fedproto.loss import representation
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body
 from splitedge.methods.moments import MomentAccumulator
@@ -39,11 +40,13 @@ def held_out_tensors(data: tuple[np.ndarray, np.ndarray], spec: Any,
     return x[train], y[train], x[held], y[held]
 
 
-class FedProtoDevice(DevicePart):
+class FedProtoDevice(PersonalHead, DevicePart):
     # The held-out split is drawn from the node's rng when the part is built, so a rebuilt part
     # would draw another: its rows are kept, the tensors rebuilt from them. The last accuracy
-    # and rank are the round's, read by round_info as it ends.
-    state = ("model", "opt", "protos", "has_proto", "proto_version", "holdout_rows")
+    # and rank are the round's, read by round_info as it ends. head: a calibrated global head
+    # the cloud sent (calibrate=lda), scored on the held-out share in an evaluation phase.
+    state = ("model", "opt", "protos", "has_proto", "proto_version", "holdout_rows", "head", "head_version")
+    can_calibrate = True
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -69,14 +72,28 @@ class FedProtoDevice(DevicePart):
         retune(self.opt, lr=self.cfg.device_lr, momentum=self.cfg.momentum, weight_decay=self.cfg.weight_decay)
 
     def ready(self, plan: RoundPlan) -> bool:
-        """The global prototypes this round uses have arrived."""
-        return self.proto_version >= plan.version(PROTOS)
+        """The global prototypes this round uses have arrived (and, to score it, the head)."""
+        return self.proto_version >= plan.version(PROTOS) and self.head_ready(plan)
 
     def check(self, env: Any, source: str) -> None:
         if env.kind == "moments":
             check_protos(env.body, self.spec.num_classes, self.dim)
+        elif self.is_head(env):
+            self.check_head(env, self.dim)
+
+    @torch.no_grad()
+    def head_features(self, x: torch.Tensor) -> np.ndarray:
+        """f(x), the representation the prototypes and a calibrated head work on (eval mode)."""
+        self.model.eval()
+        return representation(self.model, x)[0].numpy()
+
+    def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        return self.head_features(torch.from_numpy(x))
 
     def on_message(self, env: Any) -> None:
+        if self.is_head(env):
+            self.take_head(env)
+            return
         body = env.body
         if env.kind != "moments" or int(body["versions"].get(PROTOS, 0)) <= self.proto_version:
             return

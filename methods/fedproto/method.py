@@ -12,7 +12,6 @@ class FedProto(Method):
     name = "fedproto"
     Config = FedProtoConfig
     personalised = True
-    head_calibration = False
     parts = {
         "device:torch": "splitedge.methods.fedproto.device:FedProtoDevice",
         "edge": "splitedge.methods.fedproto.edge:FedProtoEdge",
