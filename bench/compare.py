@@ -46,6 +46,10 @@ def _load(folder: str) -> dict[str, Any]:
     if not path.exists():
         path = sorted(Path(folder).glob("*.json"))[0]
     doc = json.loads(path.read_text())
+    if doc.get("suite") in ("accuracy", "ssl", "cluster"):
+        from splitedge.bench.accuracy import refresh
+
+        refresh(doc["results"], doc["config"])  # columns a run predating them lacks, from its rounds
     return {"folder": folder, "seed": doc["config"].get("seed"), "devices": doc["config"].get("devices"),
             "partial": bool(doc.get("partial")), "runs": [r for r in doc["results"]["runs"] if "error" not in r]}
 
