@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
-from splitedge.methods.calibration.records import calibration_round, evaluation_round
 from splitedge.methods.contract import DONE, DevicePart, Method, NodeContext, Placement, RoundPlan
 from splitedge.methods.data.local import fits_model
 from splitedge.protocol.codec import Envelope
@@ -27,6 +26,7 @@ from splitedge.runtime.exchange import Exchange
 from splitedge.runtime.filters import device_filters
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import Misfit, PartHost
+from splitedge.runtime.phases import device_info, device_work
 from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import device_router
 from splitedge.runtime.subscriptions import Subscriptions
@@ -168,7 +168,7 @@ class DeviceAgent(Node):
         self.part.losses = {}
         phase, sent_done, started = done_phase(plan.phase), False, time.monotonic()
         try:
-            for item in self._work(plan):
+            for item in device_work(self.part, plan):
                 if item is DONE and not sent_done:
                     self.send(self.transport, "up", "done", {"phase": phase, "info": self.done_info(plan)})
                     sent_done = True
@@ -177,17 +177,9 @@ class DeviceAgent(Node):
         finally:  # even a failed round tells the edge not to wait for us
             if not sent_done:
                 self.send(self.transport, "up", "done", {"phase": phase, "info": {"failed": True}})
-            status.info("device %s: round %d%s %s", self.node_id, plan.round, " calibration" if plan.calibrating else "",
+            status.info("device %s: round %d%s %s", self.node_id, plan.round, "" if plan.phase == "train" else f" {plan.phase}",
                         f"done in {time.monotonic() - started:.1f} s" if sent_done else "failed (see the log)")
             self.host.end_round()
-
-    def _work(self, plan: RoundPlan) -> Iterator[Any]:
-        """What the part does in the plan's phase: train, send head statistics, or score a head."""
-        if plan.calibrating:
-            return calibration_round(self.part, plan)
-        if plan.evaluating:
-            return evaluation_round(self.part, plan)
-        return self.part.run_round(plan)
 
     def _build_part(self, method: Method) -> DevicePart:
         ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement, run=self.run_id,
@@ -195,11 +187,9 @@ class DeviceAgent(Node):
         return method.device_part(ctx, self.data, self.backend)
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:
-        """The round's info: the part's own (in an evaluation phase its score of the head it was
-        sent; none in a calibration phase, which trains nothing), the samples this device holds,
-        its losses and what it refused."""
-        own = getattr(self.part, "evaluation", {}) if plan.evaluating else {} if plan.calibrating else self.part.round_info()
-        info = {**own, "samples": int(len(self.data[1]))}
+        """The round's info: the part's own for the phase (runtime/phases.py), the samples this
+        device holds, its losses and what it refused."""
+        info = {**device_info(self.part, plan), "samples": int(len(self.data[1]))}
         if self.part.losses:
             info["loss"] = dict(self.part.losses)
         if self.refused:

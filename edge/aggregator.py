@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from splitedge.methods.calibration.records import Gate, edge_merge, merged_scores
+from splitedge.methods.calibration.records import Gate
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
@@ -28,6 +28,7 @@ from splitedge.runtime.filters import edge_cloud_filters
 from splitedge.runtime.membership import Members
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
+from splitedge.runtime.phases import edge_close, edge_scores
 from splitedge.runtime.records import edge_done_info
 from splitedge.runtime.rounds import RoundCollector, done_phase
 from splitedge.runtime.router import edge_router, relay_route, relayed_retained
@@ -192,19 +193,13 @@ class EdgeAggregator(Node):
         self.part.losses, extra = {}, {}
         try:
             with self.host.working():
-                if plan.calibrating:  # the devices' head statistics, merged and sent up
-                    messages, extra["calibrated"] = edge_merge(plan, reports, self.part.method.config)
-                elif plan.evaluating:  # the devices' scores of their heads, in the done info
-                    messages = []
-                else:
-                    messages = self.part.aggregate(plan, reports)
+                messages, extra = edge_close(self.part, plan, reports)  # by phase (runtime/phases.py)
                 self.publish_all(messages)
         except Exception:  # the cloud still hears that this edge is done, so the run goes on
             self.errors += 1
             log.exception("edge %s: aggregating round %d (%s) failed", self.node_id, plan.round, plan.phase)
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
-        if plan.evaluating:
-            extra = merged_scores(infos)
+        extra.update(edge_scores(plan, infos))
         info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
                               errors=self.errors, refused=self.rejections([self.down, self.up]),
                               trained=plan.phase == "train")
@@ -212,5 +207,5 @@ class EdgeAggregator(Node):
         self.host.end_round()  # after the round's info is read off the part: a host may swap the part out
         statefile.save(self.state_file, self)  # what a restarted edge carries on from
         status.info("edge %s: round %d%s closed with %d/%d devices in %.1f s", self.node_id, plan.round,
-                    " calibration" if plan.calibrating else "", len(infos), len(self.roster.live),
+                    "" if plan.phase == "train" else f" {plan.phase}", len(infos), len(self.roster.live),
                     time.monotonic() - started)
