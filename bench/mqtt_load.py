@@ -53,7 +53,7 @@ def publish_all(transport: Any, payloads: list[tuple[str, bytes]], timeout: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     p.add_argument("--url", required=True)
     p.add_argument("--run", default="bench")
     p.add_argument("--count", type=int, required=True)

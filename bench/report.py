@@ -88,8 +88,16 @@ def document(suite: str, argv: Sequence[str], config: dict[str, Any], results: d
     return {"suite": suite, "command": " ".join(["splitedge", *argv]),
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "seconds": seconds, "config": config, "machine": machine(), "versions": versions(),
-            "note": "measured on a shared 2-core box while other test suites ran; treat timings as indicative",
             "results": results}
+
+
+def load_note(m: dict[str, Any]) -> str:
+    """What the machine's load at the end says about the timings (measured, not assumed)."""
+    load, cores = m.get("loadavg_at_end"), m.get("cpu_count") or 1
+    if not load:
+        return "load average not available: timings unqualified"
+    busy = "more work than cores: timings are indicative" if load[0] > cores else "timings from a machine not overloaded"
+    return f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) on {cores} cores at the end: {busy}"
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -118,7 +126,7 @@ def header_markdown(doc: dict[str, Any]) -> str:
                f"- finished: {doc['finished']} ({doc['seconds']:.1f} s)\n")
             + f"- machine: {m['cpu_count']} x {m['cpu_model']}, {ram} RAM, {m['platform']}\n"
             f"- versions: {libs}\n"
-            f"- note: {doc['note']}\n")
+            f"- load: {doc['note'] if 'note' in doc else load_note(m)}\n")
 
 
 def write(out_dir: Path, doc: dict[str, Any], body_markdown: str) -> tuple[Path, Path]:

@@ -353,7 +353,7 @@ NOTES = """How to read it:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--clients", type=int, default=Settings.clients, help="device clients in this process")
     p.add_argument("--minutes", type=float, default=Settings.minutes, help="how long to hold them")
     p.add_argument("--period", type=float, default=Settings.period, help="seconds between a device's messages")

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", default="cloud", help="this coordinator's id (edges name it with --cloud)")
     p.add_argument("--run", default="default", help="run id (topic namespace); the same on every node of a run")
     p.add_argument("--edges", type=int, default=1, help="wait for this many edges before round 1")
-    p.add_argument("--devices", type=int, default=0, help="... and this many devices behind them")
+    p.add_argument("--devices", type=int, default=1, help="... and this many devices behind them (at least 1)")
     p.add_argument("--join-timeout", type=float, default=120.0, help="seconds to wait for them before giving up")
     p.add_argument("--rejoin-timeout", type=float, default=120.0,
                    help="before a round, seconds to wait for edges that went offline (a broker restart) before going "
@@ -42,8 +42,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_run_arguments(args.method, args.rounds, args.dataset, args.data, args.deadline, args.seed, args.max_train,
                         args.max_test, method_overrides(args))
     sampling_of(args)
-    if args.edges < 1 or args.devices < 0:
-        raise ValueError(f"--edges must be >= 1 and --devices >= 0, got {args.edges} and {args.devices}")
+    if args.edges < 1 or args.devices < 1:
+        raise ValueError(f"--edges must be >= 1 and --devices >= 1 (rounds wait for that many devices), got "
+                         f"{args.edges} and {args.devices}")
     if not args.join_timeout > 0:
         raise ValueError(f"--join-timeout must be > 0 seconds, got {args.join_timeout}")
     if not args.rejoin_timeout > 0:

@@ -146,22 +146,23 @@ class CloudCoordinator(Node):
         return {d for e in self.live for d in self.view.members[e]}
 
     def wait_for_edges(self) -> None:
-        """Block until enough edges (and devices behind them) joined, or the join timeout."""
+        """Block until enough edges (and devices behind them, at least one: a round with nobody
+        trains nothing) joined, or the join timeout."""
         s = self.settings
+        devices = max(1, s.min_devices)
         deadline, shown = time.monotonic() + s.join_timeout_s, None
         status.info("cloud: %s, %d rounds (run %s); waiting for %d edge(s) and %d device(s)", s.method, s.rounds,
-                    self.run_id, s.min_edges, s.min_devices)
+                    self.run_id, s.min_edges, devices)
         while time.monotonic() < deadline:
             joined = (len(self.live), self.live_devices())
             if joined != shown:
-                status.info("cloud: %d/%d edge(s), %d/%d device(s) joined", *joined[:1], s.min_edges, joined[1],
-                            s.min_devices)
+                status.info("cloud: %d/%d edge(s), %d/%d device(s) joined", *joined[:1], s.min_edges, joined[1], devices)
                 shown = joined
-            if joined[0] >= s.min_edges and joined[1] >= s.min_devices:
+            if joined[0] >= s.min_edges and joined[1] >= devices:
                 return
             self.dispatch(self.next_event(min(1.0, deadline - time.monotonic())))
         raise TimeoutError(f"only {len(self.live)} edge(s) with {self.live_devices()} device(s) joined within "
-                           f"{s.join_timeout_s:.0f} s (waiting for {s.min_edges} and {s.min_devices}); are the edges "
+                           f"{s.join_timeout_s:.0f} s (waiting for {s.min_edges} and {devices}); are the edges "
                            f"and devices started with --run {self.run_id} and this broker? (if they are only slow to "
                            f"start, raise --join-timeout)")
 
@@ -214,6 +215,9 @@ class CloudCoordinator(Node):
         self.start()
         try:
             self.wait_for_edges()
+            empty = sorted(e for e in self.live if not self.view.members.get(e))
+            if empty:
+                log.warning("cloud: edge(s) %s joined with no device; their rounds carry nothing", ", ".join(empty))
         except TimeoutError:
             self._announce_stop(reason="the cloud's join timeout passed")  # nobody waits for a round that never comes
             raise

@@ -33,12 +33,23 @@ EXTRA_OF = {"cryptography": "sign"}
 """Optional dependencies that also have a small extra of their own (a thin device installs that)."""
 
 
+class Parser(argparse.ArgumentParser):
+    """A command-line mistake is one line that says what to fix (argparse would print the whole
+    usage first), and exit status 2; no abbreviated flags are taken (`--round` is not `--rounds`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or with ``only`` the options of that one subcommand (the others are
     listed but their modules are not imported: a thin device process stays small)."""
     from splitedge import __version__
 
-    parser = argparse.ArgumentParser(prog="splitedge", description="Edge-device split learning over MQTT.")
+    parser = Parser(prog="splitedge", description="Edge-device split learning over MQTT.")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="-v: info logs, -vv: debug logs and full tracebacks")
     parser.add_argument("--version", action="version", version=f"splitedge {__version__}")

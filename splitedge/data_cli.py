@@ -48,7 +48,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION", help="split or check")
-    s = sub.add_parser("split", formatter_class=_Help,
+    s = sub.add_parser("split", formatter_class=_Help, allow_abbrev=False,
                        help="cut a data set's training split into one shard per device",
                        description="Cut a data set's training split into one .npz shard per device, "
                                    "check each as a device opens it, and print each device's command.")
@@ -86,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write DIR/broker.acl, a Mosquitto acl_file for run RUN: each device, edge and the "
                         "cloud (login = its id) reads and writes only what its role needs")
 
-    c = sub.add_parser("check", formatter_class=_Help,
+    c = sub.add_parser("check", formatter_class=_Help, allow_abbrev=False,
                        help="open a shard or image folder as a device would and summarise it",
                        description="Open a shard (.npz) or an image folder <class>/<image> as a device would "
                                    "(streamed and in memory) and print what it holds, or what is wrong "

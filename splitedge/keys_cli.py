@@ -19,7 +19,7 @@ _NODE_ID = re.compile(r"[^/+#\x00@.][^/+#\x00]{0,127}")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="keys_command", required=True, metavar="ACTION", help="generate: make key pairs")
-    g = sub.add_parser("generate", help="write <node>.key and <node>.pub for each node id",
+    g = sub.add_parser("generate", allow_abbrev=False, help="write <node>.key and <node>.pub for each node id",
                        description="write DIR/<node>.key (private, mode 600) and DIR/<node>.pub for each node id")
     g.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder for the key files")
     g.add_argument("nodes", nargs="+", metavar="NODE", help="node ids (device, edge and cloud ids, e.g. cloud e0 d0)")

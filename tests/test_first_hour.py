@@ -21,7 +21,10 @@ from splitedge.methods.contract import RoundPlan
 
 
 def _run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's own refusals (an unknown flag) end the process this way
+        code = int(exc.code)
     err = capsys.readouterr().err.strip()
     return code, err
 
@@ -45,6 +48,8 @@ def _shard(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
     (["--virtual", "-1"], "--virtual must be >= 0"),
     (["--split", "per-device", "--workers", "9"], "--workers must be in 0..--devices"),
     (["--deadline", "0"], "--deadline must be > 0"),
+    (["--round", "2"], "unrecognized arguments: --round 2"),  # no abbreviation taken for --rounds
+    (["--sample-fraction", "0"], "--sample-fraction must be in (0, 1]"),
 ])
 def test_sim_refuses_bad_values_at_once(argv: list[str], message: str, capsys, tmp_path) -> None:
     started = time.monotonic()
@@ -52,6 +57,15 @@ def test_sim_refuses_bad_values_at_once(argv: list[str], message: str, capsys, t
     assert code == 2 and message in err and len(err.splitlines()) == 1, err
     assert time.monotonic() - started < 5  # before any data is loaded
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--edge", "1"], "unrecognized arguments: --edge 1"),  # no abbreviation taken for --edges
+    (["--devices", "0"], "--devices >= 1"),  # a round with nobody trains nothing
+])
+def test_cloud_refuses_bad_values_at_once(argv: list[str], message: str, capsys) -> None:
+    code, err = _run(capsys, "cloud", "--broker", "mqtt://127.0.0.1:1", *argv)
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("make, message", [
