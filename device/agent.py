@@ -153,6 +153,13 @@ class DeviceAgent(Node):
         return outcome is not None
 
     def _vet(self, method: Method) -> None:
+        """A run this device can never take part in: its data does not fit the model, or the
+        method has no device part for its backend (a thin device in a torch-only method)."""
+        backends = method.device_backends()
+        if isinstance(self.backend, str) and backends is not None and self.backend not in backends:
+            raise Misfit(f"{method.name} has no device part for backend {self.backend!r} (it runs on "
+                         f"{', '.join(backends)}); start this device with --backend {backends[0]} or join a run of a "
+                         f"method its backend runs")
         misfit = fits_model(self.data[0], self.data[1], method.spec)
         if misfit:
             raise Misfit(misfit)

@@ -501,11 +501,15 @@ class Method:
         module, attr = self.parts[key].split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def device_backends(self) -> list[str] | None:
+        """The device backends this method's device parts run on; None: any (a generic part)."""
+        return None if "device" in self.parts else sorted(k.split(":", 1)[1] for k in self.parts if k.startswith("device:"))
+
     def device_part(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> DevicePart:
         key = f"device:{backend}" if f"device:{backend}" in self.parts else "device"
         if key not in self.parts:
-            backends = sorted(k.split(":", 1)[1] for k in self.parts if k.startswith("device:"))
-            raise ValueError(f"{self.name} has no device part for backend {backend!r}; it runs on {backends}")
+            raise ValueError(f"{self.name} has no device part for backend {backend!r}; it runs on "
+                             f"{self.device_backends()}")
         return self._part_class(key)(ctx, data, backend)
 
     def edge_part(self, ctx: NodeContext) -> EdgePart:

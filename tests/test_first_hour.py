@@ -99,6 +99,20 @@ def test_device_whose_data_cannot_fit_the_model_says_why_and_stops(x, y, message
     assert agent.stopped.is_set() and agent.part is None and message in agent.fatal
 
 
+def test_a_thin_device_in_a_torch_only_method_says_why_and_stops() -> None:
+    """It used to log "fedavg has no device part for backend 'onnx'" every round, counted as
+    joined, while every round waited for it to its deadline."""
+    from splitedge.device.agent import DeviceAgent
+    from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
+
+    agent = DeviceAgent(LoopbackTransport(LoopbackBus(), role="device", client_id="d0"), run="r", node_id="d0",
+                        edge="e0", data=(np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), backend="onnx")
+    plan = RoundPlan(round=1, method="fedavg", deadline_s=10.0, config=RunConfig(SPEC, FedAvgConfig()).to_wire())
+    agent.handle("splitedge/r/edge/e0/down/round", env("round", plan.to_body(), "e0", 1))
+    assert agent.stopped.is_set() and agent.part is None
+    assert "fedavg has no device part for backend 'onnx'" in agent.fatal and "--backend torch" in agent.fatal
+
+
 def test_out_holding_a_run_is_refused_unless_overwrite_and_one_writer_at_a_time(tmp_path) -> None:
     out = tmp_path / "run"
     with RunFolder(out):
