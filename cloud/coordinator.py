@@ -25,6 +25,7 @@ from splitedge.cloud import resume
 from splitedge.methods import snapshot
 from splitedge.runtime.outputs import dumps, save_checkpoint
 from splitedge.protocol.codec import Envelope
+from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.records import round_rejections
@@ -78,6 +79,7 @@ class CloudCoordinator(Node):
         self.presence = Presence()  # which edges are online, and who went offline a moment ago
         self.rounds = RoundCollector()
         self.history: list[dict[str, Any]] = []
+        self.costs: tuple[dict, dict] = ({}, {})  # this round's, per device and per edge (runtime/cost.py)
         self.enough_edges = settings.min_edges  # lowered when edges stay away past the rejoin timeout
         self.resumed = resume_from
         if resume_from is not None:
@@ -250,7 +252,7 @@ class CloudCoordinator(Node):
         for msg in self.part.before_round(r):
             self.publish(msg, round_=r)
         plan = self.plan(r, self.settings.sampling.draw(r, self.online_devices()))
-        self.round = r
+        self.round, self.costs = r, ({}, {})  # what each device and edge reports its phases cost
         reports = self.run_phase(plan)
         self.part.losses = {}
         messages, metrics = self.part.aggregate(plan, reports)
@@ -264,7 +266,8 @@ class CloudCoordinator(Node):
                   "round_seconds": time.monotonic() - started, "versions": dict(plan.versions),
                   "directives": dict(plan.directives), "loss": losses, "rounds": dict(self.rounds.counts),
                   "rejected": round_rejections(self.rejections([self.transport]), reports),
-                  "bytes": self.transport.counters.snapshot()}
+                  "bytes": self.transport.counters.snapshot(), "device_costs": self.costs[0],
+                  "edge_costs": self.costs[1]}
         self.host.end_round()  # after the round's losses are read off the part: a host may swap the part out
         self._persist(record)
         self.history.append(record)
@@ -279,7 +282,10 @@ class CloudCoordinator(Node):
         self.send(self.transport, "down", "round", plan.to_body(), retain=True)
         while not (self.rounds.complete(self.awaited) or self.rounds.expired()):
             self.dispatch(self.next_event(0.2))
-        return self.rounds.close()
+        reports = self.rounds.close()
+        for into, more in zip(self.costs, phase_costs(reports)):
+            add_costs(into, more)
+        return reports
 
     def calibration_phase(self, trained_plan: RoundPlan, trained: list[Any]) -> tuple[dict[str, Any], list[Any]]:
         """The round's calibration (methods/calibration): its devices (those drawn, when

@@ -22,6 +22,7 @@ from splitedge.methods.data.local import fits_model
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import THIN_BACKEND, parse
 from splitedge.protocol.transport import Transport
+from splitedge.runtime.cost import CostMeter
 from splitedge.runtime.exchange import Exchange
 from splitedge.runtime.filters import device_filters
 from splitedge.runtime.node import Node, status
@@ -39,7 +40,7 @@ CONTROL_KINDS = ("status", "round", "assign")  # what the runtime itself reads; 
 class DeviceAgent(Node):
     def __init__(self, transport: Transport, *, run: str, node_id: str, edge: str,
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0,
-                 host: Callable[..., PartHost] = PartHost) -> None:
+                 host: Callable[..., PartHost] = PartHost, shared_process: bool = False) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
         self.transport, self.data, self.backend = transport, data, backend
         # what the hello names: "torch", "onnx" (a thin device: it reads `@thin` graphs too) or a custom one
@@ -53,6 +54,7 @@ class DeviceAgent(Node):
         self.last: tuple[int, int, int] = (0, 0, 0)  # RoundPlan.key of the last work done (a resumed cloud's come again, higher)
         self.subs = Subscriptions(transport, self.enqueue)
         self.fatal: str | None = None  # why this device cannot take part in the run (it stops)
+        self.cost = CostMeter([transport], shared_process=shared_process)  # reported with every done
 
     @property
     def edge(self) -> str:
@@ -195,8 +197,8 @@ class DeviceAgent(Node):
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:
         """The round's info: the part's own for the phase (runtime/phases.py), the samples this
-        device holds, its losses and what it refused."""
-        info = {**device_info(self.part, plan), "samples": int(len(self.data[1]))}
+        device holds, what the phase cost it (runtime/cost.py), its losses and what it refused."""
+        info = {**device_info(self.part, plan), "samples": int(len(self.data[1])), "cost": self.cost.round()}
         if self.part.losses:
             info["loss"] = dict(self.part.losses)
         if self.refused:

@@ -24,6 +24,7 @@ from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
 from splitedge.runtime import statefile
+from splitedge.runtime.cost import CostMeter, device_costs
 from splitedge.runtime.filters import edge_cloud_filters
 from splitedge.runtime.membership import Members
 from splitedge.runtime.node import Node, status
@@ -43,7 +44,7 @@ EDGE_DEADLINE_FRACTION = 0.8  # an edge closes its round before the cloud's dead
 class EdgeAggregator(Node):
     def __init__(self, down: Transport, up: Transport | None = None, *, run: str, node_id: str,
                  cloud: str = "cloud", seed: int = 0, state_dir: Path | None = None,
-                 host: Callable[..., PartHost] = PartHost) -> None:
+                 host: Callable[..., PartHost] = PartHost, shared_process: bool = False) -> None:
         super().__init__(run=run, tier="edge", node_id=node_id)
         self.down, self.up, self.cloud = down, up or down, cloud
         self.rng = self.seeded_rng(seed)
@@ -55,6 +56,7 @@ class EdgeAggregator(Node):
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
         self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
+        self.cost = CostMeter({id(t): t for t in (self.down, self.up)}.values(), shared_process=shared_process)
 
     @property
     def members(self) -> dict[str, int]:
@@ -198,8 +200,9 @@ class EdgeAggregator(Node):
         except Exception:  # the cloud still hears that this edge is done, so the run goes on
             self.errors += 1
             log.exception("edge %s: aggregating round %d (%s) failed", self.node_id, plan.round, plan.phase)
-        infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
-        extra.update(edge_scores(plan, infos))
+        by_device = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
+        infos = list(by_device.values())
+        extra.update(edge_scores(plan, infos), device_costs=device_costs(by_device), cost=self.cost.round())
         info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
                               errors=self.errors, refused=self.rejections([self.down, self.up]),
                               trained=plan.phase == "train")

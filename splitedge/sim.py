@@ -324,7 +324,7 @@ class Federation:
         _, edge_host, device_host = self.hosts()
         for e in range(self.s.edges if self.s.worker is None else 0):  # a worker runs devices only
             edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed,
-                                  host=edge_host)
+                                  host=edge_host, shared_process=True)
             self._start(edge)
         for d in worker_devices(self.s):
             idx = self.shards[d]
@@ -332,7 +332,7 @@ class Federation:
             data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
             agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
                                 edge=home_edge(d, self.s), data=data, backend=backend, seed=self.s.seed,
-                                host=device_host)
+                                host=device_host, shared_process=True)
             self._start(agent)
         return self
 
@@ -433,6 +433,12 @@ def closed_on_quorum(history: list[dict]) -> bool:
     return not any(h.get("rounds", {}).get("missed") for h in history)
 
 
+def summed(rounds: Any) -> dict[str, dict[str, Any]]:
+    from splitedge.runtime.cost import summed as summed_costs
+
+    return summed_costs(rounds)
+
+
 def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings, seconds: float,
               info: Any, status: str = "complete", workers: "WorkerPool | None" = None) -> dict[str, Any]:
     """The run in one JSON document; `status` "complete" or "interrupted", `evaluated_rounds`
@@ -463,6 +469,7 @@ def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings,
         "edge_messages": fed.messages_by_node("edge"),
         "device_up_bytes_per_device_per_round": by_tier["device"]["out_payload"] / max(1, s.devices) / rounds,
         "device_bytes_by_kind": by_kind,
+        "device_costs": summed(h.get("device_costs") or {} for h in history),
         "chance": 1.0 / info.num_classes,
         **({"planted_groups": {f"d{d}": planted_group(d, s) for d in range(s.devices)}} if s.groups else {}),
         "train_images": int(sum(len(idx) for idx in fed.shards)),

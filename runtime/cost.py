@@ -1,0 +1,95 @@
+"""What a node's rounds cost it: CPU seconds, peak memory and bytes on its own connection.
+
+A deployed device reports these with every round (its `done` info, key `cost`); its edge passes
+its devices' on to the cloud, which writes them per device and round into metrics.jsonl and
+sums them per device in a sim's summary.json. CPU and memory are the process's: in a sim, where
+every node shares one process, they describe the sim, not a device (`shared_process` says so);
+bytes are always the node's own (each node has its own MQTT connection).
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import psutil
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size so far (Linux ru_maxrss is in KiB, macOS in bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class CostMeter:
+    """Each `round()` returns the cost since the previous one (the first: since the start)."""
+
+    def __init__(self, transports: Iterable[Any], *, shared_process: bool = False) -> None:
+        self.transports = list(transports)
+        self.shared = shared_process
+        self.process = psutil.Process()
+        self.last = self._totals()
+
+    def _totals(self) -> dict[str, float]:
+        cpu = self.process.cpu_times()
+        return {"cpu_s": cpu.user + cpu.system,
+                "bytes_up": sum(t.counters.total("out", "wire") for t in self.transports),
+                "bytes_down": sum(t.counters.total("in", "wire") for t in self.transports)}
+
+    def round(self) -> dict[str, Any]:
+        now = self._totals()
+        cost = {k: round(now[k] - self.last[k], 3) if k == "cpu_s" else int(now[k] - self.last[k]) for k in now}
+        self.last = now
+        cost["rss_peak_mb"] = round(peak_rss_bytes() / 2**20, 1)
+        if self.shared:
+            cost["shared_process"] = True
+        return cost
+
+
+def device_costs(infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """An edge's devices' costs by device, from their `done` infos (those that reported one)."""
+    return {d: dict(i["cost"]) for d, i in sorted(infos.items()) if isinstance(i.get("cost"), Mapping)}
+
+
+def summed(rounds: Iterable[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per device over a run: CPU seconds and bytes summed, the peak memory's maximum."""
+    out: dict[str, dict[str, Any]] = {}
+    for per_device in rounds:
+        for dev, cost in per_device.items():
+            row = out.setdefault(dev, {"cpu_s": 0.0, "bytes_up": 0, "bytes_down": 0, "rss_peak_mb": 0.0, "rounds": 0})
+            row["cpu_s"] = round(row["cpu_s"] + float(cost.get("cpu_s", 0)), 3)
+            row["bytes_up"] += int(cost.get("bytes_up", 0))
+            row["bytes_down"] += int(cost.get("bytes_down", 0))
+            row["rss_peak_mb"] = max(row["rss_peak_mb"], float(cost.get("rss_peak_mb", 0)))
+            row["rounds"] += 1
+            if cost.get("shared_process"):
+                row["shared_process"] = True
+    return out
+
+
+def phase_costs(reports: Iterable[Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """From a phase's edge reports: (each device's cost, each edge's own), by node."""
+    devices: dict[str, dict[str, Any]] = {}
+    edges: dict[str, dict[str, Any]] = {}
+    for report in reports:
+        done = report.get("done")
+        info = done.body.get("info") or {} if done is not None else {}
+        devices.update(info.get("device_costs") or {})
+        if isinstance(info.get("cost"), Mapping):
+            edges[report.sender] = dict(info["cost"])
+    return devices, edges
+
+
+def add_costs(into: dict[str, dict[str, Any]], more: Mapping[str, Mapping[str, Any]]) -> None:
+    """A round's phases add up: CPU seconds and bytes summed, the peak memory's maximum."""
+    for node, cost in more.items():
+        row = into.setdefault(node, {})
+        for key, value in cost.items():
+            if key == "rss_peak_mb":
+                row[key] = max(float(row.get(key, 0)), float(value))
+            elif key == "shared_process":
+                row[key] = bool(value)
+            else:
+                row[key] = round(row.get(key, 0) + value, 3) if isinstance(value, float) else row.get(key, 0) + value
