@@ -20,6 +20,9 @@ MAX_ABS_WEIGHT = 1e6
 """No trained parameter or float buffer of these models comes near it (BatchNorm running
 variances are the largest, in the hundreds); a finite 1e37 would overflow the float32 average
 of a round to inf and make every later round NaN."""
+VARIANCE_BUFFERS = ("running_var",)
+"""Buffers that hold variances (BatchNorm's): a negative one is no model (a peer that sends one
+made the cloud's evaluation crash in an SVD)."""
 
 
 def weight_specs(state: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -48,6 +51,8 @@ def check_weight_map(weights: Mapping[str, Any], specs: WeightSpecs) -> None:
         if kind == "f" and arr.size and float(np.max(np.abs(arr))) > MAX_ABS_WEIGHT:
             raise ProtocolError("state.magnitude", f"{name}: |w| up to {float(np.max(np.abs(arr))):.3g}, beyond "
                                                    f"{MAX_ABS_WEIGHT:g}")
+        if name.endswith(VARIANCE_BUFFERS) and arr.size and float(np.min(arr)) < 0:
+            raise ProtocolError("state.range", f"{name}: a variance below 0 ({float(np.min(arr)):.3g})")
 
 
 STATS_COMPANIONS = ("var",)

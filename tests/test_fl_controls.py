@@ -156,3 +156,24 @@ def test_fedopt_cloud_keeps_its_moments_across_a_restart() -> None:
     fresh.restore_state(snapshot.loads(snapshot.dumps(cloud.resume_state())))
     assert fresh.server.m.keys() == cloud.server.m.keys() and fresh.server.m
     assert all(np.array_equal(fresh.server.v[k], cloud.server.v[k]) for k in cloud.server.v)
+
+
+def test_a_negative_batchnorm_variance_is_refused_and_evaluation_survives_degenerate_features() -> None:
+    """A FedAvg device that sent BatchNorm running_var negated crashed the cloud's evaluation
+    (SVD did not converge): now the update is refused at the first tier, and evaluation skips
+    what it cannot measure."""
+    from splitedge.methods.checks import check_weight_map, weight_specs
+    from splitedge.methods.metrics.evaluate import representation_measures
+    from splitedge.protocol.errors import ProtocolError
+
+    ctx = ctx_for("fedavg", "d0")
+    weights = state_to_numpy(ctx.method.device_part(ctx, _data(), "torch").model)
+    specs = weight_specs(weights)
+    name = next(k for k in weights if k.endswith("running_var"))
+    bad = {**weights, name: -weights[name]}
+    with pytest.raises(ProtocolError) as err:
+        check_weight_map(bad, specs)
+    assert err.value.rule == "state.range"
+    check_weight_map(weights, specs)  # the honest map passes
+    assert representation_measures(np.full((8, 4), np.nan)) == {}
+    assert representation_measures(np.ones((8, 4)))["effective_rank"] == 1.0

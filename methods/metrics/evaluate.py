@@ -3,6 +3,9 @@ penultimate features use (effective rank and spectrum, methods/metrics/represent
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -11,6 +14,8 @@ from splitedge.methods.config import ModelSpec
 from splitedge.methods.data.preprocess import batches, to_input
 from splitedge.methods.metrics.representation import effective_rank, spectrum
 from splitedge.models import SplitModel
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -42,7 +47,18 @@ def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: Model
     model.train(was_training)
     out = {"accuracy": correct / max(1, len(y))}
     if len(y) >= 2:
-        features = np.concatenate(feats)
-        out["effective_rank"] = effective_rank(features)
-        out["spectrum"] = [float(v) for v in spectrum(features)]
+        out.update(representation_measures(np.concatenate(feats)))
     return out
+
+
+def representation_measures(features: np.ndarray) -> dict[str, Any]:
+    """Effective rank and spectrum of the features, or nothing (logged) when they cannot be had:
+    non-finite features, or an SVD that does not converge, must not stop the cloud's round."""
+    if not np.isfinite(features).all():
+        log.warning("evaluate: the model's features are not finite; no effective rank this round")
+        return {}
+    try:
+        return {"effective_rank": effective_rank(features), "spectrum": [float(v) for v in spectrum(features)]}
+    except np.linalg.LinAlgError as exc:
+        log.warning("evaluate: no effective rank this round (%s)", exc)
+        return {}
