@@ -246,6 +246,9 @@ def refresh(results: dict[str, Any], config: dict[str, Any] | None = None) -> No
     for r in results["runs"]:  # runs recorded before these columns were kept: from their rounds
         if "error" in r or not r.get("per_round"):
             continue
+        if "final_accuracy" not in r:  # a row written by hand or by an older bench: from its curve
+            seen = [a for a in r.get("accuracy_per_round") or [] if a is not None]
+            r["final_accuracy"], r["best_accuracy"] = (seen[-1], max(seen)) if seen else (None, None)
         if r.get("accuracy_calibrated_per_round") is None:
             curve = [p.get("accuracy_calibrated") for p in r["per_round"]]
             r["accuracy_calibrated_per_round"] = curve if any(a is not None for a in curve) else None

@@ -9,6 +9,7 @@ served model, or in what the devices send."""
 from __future__ import annotations
 
 import collections
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,19 @@ class CyclingHost(PartHost):
     node's rng as it was); `cycled` counts the swaps per node, so a test sees every tier did."""
 
     cycled: collections.Counter = collections.Counter()
+    failures: list[str] = []
+    """What went wrong in a swap, node by node: a node logs and goes on, so the test must say it."""
 
     def end_round(self) -> None:
         if self.part is None:
+            CyclingHost.failures.append(f"{self.name}: no part at the end of a round")
             return
-        state = self.state()
-        self.restore({**state, "part": snapshot.loads(snapshot.dumps(state["part"]))})
+        try:
+            state = self.state()
+            self.restore({**state, "part": snapshot.loads(snapshot.dumps(state["part"]))})
+        except Exception:  # noqa: BLE001 - recorded for the assertion, with its traceback
+            CyclingHost.failures.append(f"{self.name}: {traceback.format_exc()}")
+            raise
         CyclingHost.cycled[self.name] += 1
 
 
@@ -68,6 +76,7 @@ def test_a_part_restored_from_its_bytes_does_the_same_next_round(method: str, se
     plain, plain_model = _run(method, tmp_path / "plain", settings)
     monkeypatch.setattr(splitedge.sim.Federation, "hosts", lambda self: (CyclingHost,) * 3)
     CyclingHost.cycled.clear()
+    CyclingHost.failures.clear()
     # Execute: every part of every tier rebuilt from its bytes after each of its rounds (and
     # after each calibration phase, which devices and edges work through like a round)
     cycled, cycled_model = _run(method, tmp_path / "cycled", settings)
@@ -75,6 +84,7 @@ def test_a_part_restored_from_its_bytes_does_the_same_next_round(method: str, se
     phases = 1 + ("calibrate" in settings or "accuracy_calibrated_per_round" in plain) + (method in ("fedproto", "cflhkd")
                                                                                           and "calibrate" in settings)
     nodes = ["cloud", *(f"edge e{e}" for e in range(EDGES)), *(f"device d{d}" for d in range(DEVICES))]
+    assert CyclingHost.failures == []
     assert {n: CyclingHost.cycled[n] for n in nodes} == {n: ROUNDS * (1 if n == "cloud" else phases) for n in nodes}
     assert plain["closed_on_quorum"] and cycled["closed_on_quorum"]
     assert repr(cycled["accuracy_per_round"]) == repr(plain["accuracy_per_round"])  # NaN rounds (SSL) compare too
