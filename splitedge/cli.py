@@ -44,10 +44,23 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each default shown once: not when the help already says it, nor when there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or any(action.default is v for v in (None, argparse.SUPPRESS, False)):
+            return text
+        return super()._get_help_string(action)
+
+
+def build_parser(only: str | None = None, argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The full parser, or with ``only`` the options of that one subcommand (the others are
-    listed but their modules are not imported: a thin device process stays small)."""
+    listed but their modules are not imported: a thin device process stays small). A role's
+    flags take their defaults from its SPLITEDGE_* variables and ``--config`` file when
+    ``argv`` is given (splitedge/cli_defaults.py)."""
     from splitedge import __version__
+    from splitedge.cli_defaults import ROLES, apply
 
     parser = Parser(prog="splitedge", description="Edge-device split learning over MQTT.")
     parser.add_argument("-v", "--verbose", action="count", default=0,
@@ -55,9 +68,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"splitedge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
         if only is None or name == only:
             importlib.import_module(module).add_arguments(p)
+            if name in ROLES:
+                p.add_argument("--config", metavar="TOML", help="settings from this file's [common] and "
+                               f"[{name}] sections (env SPLITEDGE_CONFIG); every flag also from SPLITEDGE_<FLAG>, "
+                               "e.g. SPLITEDGE_BROKER; a flag given here wins, then the variable, then the file")
+                if argv is not None and name == only:
+                    apply(p, name, argv)
         p.set_defaults(module=module)
     return parser
 
@@ -77,7 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cap_arenas()  # before any role starts its threads (splitedge/malloc.py says why)
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(_chosen_command(argv)).parse_args(argv)
+    command = _chosen_command(argv)
+    try:
+        parser = build_parser(command, argv)
+    except ValueError as exc:  # a bad --config file or SPLITEDGE_* variable: before any work
+        print(f"splitedge {command}: error: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     configure_logging(args.verbose)
     previous = _terminate_like_interrupt()
     try:
@@ -122,15 +147,16 @@ def explain(exc: BaseException, command: str) -> tuple[int, str]:
 
 def configure_logging(verbose: int) -> None:
     """Warnings (or more with -v) as log lines on stderr; the roles' status lines (logger
-    "splitedge.status": started, joined, round k/N, stopped) always, as plain lines on stdout."""
+    "splitedge.status": started, joined, round k/N, stopped) always, once, on stdout, each
+    with its time of day."""
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     status = logging.getLogger("splitedge.status")
     status.setLevel(logging.INFO)
-    status.propagate = verbose > 0  # with -v the status lines are also ordinary log lines
+    status.propagate = False  # once, on stdout, whatever -v says (with -v they were printed twice)
     if not any(isinstance(h, _StdoutHandler) for h in status.handlers):
         handler = _StdoutHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
         status.addHandler(handler)
 
 
