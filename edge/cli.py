@@ -52,4 +52,6 @@ def run(args: argparse.Namespace) -> int:
         for t in transports:
             t.close(offline=True)
         write_counters(args.out, args.id, transports)
+    if edge.fatal:
+        raise ValueError(edge.fatal)
     return 0

@@ -63,7 +63,12 @@ class PartHost:
             outcome = "reconfigured"
         else:
             outcome = "replaced" if self.part is not None else "built"
-            self.part = self.build(built)
+            try:
+                self.part = self.build(built)
+            except ModuleNotFoundError as exc:  # a thin install asked for a torch part: every round would fail
+                needed = (exc.name or "a module").split(".")[0]
+                raise Misfit(f"{method}'s {self.name.split()[0]} part needs {needed}, which this install lacks: "
+                             f"pip install 'splitedge[all]'") from exc
         self.key = wanted
         return outcome
 

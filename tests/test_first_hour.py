@@ -113,6 +113,25 @@ def test_a_thin_device_in_a_torch_only_method_says_why_and_stops() -> None:
     assert "fedavg has no device part for backend 'onnx'" in agent.fatal and "--backend torch" in agent.fatal
 
 
+def test_an_edge_without_torch_in_a_torch_method_says_why_and_stops(monkeypatch) -> None:
+    """A thin-install edge used to print "up", join its devices, then a traceback (`No module named
+    'torch'`) every round. What a thin install raises is simulated where the part is built."""
+    from splitedge.edge.aggregator import EdgeAggregator
+    from splitedge.methods.fedavg.method import FedAvg
+    from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
+
+    def no_torch(self, ctx):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(FedAvg, "edge_part", no_torch)
+    edge = EdgeAggregator(LoopbackTransport(LoopbackBus(), role="edge", client_id="e0"), run="r", node_id="e0")
+    plan = RoundPlan(round=1, method="fedavg", deadline_s=10.0, config=RunConfig(SPEC, FedAvgConfig()).to_wire())
+    edge.handle("splitedge/r/cloud/cloud/down/round", env("round", plan.to_body(), "cloud", 1))
+    assert edge.stopped.is_set() and edge.part is None
+    assert edge.fatal == ("edge e0: fedavg's edge part needs torch, which this install lacks: "
+                          "pip install 'splitedge[all]'")
+
+
 def test_out_holding_a_run_is_refused_unless_overwrite_and_one_writer_at_a_time(tmp_path) -> None:
     out = tmp_path / "run"
     with RunFolder(out):
