@@ -39,7 +39,7 @@ def _csv(value: str) -> tuple[str, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", choices=(*SUITES, "all"), help="what to measure (all: every suite)")
-    p.add_argument("--quick", action="store_true", help="small settings that finish in well under a minute")
+    p.add_argument("--quick", action="store_true", help="small settings for a first look (a few minutes at most; bandwidth is the longest)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default: a new runs/bench/<suite>-<date>-<time>; with 'all', one subfolder "
                         "per suite); bench/results holds the committed results, write there only on purpose")

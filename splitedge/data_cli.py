@@ -225,9 +225,10 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
         print(f"  splitedge device --broker {args.broker} --id {d['id']} --edge e{i % args.edges} "
               f"--data {args.out / d['file']} --backend onnx")
     if args.acl is not None:
-        print(f"wrote {args.out / ACL} and {args.out / 'broker.passwd'} for run {args.acl}: give the broker "
-              f"`acl_file` and `password_file` them with `allow_anonymous false`; start every node with --run "
-              f"{args.acl}, its login in the URL (mqtt://d0@host) and --password-file {args.out / 'logins'}/<id>.password "
+        print(f"wrote {args.out / ACL}, {args.out / 'broker.passwd'} (mode 600: chown it to the broker's user) and "
+              f"{args.out / 'logins'}/<id>.password for run {args.acl}: set the broker's `acl_file` to the first, its "
+              f"`password_file` to the second and `allow_anonymous false`; start every node with --run {args.acl}, "
+              f"its login in the URL (mqtt://d0@host) and --password-file {args.out / 'logins'}/<id>.password "
               f"(copy each node only its own)")
 
 
