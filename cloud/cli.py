@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
                              min_edges=args.edges, min_devices=args.devices, join_timeout_s=args.join_timeout,
                              rejoin_timeout_s=args.rejoin_timeout,
                              out_dir=args.out, seed=args.seed, sampling=sampling_of(args),
-                             until_plateau=args.until_plateau,
+                             until_plateau=args.until_plateau, dataset=args.dataset,
                              on_round=_round_printer(args.rounds))
     transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     try:

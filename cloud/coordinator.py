@@ -22,6 +22,7 @@ from splitedge.methods.losslog import tier_losses
 from splitedge.methods.metrics.plateau import plateaued
 from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan
 from splitedge.cloud import resume
+from splitedge.exporters.checkpoint import model_metadata
 from splitedge.methods import snapshot
 from splitedge.runtime.outputs import dumps, save_checkpoint
 from splitedge.protocol.codec import Envelope
@@ -56,6 +57,7 @@ class CloudSettings:
     seed: int = 0
     sampling: Sampling = field(default_factory=Sampling)  # which online devices train each round
     until_plateau: bool = False  # stop before `rounds` once the accuracy has plateaued (methods/metrics/plateau.py)
+    dataset: str = ""  # the data set's name, written into the checkpoint so export finds its test images
     on_round: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
 
 
@@ -345,9 +347,17 @@ class CloudCoordinator(Node):
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "metrics.jsonl", "a") as fh:
             fh.write(dumps(record) + "\n")
-        save_checkpoint(out / "model.safetensors", self.part.state_for_checkpoint(),
-                        {"round": str(record["round"]), "method": self.settings.method})
+        save_checkpoint(out / "model.safetensors", self.part.state_for_checkpoint(), self._checkpoint_metadata(record))
         self._save_state()
+
+    def _checkpoint_metadata(self, record: dict[str, Any]) -> dict[str, str]:
+        """The round and method, and what `splitedge export` rebuilds and feeds the network from,
+        so it needs nothing but the file (exporters/checkpoint.py reads it back)."""
+        spec = self.method.spec
+        return {"round": str(record["round"]), "method": self.settings.method,
+                **model_metadata(model=spec.model, dataset=self.settings.dataset, channels=spec.channels,
+                                 image_size=spec.image_size, num_classes=spec.num_classes, mean=spec.mean,
+                                 std=spec.std)}
 
     def _save_state(self, finished: bool = False) -> None:
         """The round's commit point (cloud.resume): what a restarted cloud carries on from."""

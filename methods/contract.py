@@ -479,6 +479,10 @@ class Method:
     head_calibration: bool = True
     """Whether `calibrate="lda"` is open to this method: its devices hold the served model after
     a round, or their own models scored with a head sent back (not DecMAR's consensus)."""
+    exportable: bool = True
+    """Whether the cloud's checkpoint (`state_for_checkpoint`) is the served SplitModel, which
+    `splitedge export` turns into ONNX; False for a prototype table (FedProto) or a network of
+    another shape (the self-supervised encoders, the MAE)."""
 
     def __init__(self, config: RunConfig, name: str | None = None) -> None:
         if not isinstance(config.method, self.Config):

@@ -252,7 +252,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
             settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
                                      min_edges=s.edges, min_devices=s.devices, join_timeout_s=s.join_timeout,
                                      out_dir=s.out, seed=s.seed, sampling=s.sampling,
-                                     until_plateau=s.until_plateau,
+                                     until_plateau=s.until_plateau, dataset=s.dataset,
                                      on_round=per_device.record)
             cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test, host=fed.hosts()[0])
             try:

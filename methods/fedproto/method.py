@@ -12,6 +12,7 @@ class FedProto(Method):
     name = "fedproto"
     Config = FedProtoConfig
     personalised = True
+    exportable = False  # its checkpoint is the prototype table: there is no global model
     parts = {
         "device:torch": "splitedge.methods.fedproto.device:FedProtoDevice",
         "edge": "splitedge.methods.fedproto.edge:FedProtoEdge",

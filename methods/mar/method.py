@@ -19,6 +19,7 @@ class FedMAR(Method):
 
     name = "fedmar"
     Config = MARConfig
+    exportable = False  # its checkpoint is the masked autoencoder, not a SplitModel
     parts = {
         "device:torch": "splitedge.methods.mar.device:MARDevice",
         "edge": "splitedge.methods.mar.edge:MAREdge",

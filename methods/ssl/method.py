@@ -26,6 +26,7 @@ class SimSiam(Method):
     Config = SSLConfig
     parts = _PARTS
     predictor = True
+    exportable = False  # its checkpoint is the encoder with projector and predictor, not a SplitModel
 
     def objective(self, role: str) -> list[Any]:
         from splitedge.methods.ssl.losses import simsiam_loss
@@ -42,6 +43,7 @@ class AlignUniform(Method):
     Config = SSLConfig
     parts = _PARTS
     predictor = False
+    exportable = False  # its checkpoint is the encoder with projector, not a SplitModel
 
     def objective(self, role: str) -> list[Any]:
         from splitedge.methods.ssl.losses import align_loss, uniformity_loss
