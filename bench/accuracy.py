@@ -20,7 +20,8 @@ from typing import Any, Callable
 from splitedge.methods.metrics import plateau
 from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
 from splitedge.bench.central import CENTRAL, central_run
-from splitedge.bench.report import Progress, pyplot, table, save_figure
+from splitedge.bench.plotstyle import Series, draw, new_figure
+from splitedge.bench.report import Progress, table, save_figure
 from splitedge.bench.simrun import FederationSettings, bytes_to_target, device_bytes, parse_variant, run_on_mosquitto
 
 log = logging.getLogger(__name__)
@@ -334,21 +335,29 @@ def _rank(value: Any) -> Any:
     return "-" if value is None or value != value else round(float(value), 1)
 
 
-def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+def series(results: dict[str, Any]) -> list[Series]:
+    """Each finished run's accuracy per round, and its calibrated head's (dashed) when it has one."""
+    out = []
     for r in results["runs"]:
-        if "error" not in r:
-            acc = r["accuracy_per_round"]
-            line, = ax.plot(range(1, len(acc) + 1), acc, marker="o" if len(acc) < 30 else None,
-                            label=f"{r['method']} {r['split']}")
-            cal = r.get("accuracy_calibrated_per_round")
-            if cal:
-                rounds = [i + 1 for i, a in enumerate(cal) if a is not None]
-                ax.plot(rounds, [a for a in cal if a is not None], linestyle="--", color=line.get_color(),
-                        label=f"{r['method']} {r['split']} calibrated")
-    ax.set(xlabel="round", ylabel="test accuracy")
-    ax.legend(fontsize=7)
+        if "error" in r:
+            continue
+        out.append(Series(r["method"], r["accuracy_per_round"], split=r["split"]))
+        cal = r.get("accuracy_calibrated_per_round")
+        if cal and any(a is not None for a in cal):
+            out.append(Series(r["method"], cal, split=r["split"], dashed=True))
+    return out
+
+
+def figure(results: dict[str, Any]) -> Any:
+    """Accuracy per round, a colour per method (bench/plotstyle.py); bars after one round."""
+    curves = series(results)
+    fig = new_figure(curves)
+    draw(fig.axes[0], curves, xlabel="round", ylabel="test accuracy")
+    return fig
+
+
+def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    fig = figure(results)
     return save_figure(fig, out_dir / "accuracy.png")
 
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from splitedge.bench.report import Progress, pyplot, table, save_figure
+from splitedge.bench.plotstyle import Series, draw, new_figure
+from splitedge.bench.report import Progress, table, save_figure
 from splitedge.bench.simrun import FederationSettings, all_out_wire, bytes_to_target, run_on_mosquitto
 
 log = logging.getLogger(__name__)
@@ -152,19 +153,29 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Accuracy against cumulative device bytes, one line per method."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+def series(results: dict[str, Any]) -> list[Series]:
+    """Each finished method's accuracy against its cumulative device bytes (MB, up + down)."""
+    out = []
     for r in results["methods"]:
         if "error" in r:
             continue
-        x = [(rec["bytes"]["device"]["out_payload"] + rec["bytes"]["device"]["in_payload"]) / 1e6
-             for rec in r["per_round"]]
-        ax.plot(x, r["accuracy_per_round"], marker="o", label=r["method"])
-    ax.set_xlabel("cumulative device bytes (MB, payload up + down)")
-    ax.set_ylabel("test accuracy")
-    ax.legend()
+        mb = [(rec["bytes"]["device"]["out_payload"] + rec["bytes"]["device"]["in_payload"]) / 1e6
+              for rec in r["per_round"]]
+        out.append(Series(r["method"], r["accuracy_per_round"], x=mb, note=f"{mb[-1]:.3g} MB" if mb else ""))
+    return out
+
+
+def figure(results: dict[str, Any]) -> Any:
+    """Accuracy against cumulative device bytes, a line per method in its colour
+    (bench/plotstyle.py); one bar per method, its bytes written by it, after one round."""
+    curves = series(results)
+    fig = new_figure(curves)
+    draw(fig.axes[0], curves, xlabel="cumulative device bytes (MB, payload up + down)", ylabel="test accuracy")
+    return fig
+
+
+def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    fig = figure(results)
     return save_figure(fig, out_dir / "bandwidth.png")
 
 

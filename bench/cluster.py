@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from splitedge.bench import accuracy
-from splitedge.bench.report import Progress, pyplot, save_figure, table
+from splitedge.bench.plotstyle import Series, draw, new_figure
+from splitedge.bench.report import Progress, save_figure, table
 
 DEFAULT_VARIANTS = ("clustered-fl=cflhkd:kd=false", "global-model=cflhkd:clustering=false,kd=false")
 REFERENCE = "clustered-fl"
@@ -100,16 +101,17 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def figure(results: dict[str, Any]) -> Any:
+    """Each row's held-out accuracy on its devices' own data per round, a colour per row
+    (bench/plotstyle.py); bars after one round."""
+    curves = [Series(r["method"], _personalised(r), split=r["split"]) for r in results["runs"] if "error" not in r]
+    fig = new_figure(curves)
+    draw(fig.axes[0], curves, xlabel="round", ylabel="held-out accuracy on the devices' own data")
+    return fig
+
+
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in results["runs"]:
-        if "error" not in r:
-            acc = _personalised(r)
-            ax.plot(range(1, len(acc) + 1), [float("nan") if a is None else a for a in acc], marker="o",
-                    label=f"{r['method']} {r['split']}")
-    ax.set(xlabel="round", ylabel="held-out accuracy on the devices' own data")
-    ax.legend(fontsize=7)
+    fig = figure(results)
     return save_figure(fig, out_dir / "cluster.png")
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from splitedge.bench.report import pyplot, save_figure, table
+from splitedge.bench.plotstyle import Series, lines, new_figure
+from splitedge.bench.report import save_figure, table
 from splitedge.methods.metrics import plateau
 
 
@@ -139,19 +140,35 @@ def markdown(results: dict[str, Any]) -> str:
     ])
 
 
-def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Final accuracy (best curve, mean over seeds) against bytes per device over the run."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+def points(results: dict[str, Any]) -> list[Series]:
+    """Each federated row's final accuracy (best curve, mean over seeds, %) at its bytes per
+    device over the run (MB): one point."""
+    out = []
     for r in results["rows"]:
         if r["central"]:
             continue
         finals = [c if c is not None else o for c, o in zip(r["calibrated_final"], r["own_final"]) if
                   (c if c is not None else o) is not None]
-        rounds = mean(r["rounds"])
-        total = (r["up_per_round"] + r["down_per_round"]) * rounds / 1e6
+        total = (r["up_per_round"] + r["down_per_round"]) * mean(r["rounds"]) / 1e6
         if finals:
-            ax.scatter([total], [100 * mean(finals)])
-            ax.annotate(f"{r['method']} {r['split']}", (total, 100 * mean(finals)), fontsize=7)
-    ax.set(xlabel="MB per device over the run (up + down)", ylabel="final test accuracy %", xscale="log")
+            out.append(Series(r["method"], [100 * mean(finals)], x=[total], split=r["split"]))
+    return out
+
+
+def figure(results: dict[str, Any]) -> Any:
+    """Final accuracy against bytes per device, a point per row: colour = method as in every
+    bench plot, marker = split (bench/plotstyle.py)."""
+    rows = points(results)
+    fig = new_figure([])
+    ax = fig.axes[0]
+    if rows:
+        lines(ax, rows, dashed_label="", markersize=7)
+    ax.set(xlabel="MB per device over the run (up + down)", ylabel="final test accuracy %")
+    if any(s.xs[0] > 0 for s in rows):
+        ax.set_xscale("log")
+    return fig
+
+
+def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    fig = figure(results)
     return save_figure(fig, out_dir / "accuracy-vs-bytes.png")

@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from splitedge.bench.report import pyplot, save_figure, table
+from splitedge.bench.plotstyle import Series, draw, new_figure
+from splitedge.bench.report import save_figure, table
 
 log = logging.getLogger(__name__)
 
@@ -380,12 +381,16 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def figure(results: dict[str, Any]) -> Any:
+    """Each stack's served accuracy per round, a colour per stack (bench/plotstyle.py: the
+    H-SFP stack in hsfp's); bars after one round."""
+    rounds = [r["round"] for r in results["rounds"]]
+    curves = [Series(stack, [r[stack]["accuracy"] for r in results["rounds"]], x=rounds) for stack in results["stacks"]]
+    fig = new_figure(curves)
+    draw(fig.axes[0], curves, xlabel="round", ylabel="served test accuracy")
+    return fig
+
+
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for stack in results["stacks"]:
-        ax.plot([r["round"] for r in results["rounds"]], [r[stack]["accuracy"] for r in results["rounds"]],
-                marker="o", label=stack)
-    ax.set(xlabel="round", ylabel="served test accuracy")
-    ax.legend(fontsize=7)
+    fig = figure(results)
     return save_figure(fig, out_dir / "hsfp_diagnose.png")

@@ -157,8 +157,11 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: Path) -> list[Path]:
-    """Lay out, write and close a figure; returns [path] for the suite's list of outputs."""
-    fig.tight_layout()
+    """Lay out, write and close a figure; returns [path] for the suite's list of outputs. A figure
+    with a layout engine of its own (constrained: bench/plotstyle.py) keeps it: tight_layout
+    would replace it, with a warning."""
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     fig.savefig(path, dpi=100)
     pyplot().close(fig)
     return [path]

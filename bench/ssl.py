@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from splitedge.bench import accuracy
-from splitedge.bench.report import Progress, table
+from splitedge.bench.plotstyle import Series, lines, new_figure
+from splitedge.bench.report import Progress, save_figure, table
 from splitedge.bench.simrun import REPRESENTATION_KEYS
 
 DEFAULT_METHODS = ("fedavg", "simsiam", "align-uniform")
@@ -84,14 +85,30 @@ def drops(rows: list[dict[str, Any]]) -> list[str]:
     return ["", "## Drop from IID\n", table(["method", "split", "accuracy IID - accuracy split"], cells)]
 
 
-def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    from splitedge.methods.metrics.report import plot_spectra
+def spectrum_figure(results: dict[str, Any]) -> Any | None:
+    """Each row's final normalised singular values, log y, coloured by method as in every bench
+    plot (bench/plotstyle.py), marker by split; None when no row has a spectrum. Values below
+    FLOOR are left out (a log axis cannot show zeros; see plot_spectra)."""
+    from splitedge.methods.metrics.report import FLOOR
 
+    curves = [Series(r["method"], [v if v >= FLOOR else None for v in r["representation"]["spectrum"]],
+                     split=r["split"]) for r in results["runs"]
+              if "error" not in r and r.get("representation", {}).get("spectrum")]
+    if not curves:
+        return None
+    fig = new_figure([])
+    ax = fig.axes[0]
+    lines(ax, curves, dashed_label="")
+    ax.set(yscale="log", xlabel="index of the singular value (1-based)", ylabel="normalised singular values (sorted)",
+           title="final representation")
+    return fig
+
+
+def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     paths = accuracy.plot(results, out_dir)
-    curves = {f"{r['method']} {r['split']}": r["representation"]["spectrum"] for r in results["runs"]
-              if "error" not in r and r.get("representation", {}).get("spectrum")}
-    if curves:
-        paths.append(plot_spectra(curves, out_dir / "spectrum.png", title="final representation"))
+    fig = spectrum_figure(results)
+    if fig is not None:
+        paths += save_figure(fig, out_dir / "spectrum.png")
     return paths
 
 

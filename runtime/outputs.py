@@ -146,10 +146,47 @@ def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, 
 
 def plot_spectra_per_round(history: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
     """The representation's singular-value spectrum at every round that reported one (dimensional
-    collapse made visible); None when no round did."""
-    curves = {f"round {h['round']}": h["spectrum"] for h in history if h.get("spectrum")}
-    if not curves:
+    collapse made visible), written to `path`; None when no round did."""
+    fig = spectra_per_round_figure(history, title)
+    if fig is None:
         return None
-    from splitedge.methods.metrics.report import plot_spectra
+    fig.savefig(path, dpi=100)
+    return Path(path)
 
-    return plot_spectra(curves, path, title=title or "representation per round")
+
+def spectra_per_round_figure(history: list[dict[str, Any]], title: str = "") -> Any | None:
+    """One line per round coloured by its round number on a colour scale with a colorbar, not a
+    legend entry per round (40 rounds made a legend taller than the plot); the last round drawn
+    thicker. A Figure not registered with pyplot; None when no round reported a spectrum."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    from splitedge.methods.metrics.report import FLOOR
+
+    spectra = [(int(h["round"]), np.asarray(h["spectrum"], dtype=np.float64)) for h in history if h.get("spectrum")]
+    if not spectra:
+        return None
+    first, last = spectra[0][0], spectra[-1][0]
+    scale = ScalarMappable(Normalize(first - 0.5, last + 0.5), round_colours())
+    fig = Figure(figsize=(7, 4.2), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    for r, values in spectra:  # below FLOOR: numerical zeros a log axis cannot show (see plot_spectra)
+        ax.plot(np.arange(1, len(values) + 1), np.where(values >= FLOOR, values, np.nan), color=scale.to_rgba(r),
+                linewidth=2.0 if r == last else 1.0, marker="." if len(spectra) <= 5 else None)
+    ax.set_yscale("log")
+    ax.set(xlabel="index of the singular value (1-based)", ylabel="normalised singular values (sorted)",
+           title=title or "representation per round")
+    bar = fig.colorbar(scale, ax=ax, label=f"round ({len(spectra)} with a spectrum)")
+    bar.locator = MaxNLocator(integer=True)
+    bar.update_ticks()
+    return fig
+
+
+def round_colours() -> Any:
+    """viridis without its last tenth: the pale yellow of the latest rounds is hard to see on white."""
+    from matplotlib import colormaps
+    from matplotlib.colors import ListedColormap
+
+    return ListedColormap(colormaps["viridis"](np.linspace(0.0, 0.9, 256)), name="rounds")
