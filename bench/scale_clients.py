@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -32,6 +33,7 @@ import numpy as np
 import psutil
 
 from splitedge.bench.procmem import vm_hwm_bytes
+from splitedge.bench.report import machine
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.mqtt import MqttTransport
 from splitedge.protocol.mqtt_loop import ClientLoop, ensure_fd_limit
@@ -317,9 +319,27 @@ def markdown(result: dict[str, Any], command: str) -> str:
         ("broker peak descriptors", b.get("peak_fds")),
         ("broker CPU: connect / hold", f"{b.get('cpu_s_connect')} s / {b.get('cpu_s_hold')} s"),
     ]
+    rows.append(("machine (measured at run time)", machine_line(result.get("machine"))))
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     return (f"# Scale: {f['clients']} device MQTT sessions in one process\n\n"
             f"Command: `{command}`\n\n| what | measured |\n|---|---|\n{table}\n\n{NOTES}")
+
+
+def machine_facts(load_at_start: list[float]) -> dict[str, Any]:
+    """CPU count, RAM and the load average at the start and the end of the run, measured: the
+    README states the machine a run had, not a sentence written by hand for one box."""
+    m = machine()
+    return {"cpu_count": m["cpu_count"], "ram_total_bytes": m["ram_total_bytes"],
+            "loadavg_at_start": load_at_start, "loadavg_at_end": m["loadavg_at_end"]}
+
+
+def machine_line(m: dict[str, Any] | None) -> str:
+    """The machine row of the README; a run saved before it was measured says so."""
+    if not m:
+        return "not recorded by this run"
+    ram = f"{m['ram_total_bytes'] / 2**30:.1f} GiB RAM" if m.get("ram_total_bytes") else "RAM unknown"
+    load = " / ".join("?" if not v else f"{v[0]:.1f}" for v in (m.get("loadavg_at_start"), m.get("loadavg_at_end")))
+    return f"{m['cpu_count']} CPUs, {ram}; load average (1 min) {load} at the start / end"
 
 
 NOTES = """How to read it:
@@ -345,8 +365,8 @@ NOTES = """How to read it:
   edge fills its cache within minutes; a device hearing one message per period would take
   hours to fill its own, so a long run with thousands of devices should keep that cache
   smaller (up to ~1 MiB per transport when full).
-- CPU: the process's own user + system seconds. This run shared the 2-core box with other
-  work (test runs), which the CPU seconds do not include but latency may.
+- CPU: the process's own user + system seconds. Other work on the machine (the load average
+  in the table, measured at the start and the end) is not in them but may add latency.
 - Broker: a private Mosquitto with `max_connections -1` and `max_queued_messages 10000`; it
   inherits this process's open-file limit, raised first (`ensure_fd_limit`).
 """
@@ -373,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("splitedge.protocol.mqtt").setLevel(logging.WARNING)  # one line per client otherwise
     s = Settings(**{k: v for k, v in vars(args).items() if k != "rerender"})
+    load_at_start = list(os.getloadavg())
     result = run(s)
+    result["machine"] = machine_facts(load_at_start)
     command = "python -m splitedge.bench.scale_clients " + " ".join(argv if argv is not None else sys.argv[1:])
     result["command"] = command
     s.out.mkdir(parents=True, exist_ok=True)
