@@ -39,6 +39,11 @@ def topic_kind(kind: str, slot: str | None) -> str:
 HELD_STOP_GRACE_S = 15.0
 """How long a node that finds a retained stop before any round waits for a new run's parent."""
 
+QUIET_WARN_S = 8.0
+"""How long an edge or device may hear nothing at all before it says, once, what it waits for:
+under a broker ACL a wrong --run is silence, not an error (the broker drops what it may not see)."""
+WAITING_FOR = {"edge": "its devices' hellos and its cloud's round", "device": "its edge's round or its peers"}
+
 
 class Node:
     """A named participant of a run, publishing under `splitedge/<run>/<tier>/<id>/...`."""
@@ -57,6 +62,7 @@ class Node:
         self.inbound = NodeInbound(f"{tier} {node_id}", lambda: self.session)
         self.gate: Any = None  # what head statistics must fit while a calibration phase is open
         self.stopped = threading.Event()
+        self._quiet_since: float | None = 0.0  # 0 before the first wait, then its start; None once heard (or warned)
 
     @property
     def part(self) -> Any:
@@ -112,9 +118,28 @@ class Node:
 
     def next_event(self, timeout: float) -> tuple[str, Envelope] | None:
         try:
-            return self.inbox.get(timeout=max(0.0, timeout))
+            event = self.inbox.get(timeout=max(0.0, timeout))
         except queue.Empty:
+            self._check_quiet()
             return None
+        self._quiet_since = None
+        return event
+
+    def _check_quiet(self) -> None:
+        """One warning when an edge or device has received nothing QUIET_WARN_S after it started
+        waiting, naming the run it uses: the usual cause is a --run that the broker's ACL does not
+        grant (it defaults to "default"), which otherwise looks like waiting for ever."""
+        if self._quiet_since is None or self.tier not in WAITING_FOR:
+            return
+        now = time.monotonic()
+        if not self._quiet_since:
+            self._quiet_since = now
+        elif now - self._quiet_since >= QUIET_WARN_S:
+            self._quiet_since = None
+            log.warning("%s %s: nothing received %.0f s after connecting; still waiting for %s. Under a broker ACL "
+                        "(splitedge data split --acl) a login may use only its run's topics: this %s uses run %r, "
+                        "and its --run must match the cloud's", self.tier, self.node_id, QUIET_WARN_S,
+                        WAITING_FOR[self.tier], self.tier, self.run_id)
 
     # -- a retained stop found at start ----------------------------------------------------
     def hold_stop(self, session: str) -> None:
