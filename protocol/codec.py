@@ -7,6 +7,7 @@ arrays anywhere in the body are msgpack ext type 1 (arrays.py).
 ``decode`` treats its input as hostile: it checks the size first, bounds every length msgpack
 reads, caps the number of decoded containers/elements, and turns every failure into
 ProtocolError, so a transport can count and drop a bad frame without a try/except zoo.
+``encode`` checks the same limits (limits.py), so a node never sends what every receiver drops.
 """
 
 from __future__ import annotations
@@ -19,17 +20,13 @@ import msgpack
 
 from .arrays import ext_default, ext_hook
 from .errors import ProtocolError
-from .schema import validate_body
+from .limits import DEFAULT_MAX_BYTES, MAX_ARRAY_LEN, MAX_DEPTH, MAX_ELEMENTS, MAX_STR_BYTES, check_frame
+from .schema import get_schema, validate_body
 
-__all__ = ["PROTOCOL_VERSION", "DEFAULT_MAX_BYTES", "MAX_ELEMENTS", "Envelope", "encode", "decode"]
+__all__ = ["PROTOCOL_VERSION", "DEFAULT_MAX_BYTES", "MAX_ARRAY_LEN", "MAX_DEPTH", "MAX_ELEMENTS", "MAX_STR_BYTES",
+           "Envelope", "encode", "decode"]
 
 PROTOCOL_VERSION = 2
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-# Upper bound on list items + map entries per frame. Bodies carry their bulk in array ext
-# payloads, so this only stops a small frame from inflating into millions of Python objects.
-MAX_ELEMENTS = 1 << 17
-_MAX_ARRAY_LEN = 1024  # msgpack preallocates lists: peak <= 1024 levels x 1024 x 8 B = 8 MiB
-_MAX_STR_LEN = 1 << 20
 _MAX_ID_LEN = 128
 _KEYS = ("v", "k", "r", "n", "s", "i", "b")
 
@@ -70,20 +67,28 @@ def _check_envelope(version: Any, kind: Any, run: Any, rnd: Any, sender: Any, ms
         raise ProtocolError("envelope.field", f"round must be an int in [0, 2**63), got {rnd!r:.40}")
 
 
-def encode(env: Envelope, *, validate: bool = True) -> bytes:
-    """Serialise ``env``; with ``validate`` a bad envelope/body raises ProtocolError (a ValueError)."""
+def encode(env: Envelope, *, validate: bool = True, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """Serialise ``env``; with ``validate`` a bad envelope/body raises ProtocolError (a ValueError).
+
+    Always (``validate`` or not) a frame a decoder with cap ``max_bytes`` would refuse raises
+    ProtocolError naming the limit (limits.py) instead of being sent to be dropped."""
     body = env.body
     if validate:
         _check_envelope(env.version, env.kind, env.run, env.round, env.sender, env.msg_id)
-        body = validate_body(env.kind, body)
+        schema = get_schema(env.kind)
+        body = schema.wire(schema.validate(body, env.kind))
     doc = {"v": env.version, "k": env.kind, "r": env.run, "n": env.round,
            "s": env.sender, "i": env.msg_id, "b": body}
+    check_frame(doc)
     try:
-        return msgpack.packb(doc, default=ext_default, use_bin_type=True)
+        data = msgpack.packb(doc, default=ext_default, use_bin_type=True)
     except ProtocolError:
         raise
     except (TypeError, ValueError, OverflowError) as exc:
         raise ProtocolError("encode.type", f"cannot encode envelope: {exc}") from exc
+    if len(data) > max_bytes:
+        raise ProtocolError("frame.too_large", f"{len(data)} bytes > the frame cap of {max_bytes}")
+    return data
 
 
 class _Budget:
@@ -112,8 +117,8 @@ def _unpack(data: bytes, max_bytes: int) -> Any:
     unpacker = msgpack.Unpacker(
         None, max_buffer_size=max(max_bytes, 1), raw=False, strict_map_key=True,
         use_list=True, ext_hook=ext_hook, list_hook=budget.on_list, object_hook=budget.on_map,
-        max_str_len=min(_MAX_STR_LEN, max_bytes), max_bin_len=max_bytes, max_ext_len=max_bytes,
-        max_array_len=_MAX_ARRAY_LEN, max_map_len=MAX_ELEMENTS,
+        max_str_len=min(MAX_STR_BYTES, max_bytes), max_bin_len=max_bytes, max_ext_len=max_bytes,
+        max_array_len=MAX_ARRAY_LEN, max_map_len=MAX_ELEMENTS,
     )
     try:
         unpacker.feed(data)
@@ -123,7 +128,7 @@ def _unpack(data: bytes, max_bytes: int) -> Any:
     except msgpack.OutOfData as exc:
         raise ProtocolError("frame.truncated", "frame ends inside a msgpack object") from exc
     except msgpack.StackError as exc:
-        raise ProtocolError("frame.depth", "msgpack nesting too deep") from exc
+        raise ProtocolError("frame.depth", f"msgpack nesting deeper than MAX_DEPTH {MAX_DEPTH}") from exc
     except UnicodeDecodeError as exc:
         raise ProtocolError("frame.utf8", f"invalid UTF-8 in a str: {exc.reason}") from exc
     except Exception as exc:  # noqa: BLE001 - FormatError, ValueError (limits, map keys), ...

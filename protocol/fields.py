@@ -19,9 +19,10 @@ import numpy as np
 
 from .arrays import DTYPE_CODES, dtype_name
 from .errors import ProtocolError
+from .limits import MAX_ARRAY_LEN
 
 __all__ = [
-    "Field", "Int", "Float", "Number", "Bool", "Str", "Bytes", "Scalar", "Array", "Map", "List", "Data",
+    "Field", "Int", "Float", "Number", "Bool", "Str", "Bytes", "Scalar", "Array", "Map", "List", "Paged", "Data",
     "FLOAT_DTYPES", "ALL_DTYPES", "Dims",
 ]
 
@@ -72,6 +73,10 @@ class Field:
     def describe(self) -> str:
         """Short human text used in PROTOCOL.md's kinds table."""
         raise NotImplementedError
+
+    def wire(self, value: Any) -> Any:
+        """The checked ``value`` as it goes on the wire (the same, but for Paged)."""
+        return value
 
     def but(self, **changes: Any) -> "Field":
         """A copy with some settings changed (specs are frozen), e.g. ``spec.but(optional=True)``."""
@@ -298,10 +303,15 @@ class Map(Field):
 
 @dataclass(frozen=True, kw_only=True)
 class List(Field):
-    """A list whose items all follow ``items`` (at most 1024: the decoder's msgpack array bound)."""
+    """A list whose items all follow ``items``; one msgpack array, so at most MAX_ARRAY_LEN
+    (a longer one would be refused by every decoder: use Paged)."""
 
     items: Field = field(default_factory=Scalar)
-    max_items: int = 1024
+    max_items: int = MAX_ARRAY_LEN
+
+    def __post_init__(self) -> None:
+        if self.max_items > MAX_ARRAY_LEN:
+            raise ValueError(f"List(max_items={self.max_items}) exceeds MAX_ARRAY_LEN {MAX_ARRAY_LEN}: use Paged")
 
     def check(self, path: str, value: Any, dims: Dims) -> list[Any]:
         if not isinstance(value, (list, tuple)):
@@ -312,6 +322,50 @@ class List(Field):
 
     def describe(self) -> str:
         return self._opt(f"list of ({self.items.describe()})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Paged(Field):
+    """A list that may outgrow one msgpack array (an edge's members, a round's participants).
+
+    In Python always a flat list. On the wire a flat msgpack array while it has at most
+    ``page`` items (the same bytes as a List), else an array of pages: non-empty arrays of at
+    most ``page`` items, concatenated in order. A receiver takes either form at any length,
+    bounded by ``max_items`` in all. Top-level body fields only (Schema.wire applies it)."""
+
+    items: Field = field(default_factory=Scalar)
+    max_items: int = 65536
+    page: int = MAX_ARRAY_LEN
+
+    def __post_init__(self) -> None:
+        if not 0 < self.page <= MAX_ARRAY_LEN or -(-self.max_items // self.page) > MAX_ARRAY_LEN:
+            raise ValueError(f"Paged(page={self.page}, max_items={self.max_items}) does not fit MAX_ARRAY_LEN pages "
+                             f"of at most MAX_ARRAY_LEN {MAX_ARRAY_LEN}")
+        if isinstance(self.items, (List, Paged, Data)):
+            raise ValueError("Paged items cannot be lists: a page could not be told from an item")
+
+    def check(self, path: str, value: Any, dims: Dims) -> list[Any]:
+        if not isinstance(value, (list, tuple)):
+            raise _fail("schema.type", path, f"expected list, got {type(value).__name__}")
+        flat = self._flatten(path, value) if value and all(isinstance(v, (list, tuple)) for v in value) else value
+        if len(flat) > self.max_items:
+            raise _fail("schema.bounds", path, f"more than {self.max_items} items")
+        return [self.items.check(f"{path}[{i}]", item, {}) for i, item in enumerate(flat)]
+
+    def _flatten(self, path: str, pages: Any) -> list[Any]:
+        """The items of the paged form, each page bounded (a receiver checks what msgpack did not)."""
+        for n, page in enumerate(pages):
+            if not 0 < len(page) <= self.page:
+                raise _fail("schema.bounds", f"{path}[{n}]", f"a page holds 1..{self.page} items, not {len(page)}")
+        return [item for page in pages for item in page]
+
+    def wire(self, value: list[Any]) -> list[Any]:
+        if len(value) <= self.page:
+            return value
+        return [value[i:i + self.page] for i in range(0, len(value), self.page)]
+
+    def describe(self) -> str:
+        return self._opt(f"list of ({self.items.describe()}), paged past {self.page}")
 
 
 @dataclass(frozen=True, kw_only=True)

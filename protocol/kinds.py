@@ -11,7 +11,7 @@ from typing import Any
 
 from .errors import ProtocolError
 from .schema import (
-    ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Bytes, Data, Float, Int, List, Map, Number, Schema, Str,
+    ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Bytes, Data, Float, Int, List, Map, Number, Paged, Schema, Str,
     register_kind,
 )
 
@@ -21,7 +21,9 @@ _VERSION = Int(ge=0)
 NAME_PATTERN = "[a-z][a-z0-9_]{0,31}"
 _NAME = Str(pattern=NAME_PATTERN, max_len=32)
 """A model part, feature space, record or slot name chosen by a method (free-form, no '-')."""
-_IDS = List(items=Str(max_len=128, pattern=r"[^/+#\x00]+"), max_items=65536)
+_ID = Str(max_len=128, pattern=r"[^/+#\x00]+")
+_IDS = Paged(items=_ID, max_items=65536)
+"""Node ids of a whole federation (an edge's members, a round's participants): paged past 1024."""
 _VERSIONS = Map(values=Int(ge=0), max_entries=64, key_max_len=32)
 """{model name: version}: which versions of a method's models a round or a statistic uses."""
 # The cloud's run incarnation: a run id is reused when a cloud restarts, so retained models and
@@ -56,7 +58,7 @@ BUILTIN_KINDS: dict[str, Schema] = {
            "`participants` the devices drawn (empty: all), `stop` ends the run"),
     "assign": Schema({
         "edge": Str(max_len=128), "groups": List(items=_NAME, max_items=64),
-        "peers": _IDS.but(max_items=1024),
+        "peers": List(items=_ID, max_items=1024),
     }, doc="cloud -> one device (through its edge, retained): the edge it reports to, its groups, "
            "its peer devices"),
     "moments": Schema({

@@ -15,11 +15,11 @@ from typing import Any, Callable, Mapping
 from .errors import ProtocolError
 from .fields import (  # noqa: F401 - re-exported: schema.py is the documented home of the specs
     ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Bytes, Data, Dims, Field, Float, Int, List, Map, Number,
-    Scalar, Str, _fail,
+    Paged, Scalar, Str, _fail,
 )
 
 __all__ = [
-    "Field", "Int", "Float", "Number", "Bool", "Str", "Bytes", "Scalar", "Array", "Map", "List", "Data",
+    "Field", "Int", "Float", "Number", "Bool", "Str", "Bytes", "Scalar", "Array", "Map", "List", "Paged", "Data",
     "Schema", "FLOAT_DTYPES", "ALL_DTYPES", "register_kind", "get_schema", "registered_kinds",
     "validate_body",
 ]
@@ -71,6 +71,10 @@ class Schema:
         for check in self.checks:
             _run_check(kind, check, out)
         return out
+
+    def wire(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A validated body as it goes on the wire: each field's wire form (Paged lists paged)."""
+        return {k: self.fields[k].wire(v) if k in self.fields else v for k, v in body.items()}
 
     def describe(self) -> str:
         parts = [f"`{name}`: {spec.describe()}" for name, spec in self.fields.items()]

@@ -33,7 +33,7 @@ from splitedge.protocol.accounting import (
 from splitedge.protocol.codec import DEFAULT_MAX_BYTES, Envelope, encode, new_msg_id
 from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.inbound import WIRE_STEPS, Frame, Step, compose
-from splitedge.protocol.signing import KeyRing, Signer, Verifier
+from splitedge.protocol.signing import TRAILER_LEN, KeyRing, Signer, Verifier
 from splitedge.protocol.topics import matches, parse, validate_filter, validate_topic_name
 
 logger = logging.getLogger(__name__)
@@ -98,10 +98,16 @@ class Transport(abc.ABC):
                 wait: float | None = None) -> None:
         """Encode (validating the body against its kind's schema) and publish.
 
-        ``wait`` (seconds) blocks until the broker acknowledged the message (QoS 1).
+        ``wait`` (seconds) blocks until the broker acknowledged the message (QoS 1). A frame over
+        this node's own cap raises ProtocolError: a federation shares one --max-frame-bytes, so
+        every receiver would drop it.
         """
-        payload = self._seal(topic, encode(env))
+        payload = self._seal(topic, encode(env, max_bytes=self._frame_cap()))
         self._publish_bytes(topic, payload, qos=qos, retain=retain, kind=env.kind, wait=wait)
+
+    def _frame_cap(self) -> int:
+        """The longest frame this node may send: its cap, less the signature trailer it adds."""
+        return self.max_bytes - (TRAILER_LEN if self.signer is not None else 0)
 
     def _seal(self, topic: str, frame: bytes, *, will: bool = False) -> bytes:
         """The payload for ``frame`` on ``topic``: signed when this node has a key."""

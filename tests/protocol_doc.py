@@ -64,10 +64,10 @@ def _unquote(cell: str) -> str:
 
 @dataclass(frozen=True)
 class Type:
-    """`int`, `float`, `number`, `bool`, `str`, `bytes`, `any`, `array`, `map` or `list`."""
+    """`int`, `float`, `number`, `bool`, `str`, `bytes`, `any`, `array`, `map`, `list` or `pages`."""
 
     name: str
-    of: "Type | None" = None  # map values, list items
+    of: "Type | None" = None  # map values, list and pages items
     dtypes: tuple[str, ...] = ()  # arrays; () = any whitelisted dtype
     shape: tuple[str, ...] | None = None  # arrays; None = any shape
 
@@ -86,6 +86,8 @@ def parse_type(text: str) -> Type:
         return Type("map", of=parse_type(value))
     if s.startswith("list<") and s.endswith(">"):
         return Type("list", of=parse_type(s[5:-1]))
+    if s.startswith("pages<") and s.endswith(">"):
+        return Type("pages", of=parse_type(s[6:-1]))
     m = re.fullmatch(r"array<([a-z0-9, ]+)>(?:\[([A-Za-z0-9_., ]+)\])?", s)
     if m:
         dtypes = tuple(d.strip() for d in m.group(1).split(","))
@@ -254,8 +256,28 @@ def _bounds(path: str, values: Any, constraints: list[tuple[str, Any]]) -> None:
             raise Violation(f"{path}: not {name} {arg:g}")
 
 
+def _unpage(path: str, value: Any) -> list:
+    """A `pages<T>` value as the page describes it: a list<T>, or non-empty pages of <= 1024 T."""
+    if not isinstance(value, list):
+        raise Violation(f"{path}: expected list, got {type(value).__name__}")
+    if not value or not all(isinstance(v, list) for v in value):
+        return value
+    for n, page in enumerate(value):
+        if not 0 < len(page) <= 1024:
+            raise Violation(f"{path}[{n}]: a page of {len(page)} items")
+    return [item for page in value for item in page]
+
+
 def check_value(path: str, value: Any, t: Type, constraints: list[tuple[str, Any]], dims: dict[str, int]) -> None:
     c = dict(constraints)
+    if t.name == "pages":
+        items = _unpage(path, value)
+        if len(items) > c.get("items", 1024):
+            raise Violation(f"{path}: {len(items)} entries > {c.get('items', 1024)}")
+        inner = [(n, a) for n, a in constraints if n != "items"]
+        for i, v in enumerate(items):
+            check_value(f"{path}.{i}", v, t.of, inner, {})
+        return
     if t.name in ("map", "list"):
         limit = c.get("items", 65536 if t.name == "map" else 1024)
         inner = [(n, a) for n, a in constraints if n not in ("items", "keys len")]

@@ -37,9 +37,10 @@ def record(n: int) -> Envelope:
 
 
 def frame_of(size: int) -> bytes:
-    """A valid frame of exactly `size` bytes (an arrays record padded to fit)."""
-    payload = encode(record(size))
-    payload = encode(record(2 * size - len(payload)))
+    """A valid frame of exactly `size` bytes (an arrays record padded to fit), over the default
+    cap too (the encoder refuses those unless told the receiver's cap is larger)."""
+    payload = encode(record(size), max_bytes=2 * size)
+    payload = encode(record(2 * size - len(payload)), max_bytes=size)
     assert len(payload) == size
     return payload
 

@@ -1,0 +1,93 @@
+"""The frame limits every decoder enforces, and the encoder's check against the same numbers.
+
+One source of truth: ``decode`` (codec.py) hands these to msgpack's Unpacker, ``check_frame``
+walks an outgoing envelope with them, and PROTOCOL.md's limits table is tested equal to them.
+A sender that checked less would publish frames every receiver drops (`frame.invalid`), as an
+edge with more than MAX_ARRAY_LEN members once did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ProtocolError
+
+__all__ = ["DEFAULT_MAX_BYTES", "MAX_ARRAY_LEN", "MAX_ELEMENTS", "MAX_STR_BYTES", "MAX_DEPTH", "check_frame"]
+
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+"""A receiver's default frame cap (the cap itself is each receiver's setting, --max-frame-bytes)."""
+MAX_ARRAY_LEN = 1024
+"""Items of one msgpack array. msgpack preallocates a list before reading its items, so this
+bounds what a small hostile frame can allocate: <= MAX_DEPTH levels x 1024 x 8 B = 8 MiB.
+Longer lists travel as pages (fields.Paged)."""
+MAX_ELEMENTS = 1 << 17
+"""List items + map entries (+1 per container) per frame. Bodies carry their bulk in array ext
+payloads, so this only stops a small frame from inflating into millions of Python objects.
+It also bounds a single map (the decoder's max_map_len is the same number)."""
+MAX_STR_BYTES = 1 << 20
+"""UTF-8 bytes of one msgpack str (map keys included); a receiver with a smaller frame cap
+allows at most its cap."""
+MAX_DEPTH = 1024
+"""Nested msgpack arrays and maps, the envelope map included: msgpack-python's fixed unpack
+stack (decode reports `frame.depth` beyond it), and its packer's recursion limit as well."""
+
+
+def check_frame(doc: Any) -> None:
+    """Raise ProtocolError naming the limit when a decoder would refuse ``doc`` once packed.
+
+    Iterative (a frame may nest MAX_DEPTH deep, past Python's recursion limit) and counting
+    elements exactly as the decoder's budget does."""
+    used = 0
+    stack: list[tuple[Any, int, str]] = [(doc, 1, "envelope")]
+    while stack:
+        value, depth, path = stack.pop()
+        if isinstance(value, (list, tuple)):
+            _check_depth(depth, path)
+            used = _spend(used, len(value), path)
+            if len(value) > MAX_ARRAY_LEN:
+                raise ProtocolError("frame.array_len", f"{path}: {len(value)} items > MAX_ARRAY_LEN {MAX_ARRAY_LEN}")
+            stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(value) if not _leaf(v, path, i))
+        elif isinstance(value, dict):
+            _check_depth(depth, path)
+            used = _spend(used, len(value), path)
+            for key, v in value.items():
+                _check_key(key, path)
+                if not _leaf(v, path, key):
+                    stack.append((v, depth + 1, f"{path}.{key}"))
+        else:
+            _leaf(value, path, None)
+
+
+def _leaf(value: Any, path: str, key: Any) -> bool:
+    """Check a non-container value where it stands; False for a container (walked later)."""
+    if isinstance(value, (list, tuple, dict)):
+        return False
+    if isinstance(value, str):
+        _check_str(value, path if key is None else f"{path}[{key!r}]")
+    return True
+
+
+def _check_str(value: str, path: str) -> None:
+    if len(value) * 4 > MAX_STR_BYTES and len(value.encode("utf-8", "surrogatepass")) > MAX_STR_BYTES:
+        raise ProtocolError("frame.str_len", f"{path}: str of more than MAX_STR_BYTES {MAX_STR_BYTES} UTF-8 bytes")
+
+
+def _check_key(key: Any, path: str) -> None:
+    """msgpack map keys must be str or bin (the decoder uses strict_map_key)."""
+    if isinstance(key, str):
+        _check_str(key, f"{path} key")
+    elif not isinstance(key, (bytes, bytearray)):
+        raise ProtocolError("frame.map_key", f"{path}: map key {key!r:.40} is neither str nor bytes")
+
+
+def _check_depth(depth: int, path: str) -> None:
+    if depth > MAX_DEPTH:
+        raise ProtocolError("frame.depth", f"{path}: nested {depth} deep > MAX_DEPTH {MAX_DEPTH}")
+
+
+def _spend(used: int, n: int, path: str) -> int:
+    used += n + 1
+    if used > MAX_ELEMENTS:
+        raise ProtocolError("frame.too_many_elements", f"{path}: more than MAX_ELEMENTS {MAX_ELEMENTS} "
+                                                       "list items + map entries in one frame")
+    return used
