@@ -12,6 +12,10 @@ The same goes for what a node trusts beyond the broker: ``--sign-key`` (this nod
 key) and ``--verify-keys`` (a folder of ``<node-id>.pub``) turn on message signatures
 (signing.py), and ``--max-frame-bytes`` caps what a receiver parses. All three are checked
 here, before any data is read or anything connects.
+
+It also says what a broker URL may be (``PORTS``: ``mqtt://``, ``mqtts://``, ``ssl://``, as
+PROTOCOL.md documents; ``tcp://`` or anything else is a one-line error) and keeps passwords out
+of sight: every message or log line that shows a broker URL passes it through ``redact_url``.
 """
 
 from __future__ import annotations
@@ -29,10 +33,33 @@ ENV = {
     "key_file": "SPLITEDGE_KEY_FILE",
     "password_file": "SPLITEDGE_PASSWORD_FILE",
 }
+PORTS = {"mqtt": 1883, "mqtts": 8883, "ssl": 8883}
+"""The broker URL schemes PROTOCOL.md documents, with their default ports; others (tcp://) are refused."""
 TLS_SCHEMES = ("mqtts://", "ssl://")
+SCHEMES_HINT = "mqtt:// (plain, port 1883) or mqtts:// / ssl:// (TLS, port 8883)"
 SIGN_ENV = {"sign_key": "SPLITEDGE_SIGN_KEY", "verify_keys": "SPLITEDGE_VERIFY_KEYS"}
 MAX_FRAME_ENV = "SPLITEDGE_MAX_FRAME_BYTES"
 MIN_FRAME_BYTES = 1024  # below this not even a hello fits
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password (if any) as ``***``: every message and log line that shows a broker
+    URL goes through this, since terminals, log files and bug reports are read by others."""
+    head, at, tail = url.rpartition("@")  # the last '@': a password may hold an unescaped one
+    scheme, sep, login = head.rpartition("://")
+    if not at or ":" not in login:
+        return url
+    return f"{scheme}{sep}{login.split(':', 1)[0]}:***@{tail}"
+
+
+def check_scheme(url: str) -> str:
+    """The URL's scheme, lower case, if it is one we speak; else a one-line ValueError naming them."""
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        raise ValueError(f"broker URL {redact_url(url)!r} has no scheme: use {SCHEMES_HINT}")
+    if scheme.lower() not in PORTS:
+        raise ValueError(f"broker URL {redact_url(url)!r}: {scheme}:// is not supported; use {SCHEMES_HINT}")
+    return scheme.lower()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,9 +110,12 @@ def connect_options(args: argparse.Namespace, *urls: str | None) -> dict[str, An
         raise ValueError("--cert-file and --key-file go together: give both (a client certificate and its key) "
                          "or neither")
     given = [u for u in urls if u]
+    for url in given:  # an unsupported scheme: one line, before any data is read
+        check_scheme(url)
     tls = [name for name in ("ca_file", "cert_file", "key_file") if chosen[name] is not None]
     if tls and not any(u.lower().startswith(TLS_SCHEMES) for u in given):
-        raise ValueError(f"{_flag(tls[0])} is for TLS: use an mqtts:// broker URL (got {', '.join(given)})")
+        raise ValueError(f"{_flag(tls[0])} is for TLS: use an mqtts:// broker URL (got "
+                         f"{', '.join(map(redact_url, given))})")
     options: dict[str, Any] = {}
     if chosen["ca_file"] is not None:
         options["ca_certs"] = str(chosen["ca_file"])

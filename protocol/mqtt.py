@@ -10,6 +10,11 @@ Design choices, and why:
   of its own: the shared loop reads, writes, pings and reconnects it with the same back-off, one
   descriptor per client, so one process holds thousands of clients (``splitedge sim``, the
   scale bench). Everything else (QoS, will, births, resubscription, counters) is the same code.
+* A failed connect names its cause: a refused login as an authentication failure (the broker
+  is plainly up), a TLS/plain mismatch or an untrusted certificate as soon as the first attempt
+  fails (our own handshake, at most HANDSHAKE_TIMEOUT_S) rather than at the connect timeout,
+  and only a silent address asks whether the broker runs. No message or log line shows a
+  password (``credentials.redact_url``; ``self.url`` has no login at all).
 * The last will (a retained, QoS 1 encoded Envelope, typically ``status: offline``) is set
   before connecting, so the broker announces a crashed node without any help from it.
 * Handlers run on paho's network thread (or the loop's). The inbound chain (protocol/inbound.py)
@@ -26,6 +31,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -46,6 +52,8 @@ from splitedge.protocol.accounting import (
     unsubscribe_packet_bytes,
 )
 from splitedge.protocol.codec import Envelope, encode
+from splitedge.protocol.credentials import ENV, PORTS, check_scheme, redact_url
+from splitedge.protocol.credentials import TLS_SCHEMES as CREDENTIAL_TLS_SCHEMES
 from splitedge.protocol.inbound import WIRE_STEPS, Step
 from splitedge.protocol.mqtt_loop import ClientLoop
 from splitedge.protocol.signing import KeyRing, Signer
@@ -54,8 +62,11 @@ from splitedge.protocol.transport import DEFAULT_MAX_BYTES, Transport, kind_of, 
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PORTS = {"mqtt": 1883, "tcp": 1883, "mqtts": 8883, "ssl": 8883}
-TLS_SCHEMES = ("mqtts", "ssl")
+DEFAULT_PORTS = PORTS
+TLS_SCHEMES = tuple(s.removesuffix("://") for s in CREDENTIAL_TLS_SCHEMES)  # ("mqtts", "ssl")
+HANDSHAKE_TIMEOUT_S = 3.0  # our own TLS probe: a listener that does not answer TLS is named in seconds
+AUTH_REFUSALS = ("Bad user name or password", "Not authorized")  # CONNACK 4 and 5 (Mosquitto sends 5)
+UNREACHABLE_HINT = "is it running, and is the URL right?"
 
 # Control packets recognised in paho's log lines -> (direction, size or None if computed).
 _LOGGED_CONTROL: dict[str, tuple[str, int | None]] = {
@@ -72,16 +83,20 @@ _LOGGED_CONTROL: dict[str, tuple[str, int | None]] = {
 
 
 def parse_url(url: str) -> tuple[str, str, int, str | None, str | None]:
-    """``mqtt[s]://[user[:pass]@]host[:port]`` -> (scheme, host, port, user, password)."""
+    """``mqtt[s]://[user[:pass]@]host[:port]`` -> (scheme, host, port, user, password); a URL of
+    any other scheme is a one-line ValueError naming the ones that work."""
+    scheme = check_scheme(url)
     parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in DEFAULT_PORTS:
-        raise ValueError(f"broker URL must start with mqtt:// or mqtts://, got {url!r}")
-    if not parts.hostname:
-        raise ValueError(f"broker URL has no host: {url!r}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:  # a port that is not a number, often a password with an unescaped '/' or '@'
+        raise ValueError(f"broker URL {redact_url(url)!r}: {exc} (percent-encode special characters in a "
+                         f"password, or use --password-file)") from None
+    if not host:
+        raise ValueError(f"broker URL has no host: {redact_url(url)!r}")
     user = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password else None
-    return scheme, parts.hostname, parts.port or DEFAULT_PORTS[scheme], user, password
+    return scheme, host, port or DEFAULT_PORTS[scheme], user, password
 
 
 def check_reachable(url: str, timeout: float = 5.0) -> None:
@@ -93,8 +108,75 @@ def check_reachable(url: str, timeout: float = 5.0) -> None:
             return
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
-        raise ConnectionError(f"cannot connect to the MQTT broker at {url}: {reason}; is it running, and is the "
-                              f"URL right?") from None
+        raise ConnectionError(f"cannot connect to the MQTT broker at {redact_url(url)}: {reason}; "
+                              f"{UNREACHABLE_HINT}") from None
+
+
+def refusal(reason_code: Any, username: str | None) -> str:
+    """What a failed CONNACK means for the user: a wrong login is named as such (the broker is
+    plainly running), with where the user name and the password come from."""
+    if str(reason_code) not in AUTH_REFUSALS:
+        return f"the broker refused the connection: {reason_code}"
+    login = f"as user {username!r}" if username else "with no user name"
+    return (f"the broker refused the connection: authentication failed ({reason_code}) {login}: wrong or "
+            f"missing user name or password; the user name goes in the URL (mqtt://NAME@host), the password in "
+            f"a role's --password-file (env {ENV['password_file']}) or the URL")
+
+
+def tls_problem(raw: socket.socket, host: str, files: tuple[str | None, str | None, str | None]) -> str | None:
+    """Our own TLS handshake on `raw` with the client's files: what TLS refused, or None when it
+    works. Bounded by HANDSHAKE_TIMEOUT_S, so a plain listener is named in seconds."""
+    ca, cert, key = files
+    context = ssl.create_default_context(cafile=ca)
+    if cert:
+        context.load_cert_chain(cert, key)
+    plain = "the listener may be plain MQTT (use mqtt://)"
+    raw.settimeout(HANDSHAKE_TIMEOUT_S)
+    try:
+        with context.wrap_socket(raw, server_hostname=host) as tls:
+            return _after_handshake(tls)
+    except ssl.SSLCertVerificationError as exc:
+        where = f"--ca-file {ca}" if ca else f"the system's CA store (give --ca-file or env {ENV['ca_file']})"
+        return (f"the TLS handshake failed: the broker's certificate is not trusted: {exc.verify_message}; is it "
+                f"signed by {where}?")
+    except ssl.SSLError as exc:
+        reason = getattr(exc, "reason", None) or str(exc)
+        if "ALERT" not in str(reason).upper():  # no TLS answer at all (WRONG_VERSION_NUMBER, EOF)
+            return f"the TLS handshake failed ({reason}): {plain}"
+        return f"the TLS handshake failed: the broker sent {reason}"
+    except TimeoutError:
+        return f"the TLS handshake got no answer within {HANDSHAKE_TIMEOUT_S:g}s: {plain}"
+    except OSError as exc:  # a plain MQTT listener resets a ClientHello
+        return f"the TLS handshake failed ({exc.strerror or exc}): {plain}"
+
+
+def _after_handshake(tls: ssl.SSLSocket) -> str | None:
+    """TLS 1.3: a broker that wants a client certificate says so only after the handshake."""
+    tls.settimeout(1.0)
+    try:
+        tls.recv(1)
+    except ssl.SSLError as exc:
+        if "CERTIFICATE_REQUIRED" in str(exc) or "certificate required" in str(exc):
+            return "the broker requires a client certificate: give --cert-file and --key-file"
+        return f"the broker closed the TLS connection ({getattr(exc, 'reason', None) or exc})"
+    except OSError:
+        pass
+    return None
+
+
+def speaks_tls(raw: socket.socket, host: str) -> bool:
+    """Whether the listener behind `raw` answers a TLS handshake (any certificate, any alert):
+    how an mqtt:// URL that reached a TLS port is told apart from a broker that hung up."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    raw.settimeout(HANDSHAKE_TIMEOUT_S)
+    try:
+        with context.wrap_socket(raw, server_hostname=host):
+            return True
+    except ssl.SSLError as exc:
+        return "ALERT" in str(getattr(exc, "reason", None) or exc).upper()
+    except OSError:
+        return False
 
 
 class MqttTransport(Transport):
@@ -129,6 +211,7 @@ class MqttTransport(Transport):
         self._count_lock = threading.Lock()
         self.reconnects = 0
         self._had_connection = False
+        self._failed_attempts = 0  # connect attempts that failed before the first CONNACK
         self._net_thread: int | None = None
         self._subacks: set[int] = set()
         self.subscribe_timeout = subscribe_timeout
@@ -155,6 +238,7 @@ class MqttTransport(Transport):
         client.max_inflight_messages_set(100)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
+        client.on_connect_fail = self._on_connect_fail
         client.on_message = self._on_message
         client.on_publish = self._on_publish
         client.on_subscribe = self._on_subscribe
@@ -169,55 +253,64 @@ class MqttTransport(Transport):
         else:
             self._session = self._loop.attach(self._client, reconnect_min=self._reconnect[0],
                                               reconnect_max=self._reconnect[1])
-        ok = wait_for(lambda: self._connected.is_set() or self._connect_error is not None, timeout)
-        if ok and self._connect_error is None:
+        reason = self._await_connack(time.monotonic() + timeout, timeout)
+        if reason is None:
             logger.info("%s (%s) connected to %s", self.client_id, self.role, self.url)
             return
         self._closed = True
         self._stop_network(timeout=1.0)
-        reason = self._connect_error or self._diagnose(timeout)
-        raise ConnectionError(f"cannot connect to the MQTT broker at {self.url}: {reason}; is it running, and is "
-                              f"the URL right?")
+        raise ConnectionError(f"cannot connect to the MQTT broker at {self.url}: {reason}")
 
-    def _diagnose(self, timeout: float) -> str:
-        """Explain a connect timeout: is anything listening at all, and does TLS work?"""
+    def _await_connack(self, deadline: float, timeout: float) -> str | None:
+        """None once connected, else why not: a refused login at once, a TLS mismatch as soon as
+        the first attempt fails (retrying cannot fix it), anything else at the deadline (a broker
+        that is still starting gets the whole timeout)."""
+        if self._wait_connack(deadline, or_failed=True) and not self._connected.is_set() \
+                and self._connect_error is None:
+            reason, certain = self._diagnose(timeout)  # an attempt failed before the deadline
+            if certain:
+                return reason
+            self._wait_connack(deadline, or_failed=False)
+        if self._connected.is_set():
+            return None
+        return self._connect_error or self._diagnose(timeout)[0]
+
+    def _wait_connack(self, deadline: float, *, or_failed: bool) -> bool:
+        """Wait until connected, refused, the deadline, or (`or_failed`) a failed attempt."""
+        return wait_for(lambda: self._connected.is_set() or self._connect_error is not None
+                        or (or_failed and self._attempt_failed()), max(0.0, deadline - time.monotonic()))
+
+    def _attempt_failed(self) -> bool:
+        """A connect attempt failed before CONNACK: paho's own thread reports it in
+        on_connect_fail, a ClientLoop counts it, and a socket closed early is seen in on_disconnect."""
+        return self._failed_attempts > 0 or (self._session is not None and self._session.attempts > 0)
+
+    def _diagnose(self, timeout: float) -> tuple[str, bool]:
+        """(why no CONNACK came, whether that is certain): certain when something listens but
+        speaks TLS where we do not (or the reverse), or refuses our TLS files; not when nothing
+        listens (yet)."""
         try:
-            with socket.create_connection((self.host, self.port), timeout=1.0) as raw:
-                if self._tls is not None:
-                    return self._diagnose_tls(raw, timeout)
-                return f"TCP connects but no CONNACK within {timeout:g}s (TLS/port mismatch?)"
+            raw = socket.create_connection((self.host, self.port), timeout=HANDSHAKE_TIMEOUT_S)
         except OSError as exc:
-            return f"no broker reachable within {timeout:g}s ({exc})"
-
-    def _diagnose_tls(self, raw: socket.socket, timeout: float) -> str:
-        """Our own handshake with the same files, to name what TLS refused."""
-        ca, cert, key = self._tls or (None, None, None)
-        context = ssl.create_default_context(cafile=ca)
-        if cert:
-            context.load_cert_chain(cert, key)
-        try:
-            with context.wrap_socket(raw, server_hostname=self.host) as tls:
-                tls.settimeout(1.0)
-                try:  # TLS 1.3: a broker that wants a client certificate says so after the handshake
-                    tls.recv(1)
-                except ssl.SSLError as exc:
-                    if "CERTIFICATE_REQUIRED" in str(exc) or "certificate required" in str(exc):
-                        return "the broker requires a client certificate: give --cert-file and --key-file"
-                    return f"the broker closed the TLS connection ({getattr(exc, 'reason', None) or exc})"
-                except OSError:
-                    pass
-        except ssl.SSLCertVerificationError as exc:
-            where = f"--ca-file {ca}" if ca else "the system's CA store (give --ca-file)"
-            return f"the broker's certificate is not trusted: {exc.verify_message}; is it signed by {where}?"
-        except ssl.SSLError as exc:
-            return f"TLS handshake failed: {getattr(exc, 'reason', None) or exc} (is this port TLS?)"
-        return f"TLS works but no CONNACK within {timeout:g}s (does the broker accept this login?)"
+            return f"no broker reachable within {timeout:g}s ({exc}); {UNREACHABLE_HINT}", False
+        with raw:
+            if self._tls is not None:
+                problem = tls_problem(raw, self.host, self._tls)
+                if problem is not None:
+                    return problem, True
+                return f"TLS works but no CONNACK within {timeout:g}s (does the broker accept this login?)", False
+            if self._failed_attempts and speaks_tls(raw, self.host):
+                return (f"no CONNACK: the broker closed the connection, and {self.host}:{self.port} speaks TLS: "
+                        f"use mqtts:// (with --ca-file for a private CA)"), True
+        return f"TCP connects but no CONNACK within {timeout:g}s (TLS/port mismatch?); {UNREACHABLE_HINT}", False
 
     # -- paho callbacks (network thread: must never raise) ------------------------------
     def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         if reason_code.is_failure:
-            self._connect_error = f"broker refused the connection: {reason_code}"
-            logger.warning("%s: connection refused by %s: %s", self.client_id, self.url, reason_code)
+            self._connect_error = refusal(reason_code, self._username)
+            # before the first CONNACK the ConnectionError says it; later (a login revoked) only this does
+            logger.log(logging.WARNING if self._had_connection else logging.DEBUG, "%s: %s: %s", self.client_id,
+                       self.url, self._connect_error)
             return
         self._net_thread = threading.get_ident()
         with self._count_lock:
@@ -232,9 +325,14 @@ class MqttTransport(Transport):
         self._had_connection = True
         self._connected.set()
 
+    def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
+        self._failed_attempts += 1  # TCP refused, TLS refused or timed out (paho's own thread only)
+
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason_code: Any,
                        properties: Any) -> None:
         self._connected.clear()
+        if not self._had_connection:
+            self._failed_attempts += 1  # closed before CONNACK: a TLS listener does that to plain MQTT
         if not self._closed and self._had_connection:
             logger.warning("%s: lost connection to %s (%s); reconnecting", self.client_id, self.url, reason_code)
 

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.credentials import redact_url
 from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import Transport, kind_of
 
@@ -48,9 +49,9 @@ def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s
     finally:
         probe.close()
     if seen and seen[-1] == "online":
-        raise ValueError(f"another {tier} with id {node_id!r} is online in run {run!r} on {url}; stop it, or give "
-                         f"this one another --id or --run (a process killed without a clean exit counts as online "
-                         f"until the broker's keepalive notices, about a minute; --takeover skips this check)")
+        raise ValueError(f"another {tier} with id {node_id!r} is online in run {run!r} on {redact_url(url)}; stop it, "
+                         f"or give this one another --id or --run (a process killed without a clean exit counts as "
+                         f"online until the broker's keepalive notices, about a minute; --takeover skips this check)")
 
 
 def clear_retained(transport: "Transport", filter_: str, settle_s: float = 0.5) -> int:

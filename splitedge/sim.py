@@ -563,6 +563,7 @@ def run_worker(s: SimSettings) -> dict[str, Any]:
     import torch
 
     from splitedge.methods.data.datasets import load_dataset
+    from splitedge.protocol.credentials import redact_url
     from splitedge.protocol.mqtt import check_reachable
     from splitedge.protocol.mqtt_loop import ensure_fd_limit
 
@@ -572,7 +573,7 @@ def run_worker(s: SimSettings) -> dict[str, Any]:
     ensure_fd_limit(len(mine) + 1)
     train, _, _ = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
     shards = partition(train[1], s)
-    status_log.info("sim worker %s: %d devices on %s (run %s)", s.worker, len(mine), s.broker, s.run)
+    status_log.info("sim worker %s: %d devices on %s (run %s)", s.worker, len(mine), redact_url(s.broker), s.run)
     with Federation(s.broker, s.run, s, train, shards) as fed:
         fed.wait_stopped(timeout=s.rounds * s.deadline_s + 600)  # until the cloud's stop
         report = {"worker": s.worker, "devices": len(mine), "tier": fed.bytes_by_tier()["device"],
