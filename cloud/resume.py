@@ -45,7 +45,7 @@ class CloudState:
 
 def save(out: Path, state: CloudState) -> None:
     data = {f.name: getattr(state, f.name) for f in fields(state)}  # not asdict: no deep copy of the models
-    snapshot.write_atomic(Path(out) / STATE_FILE, snapshot.dumps(data))
+    snapshot.write_sealed(Path(out) / STATE_FILE, data)
 
 
 def load(out: Path) -> CloudState | None:
@@ -53,7 +53,10 @@ def load(out: Path) -> CloudState | None:
     path = Path(out) / STATE_FILE
     if not path.exists():
         return None
-    data = snapshot.loads(path.read_bytes())
+    try:
+        data = snapshot.read_sealed(path)  # a flipped byte is refused, never a changed weight
+    except snapshot.SnapshotError as exc:
+        raise snapshot.SnapshotError(f"{exc}; pass --overwrite to start afresh") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise snapshot.SnapshotError(f"{path} is not a state file of this splitedge version (format "
                                      f"{data.get('format') if isinstance(data, dict) else '?'}, want {FORMAT}); "

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import hashlib
 import io
+import logging
 import os
 import sys
 from pathlib import Path
@@ -28,6 +30,8 @@ from typing import Any, Mapping, Sequence
 
 import msgpack
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 _EXT_NDARRAY = 42
 
@@ -273,3 +277,34 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+SEAL = b"SPLITEDGE-SEALED\x00"
+"""A sealed file: this magic, the SHA-256 of the payload, the payload. A flipped byte in a state
+file used to load silently and change a served weight."""
+
+
+def seal(data: bytes) -> bytes:
+    return SEAL + hashlib.sha256(data).digest() + data
+
+
+def unseal(data: bytes, path: Path) -> bytes:
+    """The payload of a sealed file, checked; an unsealed file (written before seals) as it is,
+    with a warning. SnapshotError when the checksum does not match."""
+    if not data.startswith(SEAL):
+        log.warning("%s has no checksum (written by an older splitedge); read unchecked", path)
+        return data
+    digest, payload = data[len(SEAL):len(SEAL) + 32], data[len(SEAL) + 32:]
+    if len(digest) < 32 or hashlib.sha256(payload).digest() != digest:
+        raise SnapshotError(f"{path} is damaged (its checksum does not match its contents)")
+    return payload
+
+
+def write_sealed(path: Path, state: Any) -> None:
+    """`state` written atomically with its checksum (read back by `read_sealed`)."""
+    write_atomic(path, seal(dumps(state)))
+
+
+def read_sealed(path: Path) -> Any:
+    """The state `write_sealed` wrote at `path`, its checksum verified."""
+    return loads(unseal(Path(path).read_bytes(), path))

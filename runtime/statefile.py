@@ -30,7 +30,7 @@ def save(path: Path | None, node: Any) -> None:
     state = {"format": FORMAT, "run": node.run_id, "node": node.node_id, "session": node.session,
              "round": node.plan.round, "plan": node.plan.to_body(), "part": node.host.state(),
              "rng": snapshot.to_plain(node.rng)}
-    snapshot.write_atomic(path, snapshot.dumps(state))
+    snapshot.write_sealed(path, state)
 
 
 def resume(path: Path | None, node: Any) -> bool:
@@ -38,7 +38,11 @@ def resume(path: Path | None, node: Any) -> bool:
     on with it; a new session drops it, as ever); False when there is none of its run."""
     if path is None or not path.exists():
         return False
-    state = snapshot.loads(path.read_bytes())
+    try:
+        state = snapshot.read_sealed(path)
+    except snapshot.SnapshotError as exc:  # damaged: the cloud's round announcement brings the edge back
+        log.warning("%s; starting afresh", exc)
+        return False
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("run") != node.run_id:
         log.warning("%s is not this run's state (or of another splitedge version); starting afresh", path)
         return False
