@@ -50,7 +50,8 @@ def test_a_federation_runs_under_the_generated_acl_and_a_device_cannot_spy_or_fo
     # Prepare: shards and the ACL from the CLI; one login per node, plus a trusted observer
     assert main(["data", "split", "--dataset", "digits", "--devices", "2", "--max-train", "400", "--out",
                  str(tmp_path / "shards"), "--acl", run]) == 0
-    assert "broker.passwd for run acl-run" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "broker.passwd (mode 600: chown it to the broker's user)" in said and "for run acl-run" in said
     acl, passwd = tmp_path / "shards" / "broker.acl", tmp_path / "shards" / "broker.passwd"
     acl.write_text(acl.read_text() + f"\nuser observer\ntopic read splitedge/{run}/#\n")
     passwd.write_text(passwd.read_text() + f"observer:{hash_password(PASSWORD)}\n")
