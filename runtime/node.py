@@ -63,6 +63,7 @@ class Node:
         self.gate: Any = None  # what head statistics must fit while a calibration phase is open
         self.stopped = threading.Event()
         self._quiet_since: float | None = 0.0  # 0 before the first wait, then its start; None once heard (or warned)
+        self.quiet_warn_s: float | None = QUIET_WARN_S  # None: no such warning (a sim's own broker has no ACL)
 
     @property
     def part(self) -> Any:
@@ -129,16 +130,16 @@ class Node:
         """One warning when an edge or device has received nothing QUIET_WARN_S after it started
         waiting, naming the run it uses: the usual cause is a --run that the broker's ACL does not
         grant (it defaults to "default"), which otherwise looks like waiting for ever."""
-        if self._quiet_since is None or self.tier not in WAITING_FOR:
+        if self._quiet_since is None or self.quiet_warn_s is None or self.tier not in WAITING_FOR:
             return
         now = time.monotonic()
         if not self._quiet_since:
             self._quiet_since = now
-        elif now - self._quiet_since >= QUIET_WARN_S:
+        elif now - self._quiet_since >= self.quiet_warn_s:
             self._quiet_since = None
             log.warning("%s %s: nothing received %.0f s after connecting; still waiting for %s. Under a broker ACL "
                         "(splitedge data split --acl) a login may use only its run's topics: this %s uses run %r, "
-                        "and its --run must match the cloud's", self.tier, self.node_id, QUIET_WARN_S,
+                        "and its --run must match the cloud's", self.tier, self.node_id, self.quiet_warn_s,
                         WAITING_FOR[self.tier], self.tier, self.run_id)
 
     # -- a retained stop found at start ----------------------------------------------------

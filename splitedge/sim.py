@@ -349,6 +349,7 @@ class Federation:
                 functools.partial(ParkingHost, slots=device_slots, park_dtype=self.s.park_dtype))
 
     def _start(self, node: Any) -> None:
+        node.quiet_warn_s = None  # hundreds of nodes start one by one here, and no ACL hides a run
         node.start()
         thread = threading.Thread(target=node.run_forever, name=node.node_id, daemon=True)
         thread.start()
