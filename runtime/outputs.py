@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from splitedge.methods.snapshot import write_atomic
+
 log = logging.getLogger(__name__)
 
 RUN_FILES = ("metrics.jsonl", "summary.json", "model.safetensors", "resume.state")
@@ -118,7 +120,7 @@ def write_counters(out: Path | None, node_id: str, transports: list[Any]) -> Non
     out.mkdir(parents=True, exist_ok=True)
     data = {"node": node_id, "transports": [{"role": t.role, "bytes": t.counters.snapshot(),
                                              "rejected": dict(t.rejected)} for t in transports]}
-    (out / f"counters-{node_id}.json").write_text(json.dumps(data, indent=1))
+    write_atomic(out / f"counters-{node_id}.json", json.dumps(data, indent=1).encode())  # never a 0-byte file
 
 
 def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, str]) -> None:
@@ -127,7 +129,7 @@ def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, 
     if not weights:
         return
     from safetensors import safe_open
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     if path.exists() and "round" in meta:
         try:
@@ -139,9 +141,8 @@ def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, 
             log.error("cloud: %s holds a later round than %s; not overwritten", path, meta["round"])
             return
 
-    tmp = path.with_suffix(".tmp")
-    save_file({k: np.array(v, order="C") for k, v in weights.items()}, str(tmp), metadata=meta)  # keeps 0-d
-    tmp.replace(path)
+    data = save({k: np.array(v, order="C") for k, v in weights.items()}, metadata=meta)  # keeps 0-d
+    write_atomic(path, data)  # fsynced before the rename: a crash leaves the old checkpoint or the new one
 
 
 def plot_spectra_per_round(history: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
