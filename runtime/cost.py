@@ -39,8 +39,11 @@ class CostMeter:
                 "bytes_down": sum(t.counters.total("in", "wire") for t in self.transports)}
 
     def round(self) -> dict[str, Any]:
+        """Every figure a float: msgpack writes any float in 9 bytes, so what a round costs does
+        not change the size of the message that reports it (ints take 1 to 9 bytes by value,
+        and a device's bytes on the wire then depended on its own CPU time and traffic)."""
         now = self._totals()
-        cost = {k: round(now[k] - self.last[k], 3) if k == "cpu_s" else int(now[k] - self.last[k]) for k in now}
+        cost = {k: round(now[k] - self.last[k], 3) if k == "cpu_s" else float(int(now[k] - self.last[k])) for k in now}
         self.last = now
         cost["rss_peak_mb"] = round(peak_rss_bytes() / 2**20, 1)
         if self.shared:
@@ -51,6 +54,12 @@ class CostMeter:
 def device_costs(infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """An edge's devices' costs by device, from their `done` infos (those that reported one)."""
     return {d: dict(i["cost"]) for d, i in sorted(infos.items()) if isinstance(i.get("cost"), Mapping)}
+
+
+def readable(cost: Mapping[str, Any]) -> dict[str, Any]:
+    """A reported cost with its byte counts as ints again (they travel as floats), for the
+    cloud's metrics and summary."""
+    return {k: int(v) if k.startswith("bytes_") and isinstance(v, (int, float)) else v for k, v in cost.items()}
 
 
 def summed(rounds: Iterable[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -76,9 +85,9 @@ def phase_costs(reports: Iterable[Any]) -> tuple[dict[str, dict[str, Any]], dict
     for report in reports:
         done = report.get("done")
         info = done.body.get("info") or {} if done is not None else {}
-        devices.update(info.get("device_costs") or {})
+        devices.update({d: readable(c) for d, c in (info.get("device_costs") or {}).items() if isinstance(c, Mapping)})
         if isinstance(info.get("cost"), Mapping):
-            edges[report.sender] = dict(info["cost"])
+            edges[report.sender] = readable(info["cost"])
     return devices, edges
 
 
