@@ -29,7 +29,7 @@ from splitedge.protocol.codec import Envelope
 from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.records import round_rejections
+from splitedge.runtime.records import round_rejections, wire_metrics
 from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
@@ -103,6 +103,7 @@ class CloudCoordinator(Node):
         cloud keeps its downlink instead: the retained models are its session's latest."""
         if self.resumed is None:
             clear_retained(self.transport, pattern(self.run_id, "cloud", self.node_id, "down", "#"))
+            self.transport.publish_raw(self.topic("up", "metrics"), b"", retain=True)  # an earlier run's last round
         self.transport.subscribe(pattern(self.run_id, "edge", "+", "up"), self.enqueue)
         self.announce_online(self.transport)
         if self.resumed is None:
@@ -233,8 +234,14 @@ class CloudCoordinator(Node):
                 if self.settings.until_plateau and plateaued(self.history):
                     status.info("cloud: accuracy plateaued at round %d of at most %d; stopping", r, self.settings.rounds)
                     break
-        finally:
+        except KeyboardInterrupt:  # the operator ended the run: every node stops
             self._announce_stop()
+            raise
+        except Exception:  # a crash (a full disk, a damaged file): no stop, the nodes wait for the restarted cloud
+            log.error("cloud: stopped by an error; edges and devices keep waiting: restart the cloud with the same "
+                      "arguments to resume after its last committed round")
+            raise
+        self._announce_stop()
         self._save_state(finished=True)
         return self.history
 
@@ -272,6 +279,7 @@ class CloudCoordinator(Node):
                   "edge_costs": self.costs[1]}
         self.host.end_round()  # after the round's losses are read off the part: a host may swap the part out
         self._persist(record)
+        self.send(self.transport, "up", "metrics", wire_metrics(record), round_=r, retain=True)  # for watchers
         self.history.append(record)
         if self.settings.on_round:
             self.settings.on_round(record)
@@ -344,11 +352,15 @@ class CloudCoordinator(Node):
         out = self.settings.out_dir
         if out is None:
             return
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / "metrics.jsonl", "a") as fh:
-            fh.write(dumps(record) + "\n")
-        save_checkpoint(out / "model.safetensors", self.part.state_for_checkpoint(), self._checkpoint_metadata(record))
-        self._save_state()
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / "metrics.jsonl", "a") as fh:
+                fh.write(dumps(record) + "\n")
+            save_checkpoint(out / "model.safetensors", self.part.state_for_checkpoint(),
+                            self._checkpoint_metadata(record))
+            self._save_state()
+        except OSError as exc:  # "[Errno 28] No space left on device" named no file
+            raise OSError(exc.errno, f"cannot write round {record['round']} into {out}: {exc.strerror or exc}") from exc
 
     def _checkpoint_metadata(self, record: dict[str, Any]) -> dict[str, str]:
         """The round and method, and what `splitedge export` rebuilds and feeds the network from,
