@@ -128,15 +128,19 @@ def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, 
     checkpoint of a later round (a cloud resumed from an older state must not erase it)."""
     if not weights:
         return
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     from safetensors.numpy import save
 
     if path.exists() and "round" in meta:
         try:
             with safe_open(str(path), framework="numpy") as fh:
                 later = int((fh.metadata() or {}).get("round", 0)) > int(meta["round"])
-        except (OSError, ValueError, RuntimeError):  # unreadable: a crash cut it short
+        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # damaged: kept aside, replaced
             later = False
+            aside = path.with_name(path.name + ".damaged")
+            log.warning("cloud: %s is unreadable (%s); kept as %s and replaced by round %s", path, exc, aside,
+                        meta["round"])
+            os.replace(path, aside)
         if later:
             log.error("cloud: %s holds a later round than %s; not overwritten", path, meta["round"])
             return

@@ -72,3 +72,19 @@ def test_an_edge_with_a_damaged_state_file_starts_afresh(tmp_path: Path, caplog)
     with caplog.at_level(logging.WARNING):
         assert statefile.resume(path, Node()) is False
     assert "is damaged" in caplog.text and "starting afresh" in caplog.text
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_replaced(tmp_path: Path, caplog) -> None:
+    """A truncated model.safetensors used to crash the resumed cloud (SafetensorError) after
+    its next round."""
+    from safetensors.numpy import load_file
+
+    from splitedge.runtime.outputs import save_checkpoint
+
+    path = tmp_path / "model.safetensors"
+    save_checkpoint(path, {"w": np.ones(1000, np.float32)}, {"round": "2"})
+    path.write_bytes(path.read_bytes()[:200])
+    with caplog.at_level(logging.WARNING):
+        save_checkpoint(path, {"w": np.full(1000, 3.0, np.float32)}, {"round": "3"})
+    assert np.all(load_file(str(path))["w"] == 3.0)
+    assert (tmp_path / "model.safetensors.damaged").stat().st_size == 200 and "unreadable" in caplog.text
