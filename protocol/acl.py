@@ -16,6 +16,9 @@ from typing import Any
 
 from splitedge.protocol.topics import ALL_DEVICES, PREFIX, THIN_DEVICES, pattern
 
+WATCHER = "watcher"
+"""The read-only login federation_acl adds for `splitedge watch`."""
+
 
 def check_devices(devices: Sequence[str]) -> list[str]:
     ids = list(devices)
@@ -150,14 +153,16 @@ def peer_acl(run: str, graph: Mapping[str, Sequence[str]], *, edges: Mapping[str
 
 
 def federation_acl(run: str, edges: Mapping[str, str], *, cloud: str = "cloud", users: Mapping[str, str] | None = None,
-                   groups: Mapping[str, Sequence[str]] | None = None) -> str:
+                   groups: Mapping[str, Sequence[str]] | None = None, watcher: str | None = WATCHER) -> str:
     """A Mosquitto ``acl_file`` for a federated run: every device as in :func:`peer_acl` (no
     peers), and one block per edge and for the cloud, each login confined to its own tier:
 
     * edge E: read and write ``splitedge/<run>/edge/<E>/#``; read every device's up topics
       (``device/+/up/#``: a device it has not met yet joins by its hello), the cloud's downlink
       ``cloud/<C>/down/#`` and the cloud's status;
-    * cloud C: read and write ``splitedge/<run>/cloud/<C>/#``; read every edge's up topics.
+    * cloud C: read and write ``splitedge/<run>/cloud/<C>/#``; read every edge's up topics;
+    * the ``watcher`` login (None: no such login): read ``splitedge/<run>/#``, write nothing
+      (``splitedge watch``: an operator sees the run without being able to change it).
 
     ``edges`` maps each device to its edge; ``users`` maps any node id (device, edge or cloud)
     to its login, by default the id. One file serves a shared broker, and an edge-site broker
@@ -171,6 +176,8 @@ def federation_acl(run: str, edges: Mapping[str, str], *, cloud: str = "cloud", 
     pattern(run, "cloud", cloud)
     names = sorted(set(edges.values()))
     logins = {n: _check_login(n, users.get(n, n)) for n in [*names, cloud]}
+    if watcher is not None:
+        logins[f"({watcher})"] = _check_login("watcher", watcher)
     taken = {users.get(d, d) for d in edges}
     clash = sorted(u for u in logins.values() if u in taken)
     if clash or len(set(logins.values())) != len(logins):
@@ -182,6 +189,9 @@ def federation_acl(run: str, edges: Mapping[str, str], *, cloud: str = "cloud", 
                   f"topic read {pattern(run, 'cloud', cloud, 'up', 'status')}"]
     lines += ["", f"# cloud {cloud}: its own topics and every edge's up topics", f"user {logins[cloud]}",
               f"topic readwrite {PREFIX}/{run}/cloud/{cloud}/#", f"topic read {PREFIX}/{run}/edge/+/up/#"]
+    if watcher is not None:
+        lines += ["", "# watcher: reads the whole run (splitedge watch), writes nothing", f"user {watcher}",
+                  f"topic read {PREFIX}/{run}/#"]
     return text + "\n".join(lines) + "\n"
 
 

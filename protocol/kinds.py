@@ -89,7 +89,8 @@ BUILTIN_KINDS: dict[str, Schema] = {
         "part": _NAME, "version": _VERSION, "model": Bytes(),
         "sha256": Str(pattern="[0-9a-f]{64}"), "session": _SESSION,
     }, checks=(_sha256_matches,), doc="down: a model part as an ONNX graph, for devices without torch"),
-    "metrics": Schema({}, extra=Number(), doc="cloud -> down (not published by the runtimes); the body is a metrics map"),
+    "metrics": Schema({}, extra=Number(), doc="cloud -> up (retained), once per round: its numeric metrics "
+                                               "(accuracy, ...) for watchers; no node reads it"),
     "request": Schema({
         "what": _NAME,
     }, doc="parent -> one child: resend state the parent lost or never got (e.g. after a restart)"),

@@ -8,9 +8,13 @@ its metrics record (`rejected`), so one look at a round shows where messages wer
 from __future__ import annotations
 
 import collections
+import math
+import numbers
 from typing import Any, Mapping, Sequence
 
 from splitedge.methods.contract import Part, Report
+
+METRICS_NOT_SENT = frozenset({"round"})  # the envelope's round already says it
 from splitedge.methods.losslog import device_losses
 
 
@@ -40,4 +44,18 @@ def round_rejections(cloud: Mapping[str, int], reports: Sequence[Report]) -> dic
         devices.update(info.get("device_refused") or {})
     if devices:
         out["devices"] = dict(devices)  # summed over this round's devices, each counting since it started
+    return out
+
+
+def wire_metrics(record: Mapping[str, Any]) -> dict[str, int | float]:
+    """The numbers of a cloud's round record (accuracy, round seconds, edges, ...) as the body of
+    its `metrics` message: what a watcher shows per round. Maps (losses, bytes, costs, which
+    travel in the edges' done infos) and anything not finite stay in metrics.jsonl."""
+    out: dict[str, int | float] = {}
+    for key, value in record.items():
+        if key in METRICS_NOT_SENT or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            continue
+        value = int(value) if isinstance(value, numbers.Integral) else float(value)
+        if math.isfinite(value):
+            out[str(key)] = value
     return out

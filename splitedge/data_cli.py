@@ -160,13 +160,13 @@ def split(args: argparse.Namespace) -> int:
     tmp.write_text(_manifest_text(manifest))
     os.replace(tmp, out / MANIFEST)
     if args.acl is not None:
-        from splitedge.protocol.acl import write_acl
+        from splitedge.protocol.acl import WATCHER, write_acl
 
         from splitedge.protocol.logins import write_logins
 
         homes = {d["id"]: f"e{i % args.edges}" for i, d in enumerate(devices)}
         write_acl(out / ACL, federation_acl(args.acl, homes))
-        write_logins(out, [*homes, *sorted(set(homes.values())), "cloud"])
+        write_logins(out, [*homes, *sorted(set(homes.values())), "cloud", WATCHER])
 
     _print_split(args, manifest)
     return 0
@@ -229,7 +229,9 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
               f"{args.out / 'logins'}/<id>.password for run {args.acl}: set the broker's `acl_file` to the first, its "
               f"`password_file` to the second and `allow_anonymous false`; start every node with --run {args.acl}, "
               f"its login in the URL (mqtt://d0@host) and --password-file {args.out / 'logins'}/<id>.password "
-              f"(copy each node only its own)")
+              f"(copy each node only its own); the login watcher reads the whole run and writes nothing: "
+              f"splitedge watch --broker mqtt://watcher@host --run {args.acl} --password-file "
+              f"{args.out / 'logins'}/watcher.password")
 
 
 # -- check -------------------------------------------------------------------------------------
