@@ -24,6 +24,7 @@ COMMANDS = {
     "data": ("splitedge.data_cli", "cut a data set into per-device shards and check them"),
     "peers": ("splitedge.peers_cli", "plan a run with no cloud: peer graph, its broker ACL, the devices' commands"),
     "keys": ("splitedge.keys_cli", "make the Ed25519 keys that sign each node's messages (--sign-key/--verify-keys)"),
+    "watch": ("splitedge.watch_cli", "show a run live from its broker, read-only: nodes, rounds, accuracy, costs, exits"),
 }
 
 
