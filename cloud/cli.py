@@ -10,6 +10,7 @@ from pathlib import Path
 
 from splitedge.cloud.options import add_run_arguments
 from splitedge.protocol import credentials
+from splitedge.runtime import metrics_http
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says a cloud with this run and id is online")
+    metrics_http.add_arguments(p)
     add_run_arguments(p)
 
 
@@ -55,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
     check_arguments(args)
     from splitedge.runtime.outputs import RunFolder, dumps, json_safe
 
-    with RunFolder(args.out, overwrite=args.overwrite, resumable=True) if args.out else contextlib.nullcontext() as folder:
-        history = _run(args, resuming=bool(folder and folder.resuming))
+    with metrics_http.serve(args, "cloud") as metrics, \
+            RunFolder(args.out, overwrite=args.overwrite, resumable=True) if args.out else contextlib.nullcontext() as folder:
+        history = _run(args, metrics, resuming=bool(folder and folder.resuming))
     final = json_safe(history[-1].get("accuracy")) if history else None
     print(dumps({"final_accuracy": final}))
     if not any(json_safe(h.get("accuracy")) is not None for h in history):
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
+def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint, resuming: bool = False) -> list[dict]:
     import torch
 
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
@@ -91,8 +94,9 @@ def _run(args: argparse.Namespace, resuming: bool = False) -> list[dict]:
                              on_round=_round_printer(args.rounds))
     transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     try:
-        history = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id,
-                                   resume_from=saved).run()
+        cloud = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id, resume_from=saved)
+        metrics.attach(cloud, [transport])
+        history = cloud.run()
     finally:
         transport.close(offline=True)
         write_counters(args.out, args.id, [transport])

@@ -181,6 +181,8 @@ class DeviceAgent(Node):
                 if item is DONE and not sent_done:
                     self.send(self.transport, "up", "done", {"phase": phase, "info": self.done_info(plan)})
                     sent_done = True
+                    if plan.phase == "train":
+                        self.completed += 1
                 elif item is not DONE:
                     self.publish(item)
         finally:  # even a failed round tells the edge not to wait for us

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from splitedge.protocol import credentials
+from splitedge.runtime import metrics_http
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says a device with this id is online")
     credentials.add_arguments(p)
+    metrics_http.add_arguments(p)
 
 
 def load_local_data(path: Path, backend: str = "torch"):
@@ -54,21 +56,26 @@ def resolve_backend(name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitedge.device.agent import DeviceAgent
-    from splitedge.runtime.node import status
-    from splitedge.runtime.outputs import write_counters
-
     if (args.edge is None) == (args.peers is None):
         raise ValueError("give --edge ID (a device of a federated run) or --peers PLAN (a run with no cloud), not "
                          + ("both" if args.edge else "neither"))
     options = credentials.connect_options(args, args.broker)  # refused before the data is read
-    if args.peers is not None:
-        return run_peer(args, options)
+    with metrics_http.serve(args, "device") as metrics:
+        return run_peer(args, options, metrics) if args.peers is not None else run_federated(args, options, metrics)
+
+
+def run_federated(args: argparse.Namespace, options: dict[str, Any], metrics: metrics_http.Endpoint) -> int:
+    """A device of a run with a cloud: its data is checked before connecting."""
+    from splitedge.device.agent import DeviceAgent
+    from splitedge.runtime.node import status
+    from splitedge.runtime.outputs import write_counters
+
     backend = resolve_backend(args.backend)
     data = load_local_data(args.data, backend)  # a shard that cannot work is refused before connecting
     transport = _connect(args, args.run, backend, options)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
                         backend=backend, seed=args.seed)
+    metrics.attach(agent, [transport])
     status.info("device %s: backend %s, broker %s", args.id, backend, getattr(transport, "url", args.broker))
     try:
         agent.start()
@@ -95,7 +102,7 @@ def _connect(args: argparse.Namespace, run_id: str, backend: str, options: dict[
     return connect(args.broker, run=run_id, tier="device", node_id=args.id, **options)
 
 
-def run_peer(args: argparse.Namespace, options: dict[str, Any]) -> int:
+def run_peer(args: argparse.Namespace, options: dict[str, Any], metrics: metrics_http.Endpoint) -> int:
     """A device of a cloud-less run: the plan and the data are checked before connecting."""
     from splitedge.methods.data.local import fits_model
     from splitedge.device.peer_agent import PeerAgent, PeerPlan
@@ -115,6 +122,7 @@ def run_peer(args: argparse.Namespace, options: dict[str, Any]) -> int:
         raise ValueError(f"--data {args.data}: {misfit}")
     transport = _connect(args, plan.run, backend, options)
     agent = PeerAgent(transport, plan=plan, node_id=args.id, data=data, backend=backend, seed=args.seed)
+    metrics.attach(agent, [transport])
     status.info("device %s: broker %s, no cloud", args.id, transport.url)
     try:
         agent.start()

@@ -58,6 +58,7 @@ class EdgeAggregator(Node):
         self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
         self.cost = CostMeter({id(t): t for t in (self.down, self.up)}.values(), shared_process=shared_process)
+        self.closed_with: int | None = None  # devices its last closed training round had a done from
 
     @property
     def members(self) -> dict[str, int]:
@@ -214,6 +215,8 @@ class EdgeAggregator(Node):
                               errors=self.errors, refused=self.rejections([self.down, self.up]),
                               trained=plan.phase == "train")
         self.send(self.up, "up", "done", {"phase": done_phase(plan.phase), "info": {**info, **extra}})
+        if plan.phase == "train":
+            self.completed, self.closed_with = self.completed + 1, len(infos)
         self.host.end_round()  # after the round's info is read off the part: a host may swap the part out
         statefile.save(self.state_file, self)  # what a restarted edge carries on from
         status.info("edge %s: round %d%s closed with %d/%d devices in %.1f s", self.node_id, plan.round,

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from splitedge.protocol import credentials
+from splitedge.runtime import metrics_http
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,9 +23,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says an edge with this id is online")
     credentials.add_arguments(p)
+    metrics_http.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    with metrics_http.serve(args, "edge") as metrics:
+        return _run(args, metrics)
+
+
+def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     import importlib.util
 
     from splitedge.edge.aggregator import EdgeAggregator
@@ -44,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     up = connect(args.upstream, run=args.run, tier="edge", node_id=args.id, **options) if args.upstream else down
     edge = EdgeAggregator(down, up, run=args.run, node_id=args.id, cloud=args.cloud, seed=args.seed,
                           state_dir=args.state_dir)
+    metrics.attach(edge, [down, up])
     try:
         edge.start()
         edge.run_forever()

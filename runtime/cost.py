@@ -23,6 +23,12 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def cpu_seconds(process: psutil.Process) -> float:
+    """User + system CPU seconds of `process` so far (a round's `cpu_s` is a difference of two)."""
+    cpu = process.cpu_times()
+    return cpu.user + cpu.system
+
+
 class CostMeter:
     """Each `round()` returns the cost since the previous one (the first: since the start)."""
 
@@ -33,8 +39,7 @@ class CostMeter:
         self.last = self._totals()
 
     def _totals(self) -> dict[str, float]:
-        cpu = self.process.cpu_times()
-        return {"cpu_s": cpu.user + cpu.system,
+        return {"cpu_s": cpu_seconds(self.process),
                 "bytes_up": sum(t.counters.total("out", "wire") for t in self.transports),
                 "bytes_down": sum(t.counters.total("in", "wire") for t in self.transports)}
 

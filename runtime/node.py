@@ -57,6 +57,7 @@ class Node:
         self.parent_online = False
         self.inbox: "queue.Queue[tuple[str, Envelope]]" = queue.Queue()
         self.round = 0
+        self.completed = 0  # training phases an edge or device finished in this process (runtime/metrics_http.py)
         self.errors = 0  # events whose handling raised; logged, counted, the loop goes on
         self.session = ""  # the cloud's run incarnation, learnt from the round announcement
         self.inbound = NodeInbound(f"{tier} {node_id}", lambda: self.session)

@@ -28,9 +28,10 @@ COMMANDS = {
 }
 
 
-HEAVY = ("torch", "torchvision", "amqtt", "sklearn", "matplotlib", "safetensors", "onnx", "cryptography")
+HEAVY = ("torch", "torchvision", "amqtt", "sklearn", "matplotlib", "safetensors", "onnx", "cryptography",
+         "prometheus_client")
 """Optional dependencies of the [all] extra: a missing one is an install step, not a bug."""
-EXTRA_OF = {"cryptography": "sign"}
+EXTRA_OF = {"cryptography": "sign", "prometheus_client": "metrics"}
 """Optional dependencies that also have a small extra of their own (a thin device installs that)."""
 
 
@@ -137,7 +138,8 @@ def explain(exc: BaseException, command: str) -> tuple[int, str]:
     (a setting, a path, a missing extra), 1 for a run that failed."""
     top = (getattr(exc, "name", None) or "").split(".")[0]  # amqtt.broker missing: amqtt is
     if isinstance(exc, ModuleNotFoundError) and top in HEAVY:
-        hint = "; a device without torch runs with --backend onnx" if top == "torch" and command == "device" else ""
+        hint = "; a device without torch runs with --backend onnx" if top == "torch" and command == "device" else \
+            " (for --metrics-port)" if top == "prometheus_client" else ""
         return 2, f"splitedge {command} needs {top}: pip install 'splitedge[{EXTRA_OF.get(top, 'all')}]'{hint}"
     if isinstance(exc, (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)):
         return 2, f"splitedge {command}: error: {exc}"

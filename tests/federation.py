@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,9 @@ class Federation:
     """Cloud + edges + devices as processes; `kill()` one, `wait()` for the cloud."""
 
     def __init__(self, tmp: Path, url: str, *, edges: int, devices: int, rounds: int, extra: list[str],
-                 edge_extra: tuple[str, ...] = ()) -> None:
+                 edge_extra: tuple[str, ...] = (), node_extra: Mapping[str, Sequence[str]] | None = None) -> None:
         self.tmp, self.out = tmp, tmp / "out"
+        self.node_extra = dict(node_extra or {})  # flags for one node alone, by name ("cloud", "e0", "d1")
         shards = write_digit_shards(tmp, devices)
         common = ["--broker", url, "--run", "itest"]  # same run id on purpose: leftovers of earlier tests must not leak in
         self.procs: dict[str, subprocess.Popen] = {}
@@ -44,6 +46,7 @@ class Federation:
                                  "--data", str(shard), "--out", str(self.out)])
 
     def start(self, name: str, argv: list[str]) -> None:
+        argv = [*argv, *self.node_extra.get(name, ())]
         self.argv[name] = argv
         self.procs[name] = _spawn(argv, self.tmp / f"{name}.log")
 
