@@ -126,15 +126,19 @@ class WatchState:
         return [f"{node.tier} {node.node_id} " + ("back online" if before == "offline" else "online")]
 
     def _hello(self, node: NodeView, env: Envelope, now: float) -> list[str]:
+        """A line when what people read changed: an edge's live devices (it says hello again as
+        its samples change too), a device's edge, samples or backend."""
         b = env.body
         seen = (node.parent, node.backend, node.samples, node.members)
         node.parent, node.backend, node.samples = b["parent"], b["backend"], int(b["samples"])
         node.members = tuple(b["members"]) if node.tier == "edge" else ()
-        if seen == (node.parent, node.backend, node.samples, node.members):
-            return []
         if node.tier == "edge":
+            if seen[0] and seen[3] == node.members:  # not its first hello, and the same devices
+                return []
             return [f"edge {node.node_id}: {len(node.members)} device(s) live ({', '.join(node.members[:8])}"
                     f"{', ...' if len(node.members) > 8 else ''})"]
+        if seen == (node.parent, node.backend, node.samples, node.members):
+            return []
         return [f"{node.tier} {node.node_id} reports to {node.parent} ({node.samples} samples, {node.backend})"]
 
     def _round(self, node: NodeView, env: Envelope, now: float) -> list[str]:

@@ -102,6 +102,17 @@ def test_online_offline_and_who_left_when() -> None:
     assert status(state, "device", "d1", True) == []  # the same word again is no event
 
 
+def test_hello_lines_say_what_changed_for_people() -> None:
+    state = WatchState(RUN)
+    assert hello(state, "edge", "e0", "cloud", []) == ["edge e0: 0 device(s) live ()"]
+    assert hello(state, "edge", "e0", "cloud", ["d0"]) == ["edge e0: 1 device(s) live (d0)"]
+    body = {"role": "edge", "parent": "cloud", "samples": 150, "backend": "torch",
+            "classes": np.arange(3, dtype=np.int64), "members": ["d0"]}
+    assert feed(state, "edge", "e0", "up", "hello", body) == []  # its samples changed, its devices did not
+    assert hello(state, "device", "d0", "e0") == ["device d0 reports to e0 (100 samples, torch)"]
+    assert hello(state, "device", "d0", "e0") == [] and state.edge_of(state.node("device", "d0")) == "e0"
+
+
 def test_round_progress_is_devices_done_of_those_awaited_at_each_edge() -> None:
     state = federation()
     assert state.progress(state.node("edge", "e0")) == (0, 2)
