@@ -95,8 +95,9 @@ BUILTIN_KINDS: dict[str, Schema] = {
         "what": _NAME,
     }, doc="parent -> one child: resend state the parent lost or never got (e.g. after a restart)"),
     "done": Schema({
-        "phase": Str(), "info": Data(optional=True, default={}),
-    }, doc="any -> up; round-completion marker (`phase`: round, or calibrate)"),
+        "phase": Str(), "info": Data(optional=True, default={}), "session": _SESSION,
+    }, doc="any -> up; round-completion marker (`phase`: round, or calibrate); a `done` of another "
+           "session (a replay from an earlier run) is dropped"),
 }
 
 for _name, _schema in BUILTIN_KINDS.items():

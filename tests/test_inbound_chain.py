@@ -75,9 +75,11 @@ def test_the_node_chain_drops_another_session_and_counts_refusals_by_rule() -> N
         (env("moments", moments), 10, False),  # counts 50 > 10 announced
         (env("moments", {**moments, "session": "b" * 16}), 100, False),  # another incarnation
         (env("moments", moments), 100, True),
+        (env("done", {"phase": "round", "info": {}, "session": "b" * 16}), None, False),  # a replay of an earlier run
+        (env("done", {"phase": "round", "info": {}, "session": session}), None, True),
     ]
     results = [chain.admit(Inbound(e, "child", part, announced)) for e, announced, _ in cases]
     assert results == [ok for *_, ok in cases]
-    assert dict(chain.refused) == {"state.bad": 1, "state.samples": 1} and chain.foreign == 1
-    assert part.checked == 3  # neither the over-count nor the foreign message reached the part's check
+    assert dict(chain.refused) == {"state.bad": 1, "state.samples": 1} and chain.foreign == 2
+    assert part.checked == 4  # neither the over-count nor the foreign message reached the part's check
     assert encode(cases[0][0])  # the envelopes are valid messages, not hand-made shapes
