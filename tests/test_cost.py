@@ -52,6 +52,8 @@ def test_the_cloud_writes_every_device_s_cost_every_round(tmp_path) -> None:
     per_device = summary["device_costs"]
     assert per_device["d0"]["bytes_up"] == sum(r["device_costs"]["d0"]["bytes_up"] for r in rounds)
     # a device's bytes are its own connection's, on the wire (packets and MQTT control): what the
-    # summary's counters say devices sent, plus their few control packets
+    # summary's counters say devices sent, plus their few control packets, less each device's last
+    # `done` (a round's cost is measured before the done that reports it; no report holds the last)
     sent = sum(c["bytes_up"] for c in per_device.values())
-    assert summary["bytes"]["device"]["out_packet"] <= sent <= 1.05 * summary["bytes"]["device"]["out_packet"]
+    packets = summary["bytes"]["device"]["out_packet"]
+    assert packets - 4 * 200 <= sent <= 1.05 * packets
