@@ -25,6 +25,7 @@ import io
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -243,10 +244,17 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot keep a {type(obj).__name__} in a state file")
 
 
+_NPY_HEADER_LOCK = threading.Lock()
+"""np.load reads an array's .npy header with ast.literal_eval, which CPython 3.11 cannot run in
+two threads at once ("SystemError: AST constructor recursion depth mismatch", CPython issue
+106905): a sim's devices restore parked parts in parallel, and one of them failed its round."""
+
+
 def _ext_hook(code: int, data: bytes) -> Any:
     if code != _EXT_NDARRAY:
         raise SnapshotError(f"a state file holds an unknown extension {code}")
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    with _NPY_HEADER_LOCK:
+        return np.load(io.BytesIO(data), allow_pickle=False)
 
 
 def dumps(state: Any) -> bytes:

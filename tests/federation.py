@@ -39,6 +39,7 @@ class Federation:
         self.start("cloud", ["cloud", *common, "--edges", str(edges), "--devices", str(devices),
                                       "--rounds", str(rounds), "--out", str(self.out), "--join-timeout", "90",
                                       *extra])
+        self._wait_for_line("cloud", "waiting for", timeout=180)
         for e in range(edges):
             self.start(f"e{e}", ["edge", *common, "--id", f"e{e}", "--out", str(self.out), *edge_extra])
         for d, shard in enumerate(shards):
@@ -49,6 +50,16 @@ class Federation:
         argv = [*argv, *self.node_extra.get(name, ())]
         self.argv[name] = argv
         self.procs[name] = _spawn(argv, self.tmp / f"{name}.log")
+
+    def _wait_for_line(self, name: str, text: str, timeout: float) -> None:
+        """Until `name`'s log says `text`. The cloud first: the module's broker may still hold the
+        stop of an earlier test's run (same run id), which an edge or device that starts before
+        the new cloud obeys after HELD_STOP_GRACE_S (15 s), and a loaded box can take longer than
+        that to start a cloud (it imports torch)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log(name) and time.monotonic() < deadline:
+            self._check_alive(name)
+            time.sleep(0.2)
 
     def restart(self, name: str, *extra: str) -> None:
         """Start `name` again with the arguments it had (plus `extra`, e.g. --takeover)."""
@@ -63,7 +74,7 @@ class Federation:
         while time.monotonic() < deadline and len(self.metrics()) < r:
             self._check_alive("cloud")
             time.sleep(0.2)
-        assert len(self.metrics()) >= r, f"round {r} not reached\n{self.log('cloud')}"
+        assert len(self.metrics()) >= r, f"round {r} not reached\n{self.logs()}"
 
     def kill(self, name: str) -> None:
         self.procs[name].send_signal(signal.SIGKILL)
@@ -96,6 +107,11 @@ class Federation:
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text()[-3000:]
+
+    def logs(self) -> str:
+        """Every process's state and the end of its log: why a round was not reached."""
+        return "\n".join(f"--- {name} ({'running' if p.poll() is None else f'exit {p.returncode}'})\n"
+                         f"{self.log(name)[-800:]}" for name, p in self.procs.items())
 
     def counters(self, node: str) -> list[dict]:
         return json.loads((self.out / f"counters-{node}.json").read_text())["transports"]
