@@ -25,7 +25,7 @@ from splitedge.protocol.mqtt_loop import ClientLoop
 from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import wait_for
 from splitedge.runtime.session import check_identity_free
-from test_tls import _ca, _signed  # the openssl helpers of the mutual-TLS tests
+from test_tls import pki  # noqa: F401 - the mutual-TLS tests' CA, broker and client certificates
 
 PASSWORD = "hunter2-s3cret"
 WRONG = "guess-0f-the-day"
@@ -55,17 +55,6 @@ def plain_broker() -> Iterator[MosquittoBroker]:
     require_mosquitto()
     with MosquittoBroker() as broker:
         yield broker
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """ca signs the broker's certificate; other-ca signs nothing the broker knows."""
-    require_mosquitto("mosquitto", "openssl")
-    d = tmp_path_factory.mktemp("pki")
-    _ca(d, "ca")
-    _ca(d, "other-ca")
-    _signed(d, "server", "ca", san="IP:127.0.0.1,DNS:localhost")
-    return d
 
 
 @pytest.fixture(scope="module")
