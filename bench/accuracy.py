@@ -22,7 +22,9 @@ from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
 from splitedge.bench.central import CENTRAL, central_run
 from splitedge.bench.plotstyle import Series, draw, new_figure
 from splitedge.bench.report import Progress, table, save_figure
-from splitedge.bench.simrun import FederationSettings, bytes_to_target, device_bytes, parse_variant, run_on_mosquitto
+from splitedge.bench.simrun import (FederationSettings, bytes_to_target, device_bytes, parse_variant,
+                                    run_on_mosquitto, slim_rounds)
+from splitedge.runtime.cost import summed
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,7 @@ def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, s
             "all_tiers_out_payload_bytes": sum(r["out_payload"] for r in res["tiers"].values()),
             "train_images": summary.get("train_images"), "images_per_device": summary.get("images_per_device"),
             "planted_groups": summary.get("planted_groups"),
+            "device_costs": summary.get("device_costs"),  # per device over the run (bench/simrun.slim_rounds)
             "per_round": res["per_round"], "round_seconds": summary["round_seconds"],
             "wall_seconds": summary["wall_seconds"]}
 
@@ -247,6 +250,9 @@ def refresh(results: dict[str, Any], config: dict[str, Any] | None = None) -> No
     for r in results["runs"]:  # runs recorded before these columns were kept: from their rounds
         if "error" in r or not r.get("per_round"):
             continue
+        if r.get("device_costs") is None and any("device_costs" in p for p in r["per_round"]):
+            r["device_costs"] = summed(p["device_costs"] for p in r["per_round"] if "device_costs" in p)
+        slim_rounds(r["per_round"])  # a run recorded before the rounds were slimmed
         if "final_accuracy" not in r:  # a row written by hand or by an older bench: from its curve
             seen = [a for a in r.get("accuracy_per_round") or [] if a is not None]
             r["final_accuracy"], r["best_accuracy"] = (seen[-1], max(seen)) if seen else (None, None)

@@ -100,6 +100,7 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]
                 def on_round(record: dict[str, Any]) -> None:
                     kept = {k: v for k, v in record.items() if k != "bytes"}  # the cloud's own counters
                     per_round.append({**kept, "accuracy": record.get("accuracy"), "bytes": tier_totals(opened)})
+                    slim_rounds(per_round)
 
                 summary = run_sim(s, on_round=on_round)
             if not opened:
@@ -123,6 +124,23 @@ def device_bytes(tiers: dict[str, dict[str, int]], field: str = "payload") -> in
 def all_out_wire(tiers: dict[str, dict[str, int]]) -> int:
     """Every byte any tier wrote to the broker (PUBLISH + control)."""
     return sum(row.get("out_wire", 0) for row in tiers.values())
+
+
+PER_DEVICE_KEYS = ("device_costs", "edge_costs")
+"""A round's cost per node: in the run's metrics.jsonl, summed per device in its summary."""
+
+
+def slim_rounds(per_round: list[dict[str, Any]]) -> None:
+    """What the reports read of a bench's rounds, no more: no per-node costs, and a spectrum
+    (hundreds of values) only on the newest round that reported one, the final representation.
+    Kept whole, a 150-round, 4-arm bench's JSON was 5.7 MB; the run's own metrics.jsonl keeps
+    every round's."""
+    for r in per_round:
+        for key in PER_DEVICE_KEYS:
+            r.pop(key, None)
+    reported = [r for r in per_round if "spectrum" in r]
+    for r in reported[:-1]:
+        del r["spectrum"]
 
 
 def bytes_to_target(per_round: list[dict[str, Any]], target: float) -> dict[str, Any] | None:

@@ -440,3 +440,22 @@ def test_the_matrix_runs_its_cells_resumes_them_and_rerenders(tmp_path: Path) ->
     (tmp_path / "matrix.md").unlink()
     assert main(["bench", "matrix", "--plan", "smoke", "--out", str(tmp_path), "--rerender", "--no-plots"]) == 0
     assert "| fedavg | IID |" in (tmp_path / "matrix.md").read_text()
+
+
+def test_a_bench_keeps_only_what_its_reports_read_of_each_round() -> None:
+    """A 150-round bench's JSON held every round's spectrum and per-device costs: 5.7 MB. Only the
+    newest spectrum stays, and the per-device costs are summed onto the row."""
+    from splitedge.bench.accuracy import refresh
+
+    rounds = [{"round": i, "accuracy": 0.1 * i, "spectrum": [1.0, 0.5], "bytes": {"device": {}},
+               "device_costs": {"d0": {"cpu_s": 1.0, "bytes_up": 10, "bytes_down": 5, "rss_peak_mb": 50.0 + i}}}
+              for i in (1, 2, 3)]
+    rounds[2].pop("spectrum")  # the last round measured none: round 2's is the final representation
+    results = {"runs": [{"method": "fedavg", "split": "IID", "accuracy_per_round": [0.1, 0.2, 0.3],
+                         "per_round": rounds}]}
+    refresh(results, {"devices": 1})
+    row = results["runs"][0]
+    assert ["spectrum" in r for r in row["per_round"]] == [False, True, False]
+    assert not any("device_costs" in r for r in row["per_round"])
+    assert row["device_costs"] == {"d0": {"cpu_s": 3.0, "bytes_up": 30, "bytes_down": 15, "rss_peak_mb": 53.0,
+                                          "rounds": 3}}
