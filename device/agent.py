@@ -53,7 +53,6 @@ class DeviceAgent(Node):
         self.pending: RoundPlan | None = None
         self.last: tuple[int, int, int] = (0, 0, 0)  # RoundPlan.key of the last work done (a resumed cloud's come again, higher)
         self.subs = Subscriptions(transport, self.enqueue)
-        self.fatal: str | None = None  # why this device cannot take part in the run (it stops)
         self.cost = CostMeter([transport], shared_process=shared_process)  # reported with every done
 
     @property
@@ -143,13 +142,7 @@ class DeviceAgent(Node):
             self.host.end_round()
 
     def _ensure_part(self, plan: RoundPlan) -> bool:
-        try:
-            outcome = self.ensure_part(plan)
-        except Misfit as exc:  # the data will never fit this run: say so and leave, do not hold rounds open
-            self.fatal = f"device {self.node_id}: {exc}"
-            log.error("%s", self.fatal)
-            self.stopped.set()
-            return False
+        outcome = self.ensure_part(plan)
         if outcome in ("built", "replaced"):  # its kinds registered now: its retained data again
             self._sync_subscriptions(fresh=outcome == "replaced")
         return outcome is not None

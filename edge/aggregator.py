@@ -28,7 +28,7 @@ from splitedge.runtime.cost import CostMeter, device_costs
 from splitedge.runtime.filters import edge_cloud_filters
 from splitedge.runtime.membership import Members
 from splitedge.runtime.node import Node, status
-from splitedge.runtime.parts import Misfit, PartHost
+from splitedge.runtime.parts import PartHost
 from splitedge.runtime.phases import edge_close, edge_scores
 from splitedge.runtime.records import edge_done_info
 from splitedge.runtime.rounds import RoundCollector, done_phase
@@ -50,7 +50,6 @@ class EdgeAggregator(Node):
         self.rng = self.seeded_rng(seed)
         self.router = edge_router(self.down, self.up)
         self.host = host(self._build_part, rng=self.rng, stopped=self.stopped, name=f"edge {node_id}")
-        self.fatal: str | None = None  # why this edge cannot take part in the run (it stops)
         self.plan: RoundPlan | None = None
         self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue))
         self.rounds = RoundCollector()
@@ -166,13 +165,7 @@ class EdgeAggregator(Node):
             self.rounds.close()
 
     def _ensure_part(self, plan: RoundPlan) -> bool:
-        try:
-            outcome = self.ensure_part(plan)
-        except Misfit as exc:  # e.g. a thin install asked for a torch part: say so once and leave
-            self.fatal = f"edge {self.node_id}: {exc}"
-            log.error("%s", self.fatal)
-            self.stopped.set()
-            return False
+        outcome = self.ensure_part(plan)
         if outcome is not None:  # another method: the cloud's retained data again, with its kinds
             self._sync_subscriptions(fresh=outcome == "replaced")
         return outcome is not None

@@ -63,6 +63,7 @@ class Node:
         self.inbound = NodeInbound(f"{tier} {node_id}", lambda: self.session)
         self.gate: Any = None  # what head statistics must fit while a calibration phase is open
         self.stopped = threading.Event()
+        self.fatal: str | None = None  # why this node cannot take part in the run (it has stopped)
         self._quiet_since: float | None = 0.0  # 0 before the first wait, then its start; None once heard (or warned)
         self.quiet_warn_s: float | None = QUIET_WARN_S  # None: no such warning (a sim's own broker has no ACL)
 
@@ -198,12 +199,16 @@ class Node:
 
     def ensure_part(self, plan: Any) -> str | None:
         """The host's part for the announced method and config (runtime/parts.py): its outcome,
-        or None (counted as `config.invalid`, logged) when the announcement cannot be used.
-        Misfit propagates: only the node knows what a misfit means for it."""
+        or None (counted as `config.invalid`, logged) when the announcement cannot be used. On
+        a Misfit (data that never fits the model, a backend or install without the method's
+        part) the node says why once in `fatal` and stops: holding rounds open for it helps no one."""
         try:
             outcome = self.host.ensure(plan.method, plan.config)
-        except Misfit:
-            raise
+        except Misfit as exc:
+            self.fatal = f"{self.tier} {self.node_id}: {exc}"
+            log.error("%s", self.fatal)
+            self.stopped.set()
+            return None
         except ValueError as exc:
             self.refused["config.invalid"] += 1
             log.error("%s %s: cannot take round %d: %s", self.tier, self.node_id, plan.round, exc)
