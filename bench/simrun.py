@@ -23,8 +23,10 @@ REPRESENTATION_KEYS = ("effective_rank", "spectrum", "probe_accuracy", "knn_accu
 """What a round's record may say about the representation (methods/metrics/report.py), kept per round."""
 
 
-SIM_KEYS = {"sample_fraction": float, "sample_count": int, "sample_min": int}
-"""Variant keys that set the run rather than the method (e.g. all=fedavg:sample_fraction=0.1)."""
+SIM_KEYS = {"sample_fraction": float, "sample_count": int, "sample_min": int,
+            "backends": lambda v: tuple(b for b in str(v).split("+") if b)}
+"""Variant keys that set the run rather than the method (e.g. all=fedavg:sample_fraction=0.1;
+thin=hsfp-cal:backends=onnx, or onnx+torch for a mixed federation, devices taking them in turn)."""
 
 
 @dataclasses.dataclass

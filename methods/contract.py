@@ -249,6 +249,11 @@ class NodeContext:
     """Device: collect this round's messages from peers (DecMAR)."""
 
 
+class Unsupported(ValueError):
+    """A part that cannot be built on this node for this run, ever (e.g. a thin trainer asked to
+    train a W_c it has no layers for): the node says why once and leaves (runtime Misfit)."""
+
+
 class Part:
     """Hooks every tier's part has.
 

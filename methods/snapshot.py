@@ -205,7 +205,9 @@ def _restore(target: Any, data: Any, where: str) -> Any:
         if not callable(getattr(target, "load_state_dict", None)):
             raise SnapshotError(f"{where} is no longer an optimiser")
         try:
-            target.load_state_dict(_optimizer_state(data["state"]))
+            # a numpy-only object (the thin trainer's, `numpy_state`) takes arrays, a torch one tensors
+            numpy_only = getattr(target, "numpy_state", False)
+            target.load_state_dict(from_plain(data["state"]) if numpy_only else _optimizer_state(data["state"]))
         except (ValueError, KeyError) as exc:
             raise SnapshotError(f"{where}: the saved optimiser state does not fit ({exc})") from None
         return target

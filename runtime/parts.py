@@ -22,7 +22,7 @@ from typing import Any, ContextManager
 
 import numpy as np
 
-from splitedge.methods.contract import Method, Part
+from splitedge.methods.contract import Method, Part, Unsupported
 from splitedge.methods.registry import create_method
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,8 @@ class PartHost:
             outcome = "replaced" if self.part is not None else "built"
             try:
                 self.part = self.build(built)
+            except Unsupported as exc:
+                raise Misfit(str(exc)) from exc
             except ModuleNotFoundError as exc:  # a thin install asked for a torch part: every round would fail
                 needed = (exc.name or "a module").split(".")[0]
                 raise Misfit(f"{method}'s {self.name.split()[0]} part needs {needed}, which this install lacks: "

@@ -51,6 +51,37 @@ assert dev.compute_moments().mean.shape == (3, 512)
 assert "onnx" not in sys.modules  # the device reads the graph with onnxruntime alone
 """
 
+# The thin trainer: the H-SFP thin device trains its W_c copy for a round and sends it up on an
+# averaging round, a SplitFed thin device builds; all with numpy, no torch.
+_THIN_TRAINER = """
+import hashlib, os
+from types import SimpleNamespace
+import numpy as np
+from splitedge.methods.registry import create_method
+from splitedge.methods.contract import DONE, NodeContext, RoundPlan
+from splitedge.methods.thin.onnx_backend import OnnxExtractor
+data = open(os.environ["SPLITEDGE_TEST_ONNX"], "rb").read()
+config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": [0.5], "std": [0.25]},
+          "method": {"device_batch": 8}}
+method = create_method("hsfp", config)
+rng = np.random.default_rng(0)
+x, y = rng.integers(0, 256, (20, 8, 8, 1), dtype=np.uint8), np.arange(20) % 3
+dev = method.device_part(NodeContext("d0", method, rng), (x, y), backend="onnx")
+dev.on_message(SimpleNamespace(kind="onnx_model", body={"part": "wc", "version": 0, "model": data,
+                                                        "sha256": hashlib.sha256(data).hexdigest()}))
+start = OnnxExtractor(data).weights()
+plan = RoundPlan(round=1, method="hsfp", deadline_s=60, config=config, versions={"wc": 0, "we": 0},
+                 directives={"average": ["wc"]})
+out = [m for m in dev.run_round(plan) if m is not DONE]
+sent = [m.body["weights"] for m in out if m.kind == "weights"]
+assert len(sent) == 1 and set(start) <= set(sent[0])
+assert not np.allclose(sent[0]["block1.conv.weight"], start["block1.conv.weight"])  # it trained
+assert dev.losses["supcon"] > 0
+sf = create_method("splitfed", config)
+split = sf.device_part(NodeContext("d1", sf, rng), (x, y), backend="onnx")
+assert split.wc_shape == (32, 4, 4)
+"""
+
 # `splitedge device ...` parses with the device's options only: no other role's CLI module (nor
 # what they import) is loaded into the device process, and reading an .npz loads no PIL.
 _DEVICE_COMMAND_LINE = """
@@ -68,6 +99,7 @@ assert not others, others
 SNIPPETS = {
     "protocol": _PROTOCOL_ROUND_TRIP,
     "onnx_device": _ONNX_DEVICE,
+    "thin_trainer": _THIN_TRAINER,
     "device_command_line": _DEVICE_COMMAND_LINE,
 }
 

@@ -6,18 +6,23 @@ device is not ready. When the head is calibrated (`calibrate_every`), a second r
 (W_e and W_g's trunk on W_c features) gets the calibration weights the same way, and the device
 sends head statistics once it has both. Anything that does not load (bad bytes, names, shapes) is logged and
 dropped, and the device keeps running the model it had.
+
+It also trains, as a torch device does: a numpy copy of W_c (methods/thin/trainer.py) starts from
+each new global W_c, takes `local_epochs` of SupCon per round and goes up on the rounds W_c is
+averaged, while the moments stay those of the global W_c (the consistency rule). A W_c the thin
+trainer cannot train (the ResNet-18 split's) leaves the device a statistics reporter, said once.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from splitedge.methods.hsfp.device import WC_IN_USE, HSFPDevice
-from splitedge.methods.hsfp.method import CALIB, WC
-from splitedge.methods.contract import NodeContext, RoundPlan
+from splitedge.methods.hsfp.method import AVERAGE, CALIB, WC
+from splitedge.methods.contract import Message, NodeContext, RoundPlan
 from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -32,7 +37,7 @@ class HSFPOnnxDevice(HSFPDevice):
     # at 8 against 4; 4 still takes ~2 s (a batch of 1 takes 6 s for 2.6 MB less).
     moment_batch = 4
     # The graphs themselves are no attribute: resume_state adds their bytes (see there).
-    state = HSFPDevice.state + ("model_version", "unapplied")
+    state = HSFPDevice.state + ("model_version", "unapplied", "trainer", "trained_version")
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -41,6 +46,59 @@ class HSFPOnnxDevice(HSFPDevice):
         self.calib_extractor: Any = None  # W_e and W_g's trunk, built when their onnx_model arrives
         # the newest weight map seen per part (WC, CALIB), kept until its graph is there
         self.latest: dict[str, tuple[int, Mapping[str, np.ndarray]]] = {}
+        self.trainer = self._new_trainer()
+        self.trained_version = -1  # the global W_c version the trainer's local copy started from
+
+    def _new_trainer(self) -> Any:
+        """The numpy SupCon trainer of this run's W_c, or None when there is none for it (said once)."""
+        from splitedge.methods.thin.trainer import SupConTrainer
+
+        cfg, spec = self.cfg, self.spec
+        try:
+            return SupConTrainer(spec.model, spec.channels, proj_dim=cfg.proj_dim, lr=cfg.device_lr, tau=cfg.tau,
+                                 seed=int(self.ctx.rng.integers(2**31)), target=cfg.device_target,
+                                 classes=spec.num_classes, etf_seed=spec.seed, etf_tau=cfg.etf_tau,
+                                 feddecorr_beta=cfg.feddecorr_beta)
+        except ValueError as exc:
+            if cfg.local_epochs > 0:
+                log.warning("device %s: sends statistics of the global W_c but trains none: %s", self.ctx.node_id, exc)
+            return None
+
+    def reconfigure(self, method: Any) -> None:
+        super().reconfigure(method)
+        if self.trainer is not None:
+            self.trainer.retune(self.cfg.device_lr)
+
+    def train_round(self, plan: RoundPlan) -> Iterator[Message]:
+        """`local_epochs` of SupCon on the local W_c copy; the copy goes up when W_c is averaged."""
+        if self.trainer is None or not self._sync_trainer():
+            return
+        for _ in range(self.cfg.local_epochs):
+            rng = np.random.default_rng(int(self.ctx.rng.integers(2**31)))
+            self.losses = self.trainer.train_epoch(self.data[0], self.data[1], self.spec.mean, self.spec.std,
+                                                   self.cfg.device_batch, rng)
+        if WC in plan.directives.get(AVERAGE, ()):
+            yield Message("weights", {"part": WC, "version": self.wc_version, "samples": self.num_samples,
+                                      "weights": self.trainer.weights()})
+
+    def _sync_trainer(self) -> bool:
+        """A new global W_c in use: the local copy starts again from it, with fresh momentum. Its
+        weight map if this device holds it, else the weights inside the graph in use."""
+        if self.trained_version == self.wc_version:
+            return True
+        entry = self.latest.get(WC)
+        if entry is not None and entry[0] == self.wc_version:
+            weights = dict(entry[1])
+        else:
+            weights = {**self.trainer.weights(), **self.extractor.weights()}
+        try:
+            self.trainer.load(weights)
+        except ValueError as exc:
+            log.warning("device %s: the local W_c cannot start from global W_c v%d, no training this round: %s",
+                        self.ctx.node_id, self.wc_version, exc)
+            return False
+        self.trained_version = self.wc_version
+        return True
 
     # The calibration graph comes with W_c's (both retained, exported together), so a device waits
     # for it in a calibrating round rather than sitting the calibration out.

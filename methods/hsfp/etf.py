@@ -14,15 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-def simplex_etf(dim: int, classes: int, seed: int) -> np.ndarray:
-    """[classes, dim] unit rows with pairwise cosine -1/(K-1), the same for the same seed."""
-    if classes < 2 or dim < classes:
-        raise ValueError(f"a simplex ETF of {classes} classes needs at least {classes} feature dimensions, "
-                         f"W_c gives {dim}")
-    basis, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((dim, classes)))  # orthonormal columns
-    centred = np.eye(classes) - np.full((classes, classes), 1.0 / classes)
-    return (np.sqrt(classes / (classes - 1)) * basis @ centred).T
+from splitedge.methods.hsfp.simplex import simplex_etf
 
 
 class EtfHead(nn.Module):

@@ -17,6 +17,7 @@ class SplitFed(Method):
     Config = SplitFedConfig
     parts = {
         "device:torch": "splitedge.methods.splitfed.device:SplitFedDevice",
+        "device:onnx": "splitedge.methods.splitfed.device_thin:SplitFedThinDevice",
         "edge": "splitedge.methods.splitfed.edge:SplitFedEdge",
         "cloud": "splitedge.methods.splitfed.cloud:SplitFedCloud",
     }

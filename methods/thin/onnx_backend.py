@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 import onnxruntime as ort
 
-from splitedge.methods.thin.onnx_graph import InitializerSpec, initializer_specs, patch_initializers
+from splitedge.methods.thin.onnx_graph import InitializerSpec, initializer_specs, initializer_values, patch_initializers
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,12 @@ class OnnxExtractor:
     @property
     def model_bytes(self) -> bytes:
         return self._graph.model
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The weights the graph in use holds, by state name (entries it does not use, such as
+        BatchNorm's num_batches_tracked, are not among them)."""
+        graph = self._graph
+        return initializer_values(graph.model, graph.specs)
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """Normalised float32 images [N, C, H, W] -> W_c output [N, ...] (float32)."""

@@ -140,3 +140,11 @@ def patch_initializers(model: bytes, specs: dict[str, InitializerSpec],
             raise ValueError(f"onnx: initializer {name!r} is not stored as raw_data of {len(data)} bytes")
         out[spec.raw_offset:spec.raw_offset + len(data)] = data
     return bytes(out)
+
+
+def initializer_values(model: bytes, specs: dict[str, InitializerSpec]) -> dict[str, np.ndarray]:
+    """name -> a copy of each initializer stored as raw_data (little-endian, as ONNX stores it):
+    the weights a graph holds, which a thin trainer starts its local W_c from."""
+    return {name: np.frombuffer(model, dtype=spec.dtype.newbyteorder("<"), count=int(np.prod(spec.shape, dtype=np.int64)),
+                                offset=spec.raw_offset).astype(spec.dtype).reshape(spec.shape)
+            for name, spec in specs.items() if spec.raw_offset >= 0 and spec.raw_size == spec.nbytes}

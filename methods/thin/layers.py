@@ -1,0 +1,319 @@
+"""Layers with a hand-written backward pass in numpy: what a device needs to train W_c without torch.
+
+Each layer computes what its torch counterpart computes, float32 in and out, and keeps what its
+backward needs from the last training forward. Parameters and buffers carry torch's state-dict
+names, so a `Sequential` of them loads and produces the weight maps the rest of the federation
+sends (`conv.weight`, `bn.running_var`, `bn.num_batches_tracked`, ...). Parity with torch
+autograd is tested in tests/test_thin_trainer.py.
+
+Why numpy and not an engine: onnxruntime-training has no aarch64 wheel, MNN's training API gave
+NaN losses on a toy net and peaks near 110 MB, while these few layers are short, exact to float32
+rounding against torch, and need nothing beyond the thin install (docs/thin-trainer.md).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+F32 = np.float32
+
+
+class Layer:
+    """A layer: `forward(x, train)`, `backward(grad) -> grad of x`, named params, grads and buffers."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, np.ndarray] = {}
+        self.grads: dict[str, np.ndarray] = {}
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        raise NotImplementedError
+
+    def backward(self, grad: np.ndarray) -> np.ndarray:
+        """The gradient of the input; `grad` may be overwritten (layers reuse its buffer)."""
+        raise NotImplementedError
+
+    def named(self, prefix: str = "") -> Iterator[tuple[str, "Layer"]]:
+        yield prefix, self
+
+    def forget(self) -> None:
+        """Drop what the last training forward kept for backward (between epochs, before parking)."""
+        for name in [k for k in vars(self) if k.startswith("_saved")]:
+            setattr(self, name, None)
+
+
+def channel_sums(a: np.ndarray, b: np.ndarray | None = None, chunk: int = 16) -> np.ndarray:
+    """Per-channel sums (float64) of a [N, C, H, W], or of a * b, a few samples at a time: no
+    temporary of the whole batch's size."""
+    out = np.zeros(a.shape[1], np.float64)
+    for i in range(0, len(a), chunk):
+        part = a[i:i + chunk] if b is None else a[i:i + chunk] * b[i:i + chunk]
+        out += part.sum(axis=(0, 2, 3), dtype=np.float64)
+    return out
+
+
+class Conv2d(Layer):
+    """Square-kernel convolution, zero padding, no bias (a BatchNorm follows every one here).
+
+    im2col and one matrix product per `chunk` samples, each chunk padded on its own: the unfolded
+    windows of a SupCon batch of the cnn's first layer (128 views) are 38 MB at once, under 5 MB
+    per chunk of 16. It keeps its (unpadded) input for backward, which unfolds it again."""
+
+    chunk = 16
+
+    def __init__(self, c_in: int, c_out: int, kernel: int = 3, stride: int = 1, padding: int = 1) -> None:
+        super().__init__()
+        self.stride, self.padding, self.kernel = int(stride), int(padding), int(kernel)
+        self.params["weight"] = np.zeros((c_out, c_in, kernel, kernel), F32)
+        self._saved_x: np.ndarray | None = None
+
+    def _out_size(self, h: int, w: int) -> tuple[int, int]:
+        k, s, p = self.kernel, self.stride, self.padding
+        return (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+
+    def _cols(self, x: np.ndarray) -> np.ndarray:
+        """[C * k * k, n * Ho * Wo] windows of a chunk, rows in the weight's (C, k, k) order."""
+        n, c, h, w = x.shape
+        k, s, p = self.kernel, self.stride, self.padding
+        ho, wo = self._out_size(h, w)
+        xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p))) if p else x
+        cols = np.empty((c, k, k, n, ho, wo), F32)
+        for i in range(k):
+            for j in range(k):
+                cols[:, i, j] = xp[:, :, i:i + s * ho:s, j:j + s * wo:s].transpose(1, 0, 2, 3)
+        return cols.reshape(c * k * k, n * ho * wo)
+
+    def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        w = self.params["weight"].reshape(len(self.params["weight"]), -1)
+        ho, wo = self._out_size(x.shape[2], x.shape[3])
+        out = np.empty((len(x), len(w), ho, wo), F32)
+        for i in range(0, len(x), self.chunk):
+            part = x[i:i + self.chunk]
+            out[i:i + len(part)] = (w @ self._cols(part)).reshape(len(w), len(part), ho, wo).transpose(1, 0, 2, 3)
+        if train:
+            self._saved_x = x
+        return out
+
+    def backward(self, grad: np.ndarray) -> np.ndarray:
+        """The weight's gradient first, then the input is let go before its gradient is built."""
+        x = self._saved_x
+        assert x is not None, "backward before a training forward"
+        weight = self.params["weight"]
+        w = weight.reshape(len(weight), -1)
+        shape = x.shape
+        dw = np.zeros(w.shape, np.float64)
+        for start in range(0, len(x), self.chunk):
+            g = grad[start:start + self.chunk].transpose(1, 0, 2, 3).reshape(len(w), -1)  # [O, n * Ho * Wo]
+            dw += g @ self._cols(x[start:start + self.chunk]).T
+        self.grads["weight"] = dw.astype(F32).reshape(weight.shape)
+        self._saved_x = x = None
+        return self._input_grad(grad, w, shape)
+
+    def _input_grad(self, grad: np.ndarray, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        n_all, c, h, wd = shape
+        p, s, k = self.padding, self.stride, self.kernel
+        ho, wo = grad.shape[2], grad.shape[3]
+        dx = np.empty(shape, F32)
+        for start in range(0, n_all, self.chunk):
+            g = grad[start:start + self.chunk]
+            n = len(g)
+            dcols = (w.T @ g.transpose(1, 0, 2, 3).reshape(len(w), -1)).reshape(c, k, k, n, ho, wo)
+            dxp = np.zeros((n, c, h + 2 * p, wd + 2 * p), F32)
+            for i in range(k):
+                for j in range(k):
+                    dxp[:, :, i:i + s * ho:s, j:j + s * wo:s] += dcols[:, i, j].transpose(1, 0, 2, 3)
+            dx[start:start + n] = dxp[:, :, p:p + h, p:p + wd]
+        return dx
+
+
+class BatchNorm2d(Layer):
+    """torch.nn.BatchNorm2d: batch statistics and running averages in training, running ones in eval.
+
+    In training it normalises its input in place (every BatchNorm here follows a Conv2d, whose
+    fresh output nothing else holds) and keeps that for backward; statistics accumulate in
+    float64 a few samples at a time."""
+
+    def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
+        super().__init__()
+        self.eps, self.momentum = eps, momentum
+        self.params.update(weight=np.ones(channels, F32), bias=np.zeros(channels, F32))
+        self.buffers.update(running_mean=np.zeros(channels, F32), running_var=np.ones(channels, F32),
+                            num_batches_tracked=np.zeros((), np.int64))
+        self._saved_xhat: np.ndarray | None = None
+        self._saved_invstd: np.ndarray | None = None
+
+    def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        gamma, beta = self.params["weight"][:, None, None], self.params["bias"][:, None, None]
+        if not train:
+            b = self.buffers
+            scale = (1.0 / np.sqrt(b["running_var"] + F32(self.eps))).astype(F32)
+            out = x - b["running_mean"][:, None, None]
+            out *= scale[:, None, None] * gamma
+            out += beta
+            return out
+        m = x.shape[0] * x.shape[2] * x.shape[3]
+        mean = channel_sums(x) / m
+        xhat = x
+        xhat -= mean.astype(F32)[:, None, None]
+        var = channel_sums(xhat, xhat) / m  # biased: what normalises the batch
+        invstd = (1.0 / np.sqrt(var + self.eps)).astype(F32)
+        xhat *= invstd[:, None, None]
+        self._update_running(mean, var * m / max(m - 1, 1))  # the running variance is unbiased, as torch's
+        self._saved_xhat, self._saved_invstd = xhat, invstd
+        out = xhat * gamma
+        out += beta
+        return out
+
+    def _update_running(self, mean: np.ndarray, var: np.ndarray) -> None:
+        b, mom = self.buffers, self.momentum
+        b["running_mean"] = ((1 - mom) * b["running_mean"] + mom * mean).astype(F32)
+        b["running_var"] = ((1 - mom) * b["running_var"] + mom * var).astype(F32)
+        b["num_batches_tracked"] = np.asarray(b["num_batches_tracked"] + 1, np.int64)
+
+    def backward(self, grad: np.ndarray) -> np.ndarray:
+        """dx = gamma * invstd / m * (m * grad - sum(grad) - xhat * sum(grad * xhat)), built in
+        the kept xhat's buffer; `grad` (the layer above's fresh gradient) is scaled in place."""
+        xhat, invstd = self._saved_xhat, self._saved_invstd
+        assert xhat is not None and invstd is not None, "backward before a training forward"
+        m = grad.shape[0] * grad.shape[2] * grad.shape[3]
+        dbeta = channel_sums(grad)
+        dgamma = channel_sums(grad, xhat)
+        self.grads.update(weight=dgamma.astype(F32), bias=dbeta.astype(F32))
+        gamma = self.params["weight"]
+        dx = xhat
+        dx *= -dgamma.astype(F32)[:, None, None]
+        grad *= F32(m)
+        dx += grad
+        dx -= dbeta.astype(F32)[:, None, None]
+        dx *= (gamma * invstd / F32(m))[:, None, None]
+        self._saved_xhat = None
+        return dx
+
+
+class ReLU(Layer):
+    """In place: every ReLU here follows a BatchNorm, whose output nothing else keeps."""
+
+    def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        out = np.maximum(x, 0, out=x)
+        if train:
+            self._saved_mask = out > 0
+        return out
+
+    def backward(self, grad: np.ndarray) -> np.ndarray:
+        grad *= self._saved_mask  # the gradient of the layer above: a fresh array
+        self._saved_mask = None
+        return grad
+
+
+class MaxPool2d(Layer):
+    """2x2 max-pooling with stride 2 (torch's: the gradient goes to the first maximum of a window).
+
+    Works on the four strided quarter views, so no copy of the input is made."""
+
+    @staticmethod
+    def _quarters(x: np.ndarray) -> list[np.ndarray]:
+        h, w = x.shape[2] // 2 * 2, x.shape[3] // 2 * 2
+        return [x[:, :, a:h:2, b:w:2] for a in (0, 1) for b in (0, 1)]  # window order: row-major, as torch
+
+    def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        q = self._quarters(x)
+        out = np.maximum(np.maximum(q[0], q[1]), np.maximum(q[2], q[3]))
+        if train:
+            arg = np.full(out.shape, 3, np.uint8)
+            for i in (2, 1, 0):  # the first maximum wins, as in torch
+                arg[q[i] == out] = i
+            self._saved_arg, self._saved_shape = arg, x.shape
+        return out
+
+    def backward(self, grad: np.ndarray) -> np.ndarray:
+        dx = np.zeros(self._saved_shape, F32)
+        for i, view in enumerate(self._quarters(dx)):
+            view[...] = np.where(self._saved_arg == i, grad, 0)
+        self._saved_arg = None
+        return dx
+
+
+class Linear(Layer):
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.params.update(weight=np.zeros((d_out, d_in), F32), bias=np.zeros(d_out, F32))
+
+    def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        if train:
+            self._saved_x = x
+        return (x @ self.params["weight"].T + self.params["bias"]).astype(F32)
+
+    def backward(self, grad: np.ndarray) -> np.ndarray:
+        x = self._saved_x
+        self.grads.update(weight=(grad.T @ x).astype(F32), bias=grad.sum(axis=0).astype(F32))
+        self._saved_x = None
+        return (grad @ self.params["weight"]).astype(F32)
+
+
+class Sequential(Layer):
+    """Named children in order; their parameters and buffers are named "<child>.<name>", as torch's."""
+
+    def __init__(self, children: list[tuple[str, Layer]]) -> None:
+        super().__init__()
+        self.children = list(children)
+
+    def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        for _, layer in self.children:
+            x = layer.forward(x, train)
+        return x
+
+    def backward(self, grad: np.ndarray) -> np.ndarray:
+        for _, layer in reversed(self.children):
+            grad = layer.backward(grad)
+        return grad
+
+    def named(self, prefix: str = "") -> Iterator[tuple[str, Layer]]:
+        for name, layer in self.children:
+            yield from layer.named(f"{prefix}{name}.")
+
+    def forget(self) -> None:
+        for _, layer in self.named():
+            Layer.forget(layer)
+
+    def parameters(self) -> list[tuple[str, Layer, str]]:
+        """(state name, layer, key) of every trainable array, in torch's order."""
+        return [(f"{prefix}{key}", layer, key) for prefix, layer in self.named() for key in layer.params]
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The state dict: parameters then buffers of each layer, as torch orders them."""
+        out: dict[str, np.ndarray] = {}
+        for prefix, layer in self.named():
+            out.update({f"{prefix}{k}": v.copy() for k, v in layer.params.items()})
+            out.update({f"{prefix}{k}": np.array(v) for k, v in layer.buffers.items()})
+        return out
+
+    def load(self, weights: dict[str, np.ndarray]) -> None:
+        """Load a state dict: every name, shape and dtype kind must fit (ValueError names the first
+        that does not; nothing is loaded then)."""
+        own = self.state()
+        missing = [k for k in own if k not in weights]
+        unknown = [k for k in weights if k not in own]
+        if missing or unknown:
+            raise ValueError(f"weights do not fit this W_c: missing {missing[:5]}, unknown {unknown[:5]}")
+        for name, value in own.items():
+            arr = np.asarray(weights[name])
+            if arr.shape != value.shape or (arr.dtype.kind == "f") != (value.dtype.kind == "f"):
+                raise ValueError(f"{name!r}: {arr.dtype}{list(arr.shape)} does not fit {value.dtype}{list(value.shape)}")
+        for prefix, layer in self.named():
+            for store in (layer.params, layer.buffers):
+                for key, old in store.items():
+                    store[key] = np.array(weights[f"{prefix}{key}"], dtype=old.dtype, copy=True).reshape(old.shape)
+
+
+def global_avg_pool(x: np.ndarray) -> np.ndarray:
+    """[N, C, H, W] -> [N, C] (models.pool)."""
+    return x.mean(axis=(2, 3), dtype=np.float64).astype(F32) if x.ndim == 4 else x
+
+
+def global_avg_pool_backward(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    if len(shape) != 4:
+        return grad
+    return np.broadcast_to((grad / F32(shape[2] * shape[3]))[:, :, None, None], shape).astype(F32)

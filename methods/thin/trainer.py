@@ -1,0 +1,184 @@
+"""A device's local W_c training without torch: the torch devices' steps in numpy.
+
+`SupConTrainer` is what an H-SFP torch device does in `train_epoch` (methods/hsfp/device_torch.py):
+two augmented views through the local W_c, global average pooling, the private projection head
+(or the shared simplex ETF), SupCon (or cross-entropy), FedDecorr when switched on, and SGD with
+momentum 0.9 and weight decay 5e-4 over W_c and the head. `SplitTrainer` is SplitFed's device
+step: W_c forward, the edge's gradient of the activations, W_c backward and SGD.
+
+Both keep their state as `state_dict`/`load_state_dict`, so a parked or restarted device carries
+its local copy, head and momentum on (methods/snapshot.py keeps such objects).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from splitedge.methods.data.preprocess import to_input
+from splitedge.methods.hsfp.simplex import simplex_etf
+from splitedge.methods.thin.augment import two_views
+from splitedge.methods.thin.layers import Sequential, global_avg_pool, global_avg_pool_backward
+from splitedge.methods.thin.losses import etf_cross_entropy, feddecorr, supcon
+from splitedge.methods.thin.optim import NumpySGD
+from splitedge.methods.thin.wc_models import out_channels, projection_head, thin_wc
+
+
+def epoch_order(n: int, batch: int, rng: np.random.Generator, min_size: int = 2) -> Iterator[np.ndarray]:
+    """Shuffled index batches of one epoch; a last batch under `min_size` is dropped (BatchNorm
+    cannot train on one sample), as the torch devices do."""
+    order = rng.permutation(n)
+    for start in range(0, n, batch):
+        idx = order[start:start + batch]
+        if len(idx) >= min_size:
+            yield idx
+
+
+class SupConTrainer:
+    """H-SFP's device training of its own W_c copy, in numpy."""
+
+    numpy_state = True  # methods/snapshot.py restores its state as arrays, without torch
+
+    def __init__(self, model: str, channels: int, *, proj_dim: int, lr: float, tau: float, seed: int,
+                 target: str = "supcon", classes: int = 0, etf_seed: int = 0, etf_tau: float = 0.1,
+                 feddecorr_beta: float = 0.0) -> None:
+        self.wc = thin_wc(model, channels)
+        self.width = out_channels(self.wc)
+        self.head = projection_head(self.width, proj_dim, np.random.default_rng(seed)) if target == "supcon" else None
+        # etf: the simplex every device builds from the run's seed (methods/hsfp/etf.py)
+        self.etf = simplex_etf(self.width, classes, etf_seed) if target == "etf" else None
+        self.etf_tau, self.tau = float(etf_tau), float(tau)
+        self.feddecorr_beta = float(feddecorr_beta)
+        self.lr = float(lr)
+        self.opt = self._new_optimizer()
+        self.started = False  # whether W_c was loaded: before that its zeros are kept nowhere
+
+    def _new_optimizer(self) -> NumpySGD:
+        params = self.wc.parameters() + ([] if self.head is None else
+                                         [(f"head.{n}", layer, k) for n, layer, k in self.head.parameters()])
+        return NumpySGD(params, self.lr, momentum=0.9, weight_decay=5e-4)
+
+    def load(self, weights: Mapping[str, np.ndarray]) -> None:
+        """A new global W_c: the local copy starts from it with fresh momentum (the head stays)."""
+        self.wc.load(dict(weights))
+        self.opt = self._new_optimizer()
+        self.started = True
+
+    def retune(self, lr: float) -> None:
+        self.lr = self.opt.lr = float(lr)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The local W_c as a weight map (torch state names and dtypes) for the slow average."""
+        return self.wc.state()
+
+    def step(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> dict[str, float]:
+        """One SGD step on two augmented views of a normalised batch [B, C, H, W]; the loss terms' values."""
+        return self.step_views(two_views(x, rng), np.concatenate([y, y]))
+
+    def step_views(self, views: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        """One SGD step on given views [2B, C, H, W] (view-major) and their labels [2B]."""
+        self.opt.zero_grad()
+        fmap = self.wc.forward(views, train=True)
+        pooled = global_avg_pool(fmap)
+        if self.head is None:
+            loss, dpooled = etf_cross_entropy(pooled, labels, self.etf, self.etf_tau)
+            parts = {"etf": loss}
+        else:
+            z = self.head.forward(pooled, train=True)
+            loss, dz = supcon(z, labels, self.tau)
+            dpooled = self.head.backward(dz)
+            parts = {"supcon": loss}
+        if self.feddecorr_beta > 0:
+            decorr, ddecorr = feddecorr(pooled)
+            dpooled = dpooled + np.float32(self.feddecorr_beta) * ddecorr
+            parts["feddecorr"] = decorr
+            loss += self.feddecorr_beta * decorr
+        self.wc.backward(global_avg_pool_backward(dpooled, fmap.shape))
+        self.opt.step()
+        parts["total"] = loss
+        return parts
+
+    def train_epoch(self, images: Any, labels: np.ndarray, mean: Any, std: Any, batch: int,
+                    rng: np.random.Generator) -> dict[str, float]:
+        """One epoch over a device's uint8 images (an array or a streamed store indexed by batch);
+        returns the sample-weighted mean of each loss term."""
+        sums: dict[str, float] = {}
+        seen = 0
+        for idx in epoch_order(len(labels), batch, rng):
+            x = to_input(np.asarray(images[np.sort(idx)])[np.argsort(np.argsort(idx))], mean, std)
+            parts = self.step(x, np.asarray(labels)[idx].astype(np.int64), rng)
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + v * len(idx)
+            seen += len(idx)
+        self.wc.forget()
+        if self.head is not None:
+            self.head.forget()
+        return {k: v / max(seen, 1) for k, v in sums.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The local W_c (once it started from a global one), the head and the momentum."""
+        return {"wc": self.wc.state() if self.started else None,
+                "head": None if self.head is None else self.head.state(), "opt": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("wc") is not None:
+            self.wc.load(state["wc"])
+            self.started = True
+        if self.head is not None and state.get("head") is not None:
+            self.head.load(state["head"])
+        self.opt = self._new_optimizer()
+        self.opt.load_state_dict(state["opt"])
+        self.lr = self.opt.lr
+
+
+Request = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""(activations [B, ...], labels [B]) -> the edge's gradient of the loss for those activations."""
+
+
+class SplitTrainer:
+    """SplitFed's device step in numpy: the loss is at the edge, the device back-propagates its
+    gradient (d/d(act) of sum(act * grad) is grad)."""
+
+    numpy_state = True
+
+    def __init__(self, model: str, channels: int) -> None:
+        self.wc = thin_wc(model, channels)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"wc": self.wc.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.wc.load(state["wc"])
+
+    def load(self, weights: Mapping[str, np.ndarray]) -> None:
+        self.wc.load(dict(weights))
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return self.wc.state()
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """W_c in eval mode (running BatchNorm statistics) on normalised images."""
+        return self.wc.forward(np.ascontiguousarray(x, dtype=np.float32), train=False)
+
+    def train_epoch(self, images: Any, labels: np.ndarray, mean: Any, std: Any, batch: int, opt: NumpySGD,
+                    rng: np.random.Generator, request: Request) -> float:
+        """One epoch: per batch, forward, ask the edge for the gradient, backward, step. Returns
+        the mean of sum(act * grad) per sample (the split term the torch device logs)."""
+        total, seen = 0.0, 0
+        for idx in epoch_order(len(labels), batch, rng):
+            x = to_input(np.asarray(images[np.sort(idx)])[np.argsort(np.argsort(idx))], mean, std)
+            act = self.wc.forward(x, train=True)
+            grad = request(act, np.asarray(labels)[idx].astype(np.int64))
+            if grad.shape != act.shape:
+                raise ValueError(f"gradient shape {tuple(grad.shape)} does not match activations {tuple(act.shape)}")
+            opt.zero_grad()
+            self.wc.backward(np.asarray(grad, dtype=np.float32))
+            opt.step()
+            total += float((act.astype(np.float64) * grad).sum())
+            seen += len(idx)
+        self.wc.forget()
+        return total / max(seen, 1)
+
+    def optimizer(self, lr: float, momentum: float, weight_decay: float) -> NumpySGD:
+        return NumpySGD(self.wc.parameters(), lr, momentum=momentum, weight_decay=weight_decay)

@@ -1,0 +1,221 @@
+"""The thin trainer (numpy, methods/thin) against torch autograd: same losses, same gradients,
+same weights after an epoch, for the W_c of every model it trains.
+
+Tolerances: forward outputs and every gradient agree to 1e-4 of the largest magnitude of the
+torch value (float32 rounding of differently ordered sums; measured 1e-7 to 4e-6); losses to
+1e-6; after one SupCon epoch of SGD with momentum on digits (14 steps) the weights agree to 1e-3
+of their largest magnitude and BatchNorm's running statistics to 1e-4.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from splitedge.methods.data.datasets import load_dataset
+from splitedge.methods.hsfp.etf import EtfHead
+from splitedge.methods.losses import feddecorr_loss, supcon_loss
+from splitedge.methods.snapshot import capture, restore
+from splitedge.methods.thin import losses as thin_losses
+from splitedge.methods.thin.augment import crop_flip
+from splitedge.methods.thin.trainer import SplitTrainer, SupConTrainer
+from splitedge.methods.thin.wc_models import thin_wc
+from splitedge.methods.torch_utils import sgd
+from splitedge.models import create_split, pool, state_to_numpy
+
+GRAD_TOL = 1e-4
+CASES = [("cnn", 3, 32), ("fedcnn", 3, 32), ("cnn", 1, 8), ("fedcnn", 1, 8)]
+
+
+def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(a - ref).max() / (np.abs(ref).max() + 1e-12))
+
+
+def torch_wc(model: str, channels: int, size: int, seed: int = 0) -> nn.Module:
+    """A W_c with BatchNorm scales and shifts away from their 1 / 0 initial values."""
+    torch.manual_seed(seed)
+    wc = create_split(model, num_classes=10, in_channels=channels, image_size=size).wc
+    for m in wc.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            nn.init.uniform_(m.weight, 0.5, 1.5)
+            nn.init.uniform_(m.bias, -0.5, 0.5)
+    return wc
+
+
+@pytest.mark.parametrize("model,channels,size", CASES)
+def test_layers_match_torch_forward_and_backward_in_training_mode(model, channels, size):
+    # Prepare
+    wc = torch_wc(model, channels, size).train()
+    net = thin_wc(model, channels)
+    net.load(state_to_numpy(wc))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, channels, size, size)).astype(np.float32)
+    xt = torch.from_numpy(x).requires_grad_()
+    # Execute
+    out_t = wc(xt)
+    upstream = rng.standard_normal(tuple(out_t.shape)).astype(np.float32)
+    out_t.backward(torch.from_numpy(upstream))
+    out = net.forward(x, train=True)
+    dx = net.backward(upstream.copy())  # backward consumes the gradient it is given
+    # Assert: output, input gradient, every parameter gradient, updated BatchNorm buffers
+    assert rel_err(out, out_t.detach().numpy()) < GRAD_TOL
+    assert rel_err(dx, xt.grad.numpy()) < GRAD_TOL
+    torch_params = dict(wc.named_parameters())
+    for name, layer, key in net.parameters():
+        assert rel_err(layer.grads[key], torch_params[name].grad.numpy()) < GRAD_TOL, name
+    state, ref = net.state(), state_to_numpy(wc)
+    assert list(state) == list(ref)  # the same names in the same order: the weight maps agree
+    for name in ref:
+        assert state[name].dtype == ref[name].dtype, name
+        np.testing.assert_allclose(state[name], ref[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    # eval mode uses the running statistics, as torch's
+    wc.eval()
+    with torch.no_grad():
+        assert rel_err(net.forward(x, train=False), wc(torch.from_numpy(x)).numpy()) < GRAD_TOL
+
+
+def test_losses_match_torch_values_and_gradients():
+    rng = np.random.default_rng(2)
+    f = rng.standard_normal((32, 16)).astype(np.float32)
+    y = rng.integers(0, 4, 32)
+    y[0] = 9  # an anchor with no positive: left out of SupCon, as torch's
+    head = EtfHead(16, 10, seed=1, tau=0.1)
+    cases = {
+        "supcon": (lambda t: supcon_loss(t, torch.from_numpy(y), tau=0.5), lambda a: thin_losses.supcon(a, y, 0.5)),
+        "etf": (lambda t: nn.functional.cross_entropy(head(t), torch.from_numpy(y)),
+                lambda a: thin_losses.etf_cross_entropy(a, y, head.etf.numpy(), 0.1)),
+        "feddecorr": (feddecorr_loss, thin_losses.feddecorr),
+    }
+    for name, (torch_fn, numpy_fn) in cases.items():
+        ft = torch.from_numpy(f).requires_grad_()
+        ref = torch_fn(ft)
+        ref.backward()
+        value, grad = numpy_fn(f)
+        assert abs(value - ref.item()) < 1e-6, name
+        assert rel_err(grad, ft.grad.numpy()) < GRAD_TOL, name
+
+
+def test_crop_flip_gives_shifted_and_mirrored_crops_of_the_padded_image():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 3, 8, 8)).astype(np.float32)
+    out = crop_flip(x, np.random.default_rng(4))
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    flips = 0
+    for i in range(len(x)):
+        crops = [padded[i, :, a:a + 8, b:b + 8] for a in range(3) for b in range(3)]
+        plain = any(np.array_equal(out[i], c) for c in crops)
+        mirrored = any(np.array_equal(out[i], c[..., ::-1]) for c in crops)
+        assert plain or mirrored, i
+        flips += mirrored and not plain
+    assert 10 < flips < 54  # about half are flipped
+
+
+def _torch_supcon_epoch(wc: nn.Module, head: nn.Module, views: list[np.ndarray], labels: list[np.ndarray]) -> None:
+    opt = sgd(list(wc.parameters()) + list(head.parameters()), 0.05, momentum=0.9, weight_decay=5e-4)
+    wc.train()
+    for v, y in zip(views, labels):
+        loss = supcon_loss(head(pool(wc(torch.from_numpy(v)))), torch.from_numpy(y), tau=0.5)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("model", ["cnn", "fedcnn"])
+def test_one_supcon_epoch_ends_at_torchs_weights(model):
+    # Prepare: the torch device's W_c and head, copied into the thin trainer; the same views
+    (x_all, y_all), _, _ = load_dataset("digits")
+    wc = torch_wc(model, 1, 8)
+    trainer = SupConTrainer(model, 1, proj_dim=16, lr=0.05, tau=0.5, seed=0)
+    head = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16))
+    trainer.load(state_to_numpy(wc))
+    trainer.head.load({k: v.detach().numpy().copy() for k, v in head.state_dict().items()})
+    rng = np.random.default_rng(5)
+    order = rng.permutation(len(y_all))[:448]
+    views, labels = [], []
+    for start in range(0, len(order), 32):
+        idx = order[start:start + 32]
+        x = (x_all[idx].transpose(0, 3, 1, 2).astype(np.float32) / 255.0 - 0.5) / 0.25
+        views.append(np.concatenate([crop_flip(x, rng), crop_flip(x, rng)]))
+        labels.append(np.concatenate([y_all[idx], y_all[idx]]).astype(np.int64))
+    # Execute
+    _torch_supcon_epoch(wc, head, views, labels)
+    for v, y in zip(views, labels):
+        trainer.step_views(v, y)
+    # Assert
+    ref, got = state_to_numpy(wc), trainer.weights()
+    for name in ref:
+        if ref[name].dtype.kind != "f":
+            assert int(got[name]) == int(ref[name]) == len(views), name
+        elif "running" in name:
+            assert rel_err(got[name], ref[name]) < 1e-4, name
+        else:
+            assert rel_err(got[name], ref[name]) < 1e-3, name
+    head_ref = {k: v.detach().numpy() for k, v in head.state_dict().items()}
+    for name, value in trainer.head.state().items():
+        assert rel_err(value, head_ref[name]) < 1e-3, name
+
+
+def test_split_step_matches_torch_for_a_given_gradient():
+    # Prepare: the SplitFed device's step: W_c forward, the edge's gradient, backward, SGD
+    wc = torch_wc("fedcnn", 3, 32)
+    trainer = SplitTrainer("fedcnn", 3)
+    trainer.load(state_to_numpy(wc))
+    opt_t = sgd(wc.parameters(), 0.05, momentum=0.9, weight_decay=5e-4)
+    opt_n = trainer.optimizer(0.05, 0.9, 5e-4)
+    rng = np.random.default_rng(6)
+    images = rng.integers(0, 256, (24, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, 24)
+    grads: dict[int, np.ndarray] = {}
+
+    def edge(act: np.ndarray, y: np.ndarray) -> np.ndarray:
+        grads[len(grads)] = rng.standard_normal(act.shape).astype(np.float32) * 1e-2
+        return grads[len(grads) - 1]
+
+    # Execute: the thin epoch records the gradients the "edge" sent; torch replays them
+    trainer.train_epoch(images, labels, [0.5] * 3, [0.25] * 3, 8, opt_n, np.random.default_rng(7), edge)
+    order = list(np.random.default_rng(7).permutation(24).reshape(3, 8))
+    wc.train()
+    for i, idx in enumerate(order):
+        x = torch.from_numpy((images[idx].transpose(0, 3, 1, 2).astype(np.float32) / 255.0 - 0.5) / 0.25)
+        act = wc(x)
+        opt_t.zero_grad()
+        (act * torch.from_numpy(grads[i])).sum().backward()
+        opt_t.step()
+    # Assert
+    ref, got = state_to_numpy(wc), trainer.weights()
+    for name in ref:
+        if ref[name].dtype.kind == "f":
+            assert rel_err(got[name], ref[name]) < 1e-3, name
+
+
+def test_trainer_state_survives_capture_and_restore():
+    # A parked or restarted thin device keeps its local W_c, head and momentum
+    trainer = SupConTrainer("cnn", 1, proj_dim=16, lr=0.05, tau=0.5, seed=0)
+    trainer.load(state_to_numpy(torch_wc("cnn", 1, 8)))
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((16, 1, 8, 8)).astype(np.float32)
+    trainer.step(x, np.arange(16) % 4, rng)
+
+    class Holder:
+        pass
+
+    saved, fresh = Holder(), Holder()
+    saved.trainer = trainer
+    fresh.trainer = SupConTrainer("cnn", 1, proj_dim=16, lr=0.01, tau=0.5, seed=1)
+    data = capture(saved, ("trainer",))
+    restore(fresh, ("trainer",), data)
+    twin = copy.deepcopy(trainer)
+    # the same next step from the restored state gives the same weights
+    twin.step(x, np.arange(16) % 4, np.random.default_rng(9))
+    fresh.trainer.step(x, np.arange(16) % 4, np.random.default_rng(9))
+    for name, value in twin.weights().items():
+        np.testing.assert_array_equal(fresh.trainer.weights()[name], value, err_msg=name)
+
+
+def test_a_model_it_cannot_train_is_named():
+    with pytest.raises(ValueError, match="thin trainer trains the W_c of .*resnet18"):
+        thin_wc("resnet18", 3)
