@@ -87,6 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backends", type=_csv, default=("torch", "onnx"), help="device backends to measure")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="H-SFP setting for the measured federation (repeatable), e.g. device_batch=32")
+    g.add_argument("--device-mem-cap", type=float, default=None, metavar="MB",
+                   help="ram: run the device in a memory cgroup capped at MB (the kernel enforces it; needs root)")
     g.add_argument("--device-python", default=None, metavar="PATH",
                    help="interpreter for the measured device (runs this checkout), e.g. a venv with the "
                         "CPU-only torch wheel; default: this one")

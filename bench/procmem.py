@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import psutil
 
@@ -49,7 +49,7 @@ class PeakSampler:
         with self._lock:
             self._procs[name] = psutil.Process(pid)
             self.peaks[name] = {"pid": pid, "peak_rss_bytes": 0, "vm_hwm_bytes": None, "peak_uss_bytes": None,
-                               "samples": 0}
+                               "samples": 0, "cpu_s": None}
 
     def start(self) -> PeakSampler:
         self._thread.start()
@@ -66,6 +66,7 @@ class PeakSampler:
     def _sample(self, name: str, proc: psutil.Process) -> None:
         try:
             rss = proc.memory_info().rss
+            times = proc.cpu_times()
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             return
         hwm = vm_hwm_bytes(proc.pid)
@@ -80,6 +81,7 @@ class PeakSampler:
             if uss is not None:
                 peak["peak_uss_bytes"] = max(peak["peak_uss_bytes"] or 0, uss)
             peak["peak_rss_bytes"] = max(peak["peak_rss_bytes"], rss)
+            peak["cpu_s"] = times.user + times.system  # the last sample before it exits: within one interval
             if hwm is not None:
                 peak["vm_hwm_bytes"] = max(peak["vm_hwm_bytes"] or 0, hwm)
             peak["samples"] += 1
@@ -92,16 +94,17 @@ class PeakSampler:
 
 
 def spawn_splitedge(args: list[str], log_path: Path, *, python: str | None = None,
-                    env: Mapping[str, str] | None = None) -> subprocess.Popen:
+                    env: Mapping[str, str] | None = None, preexec: Callable[[], None] | None = None) -> subprocess.Popen:
     """``python -m splitedge ARGS`` with one intra-op thread (as on a small device), logging to a
     file. ``python`` is the interpreter (default: this one; another venv's, e.g. with a different
     torch build, needs splitedge installed in it); ``env`` is added to the environment. Runs
-    from the log's folder, so the installed package is what runs, never a bare repo folder."""
+    from the log's folder, so the installed package is what runs, never a bare repo folder.
+    ``preexec`` runs in the child before exec (e.g. joining a memory cgroup, bench/memcap.py)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log_path, "w") as log:
         return subprocess.Popen([python or sys.executable, "-m", "splitedge", *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
-                                cwd=log_path.parent)
+                                cwd=log_path.parent, preexec_fn=preexec)
 
 
 def wait_all(procs: dict[str, subprocess.Popen], first: str, timeout: float, grace: float = 20.0) -> dict[str, int]:

@@ -58,3 +58,41 @@ def test_mixed_torch_onnx_sim_on_digits(mosquitto, tmp_path):
     # the ONNX graph goes only where a thin device is (e1), addressed to thin devices: torch
     # devices (and e0, whose members are all torch) never download it
     assert graphs and set(graphs) == {("e1", "@thin")}
+
+
+def _weights_senders(mosquitto, run: str):
+    """(observer, list of (device, round) of every W_c weight map a device sends up)."""
+    sent: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def record(topic, env):
+        if env.body.get("part") == "wc":
+            with lock:
+                sent.append((env.sender, env.round))
+
+    observer = MqttTransport(mosquitto.url, client_id=f"observer-{run}", role="observer")
+    observer.subscribe(pattern(run, "device", "+", "up", "weights"), record)
+    return observer, sent
+
+
+@pytest.mark.parametrize("method", ["hsfp", "splitfed"])
+def test_thin_trainers_reach_the_accuracy_of_torch_devices(mosquitto, tmp_path, method):
+    """Issue 29: devices that train W_c in numpy (onnx backend) beside torch devices give the
+    federation the accuracy of torch devices alone, same seed and rounds; the thin ones do train
+    (their W_c goes up on averaging rounds)."""
+    results = {}
+    for label, backends in (("torch", ("torch",)), ("mixed", ("torch", "onnx"))):
+        run = f"thin-train-{method}-{label}"
+        observer, sent = _weights_senders(mosquitto, run)
+        s = SimSettings(rounds=4, devices=4, edges=2, broker=mosquitto.url, run=run, out=tmp_path / label,
+                        method=method, backends=backends, max_train=800, max_test=360, deadline_s=90.0,
+                        overrides={"ic": 2, "edge_samples": 1024, "cloud_samples": 2048} if method == "hsfp" else {})
+        try:
+            results[label] = run_sim(s)["final_accuracy"]
+        finally:
+            observer.close()
+        if label == "mixed":  # d1 and d3 are the thin ones (round-robin)
+            every = range(1, 5) if method == "splitfed" else (2, 4)
+            assert {(d, r) for d in ("d1", "d3") for r in every} <= set(sent), sorted(sent)
+    assert results["mixed"] > 0.7, results
+    assert abs(results["mixed"] - results["torch"]) < 0.06, results
