@@ -19,6 +19,7 @@ from typing import Any
 SUITES = {
     "bandwidth": "splitedge.bench.bandwidth",
     "ram": "splitedge.bench.ram",
+    "device-memory": "splitedge.bench.device_memory",
     "throughput": "splitedge.bench.throughput",
     "accuracy": "splitedge.bench.accuracy",
     "ssl": "splitedge.bench.ssl",

@@ -44,12 +44,24 @@ class MemoryCap:
         """Called in the child between fork and exec: everything it allocates counts."""
         (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
-    def events(self) -> dict[str, int]:
-        """How often the cap was hit (v1 failcnt, v2 memory.events' max and oom_kill)."""
-        if (self.path / "memory.events").exists():
-            pairs = (line.split() for line in (self.path / "memory.events").read_text().splitlines())
-            return {k: int(v) for k, v in pairs}
-        return {"failcnt": int((self.path / "memory.failcnt").read_text())}
+    def events(self) -> dict[str, float]:
+        """How often the cap was hit and what it held at most: v2's memory.events (max, oom_kill)
+        and memory.peak; v1's failcnt (memory, and memory+swap), oom_control's oom_kill and
+        max_usage_in_bytes."""
+        def read(name: str) -> str | None:
+            path = self.path / name
+            return path.read_text() if path.exists() else None
+
+        if read("memory.events") is not None:
+            out: dict[str, float] = {k: int(v) for k, v in (line.split() for line in read("memory.events").splitlines())}
+            if read("memory.peak") is not None:
+                out["peak_mb"] = int(read("memory.peak")) / 2**20
+            return out
+        out = {"failcnt": int(read("memory.failcnt") or 0), "memsw_failcnt": int(read("memory.memsw.failcnt") or 0)}
+        oom = dict(line.split() for line in (read("memory.oom_control") or "").splitlines() if " " in line)
+        out["oom_kill"] = int(oom.get("oom_kill", 0))
+        out["peak_mb"] = int(read("memory.max_usage_in_bytes") or 0) / 2**20
+        return out
 
     def close(self) -> None:
         try:

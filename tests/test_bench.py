@@ -91,7 +91,8 @@ def test_ram_quick(tmp_path: Path) -> None:
         roles = {row["role"]: row for row in r["rows"]}
         assert {"cloud", "edge", "device", "broker"} <= set(roles)
         assert all(row["peak_mb"] > 0 and row["vm_hwm_mb"] > 0 for row in roles.values())
-        assert roles["device"]["goal_mb"] == {"torch": 300, "onnx": 80}[r["backend"]]
+        assert roles["device"]["goal_mb"] == {"torch": 300, "onnx": 100}[r["backend"]]  # the thin one trains
+        assert roles["device"]["trains"] is True and roles["device"]["cpu_s_per_round"] > 0
 
 
 def test_ram_spawns_the_device_under_the_given_interpreter_with_its_unit_environment(
@@ -120,6 +121,40 @@ def test_ram_spawns_the_device_under_the_given_interpreter_with_its_unit_environ
             "env_source": "deploy/splitedge-device.service"}
     md = ram.markdown({"runs": [], "skipped": {}, "goal_condition": "x", "device": info})
     assert f"`{fake}` (Python 3.11.2, torch 2.13.0+cpu)" in md and "`MALLOC_ARENA_MAX=2`" in md
+
+
+def test_device_memory_accounts_each_stage_of_a_thin_trainer_without_torch(tmp_path: Path) -> None:
+    doc = run_bench(tmp_path, "device-memory", "--no-plots", "--backends", "onnx", "--images", "300")
+    (run_,) = doc["results"]["runs"]
+    stages = [row["stage"] for row in run_["stages"]]
+    assert stages[0] == "interpreter" and stages[2] == "engine (onnxruntime)" and stages[-1] == "one local epoch (peak)"
+    assert run_["torch_imported"] is False
+    rss = [row["rss_mb"] for row in run_["stages"]]
+    assert rss == sorted(rss) and rss[0] > 5  # every stage adds, the epoch's peak last
+    assert run_["epoch_cpu_s"] > 0 and run_["images"] == 300
+
+
+def test_memory_cap_is_enforced_by_the_kernel(tmp_path: Path) -> None:
+    """bench ram --device-mem-cap: a child in the cgroup cannot hold more than the cap."""
+    import subprocess
+    import sys
+
+    from splitedge.bench.memcap import MemoryCap
+
+    if os.geteuid() != 0:
+        pytest.skip("memory cgroups need root here")
+    cap = MemoryCap(64)
+    try:
+        code = "import numpy as np; a = np.ones(200 * 2**20 // 8); print(a.sum())"
+        proc = subprocess.run([sys.executable, "-c", code], preexec_fn=cap.join, capture_output=True, timeout=120)
+        small = subprocess.run([sys.executable, "-c", "print(1)"], preexec_fn=cap.join, capture_output=True, timeout=60)
+    finally:
+        events = cap.events()
+        cap.close()
+    assert proc.returncode != 0  # killed (or MemoryError) at 64 MB
+    assert small.returncode == 0
+    assert events["oom_kill"] + events.get("failcnt", 0) + events.get("memsw_failcnt", 0) + events.get("max", 0) > 0, events
+    assert events["peak_mb"] <= 64.5
 
 
 def test_ram_device_environment_without_deploy_folder_is_the_units(monkeypatch: pytest.MonkeyPatch,
