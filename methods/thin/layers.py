@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Iterator
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 F32 = np.float32
 

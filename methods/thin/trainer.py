@@ -19,7 +19,7 @@ import numpy as np
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.hsfp.simplex import simplex_etf
 from splitedge.methods.thin.augment import two_views
-from splitedge.methods.thin.layers import Sequential, global_avg_pool, global_avg_pool_backward
+from splitedge.methods.thin.layers import global_avg_pool, global_avg_pool_backward
 from splitedge.methods.thin.losses import etf_cross_entropy, feddecorr, supcon
 from splitedge.methods.thin.optim import NumpySGD
 from splitedge.methods.thin.wc_models import out_channels, projection_head, thin_wc
