@@ -70,8 +70,11 @@ class HSFPOnnxDevice(HSFPDevice):
             self.trainer.retune(self.cfg.device_lr)
 
     def train_round(self, plan: RoundPlan) -> Iterator[Message]:
-        """`local_epochs` of SupCon on the local W_c copy; the copy goes up when W_c is averaged."""
-        if self.trainer is None or not self._sync_trainer():
+        """`local_epochs` of SupCon on the local W_c copy; the copy goes up when W_c is averaged.
+        With local_epochs=0 the device is the statistics reporter it always was: nothing trains,
+        so nothing goes up but moments (a torch device sends its untouched copy; this one spares
+        its uplink)."""
+        if self.trainer is None or self.cfg.local_epochs == 0 or not self._sync_trainer():
             return
         for _ in range(self.cfg.local_epochs):
             rng = np.random.default_rng(int(self.ctx.rng.integers(2**31)))
