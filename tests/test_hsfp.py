@@ -360,3 +360,30 @@ def test_pre_relu_rectifies_what_every_tier_samples():
     rect, _ = method_for("hsfp", pre_relu=True).sample_features(m, 500, np.random.default_rng(1))
     assert (plain < 0).mean() > 0.4
     np.testing.assert_array_equal(rect, np.maximum(plain, 0))
+
+
+@pytest.mark.parametrize("pre_relu", [False, True])
+def test_paper_form_sends_moments_of_the_locally_trained_wc_every_round(digits, pre_relu):
+    """moments_of="local" (issue 28): the device trains, then sends the moments of its own W_c
+    copy, every round; checked against the per-class means of that copy's outputs by hand."""
+    from splitedge.methods.data.preprocess import to_input
+    from splitedge.methods.moments import moments_from_body
+    from splitedge.models import pre_activation
+
+    (x, y), _, _ = digits
+    x, y = x[:200], y[:200]
+    cloud = _cloud(digits[1], pre_relu=pre_relu)
+    dev = _device((x, y), moments_of="local", pre_relu=pre_relu)
+    _give_model(dev, cloud)
+    for r in (1, 2):
+        sent = [m for m in dev.run_round(_plan(r)) if isinstance(m, Message)]
+        assert [m.kind for m in sent] == ["moments"]  # every round, not only when W_c changed
+        got = moments_from_body(sent[0].body)
+        module = (pre_activation(dev.wc_local) if pre_relu else dev.wc_local).eval()
+        with torch.no_grad():
+            feats = module(torch.from_numpy(to_input(x, dev.spec.mean, dev.spec.std))).reshape(len(y), -1).numpy()
+        for k, c in enumerate(got.classes.tolist()):
+            np.testing.assert_allclose(got.mean[k], feats[y == c].astype(np.float64).mean(axis=0), rtol=1e-4, atol=1e-5)
+        assert got.counts.tolist() == [int((y == c).sum()) for c in got.classes.tolist()]
+    assert (feats < 0).any() == pre_relu
+    assert not np.allclose(got.mean, dev.compute_moments().mean, atol=1e-4)  # not the global W_c's

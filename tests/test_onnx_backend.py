@@ -295,3 +295,24 @@ def test_a_parked_thin_device_keeps_its_weights_once_and_comes_back_the_same(spl
     fresh.on_message(weights_env(v1, 1))  # the retained map again: already in the graph
     assert fresh.wc_version == 1
     np.testing.assert_array_equal(fresh.compute_moments().mean, dev.compute_moments().mean)
+
+
+def test_a_thin_trainer_in_the_papers_form_sends_moments_of_its_trained_copy(splits, model_bytes, images):
+    """moments_of="local" on a thin device: the numpy copy after this round's training, the same
+    features torch computes with those weights (eval mode)."""
+    from splitedge.methods.contract import DONE, RoundPlan
+    from splitedge.methods.moments import moments_from_body
+    from splitedge.models import load_numpy_state
+
+    ctx = ctx_for("hsfp", "d1", moments_of="local", device_batch=8)
+    dev = ctx.method.device_part(ctx, images, "onnx")
+    dev.on_message(model_env(model_bytes))
+    plan = RoundPlan(round=1, method="hsfp", deadline_s=60, config={}, versions={"wc": 0, "we": 0})
+    sent = [m for m in dev.run_round(plan) if m is not DONE]
+    assert [m.kind for m in sent] == ["moments"]
+    trained = dev.trainer.weights()
+    assert not np.allclose(trained["block1.conv.weight"], state_to_numpy(splits[0].wc)["block1.conv.weight"])
+    wc = make_split(0).wc
+    load_numpy_state(wc, trained)
+    np.testing.assert_allclose(moments_from_body(sent[0].body).mean, torch_moments(wc.eval(), images).mean,
+                               rtol=1e-4, atol=1e-5)

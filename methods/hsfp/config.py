@@ -20,6 +20,11 @@ class HSFPConfig(MethodConfig):
     ic: int = flag(5, "rounds between W_c averages")
     ie: int = flag(10, "rounds between W_e averages (0: W_e stays as initialised)")
     slow_averaging: bool = flag(True, "ablation: never average W_c / W_e")
+    # what a device takes moments of: "global" (ours, the consistency rule: the last averaged
+    # W_c, sent when it changes) or "local" (the paper's device: its own W_c after this round's
+    # local training, sent every round); docs/methods.md says which is measured better
+    moments_of: str = flag("global", "device moments of the global W_c or of its locally trained copy",
+                           choices=("global", "local"))
     # wire
     feature_dtype: str = flag("f4", "moments on the wire", choices=("f2", "f4"))
     resend_moments: str = flag("on-change", "send device moments only when W_c changed (on-change), or every round",
@@ -78,6 +83,8 @@ class HSFPConfig(MethodConfig):
         super().__post_init__()
         if self.feature_dtype not in ("f2", "f4"):
             raise ValueError(f"feature_dtype must be f2 or f4, got {self.feature_dtype!r}")
+        if self.moments_of not in ("global", "local"):
+            raise ValueError(f"moments_of must be global or local, got {self.moments_of!r}")
         if self.resend_moments not in ("on-change", "every-round"):
             raise ValueError(f"resend_moments must be on-change or every-round, got {self.resend_moments!r}")
         if self.assign not in ("random", "clusters", "balanced"):

@@ -94,6 +94,14 @@ class HSFPDevice(DevicePart):
         self.extractor.load_weights(weights)
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
+        if self.cfg.moments_of == "local":  # the paper's device: train, then moments of its own W_c
+            yield from self.train_round(plan)
+            body = moments_to_body(self.compute_moments(self.local_features), dtype=self.cfg.feature_dtype, space=WC,
+                                   versions={WC: self.wc_version})
+            yield Message("moments", body)
+            self.sent_version = self.wc_version
+            yield DONE
+            return
         if self.cfg.resend_moments == "every-round" or self.sent_version != self.wc_version:
             body = moments_to_body(self.compute_moments(), dtype=self.cfg.feature_dtype, space=WC,
                                    versions={WC: self.wc_version})
@@ -106,7 +114,13 @@ class HSFPDevice(DevicePart):
         """A thin device cannot train; the torch device overrides this."""
         return iter(())
 
-    def compute_moments(self) -> ClassMoments:
-        """Per-class moments of the flattened global-W_c features, accumulated in float64."""
-        return accumulate(self.extractor.features, self.data, self.spec.mean, self.spec.std, MomentAccumulator,
-                          self.moment_batch)
+    def compute_moments(self, features: Any = None) -> ClassMoments:
+        """Per-class moments of the flattened global-W_c features (or of `features`, normalised
+        images -> features), accumulated in float64."""
+        return accumulate(features or self.extractor.features, self.data, self.spec.mean, self.spec.std,
+                          MomentAccumulator, self.moment_batch)
+
+    def local_features(self, x: np.ndarray) -> np.ndarray:
+        """Features of the device's own W_c copy (`moments_of="local"`); a device that trains no
+        copy has only the global W_c."""
+        return self.extractor.features(x)

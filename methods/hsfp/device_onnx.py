@@ -84,6 +84,13 @@ class HSFPOnnxDevice(HSFPDevice):
             yield Message("weights", {"part": WC, "version": self.wc_version, "samples": self.num_samples,
                                       "weights": self.trainer.weights()})
 
+    def local_features(self, x: np.ndarray) -> np.ndarray:
+        """The trained local copy's outputs (numpy, eval mode), before its final ReLU with
+        pre_relu; the global W_c's while there is no copy that started from it."""
+        if self.trainer is None or self.trained_version != self.wc_version:
+            return super().local_features(x)
+        return self.trainer.features(x, pre_relu=self.cfg.pre_relu)
+
     def _sync_trainer(self) -> bool:
         """A new global W_c in use: the local copy starts again from it, with fresh momentum. Its
         weight map if this device holds it, else the weights inside the graph in use."""

@@ -96,6 +96,11 @@ class HSFPTorchDevice(HSFPDevice):
         with torch.inference_mode():
             return self.method.moment_module(self.wc_global)(torch.from_numpy(x)).numpy()
 
+    def local_features(self, x: np.ndarray) -> np.ndarray:
+        """The locally trained copy's outputs (before its final ReLU with pre_relu), in eval mode."""
+        with torch.inference_mode():
+            return self.method.moment_module(self.wc_local.eval())(torch.from_numpy(x)).numpy()
+
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         load_numpy_state(self.wc_global, weights)
         load_numpy_state(self.wc_local, weights)

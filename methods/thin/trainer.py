@@ -19,7 +19,7 @@ import numpy as np
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.hsfp.simplex import simplex_etf
 from splitedge.methods.thin.augment import two_views
-from splitedge.methods.thin.layers import global_avg_pool, global_avg_pool_backward
+from splitedge.methods.thin.layers import ReLU, global_avg_pool, global_avg_pool_backward
 from splitedge.methods.thin.losses import etf_cross_entropy, feddecorr, supcon
 from splitedge.methods.thin.optim import NumpySGD
 from splitedge.methods.thin.wc_models import out_channels, projection_head, thin_wc
@@ -64,6 +64,18 @@ class SupConTrainer:
         self.wc.load(dict(weights))
         self.opt = self._new_optimizer()
         self.started = True
+
+    def features(self, x: np.ndarray, *, pre_relu: bool = False) -> np.ndarray:
+        """The local W_c in eval mode on normalised images; with pre_relu its last ReLU is left
+        out (a max-pool after it commutes with it), as models.pre_activation does."""
+        leaves = [layer for _, layer in self.wc.named()]
+        if pre_relu:
+            last = max(i for i, layer in enumerate(leaves) if isinstance(layer, ReLU))
+            leaves = leaves[:last] + leaves[last + 1:]
+        out = np.ascontiguousarray(x, dtype=np.float32)
+        for layer in leaves:
+            out = layer.forward(out, train=False)
+        return out
 
     def retune(self, lr: float) -> None:
         self.lr = self.opt.lr = float(lr)
