@@ -32,6 +32,9 @@ was sent on its held-out data (FedProto, CFLHKD)."""
 HEAD = "head"
 """The `arrays` record of a fitted head (`weight` [classes, D], `bias` [classes]) sent to devices
 before an evaluation phase, versioned by the round."""
+CALIB = "calib"
+"""The `weights` part the cloud sends devices before a calibration phase: W_e and W_g's trunk
+(methods/calibration/upper.py), so a device reaches the classifier's input."""
 CALIBRATIONS = ("none", "lda")
 
 

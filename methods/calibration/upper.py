@@ -14,13 +14,12 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from splitedge.methods.calibration import CALIB  # noqa: F401 - re-exported: the parts import it from here
 from splitedge.methods.checks import check_weight_map, weight_specs
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.contract import DEVICES, Message
 from splitedge.models import ClassifierInput, SplitModel, create_split, seeded_init, state_to_numpy
 
-CALIB = "calib"
-"""The weights part (and round-plan version) of W_e and W_g's trunk for calibration."""
 
 
 def upper_layers(spec: ModelSpec) -> ClassifierInput:

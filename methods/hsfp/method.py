@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from splitedge.methods.calibration import CALIB  # noqa: F401 - W_e and W_g's trunk for calibration; H-SFP parts import it here
 from splitedge.methods.hsfp.config import HSFPCalConfig, HSFPConfig
 from splitedge.methods.moments import ClassMoments, robust_merge
 from splitedge.methods.hsfp.sampling import sample_features
@@ -20,9 +21,6 @@ from splitedge.methods.contract import Method
 WC, WE = "wc", "we"
 AVERAGE = "average"
 REPORT_LABELS, LABELS = "report_labels", "labels"  # directive, and the edges' `arrays` record of label histograms
-# Head calibration (`calibrate="lda"`): the `weights` part the cloud sends devices before a
-# calibration phase (W_e and W_g's trunk, methods/calibration/upper.py), versioned in its plan.
-CALIB = "calib"  # methods.calibration.upper.CALIB, kept here torch-free for the thin device
 
 
 class HSFP(Method):

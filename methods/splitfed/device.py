@@ -13,13 +13,13 @@ import numpy as np
 import torch
 
 from splitedge.methods.calibration.upper import CALIB, check_upper, upper_layers
-from splitedge.methods.checks import check_weights, weight_specs
+from splitedge.methods.checks import weight_specs
+from splitedge.methods.splitfed.device_checks import check_wc_message
 from splitedge.methods.splitfed.method import MODEL
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 from splitedge.methods.torch_utils import build_split, local_tensors, sgd, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
-from splitedge.protocol.errors import ProtocolError
 
 WIRE_DTYPES = {"f2": np.float16, "f4": np.float32}
 
@@ -65,10 +65,8 @@ class SplitFedDevice(DevicePart):
     def check(self, env: Any, source: str) -> None:
         if env.kind == "weights" and env.body["part"] == CALIB:
             check_upper(self._upper(), env.body["weights"])
-        elif env.kind == "weights":
-            check_weights(env.body, self.specs, part="wc")
-        elif env.kind == "gradients" and env.body["grad"].shape[1:] != self.wc_shape:
-            raise ProtocolError("state.shape", f"gradient of shape {env.body['grad'].shape[1:]}, W_c gives {self.wc_shape}")
+        else:
+            check_wc_message(env, self.specs, self.wc_shape)
 
     def on_message(self, env: Any) -> None:
         body = env.body

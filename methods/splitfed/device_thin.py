@@ -12,11 +12,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from splitedge.methods.checks import check_weights, weight_specs
+from splitedge.methods.calibration import CALIB
+from splitedge.methods.checks import weight_specs
+from splitedge.methods.splitfed.device_checks import check_wc_message
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan, Unsupported
 from splitedge.methods.splitfed.method import MODEL
 from splitedge.methods.thin.trainer import SplitTrainer
-from splitedge.protocol.errors import ProtocolError
 
 WIRE_DTYPES = {"f2": np.float16, "f4": np.float32}
 
@@ -40,10 +41,8 @@ class SplitFedThinDevice(DevicePart):
         return self.version >= plan.version(MODEL) and self.version >= 0
 
     def check(self, env: Any, source: str) -> None:
-        if env.kind == "weights" and env.body["part"] == "wc":
-            check_weights(env.body, self.specs, part="wc")
-        elif env.kind == "gradients" and env.body["grad"].shape[1:] != self.wc_shape:
-            raise ProtocolError("state.shape", f"gradient of shape {env.body['grad'].shape[1:]}, W_c gives {self.wc_shape}")
+        if not (env.kind == "weights" and env.body["part"] == CALIB):  # calibration models: not run here
+            check_wc_message(env, self.specs, self.wc_shape)
 
     def on_message(self, env: Any) -> None:
         body = env.body
