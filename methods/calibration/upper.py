@@ -21,7 +21,6 @@ from splitedge.methods.contract import DEVICES, Message
 from splitedge.models import ClassifierInput, SplitModel, create_split, seeded_init, state_to_numpy
 
 
-
 def upper_layers(spec: ModelSpec) -> ClassifierInput:
     """W_e and W_g without its classifier, as the run's model builds them (eval mode)."""
     with seeded_init(spec.seed):
