@@ -1,7 +1,8 @@
 """H-SFP device part without torch: moments of the current global W_c, resent on change.
 
 The extractor is whatever runs W_c here (onnxruntime on a thin device). The torch device in
-`device_torch.py` extends this part with local SupCon training of its own W_c copy.
+`device_torch.py` and the thin device in `device_onnx.py` extend this part with local SupCon
+training of their own W_c copy (torch, or the numpy trainer of methods/thin).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class HSFPDevice(DevicePart):
         yield DONE
 
     def train_round(self, plan: RoundPlan) -> Iterator[Message]:
-        """A thin device cannot train; the torch device overrides this."""
+        """No local copy here: the torch device and the thin trainer (device_onnx.py) override this."""
         return iter(())
 
     def compute_moments(self, features: Any = None) -> ClassMoments:

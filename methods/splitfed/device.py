@@ -15,13 +15,12 @@ import torch
 from splitedge.methods.calibration.upper import CALIB, check_upper, upper_layers
 from splitedge.methods.checks import weight_specs
 from splitedge.methods.splitfed.device_checks import check_wc_message
+from splitedge.methods.moments import WIRE_DTYPES
 from splitedge.methods.splitfed.method import MODEL
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 from splitedge.methods.torch_utils import build_split, local_tensors, sgd, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
-
-WIRE_DTYPES = {"f2": np.float16, "f4": np.float32}
 
 Request = Callable[[Message, str, float], Any]
 

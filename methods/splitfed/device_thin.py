@@ -16,10 +16,9 @@ from splitedge.methods.calibration import CALIB
 from splitedge.methods.checks import weight_specs
 from splitedge.methods.splitfed.device_checks import check_wc_message
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan, Unsupported
+from splitedge.methods.moments import WIRE_DTYPES
 from splitedge.methods.splitfed.method import MODEL
 from splitedge.methods.thin.trainer import SplitTrainer
-
-WIRE_DTYPES = {"f2": np.float16, "f4": np.float32}
 
 
 class SplitFedThinDevice(DevicePart):

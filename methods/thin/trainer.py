@@ -19,10 +19,29 @@ import numpy as np
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.hsfp.simplex import simplex_etf
 from splitedge.methods.thin.augment import two_views
-from splitedge.methods.thin.layers import ReLU, global_avg_pool, global_avg_pool_backward
+from splitedge.methods.thin.layers import ReLU, Sequential, global_avg_pool, global_avg_pool_backward
 from splitedge.methods.thin.losses import etf_cross_entropy, feddecorr, supcon
 from splitedge.methods.thin.optim import NumpySGD
 from splitedge.methods.thin.wc_models import out_channels, projection_head, thin_wc
+
+
+def load_batch(images: Any, idx: np.ndarray, mean: Any, std: Any) -> np.ndarray:
+    """Normalised float32 images of `idx`, in that order, read in ascending order (a streamed
+    shard reads forward)."""
+    return to_input(np.asarray(images[np.sort(idx)])[np.argsort(np.argsort(idx))], mean, std)
+
+
+def eval_forward(wc: Sequential, x: np.ndarray, *, pre_relu: bool = False) -> np.ndarray:
+    """W_c in eval mode (running BatchNorm statistics) on normalised images; with pre_relu its
+    last ReLU is left out (a max-pool after it commutes with it), as models.pre_activation does."""
+    leaves = [layer for _, layer in wc.named()]
+    if pre_relu:
+        last = max(i for i, layer in enumerate(leaves) if isinstance(layer, ReLU))
+        leaves = leaves[:last] + leaves[last + 1:]
+    out = np.ascontiguousarray(x, dtype=np.float32)
+    for layer in leaves:
+        out = layer.forward(out, train=False)
+    return out
 
 
 def epoch_order(n: int, batch: int, rng: np.random.Generator, min_size: int = 2) -> Iterator[np.ndarray]:
@@ -66,16 +85,8 @@ class SupConTrainer:
         self.started = True
 
     def features(self, x: np.ndarray, *, pre_relu: bool = False) -> np.ndarray:
-        """The local W_c in eval mode on normalised images; with pre_relu its last ReLU is left
-        out (a max-pool after it commutes with it), as models.pre_activation does."""
-        leaves = [layer for _, layer in self.wc.named()]
-        if pre_relu:
-            last = max(i for i, layer in enumerate(leaves) if isinstance(layer, ReLU))
-            leaves = leaves[:last] + leaves[last + 1:]
-        out = np.ascontiguousarray(x, dtype=np.float32)
-        for layer in leaves:
-            out = layer.forward(out, train=False)
-        return out
+        """The local W_c in eval mode on normalised images (`eval_forward`)."""
+        return eval_forward(self.wc, x, pre_relu=pre_relu)
 
     def retune(self, lr: float) -> None:
         self.lr = self.opt.lr = float(lr)
@@ -118,7 +129,7 @@ class SupConTrainer:
         sums: dict[str, float] = {}
         seen = 0
         for idx in epoch_order(len(labels), batch, rng):
-            x = to_input(np.asarray(images[np.sort(idx)])[np.argsort(np.argsort(idx))], mean, std)
+            x = load_batch(images, idx, mean, std)
             parts = self.step(x, np.asarray(labels)[idx].astype(np.int64), rng)
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v * len(idx)
@@ -170,8 +181,8 @@ class SplitTrainer:
         return self.wc.state()
 
     def features(self, x: np.ndarray) -> np.ndarray:
-        """W_c in eval mode (running BatchNorm statistics) on normalised images."""
-        return self.wc.forward(np.ascontiguousarray(x, dtype=np.float32), train=False)
+        """W_c in eval mode on normalised images (`eval_forward`)."""
+        return eval_forward(self.wc, x)
 
     def train_epoch(self, images: Any, labels: np.ndarray, mean: Any, std: Any, batch: int, opt: NumpySGD,
                     rng: np.random.Generator, request: Request) -> float:
@@ -179,15 +190,15 @@ class SplitTrainer:
         the mean of sum(act * grad) per sample (the split term the torch device logs)."""
         total, seen = 0.0, 0
         for idx in epoch_order(len(labels), batch, rng):
-            x = to_input(np.asarray(images[np.sort(idx)])[np.argsort(np.argsort(idx))], mean, std)
+            x = load_batch(images, idx, mean, std)
             act = self.wc.forward(x, train=True)
             grad = request(act, np.asarray(labels)[idx].astype(np.int64))
             if grad.shape != act.shape:
                 raise ValueError(f"gradient shape {tuple(grad.shape)} does not match activations {tuple(act.shape)}")
+            total += float((act.astype(np.float64) * grad).sum())  # before backward, which reuses grad's buffer
             opt.zero_grad()
             self.wc.backward(np.asarray(grad, dtype=np.float32))
             opt.step()
-            total += float((act.astype(np.float64) * grad).sum())
             seen += len(idx)
         self.wc.forget()
         return total / max(seen, 1)
