@@ -29,6 +29,7 @@ SUITES = {
     "scale": "splitedge.bench.scale",
     "compare": "splitedge.bench.compare",
     "matrix": "splitedge.bench.matrix",
+    "poison": "splitedge.bench.poison",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""
@@ -87,12 +88,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--images", type=int, default=None, help="images on the measured device")
     g.add_argument("--backends", type=_csv, default=("torch", "onnx"), help="device backends to measure")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="H-SFP setting for the measured federation (repeatable), e.g. device_batch=32")
+                   help="ram: H-SFP setting for the measured federation; poison: a method setting every row "
+                        "shares (repeatable), e.g. device_batch=32, robust_clip_k=1")
     g.add_argument("--device-mem-cap", type=float, default=None, metavar="MB",
                    help="ram: run the device in a memory cgroup capped at MB (the kernel enforces it; needs root)")
     g.add_argument("--device-python", default=None, metavar="PATH",
                    help="interpreter for the measured device (runs this checkout), e.g. a venv with the "
                         "CPU-only torch wheel; default: this one")
+    g = p.add_argument_group("poison")
+    g.add_argument("--attack", default=None, help="poison: the hostile device (default scale-weights)")
+    g.add_argument("--rules", default=None, help="poison: robust rules to compare (default none,clip,trimmed,median)")
+    g.add_argument("--seeds", default=None, help="poison: comma-separated seeds (default --seed and the next)")
     g = p.add_argument_group("hsfp-diagnose")
     g.add_argument("--no-oracles", action="store_true",
                    help="hsfp-diagnose: measure the H-SFP stack only (a third of the training)")

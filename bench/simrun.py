@@ -12,7 +12,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from splitedge.bench.sysbytes import SysMonitor, agreement, capture_transports, tier_totals
 
@@ -82,8 +82,11 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
     return name.strip(), method.strip(), overrides
 
 
-def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]:
-    """Run ``splitedge.sim.run_sim(settings)`` on a fresh Mosquitto.
+def run_on_mosquitto(settings: Any, *, check_sys: bool = True,
+                     attach: Callable[[str, str], Any] | None = None) -> dict[str, Any]:
+    """Run ``splitedge.sim.run_sim(settings)`` on a fresh Mosquitto; `attach(url, run)`, if
+    given, starts a peer of the run's own on that broker (a rogue device, bench/rogues.py) before
+    the federation, and its `close()` is called after.
 
     Returns ``{"summary", "per_round", "tiers", "sys"}``: the sim summary, per round the
     accuracy, round seconds and cumulative bytes by tier, the final bytes by tier (payload,
@@ -98,13 +101,18 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True) -> dict[str, Any]
             before = monitor.next_value(after=0.0) if monitor else 0
             s = dataclasses.replace(settings, broker=broker.url, out=Path(tmp))
             per_round: list[dict[str, Any]] = []
+            peer = None if attach is None else attach(broker.url, s.run)
             with capture_transports() as opened:
                 def on_round(record: dict[str, Any]) -> None:
                     kept = {k: v for k, v in record.items() if k != "bytes"}  # the cloud's own counters
                     per_round.append({**kept, "accuracy": record.get("accuracy"), "bytes": tier_totals(opened)})
                     slim_rounds(per_round)
 
-                summary = run_sim(s, on_round=on_round)
+                try:
+                    summary = run_sim(s, on_round=on_round)
+                finally:
+                    if peer is not None:
+                        peer.close()
             if not opened:
                 raise RuntimeError("no transport was opened through runtime.session.connect; the byte tap saw nothing")
             time.sleep(SETTLE_S)

@@ -15,11 +15,37 @@ log = logging.getLogger(__name__)
 
 
 def averaged_body(parts: Sequence[tuple[WeightMap, int]], part: str, version: int,
-                  merge: Callable[[Sequence[tuple[WeightMap, int]]], dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
-    """Body of a `weights` message carrying `merge(parts)` (default: the sample-weighted average,
-    a method passes its `merge_weights` hook) and their total sample count."""
-    return {"part": part, "version": version, "samples": sum(int(n) for _, n in parts),
-            "weights": (merge or average_states)(parts)}
+                  merge: Callable[..., dict[str, np.ndarray]] | None = None,
+                  reference: WeightMap | None = None) -> dict[str, Any]:
+    """Body of a `weights` message carrying `merge(parts, reference=reference)` (a method passes
+    its `merge_weights` hook; default: the sample-weighted average) and their total sample count."""
+    merged = average_states(parts) if merge is None else merge(parts, reference=reference)
+    return {"part": part, "version": version, "samples": sum(int(n) for _, n in parts), "weights": merged}
+
+
+class GlobalModels:
+    """The newest global weights of each part a node relayed from its parent or sent to its
+    children: the model its children's updates of that version were trained from, which bounds
+    them (methods/checks.py) and centres robust clipping (methods/robust.py). Not part of a
+    part's parked state: after a restart it fills again with the next global model, and until
+    then updates are bounded absolutely and clipped around their median."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, tuple[int, WeightMap]] = {}
+
+    def note(self, part: str, version: int, weights: WeightMap) -> None:
+        held = self.held.get(part)
+        if held is None or int(version) >= held[0]:
+            self.held[part] = (int(version), weights)
+
+    def trained_from(self, part: str, version: int) -> WeightMap | None:
+        """The weights of `part` at `version`, if that is the one held."""
+        held = self.held.get(part)
+        return held[1] if held is not None and held[0] == int(version) else None
+
+    def of(self, body: Mapping[str, Any]) -> WeightMap | None:
+        """What a `weights` body's update was trained from (its part and version)."""
+        return self.trained_from(str(body.get("part")), int(body.get("version", -1)))
 
 
 def weight_updates(reports: Sequence[Any], part: str, version: int | None = None) -> list[tuple[WeightMap, int]]:
@@ -41,7 +67,7 @@ def weight_updates(reports: Sequence[Any], part: str, version: int | None = None
     return parts
 
 
-def _check_parts(parts: Sequence[tuple[WeightMap, int]]) -> None:
+def check_parts(parts: Sequence[tuple[WeightMap, int]]) -> None:
     """Raise ValueError unless all maps share names and shapes and the counts are usable."""
     if not parts:
         raise ValueError("average_states needs at least one (weights, count) pair")
@@ -77,6 +103,6 @@ def average_states(parts: Sequence[tuple[WeightMap, int]]) -> dict[str, np.ndarr
     Float arrays: sum_k n_k w_k / sum_k n_k. Integer arrays: element-wise max. Names keep
     the order of the first map. Raises ValueError on mismatched names/shapes or bad counts.
     """
-    _check_parts(parts)
+    check_parts(parts)
     counts = np.array([float(c) for _, c in parts], dtype=np.float64)
     return {name: _average_one([w[name] for w, _ in parts], counts) for name in parts[0][0]}

@@ -17,9 +17,13 @@ from splitedge.protocol.errors import ProtocolError
 
 WeightSpecs = Mapping[str, tuple[tuple[int, ...], str]]
 MAX_ABS_WEIGHT = 1e6
-"""No trained parameter or float buffer of these models comes near it (BatchNorm running
-variances are the largest, in the hundreds); a finite 1e37 would overflow the float32 average
-of a round to inf and make every later round NaN."""
+"""No round of training grows a parameter or float buffer of these models by anything near it
+(BatchNorm running variances are the largest, in the hundreds, and are bounded by its square);
+a finite 1e37 would overflow a float32 model to inf and make every later round NaN. A child's
+value may exceed the magnitude of the same value in the model it was trained from by at most
+this, so a merge that went wrong cannot make every honest update look out of range (the
+variances of a model with inflated weights are inflated by the square), and a merge of such
+values grows by at most this per round."""
 VARIANCE_BUFFERS = ("running_var",)
 """Buffers that hold variances (BatchNorm's): a negative one is no model (a peer that sends one
 made the cloud's evaluation crash in an SVD)."""
@@ -30,15 +34,25 @@ def weight_specs(state: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], s
     return {name: (tuple(np.shape(a)), np.asarray(a).dtype.kind) for name, a in state.items()}
 
 
-def check_weights(body: Mapping[str, Any], specs: WeightSpecs, *, part: str | None = None) -> None:
-    """A `weights` body must name the expected part and fit its model (check_weight_map)."""
+def check_weights(body: Mapping[str, Any], specs: WeightSpecs, *, part: str | None = None, source: str = "child",
+                  trained_from: Mapping[str, Any] | None = None) -> None:
+    """A `weights` body must name the expected part and fit its model (check_weight_map).
+
+    A child's or a peer's weights are bounded as an update: relative to `trained_from`, the
+    model they were trained from when the receiver holds it, else absolutely. The parent's
+    model is the federation's own and is not bounded: a bound there would freeze every later
+    round once a merge went wrong, and a merge of bounded updates cannot overflow."""
     if part is not None and body.get("part") != part:
         raise ProtocolError("state.part", f"weights of part {body.get('part')!r}, expected {part!r}")
-    check_weight_map(body["weights"], specs)
+    check_weight_map(body["weights"], specs, bounded=source != "parent", trained_from=trained_from)
 
 
-def check_weight_map(weights: Mapping[str, Any], specs: WeightSpecs) -> None:
-    """Exactly the model's parameters, with their shapes and kinds (float for float, int for int)."""
+def check_weight_map(weights: Mapping[str, Any], specs: WeightSpecs, *, bounded: bool = True,
+                     trained_from: Mapping[str, Any] | None = None) -> None:
+    """Exactly the model's parameters, with their shapes and kinds (float for float, int for int),
+    no negative variance buffer, and (`bounded`) no float value grown by more than MAX_ABS_WEIGHT
+    in magnitude beyond the same value of `trained_from` (beyond 0 without it); a variance buffer
+    holds the square of a feature's scale, so its bound is the square."""
     missing, unknown = sorted(set(specs) - set(weights)), sorted(set(weights) - set(specs))
     if missing or unknown:
         raise ProtocolError("state.weights", f"names differ from the model: missing {missing[:3]}, unknown {unknown[:3]}")
@@ -48,11 +62,25 @@ def check_weight_map(weights: Mapping[str, Any], specs: WeightSpecs) -> None:
             raise ProtocolError("state.weights", f"{name}: shape {tuple(arr.shape)}, the model has {shape}")
         if (arr.dtype.kind == "f") != (kind == "f"):
             raise ProtocolError("state.weights", f"{name}: dtype {arr.dtype} where the model has kind {kind!r}")
-        if kind == "f" and arr.size and float(np.max(np.abs(arr))) > MAX_ABS_WEIGHT:
-            raise ProtocolError("state.magnitude", f"{name}: |w| up to {float(np.max(np.abs(arr))):.3g}, beyond "
-                                                   f"{MAX_ABS_WEIGHT:g}")
+        if bounded and kind == "f" and arr.size:
+            bound = MAX_ABS_WEIGHT ** 2 if name.endswith(VARIANCE_BUFFERS) else MAX_ABS_WEIGHT
+            _check_magnitude(name, arr, None if trained_from is None else trained_from.get(name), bound)
         if name.endswith(VARIANCE_BUFFERS) and arr.size and float(np.min(arr)) < 0:
             raise ProtocolError("state.range", f"{name}: a variance below 0 ({float(np.min(arr)):.3g})")
+
+
+def _check_magnitude(name: str, arr: np.ndarray, base: Any, bound: float) -> None:
+    """Refuse a value whose magnitude exceeds that of the same value in `base` (0 without one) by
+    more than `bound`: an honest update of a model that a bad merge inflated stays near it; only
+    a value grown beyond any round's training is refused."""
+    size = np.abs(arr.astype(np.float64))
+    if base is not None and np.shape(base) == arr.shape:
+        grown = float(np.max(size - np.abs(np.asarray(base, dtype=np.float64))))
+        if grown > bound:
+            raise ProtocolError("state.magnitude", f"{name}: a value grew by {grown:.3g} beyond the model it was "
+                                                   f"trained from (at most {bound:g})")
+    elif float(np.max(size)) > bound:
+        raise ProtocolError("state.magnitude", f"{name}: |w| up to {float(np.max(size)):.3g}, beyond {bound:g}")
 
 
 STATS_COMPANIONS = ("var",)

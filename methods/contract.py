@@ -554,8 +554,13 @@ class Method:
         """Everything `role` minimises: objective plus switched-on regularisers."""
         return [*self.objective(role), *self.regularisers(role)]
 
-    def merge_weights(self, parts: Sequence[tuple[Mapping[str, np.ndarray], int]]) -> dict[str, np.ndarray]:
-        """How edges and the cloud combine weight maps: sample-weighted average by default."""
-        from splitedge.methods.averaging import average_states
+    def merge_weights(self, parts: Sequence[tuple[Mapping[str, np.ndarray], int]],
+                      reference: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """How edges and the cloud combine weight maps: by the run's `robust` rule
+        (methods/robust.py; "none", the default: the sample-weighted average). `reference` is
+        the model the parts were trained from, where the merging node holds it (clipping
+        bounds updates relative to it)."""
+        from splitedge.methods.robust import robust_average
 
-        return average_states(parts)
+        cfg = self.config
+        return robust_average(parts, cfg.robust, reference=reference, clip_k=cfg.robust_clip_k, trim=cfg.robust_trim)

@@ -16,6 +16,8 @@ from splitedge.methods.calibration.lda import lda_classifier
 from splitedge.methods.calibration.stats import HeadStatsAccumulator
 from splitedge.sim import SimSettings, run_sim
 
+from splitedge.bench.rogues import RogueDevice
+
 ROUNDS = 3
 
 
@@ -130,33 +132,17 @@ def test_cflhkd_clusters_score_their_own_heads(tmp_path) -> None:
     assert last["personalised_accuracy_calibrated"] > last["personalised_accuracy"] - 0.3
 
 
-class ScaledCalibrator:
+class ScaledCalibrator(RogueDevice):
     """Device d9 of edge e0, announcing 150 samples: in every calibration phase a well-formed
     record within every bound (its counts, dtype, dimension, finite values) whose class means are
     50 and covariance 1000 x the identity, far from any honest device's; `done` in every phase."""
 
     def __init__(self, url: str, run: str) -> None:
-        from splitedge.protocol.codec import Envelope
-        from splitedge.protocol.topics import pattern, topic
-        from splitedge.runtime.session import connect
+        super().__init__(url, run, samples=150)
 
-        self.Envelope, self.topic, self.run = Envelope, topic, run
-        self.t = connect(url, run=run, tier="device", node_id="d9")
-        self.say("hello", {"role": "device", "parent": "e0", "samples": 150, "backend": "torch",
-                           "classes": np.arange(10, dtype=np.int64)}, 0, retain=True)
-        self.say("status", {"state": "online", "role": "device"}, 0, retain=True)
-        self.t.subscribe(pattern(run, "edge", "e0", "down", "round"), self.on_round)
-
-    def say(self, kind: str, body: dict, round_: int, retain: bool = False) -> None:
-        env = self.Envelope(kind=kind, run=self.run, round=round_, sender="d9", body=body)
-        self.t.publish(self.topic(self.run, "device", "d9", "up", kind, "e0" if kind == "hello" else None), env,
-                       retain=retain)
-
-    def on_round(self, _topic: str, env) -> None:
+    def on_round(self, env) -> None:
         from splitedge.methods.calibration.stats import HeadStats, head_stats_arrays
 
-        if env.body.get("stop"):
-            return
         if env.body.get("phase") == "calibrate":
             dim = env.body["directives"]["calibrate"]["dim"]
             s = HeadStats(np.arange(10), np.full(10, 15), np.full((10, dim), 50.0), 1e3 * np.eye(dim))
@@ -164,9 +150,6 @@ class ScaledCalibrator:
                      env.round)
         self.say("done", {"phase": "calibrate" if env.body.get("phase") == "calibrate" else "round", "info": {}},
                  env.round)
-
-    def close(self) -> None:
-        self.t.close()
 
 
 def test_the_robust_rules_hold_the_calibrated_head_against_a_scaled_device(mosquitto, tmp_path) -> None:

@@ -16,40 +16,26 @@ from splitedge.methods.calibration import calibrates
 from splitedge.methods.calibration.stats import HeadStats, head_stats_arrays
 from splitedge.methods.registry import default_config
 from splitedge.protocol.codec import Envelope
-from splitedge.runtime.session import connect
-from splitedge.protocol.topics import pattern, topic
 from splitedge.sim import SimSettings, run_sim
+
+from splitedge.bench.rogues import RogueDevice
 
 ROUNDS = 3
 HEAD_DIM = 64  # the digits cnn's classifier input
 
 
-class RogueCalibrator:
+class RogueCalibrator(RogueDevice):
     """Device d9 of edge e0 (100 samples announced): in each round, head statistics where no
     calibration phase is open; in each calibration phase, head statistics of another round, of
     another dimension, counting more than its hello, and with a negative variance; each time
     its `done`."""
-
-    def __init__(self, url: str, run: str) -> None:
-        self.run, self.t = run, connect(url, run=run, tier="device", node_id="d9")
-        self.say("hello", {"role": "device", "parent": "e0", "samples": 100, "backend": "torch",
-                           "classes": np.arange(10, dtype=np.int64)}, 0, retain=True)
-        self.say("status", {"state": "online", "role": "device"}, 0, retain=True)
-        self.t.subscribe(pattern(run, "edge", "e0", "down", "round"), self.on_round)
-
-    def say(self, kind: str, body: dict, round_: int, retain: bool = False) -> None:
-        env = Envelope(kind=kind, run=self.run, round=round_, sender="d9", body=body)
-        to = "e0" if kind == "hello" else None  # a device's hello is addressed to its edge
-        self.t.publish(topic(self.run, "device", "d9", "up", kind, to), env, retain=retain)
 
     @staticmethod
     def stats(dim: int, counts: list[int]) -> dict:
         k = len(counts)
         return head_stats_arrays(HeadStats(np.arange(k), np.array(counts), np.ones((k, dim)), np.eye(dim)), "f4")
 
-    def on_round(self, _topic: str, env: Envelope) -> None:
-        if env.body.get("stop"):
-            return
+    def on_round(self, env: Envelope) -> None:
         r = env.round
         if env.body.get("phase") != "calibrate":  # a record in the training phase
             self.say("arrays", {"name": "head_stats", "version": r, "arrays": self.stats(HEAD_DIM, [10, 10])}, r)
@@ -63,9 +49,6 @@ class RogueCalibrator:
                                 (r, negative)):
             self.say("arrays", {"name": "head_stats", "version": version, "arrays": arrays}, r)
         self.say("done", {"phase": "calibrate", "info": {}}, r)
-
-    def close(self) -> None:
-        self.t.close()
 
 
 def _sim(url: str, run: str, out: Path) -> list[dict]:

@@ -21,37 +21,28 @@ from splitedge.runtime.session import connect
 from splitedge.protocol.topics import pattern, topic
 from splitedge.sim import SimSettings, run_sim
 
+from splitedge.bench.rogues import RogueDevice
+
 BIG_DIM = 50 * 2**20 // (2 * 4 * 3)
 """A moments body of 3 classes whose f4 mean and var take 50 MiB together: schema-valid, under
 the transport's 64 MiB frame cap, and of another dimension than the federation's."""
 
 
-class Rogue:
+class Rogue(RogueDevice):
     """Device d9 of edge e0: valid frames, values that do not fit the federation (another feature
     dimension, a class id beyond the model's, weights of other shapes, counts beyond its hello)."""
 
     def __init__(self, url: str, run: str) -> None:
-        self.run, self.t = run, connect(url, run=run, tier="device", node_id="d9")
         self.wc: dict[str, np.ndarray] | None = None  # the global W_c, copied with one 1e37 in it
         self.sent = {"big": 0, "huge_weights": 0}
         self.big = {"mean": np.zeros((3, BIG_DIM), "f4"), "var": np.ones((3, BIG_DIM), "f4")}
-        self.say("hello", {"role": "device", "parent": "e0", "samples": 100_000, "backend": "torch",
-                           "classes": np.arange(3, dtype=np.int64)}, 0, retain=True)
-        self.say("status", {"state": "online", "role": "device"}, 0, retain=True)
-        self.t.subscribe(pattern(run, "edge", "e0", "down", "weights-wc"), self.on_weights)
-        self.t.subscribe(pattern(run, "edge", "e0", "down", "round"), self.on_round)
+        super().__init__(url, run, samples=100_000, classes=3)
+        self.listen("weights-wc", self.on_weights)
 
     def on_weights(self, _topic: str, env: Envelope) -> None:
         self.wc = {k: np.array(v) for k, v in env.body["weights"].items()}
 
-    def say(self, kind: str, body: dict, round_: int, retain: bool = False) -> None:
-        env = Envelope(kind=kind, run=self.run, round=round_, sender="d9", body=body)
-        to = "e0" if kind == "hello" else None  # a device's hello is addressed to its edge
-        self.t.publish(topic(self.run, "device", "d9", "up", kind, to), env, retain=retain)
-
-    def on_round(self, _topic: str, env: Envelope) -> None:
-        if env.body.get("stop"):
-            return
+    def on_round(self, env: Envelope) -> None:
         r, rng = env.round, np.random.default_rng(env.round)
         self.say("moments", {"classes": np.arange(3, dtype=np.int64), "counts": np.full(3, 50, np.int64),
                              "mean": rng.normal(size=(3, 7)).astype("f4"), "var": np.ones((3, 7), "f4"),
@@ -78,9 +69,6 @@ class Rogue:
                                  "weights": huge}, r)
             self.sent["huge_weights"] += 1
         self.say("done", {"phase": "round", "info": {}}, r)
-
-    def close(self) -> None:
-        self.t.close()
 
 
 class Replayer:

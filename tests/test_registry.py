@@ -55,7 +55,7 @@ def test_a_variant_registers_under_its_own_name_and_announces_it() -> None:
     from splitedge.methods.fedavg.method import FedAvg
 
     class FedAvgMax(FedAvg):
-        def merge_weights(self, parts):
+        def merge_weights(self, parts, reference=None):
             return {k: np.max([w[k] for w, _ in parts], axis=0) for k in parts[0][0]}
 
     register_method("fedavg-max-test", FedAvgMax)

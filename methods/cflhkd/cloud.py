@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from splitedge.methods.cflhkd.distill import merge_tables
+from splitedge.methods.robust import robust_rule
 from splitedge.methods.cflhkd.method import CLUSTERED, MODEL, SIGNALS, TEACHERS, WARMUP
 from splitedge.methods.fedavg.cloud import FedAvgCloud
 from splitedge.methods.fedproto.protos import weighted_accuracy
@@ -114,7 +115,7 @@ class CFLHKDCloud(FedAvgCloud):
         if not by_cluster:
             return []
         ks = sorted(by_cluster)
-        tables = [merge_tables(by_cluster[k], c) for k in ks]
+        tables = [merge_tables(by_cluster[k], c, **robust_rule(self.cfg)) for k in ks]
         arrays = {"clusters": np.array(ks, dtype=np.int64), "counts": np.stack([t[0] for t in tables]),
                   "logits": np.stack([t[1] for t in tables]).astype(np.float32)}
         return [Message("arrays", {"name": TEACHERS, "version": 1, "arrays": arrays}, to=DEVICES, slot=TEACHERS)]

@@ -70,7 +70,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         if self.is_head(env):
             self.check_head(env, int(self.model.wg[-1].in_features))
         elif env.kind == "weights":
-            check_weights(body, self.specs, part=MODEL)
+            check_weights(body, self.specs, part=MODEL, source=source)
         elif env.kind == "arrays" and body["name"] == TEACHERS:
             c = self.spec.num_classes
             logits, counts = body["arrays"].get("logits"), body["arrays"].get("counts")

@@ -7,11 +7,20 @@ from typing import Any, Mapping
 import numpy as np
 
 
-def merge_tables(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Count-weighted mean logits per class over parts (classes i8[K], counts i8[K], logits [K, C]):
-    returns (counts [C], logits [C, C]) with zero rows for classes nobody holds."""
+def merge_tables(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], num_classes: int, how: str = "none", *,
+                 clip_k: float = 2.0, trim: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
+    """Count-weighted mean logits per class over parts (classes i8[K], counts i8[K], logits [K, C]),
+    or their merge by the run's robust rule `how` (methods/robust.py): returns (counts [C],
+    logits [C, C]) with zero rows for classes nobody holds."""
     counts = np.zeros(num_classes, dtype=np.int64)
     sums = np.zeros((num_classes, num_classes), dtype=np.float64)
+    if how != "none":
+        from splitedge.methods.robust import robust_class_means
+
+        classes, held, means = robust_class_means(parts, how, clip_k=clip_k, trim=trim)
+        counts[classes] = held
+        sums[classes] = means
+        return counts, sums
     for classes, n, logits in parts:
         idx = np.asarray(classes, dtype=np.int64)
         counts[idx] += np.asarray(n, dtype=np.int64)

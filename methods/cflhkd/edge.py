@@ -8,8 +8,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from splitedge.methods.averaging import averaged_body, weight_updates
+from splitedge.methods.averaging import GlobalModels, averaged_body, weight_updates
 from splitedge.methods.cflhkd.distill import merge_tables
+from splitedge.methods.robust import robust_rule
 from splitedge.methods.cflhkd.method import CLUSTERED, MODEL, SIGNAL, SIGNALS
 from splitedge.methods.checks import check_stats, check_vector, check_weights, weight_specs
 from splitedge.methods.fedproto.protos import weighted_accuracy
@@ -24,11 +25,12 @@ class CFLHKDEdge(EdgePart):
         self.specs: dict | None = None  # the model's names and shapes, from the first global model
         self.signal_dim: int | None = None
         self.info: dict[str, Any] = {}
+        self.models = GlobalModels()  # the global or cluster model the devices train from, by version
 
     def check(self, env: Any, source: str) -> None:
         body, c = env.body, self.spec.num_classes
         if env.kind == "weights" and self.specs is not None:
-            check_weights(body, self.specs, part=MODEL)
+            check_weights(body, self.specs, part=MODEL, source=source, trained_from=self.models.of(body))
         elif env.kind == "logits":
             check_stats(body, "logits", dim=c, num_classes=c)
         elif env.kind == "arrays" and body["name"] == SIGNAL:
@@ -37,19 +39,22 @@ class CFLHKDEdge(EdgePart):
     def on_message(self, env: Any) -> list[Message]:
         if env.kind == "weights" and env.body["part"] == MODEL:
             self.specs = self.specs or weight_specs(env.body["weights"])
+            self.models.note(MODEL, int(env.body["version"]), env.body["weights"])
         return []
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
         out: list[Message] = []
         parts = weight_updates(reports, MODEL, plan.version(MODEL))
         if parts:
-            body = averaged_body(parts, MODEL, plan.round, self.method.merge_weights)  # versioned by round
+            body = averaged_body(parts, MODEL, plan.round, self.method.merge_weights,  # versioned by round
+                                 self.models.trained_from(MODEL, plan.version(MODEL)))
             if plan.directives.get("phase") == CLUSTERED:
+                self.models.note(MODEL, plan.round, body["weights"])  # next round's devices train from it
                 out.append(Message("weights", body, to=CHILDREN, slot=MODEL))  # the cluster model, for its devices
             out.append(Message("weights", body))
         tables = [(e.body["classes"], e.body["counts"], e.body["logits"]) for r in reports for e in r.all("logits")]
         if tables:
-            counts, logits = merge_tables(tables, self.spec.num_classes)
+            counts, logits = merge_tables(tables, self.spec.num_classes, **robust_rule(self.cfg))
             held = np.flatnonzero(counts)
             out.append(Message("logits", {"classes": held.astype(np.int64), "counts": counts[held],
                                           "logits": logits[held].astype(np.float32)}))

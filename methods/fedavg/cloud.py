@@ -41,9 +41,12 @@ class FedAvgCloud(CalibratedCloud, CloudPart):
         """Metrics of the merged model after round `plan.round`."""
         return evaluate(self.model, self.ctx.test, self.spec)
 
+    def current(self) -> dict[str, np.ndarray]:
+        """The global model as numpy (a copy): what this round's updates were trained from."""
+        return state_to_numpy(self.model)
+
     def _model_message(self) -> Message:
-        body = {"part": MODEL, "version": self.version, "samples": self.samples,
-                "weights": state_to_numpy(self.model)}
+        body = {"part": MODEL, "version": self.version, "samples": self.samples, "weights": self.current()}
         return Message("weights", body, to=DEVICES, slot=MODEL)
 
     def initial_messages(self) -> list[Message]:
@@ -55,13 +58,15 @@ class FedAvgCloud(CalibratedCloud, CloudPart):
 
     def check(self, env: Any, source: str) -> None:
         if env.kind == "weights":
-            check_weights(env.body, self.specs, part=MODEL)
+            trained_from = self.current() if int(env.body["version"]) == self.version else None
+            check_weights(env.body, self.specs, part=MODEL, trained_from=trained_from)
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
         parts = weight_updates(reports, MODEL, plan.version(MODEL))
         out: list[Message] = []
         if parts:
-            load_numpy_state(self.model, self.server_update(self.method.merge_weights(parts)))
+            merged = self.method.merge_weights(parts, reference=self.current())
+            load_numpy_state(self.model, self.server_update(merged))
             self.version += 1
             self.samples = sum(n for _, n in parts)
             out.append(self._model_message())

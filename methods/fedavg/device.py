@@ -31,7 +31,7 @@ class FedAvgDevice(DevicePart):
 
     def check(self, env: Any, source: str) -> None:
         if env.kind == "weights":
-            check_weights(env.body, self.specs, part=MODEL)
+            check_weights(env.body, self.specs, part=MODEL, source=source)
 
     def on_message(self, env: Any) -> None:
         body = env.body

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from splitedge.methods.averaging import averaged_body, weight_updates
+from splitedge.methods.averaging import GlobalModels, averaged_body, weight_updates
 from splitedge.methods.checks import check_version, check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
 from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan
@@ -25,12 +25,13 @@ class FedAvgEdge(EdgePart):
         super().__init__(ctx)
         self.specs: dict | None = None  # from the first global model seen
         self.version = 0
+        self.models = GlobalModels()  # the global model relayed: what the devices' updates train from
 
     def check(self, env: Any, source: str) -> None:
         if env.kind != "weights":
             return
         if self.specs is not None:
-            check_weights(env.body, self.specs, part=MODEL)
+            check_weights(env.body, self.specs, part=MODEL, source=source, trained_from=self.models.of(env.body))
         if source == "child":  # an update trains from a global version the edge has relayed
             check_version(MODEL, int(env.body["version"]), at_most=self.version)
 
@@ -38,6 +39,7 @@ class FedAvgEdge(EdgePart):
         if env.kind == "weights" and env.body["part"] == MODEL:
             self.specs = self.specs or weight_specs(env.body["weights"])
             self.version = max(self.version, int(env.body["version"]))
+            self.models.note(MODEL, int(env.body["version"]), env.body["weights"])
         return []
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
@@ -45,4 +47,6 @@ class FedAvgEdge(EdgePart):
         if not parts:
             log.warning("edge %s: round %d without model updates", self.ctx.node_id, plan.round)
             return []
-        return [Message("weights", averaged_body(parts, MODEL, plan.version(MODEL), self.method.merge_weights))]
+        version = plan.version(MODEL)
+        return [Message("weights", averaged_body(parts, MODEL, version, self.method.merge_weights,
+                                                 self.models.trained_from(MODEL, version)))]

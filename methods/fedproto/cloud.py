@@ -14,6 +14,7 @@ import numpy as np
 
 from splitedge.methods.calibration.lda import lda_classifier
 from splitedge.methods.calibration.records import head_message, merge
+from splitedge.methods.robust import robust_rule
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
 from splitedge.methods.contract import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
 
@@ -42,7 +43,7 @@ class FedProtoCloud(CloudPart):
                   env.body["mean"]) for r in reports if (env := r.get("moments")) is not None]
         out: list[Message] = []
         if parts:
-            self.protos = merge_protos(parts)
+            self.protos = merge_protos(parts, **robust_rule(self.cfg))
             self.version += 1
             body = protos_body(*self.protos, self.cfg.proto_dtype, self.version)
             out.append(Message("moments", body, to=DEVICES, slot=PROTOS))

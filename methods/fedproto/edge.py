@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from splitedge.methods.robust import robust_rule
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
 from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan
 
@@ -45,7 +46,7 @@ class FedProtoEdge(EdgePart):
         if not parts:
             log.warning("edge %s: round %d without prototypes", self.ctx.node_id, plan.round)
             return []
-        classes, devices, means = merge_protos(parts)
+        classes, devices, means = merge_protos(parts, **robust_rule(self.cfg))
         return [Message("moments", protos_body(classes, devices, means, "f8", plan.version(PROTOS)))]
 
     def round_info(self) -> dict[str, Any]:

@@ -13,9 +13,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 
-def merge_protos(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def merge_protos(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], how: str = "none", *,
+                 clip_k: float = 2.0, trim: float = 0.2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """parts: (classes i8[K], weights i8[K], means [K, D]); returns (classes, summed weights,
-    weighted means in float64) over the union of classes, sorted."""
+    weighted means in float64) over the union of classes, sorted; `how` is the run's robust
+    rule (methods/robust.py; "none": the weighted mean)."""
+    if how != "none":
+        from splitedge.methods.robust import robust_class_means
+
+        return robust_class_means(parts, how, clip_k=clip_k, trim=trim)
     sums: dict[int, np.ndarray] = {}
     weights: dict[int, int] = {}
     for classes, counts, means in parts:

@@ -141,7 +141,10 @@ class HSFPCloud(CalibratedCloud, CloudPart):
         elif env.kind == "weights":
             if body["part"] not in self.specs:
                 raise ProtocolError("state.part", f"edges send W_c or W_e, not {body['part']!r}")
-            check_weights(body, self.specs[body["part"]])
+            wc = body["part"] == WC
+            module, current = (self.model.wc, self.wc_version) if wc else (self.model.we, self.we_version)
+            trained_from = state_to_numpy(module) if int(body["version"]) == current else None
+            check_weights(body, self.specs[body["part"]], trained_from=trained_from)
 
     def _check_labels(self, body: Any) -> None:
         """The only record edges send: per-device label histograms, one count per class."""
@@ -241,7 +244,7 @@ class HSFPCloud(CalibratedCloud, CloudPart):
         if not parts:
             log.warning("cloud: slow round without any %s weights from edges", part)
             return []
-        load_numpy_state(module, self.method.merge_weights(parts))
+        load_numpy_state(module, self.method.merge_weights(parts, reference=state_to_numpy(module)))
         if part == WC:
             self.wc_version = current + 1
         else:

@@ -87,7 +87,7 @@ class HSFPTorchDevice(HSFPDevice):
         retune(self.opt, lr=self.cfg.device_lr)
 
     def check_global(self, weights: Mapping[str, np.ndarray]) -> None:
-        check_weight_map(weights, self.specs)
+        check_weight_map(weights, self.specs, bounded=False)  # the cloud's model: not an update
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """What moments are taken of: global W_c outputs (before its final ReLU with pre_relu).

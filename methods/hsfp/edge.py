@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from splitedge.methods.averaging import weight_updates
+from splitedge.methods.averaging import GlobalModels, weight_updates
 from splitedge.methods.checks import check_space, check_stats, check_version, check_weights, weight_specs
 from splitedge.methods.hsfp.method import AVERAGE, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import output_moments, sample_batches, with_counts
@@ -41,6 +41,7 @@ class HSFPEdge(EdgePart):
         self.we_version = -1
         self.opt = self._new_optimizer()
         self.cache: dict[str, tuple[int, ClassMoments]] = {}  # device -> (wc_version, moments)
+        self.models = GlobalModels()  # the global W_c relayed: what the devices' W_c updates train from
         self.cached_ids: dict[str, str] = {}  # device -> msg_id of its cached moments
         self.cached_at: dict[str, tuple[int, int]] = {}  # device -> (wc_version, round) of its cached moments
         self.reference: tuple[int, ClassMoments] | None = None  # (wc_version, last merge): robust="clip"'s reference
@@ -73,7 +74,8 @@ class HSFPEdge(EdgePart):
             if source != "parent":
                 self._check_newer(env)
         elif env.kind == "weights" and body["part"] in (WC, WE):
-            check_weights(body, self.wc_specs if body["part"] == WC else self.we_specs)
+            check_weights(body, self.wc_specs if body["part"] == WC else self.we_specs, source=source,
+                          trained_from=self.models.of(body))
         elif env.kind == "arrays" and source == "child":
             raise ProtocolError("state.name", f"H-SFP devices send no {body['name']!r} records")
 
@@ -94,6 +96,8 @@ class HSFPEdge(EdgePart):
 
     def on_message(self, env: Any) -> list[Message]:
         """The global W_e replaces both our copies (W_c for devices is relayed by the runtime)."""
+        if env.kind == "weights" and env.body["part"] == WC:
+            self.models.note(WC, int(env.body["version"]), env.body["weights"])
         if env.kind == "weights" and env.body["part"] == WE and int(env.body["version"]) > self.we_version:
             load_numpy_state(self.we_global, env.body["weights"])
             load_numpy_state(self.we_local, env.body["weights"])
@@ -229,7 +233,7 @@ class HSFPEdge(EdgePart):
             log.warning("edge %s: slow round %d without any W_c from devices", self.ctx.node_id, plan.round)
             return []
         body = {"part": WC, "version": plan.version(WC), "samples": sum(n for _, n in parts),
-                "weights": self.method.merge_weights(parts)}
+                "weights": self.method.merge_weights(parts, reference=self.models.trained_from(WC, plan.version(WC)))}
         return [Message("weights", body)]
 
 

@@ -55,7 +55,7 @@ class MARDevice(DevicePart):
     def check(self, env: Any, source: str) -> None:
         body = env.body
         if env.kind == "weights":
-            check_weights(body, self.specs, part=MODEL)
+            check_weights(body, self.specs, part=MODEL, source=source)
         elif env.kind == "arrays" and body["name"] in (ZBAR, LATENT):
             z = body["arrays"].get("z")
             if z is None or z.shape[-1] != self.model.dim or z.ndim not in (1, 2):

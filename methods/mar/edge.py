@@ -41,7 +41,7 @@ class DecMAREdge(FedAvgEdge):
 
     def check(self, env: Any, source: str) -> None:
         if env.kind == "weights" and self.specs is not None:
-            check_weights(env.body, self.specs, part=MODEL)  # no global version: devices version by round
+            check_weights(env.body, self.specs, part=MODEL, source=source)  # devices version by round: no reference
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
         done = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}

@@ -43,7 +43,7 @@ class ScaffoldDevice(FedAvgDevice):
 
     def check(self, env: Any, source: str) -> None:
         if env.kind == "weights" and env.body["part"] == C:
-            check_weights(env.body, self.c_specs, part=C)
+            check_weights(env.body, self.c_specs, part=C, source=source)
         else:
             super().check(env, source)
 

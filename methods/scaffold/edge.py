@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from splitedge.methods.averaging import averaged_body, average_states, weight_updates
+from splitedge.methods.averaging import averaged_body, weight_updates
 from splitedge.methods.checks import check_version, check_weights, weight_specs
 from splitedge.methods.contract import Message, Report, RoundPlan
 from splitedge.methods.fedavg.edge import FedAvgEdge
@@ -21,7 +21,7 @@ class ScaffoldEdge(FedAvgEdge):
     def check(self, env: Any, source: str) -> None:
         if env.kind == "weights" and env.body["part"] in (C, DC):
             if self.c_specs is not None:
-                check_weights(env.body, self.c_specs)
+                check_weights(env.body, self.c_specs, source=source)  # DC: already a change, bounded absolutely
             if source == "child":
                 check_version(MODEL, int(env.body["version"]), at_most=self.version)
             return
@@ -37,5 +37,5 @@ class ScaffoldEdge(FedAvgEdge):
         out = super().aggregate(plan, reports)
         changes = weight_updates(reports, DC, plan.version(MODEL))
         if changes:
-            out.append(Message("weights", averaged_body(changes, DC, plan.version(MODEL), average_states)))
+            out.append(Message("weights", averaged_body(changes, DC, plan.version(MODEL))))  # control changes: exact mean
         return out

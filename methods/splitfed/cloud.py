@@ -55,7 +55,9 @@ class SplitFedCloud(CalibratedCloud, CloudPart):
         if env.kind == "weights":
             if env.body["part"] not in self.specs:
                 raise ProtocolError("state.part", f"no SplitFed part {env.body['part']!r}")
-            check_weights(env.body, self.specs[env.body["part"]])
+            part = env.body["part"]
+            trained_from = state_to_numpy(self.model.part(part)) if int(env.body["version"]) == self.version else None
+            check_weights(env.body, self.specs[part], trained_from=trained_from)
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
         updates = {part: weight_updates(reports, part, self.version) for part in PART_NAMES}
@@ -64,7 +66,8 @@ class SplitFedCloud(CalibratedCloud, CloudPart):
         if any(updates.values()):
             for part, parts in updates.items():
                 if parts:
-                    load_numpy_state(self.model.part(part), self.method.merge_weights(parts))
+                    module = self.model.part(part)
+                    load_numpy_state(module, self.method.merge_weights(parts, reference=state_to_numpy(module)))
                 else:
                     log.warning("cloud: round %d without %s updates; keeping it", plan.round, part)
             self.version += 1

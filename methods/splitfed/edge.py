@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from splitedge.methods.averaging import averaged_body, weight_updates
+from splitedge.methods.averaging import GlobalModels, averaged_body, weight_updates
 from splitedge.methods.calibration.upper import CALIB
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.losslog import LossLog
@@ -72,6 +72,7 @@ class SplitFedEdge(EdgePart):
         self.specs = {part: weight_specs(state_to_numpy(split.part(part))) for part in ("wc", *SERVER_PARTS)}
         self.versions = {part: -1 for part in SERVER_PARTS}
         self.copies: dict[str, Copy] = {}
+        self.models = GlobalModels()  # the global W_c relayed: what the devices' W_c updates train from
         self.log = LossLog()
 
     @property
@@ -88,7 +89,7 @@ class SplitFedEdge(EdgePart):
         if env.kind == "weights":
             if body["part"] not in self.specs:
                 raise ProtocolError("state.part", f"no SplitFed part {body['part']!r}")
-            check_weights(body, self.specs[body["part"]])
+            check_weights(body, self.specs[body["part"]], source=source, trained_from=self.models.of(body))
         elif env.kind == "activations":
             if tuple(body["x"].shape[1:]) != self.wc_shape:
                 raise ProtocolError("state.shape", f"activations of shape {body['x'].shape[1:]}, W_c gives {self.wc_shape}")
@@ -100,6 +101,8 @@ class SplitFedEdge(EdgePart):
         if env.kind != "weights":
             return []
         part, version = env.body["part"], int(env.body["version"])
+        if part == "wc":
+            self.models.note(part, version, env.body["weights"])  # relayed to devices: their W_c trains from it
         if part in SERVER_PARTS and version > self.versions[part]:
             load_numpy_state(getattr(self.server, part), env.body["weights"])
             self.versions[part] = version
@@ -133,12 +136,14 @@ class SplitFedEdge(EdgePart):
         version = plan.version(MODEL)
         wc = weight_updates(reports, "wc", version)
         if wc:
-            out.append(Message("weights", averaged_body(wc, "wc", version, self.method.merge_weights)))
+            out.append(Message("weights", averaged_body(wc, "wc", version, self.method.merge_weights,
+                                                        self.models.trained_from("wc", version))))
         copies = [self.copies[d] for d in sorted(self.copies) if self.copies[d].samples > 0]  # one order, one sum
         for part in SERVER_PARTS:
             if copies:
                 parts = [(state_to_numpy(getattr(c.model, part)), c.samples) for c in copies]
-                out.append(Message("weights", averaged_body(parts, part, version, self.method.merge_weights)))
+                start = state_to_numpy(getattr(self.server, part))  # every copy starts from the global part
+                out.append(Message("weights", averaged_body(parts, part, version, self.method.merge_weights, start)))
         self.copies.clear()
         self.losses, self.log = self.log.means(), LossLog()
         return out

@@ -45,7 +45,7 @@ class SSLDevice(DevicePart):
     def check(self, env: Any, source: str) -> None:
         body = env.body
         if env.kind == "weights":
-            check_weights(body, self.specs, part=MODEL)
+            check_weights(body, self.specs, part=MODEL, source=source)
         elif env.kind == "arrays" and body["name"] in SCALE_RECORDS:
             key = "q" if body["name"] == "ssd_q" else "d"
             want = (self.net.dim, self.net.dim) if key == "q" else (self.net.dim,)
