@@ -17,13 +17,17 @@ from splitedge.protocol.errors import ProtocolError
 
 WeightSpecs = Mapping[str, tuple[tuple[int, ...], str]]
 MAX_ABS_WEIGHT = 1e6
-"""No round of training grows a parameter or float buffer of these models by anything near it
-(BatchNorm running variances are the largest, in the hundreds, and are bounded by its square);
-a finite 1e37 would overflow a float32 model to inf and make every later round NaN. A child's
-value may exceed the magnitude of the same value in the model it was trained from by at most
-this, so a merge that went wrong cannot make every honest update look out of range (the
-variances of a model with inflated weights are inflated by the square), and a merge of such
-values grows by at most this per round."""
+"""No round of training grows a parameter of these models by anything near it; a finite 1e37
+would overflow a float32 model to inf and make every later round NaN. A child's value may exceed
+the magnitude of the same value in the model it was trained from by at most this, so a merge
+that went wrong cannot make every honest update look out of range, and a merge of such values
+grows by at most this per round."""
+STATISTIC_BUFFERS = ("running_mean", "running_var")
+MAX_ABS_STATISTIC = 1e30
+"""BatchNorm's running statistics are estimates of the data's features through the model, not
+trained values: once a bad merge inflated the weights, an honest device's statistics are
+inflated with them, by any amount. They are bounded only to stay well inside float32's range
+(3.4e38) through a merge of many of them."""
 VARIANCE_BUFFERS = ("running_var",)
 """Buffers that hold variances (BatchNorm's): a negative one is no model (a peer that sends one
 made the cloud's evaluation crash in an SVD)."""
@@ -50,9 +54,9 @@ def check_weights(body: Mapping[str, Any], specs: WeightSpecs, *, part: str | No
 def check_weight_map(weights: Mapping[str, Any], specs: WeightSpecs, *, bounded: bool = True,
                      trained_from: Mapping[str, Any] | None = None) -> None:
     """Exactly the model's parameters, with their shapes and kinds (float for float, int for int),
-    no negative variance buffer, and (`bounded`) no float value grown by more than MAX_ABS_WEIGHT
-    in magnitude beyond the same value of `trained_from` (beyond 0 without it); a variance buffer
-    holds the square of a feature's scale, so its bound is the square."""
+    no negative variance buffer, and (`bounded`) no float parameter grown by more than
+    MAX_ABS_WEIGHT in magnitude beyond the same value of `trained_from` (beyond 0 without it), no
+    running statistic beyond MAX_ABS_STATISTIC."""
     missing, unknown = sorted(set(specs) - set(weights)), sorted(set(weights) - set(specs))
     if missing or unknown:
         raise ProtocolError("state.weights", f"names differ from the model: missing {missing[:3]}, unknown {unknown[:3]}")
@@ -63,8 +67,10 @@ def check_weight_map(weights: Mapping[str, Any], specs: WeightSpecs, *, bounded:
         if (arr.dtype.kind == "f") != (kind == "f"):
             raise ProtocolError("state.weights", f"{name}: dtype {arr.dtype} where the model has kind {kind!r}")
         if bounded and kind == "f" and arr.size:
-            bound = MAX_ABS_WEIGHT ** 2 if name.endswith(VARIANCE_BUFFERS) else MAX_ABS_WEIGHT
-            _check_magnitude(name, arr, None if trained_from is None else trained_from.get(name), bound)
+            if name.endswith(STATISTIC_BUFFERS):
+                _check_magnitude(name, arr, None, MAX_ABS_STATISTIC)
+            else:
+                _check_magnitude(name, arr, None if trained_from is None else trained_from.get(name), MAX_ABS_WEIGHT)
         if name.endswith(VARIANCE_BUFFERS) and arr.size and float(np.min(arr)) < 0:
             raise ProtocolError("state.range", f"{name}: a variance below 0 ({float(np.min(arr)):.3g})")
 

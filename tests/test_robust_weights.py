@@ -169,7 +169,7 @@ def test_an_honest_update_of_a_model_beyond_the_absolute_bound_is_accepted() -> 
     """The issue's freeze: after a bad merge the global model holds values above 1e6, so every
     honest update did too and was refused. Bounded as updates, they pass; a value grown by more
     than the bound beyond the model trained from is still refused, and so is any value beyond it
-    without one."""
+    without one. BatchNorm statistics follow the inflated weights: bounded only by float32's range."""
     rng = np.random.default_rng(0)
     ref = scaled(model(rng), 3e6)
     ref["bn.running_var"] = np.abs(ref["bn.running_var"])
@@ -184,13 +184,10 @@ def test_an_honest_update_of_a_model_beyond_the_absolute_bound_is_accepted() -> 
     with pytest.raises(ProtocolError, match="conv.bias: a value grew by 2e\\+06 beyond the model") as moved:
         check_weight_map(far, specs, trained_from=ref)
     assert moved.value.rule == "state.magnitude"
-    back = dict(honest, **{"bn.running_var": (0.6 * ref["bn.running_var"] + 0.4).astype(np.float32)})
-    check_weight_map(back, specs, trained_from=ref)  # BN statistics decaying from the inflated value to the data's
-    wider = dict(honest, **{"bn.running_var": (ref["bn.running_var"] + 1e9).astype(np.float32)})
-    check_weight_map(wider, specs, trained_from=ref)  # variances of inflated weights grow by their square
-    with pytest.raises(ProtocolError, match="bn.running_var: a value grew by 2e\\+12 beyond the model"):
-        check_weight_map(dict(honest, **{"bn.running_var": (ref["bn.running_var"] + 2e12).astype(np.float32)}), specs,
-                         trained_from=ref)
+    wider = dict(honest, **{"bn.running_var": (ref["bn.running_var"] + 1e20).astype(np.float32)})
+    check_weight_map(wider, specs, trained_from=ref)  # the data's statistics through inflated weights
+    with pytest.raises(ProtocolError, match="bn.running_var: \\|w\\| up to 1e\\+31, beyond 1e\\+30"):
+        check_weight_map(dict(honest, **{"bn.running_var": np.full(4, 1e31, np.float32)}), specs, trained_from=ref)
 
 
 def test_the_parents_model_is_not_bounded_but_must_still_be_a_model() -> None:
