@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from splitedge.methods.calibration.records import Gate
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundPlan
@@ -24,6 +24,7 @@ from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
 from splitedge.runtime import statefile
+from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.cost import CostMeter, device_costs
 from splitedge.runtime.filters import edge_cloud_filters
 from splitedge.runtime.membership import Members
@@ -44,14 +45,16 @@ EDGE_DEADLINE_FRACTION = 0.8  # an edge closes its round before the cloud's dead
 class EdgeAggregator(Node):
     def __init__(self, down: Transport, up: Transport | None = None, *, run: str, node_id: str,
                  cloud: str = "cloud", seed: int = 0, state_dir: Path | None = None,
-                 host: Callable[..., PartHost] = PartHost, shared_process: bool = False) -> None:
+                 host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
+                 listed: Mapping[str, Allowance] | None = None) -> None:
         super().__init__(run=run, tier="edge", node_id=node_id)
         self.down, self.up, self.cloud = down, up or down, cloud
         self.rng = self.seeded_rng(seed)
         self.router = edge_router(self.down, self.up)
         self.host = host(self._build_part, rng=self.rng, stopped=self.stopped, name=f"edge {node_id}")
         self.plan: RoundPlan | None = None
-        self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue))
+        self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue), listed)
+        self.unlisted: set[str] = set()  # ids refused at their hello (a manifest lists the devices), logged once
         self.rounds = RoundCollector()
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
         self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
@@ -101,13 +104,22 @@ class EdgeAggregator(Node):
         if where.tier == "cloud":
             self._from_cloud(where, env)
         elif env.kind == "hello":
-            if self.roster.hello(env, addressed=where.to is not None):
+            if not self.roster.admits(env.sender):
+                self._refuse_unlisted(env.sender)
+            elif self.roster.hello(env, addressed=where.to is not None):
                 self._members_changed()
         elif env.kind == "status":
             if self.roster.status(env):
                 self._announce()  # the cloud waits for live devices before round 1
         elif env.sender in self.members:
             self._from_device(env)
+
+    def _refuse_unlisted(self, device: str) -> None:
+        """A hello from an id the operator's manifest does not list: counted, logged once per id."""
+        self.refused["hello.unlisted"] += 1
+        if device not in self.unlisted:
+            self.unlisted.add(device)
+            log.warning("edge %s: refused device %s: not in this edge's manifest (--manifest)", self.node_id, device)
 
     def _members_changed(self) -> None:
         self._sync_subscriptions()
@@ -176,7 +188,7 @@ class EdgeAggregator(Node):
         return part
 
     def _from_device(self, env: Envelope) -> None:
-        if not self.accepts(self.part, env, "child", announced=self.members.get(env.sender)):
+        if not self.accepts(self.part, env, "child", announced=self.roster.allowances.get(env.sender)):
             return
         replies = self.part.on_device_message(env) if self.part is not None else []
         if replies:

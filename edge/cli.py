@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="save this edge's state here after every round and resume from it when restarted")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says an edge with this id is online")
+    p.add_argument("--manifest", type=Path, default=None,
+                   help="the manifest.json of `splitedge data split`: admit only the devices it lists, each "
+                        "counting at most its samples and class counts there (default: any device, bounded "
+                        "by its own hello)")
     credentials.add_arguments(p)
     metrics_http.add_arguments(p)
 
@@ -36,10 +40,12 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
 
     from splitedge.edge.aggregator import EdgeAggregator
     from splitedge.runtime.session import check_identity_free, connect
+    from splitedge.runtime.allowance import manifest_allowances
     from splitedge.runtime.outputs import write_counters
 
     if args.state_dir is not None and args.state_dir.exists() and not args.state_dir.is_dir():
         raise ValueError(f"--state-dir {args.state_dir} is a file; give a folder")
+    listed = None if args.manifest is None else manifest_allowances(args.manifest)
     options = credentials.connect_options(args, args.broker, args.upstream)
     if importlib.util.find_spec("torch") is not None:  # numpy-only methods' edges run without it
         import torch
@@ -50,7 +56,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     down = connect(args.broker, run=args.run, tier="edge", node_id=args.id, **options)
     up = connect(args.upstream, run=args.run, tier="edge", node_id=args.id, **options) if args.upstream else down
     edge = EdgeAggregator(down, up, run=args.run, node_id=args.id, cloud=args.cloud, seed=args.seed,
-                          state_dir=args.state_dir)
+                          state_dir=args.state_dir, listed=listed)
     metrics.attach(edge, [down, up])
     try:
         edge.start()

@@ -9,7 +9,7 @@ whose rule names what did not fit, so the runtime can log and count it per rule.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import numpy as np
 
@@ -139,18 +139,37 @@ def check_version(name: str, got: int, *, at_most: int) -> None:
         raise ProtocolError("state.version", f"{name} version {got} is newer than the current {at_most}")
 
 
-def check_within_samples(body: Mapping[str, Any], announced: int) -> None:
-    """A device cannot count more samples than its hello announced: per-class `counts` (moments,
-    logits, or an `arrays` record's `counts` array such as head statistics) may sum to at most
-    that, and a `weights` body's `samples` may not exceed it. Counts are summed as Python ints,
-    so values near 2**63 cannot wrap around to something small."""
-    counts = body.get("counts")
-    if counts is None and isinstance(body.get("arrays"), Mapping):
-        counts = body["arrays"].get("counts")
+def check_within_samples(body: Mapping[str, Any], announced: int, *, classes: Collection[int] | None = None,
+                         class_counts: Mapping[int, int] | None = None) -> None:
+    """A device cannot count more samples than it may (its hello's, or the operator's manifest
+    entry's): per-class `counts` (moments, logits, or an `arrays` record's `counts` array such as
+    head statistics) may sum to at most `announced`, and a `weights` body's `samples` may not
+    exceed it. With `classes`, its per-class statistics may name only those (state.classes); with
+    `class_counts`, count at most that many of each. Counts are summed as Python ints, so values
+    near 2**63 cannot wrap around to something small."""
+    record = body["arrays"] if isinstance(body.get("arrays"), Mapping) else body
+    counts, named = body.get("counts"), body.get("classes")
+    if counts is None and record is not body:
+        counts, named = record.get("counts"), record.get("classes")
     if counts is not None:
         total = sum(int(c) for c in np.asarray(counts).ravel())
         if total > announced:
             raise ProtocolError("state.samples", f"counts sum to {total}, the sender announced {announced} samples")
+    if named is not None and (classes is not None or class_counts is not None):
+        _check_classes(np.asarray(named).ravel().tolist(), None if counts is None else np.asarray(counts).ravel().tolist(),
+                       classes, class_counts)
     samples = body.get("samples")
     if isinstance(samples, (int, np.integer)) and int(samples) > announced:
         raise ProtocolError("state.samples", f"samples {int(samples)}, the sender announced {announced}")
+
+
+def _check_classes(named: list, counts: list | None, classes: Collection[int] | None,
+                   class_counts: Mapping[int, int] | None) -> None:
+    """Per-class statistics only of the classes the sender may hold, no more of each than it holds."""
+    for i, c in enumerate(named):
+        if classes is not None and int(c) not in classes:
+            raise ProtocolError("state.classes", f"statistics of class {int(c)}, which the sender did not announce")
+        if class_counts is not None and counts is not None and i < len(counts) and \
+                int(counts[i]) > class_counts.get(int(c), 0):
+            raise ProtocolError("state.samples", f"{int(counts[i])} samples of class {int(c)}, the sender holds "
+                                                 f"{class_counts.get(int(c), 0)}")

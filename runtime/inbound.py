@@ -24,21 +24,23 @@ from splitedge.methods.checks import check_within_samples
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.schema import get_schema
+from splitedge.runtime.allowance import Allowance
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Inbound:
-    """A message for a part: from its "parent", a "child" or a "peer"; `announced` is the
-    sample count a child said it holds (None when the sender announced none); `gate` what the
+    """A message for a part: from its "parent", a "child" or a "peer"; `announced` is what a
+    child may count (runtime/allowance.py: its hello, bounded by the operator's manifest; None
+    when the sender announced nothing); `gate` what the
     open calibration phase's head statistics must fit (methods.calibration.records.Gate), None
     outside one."""
 
     env: Envelope
     source: str
     part: Any = None
-    announced: int | None = None
+    announced: Allowance | None = None
     gate: Any = None
 
 
@@ -47,9 +49,10 @@ Step = Callable[[Inbound, Next], bool]
 
 
 def within_announced(msg: Inbound, nxt: Next) -> bool:
-    """A child that announced n samples may not count more in any statistic it sends."""
-    if msg.announced is not None:
-        check_within_samples(msg.env.body, msg.announced)
+    """A child may count no more samples than it may hold, and only of its classes."""
+    a = msg.announced
+    if a is not None:
+        check_within_samples(msg.env.body, a.samples, classes=a.classes, class_counts=a.class_counts)
     return nxt(msg)
 
 

@@ -12,12 +12,13 @@ made it join here is remembered as refuted: read again, it cannot make the devic
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import THIN_BACKEND, THIN_DEVICES, pattern
+from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.presence import Presence
 from splitedge.runtime.subscriptions import Subscriptions
 
@@ -27,12 +28,16 @@ status = logging.getLogger("splitedge.status")
 
 class Members:
     """An edge's devices (from their hellos) and which of them are alive (from their status).
-    With `subs` (the edge's site transport), each member's own topics are read while it is one."""
+    With `subs` (the edge's site transport), each member's own topics are read while it is one.
+    With `listed` (the operator's manifest, runtime/allowance.py), only the devices it lists may
+    join, each bounded by its entry."""
 
-    def __init__(self, edge: str, run: str = "", subs: Subscriptions | None = None) -> None:
-        self.edge, self.run, self.subs = edge, run, subs
+    def __init__(self, edge: str, run: str = "", subs: Subscriptions | None = None,
+                 listed: Mapping[str, Allowance] | None = None) -> None:
+        self.edge, self.run, self.subs, self.listed = edge, run, subs, listed
         self.presence = Presence()  # which devices are online, and who went offline a moment ago
-        self.samples: dict[str, int] = {}  # device -> samples it announced
+        self.samples: dict[str, int] = {}  # device -> samples it may count (its hello's, within its entry)
+        self.allowances: dict[str, Allowance] = {}  # device -> what it may count in what it sends
         # device -> the group addresses it reads: "@<g>" per group, and "@thin" on the onnx
         # backend (the edge reads each from the cloud while a member needs it)
         self.addresses: dict[str, set[str]] = {}
@@ -45,10 +50,16 @@ class Members:
     def __iter__(self) -> Any:
         return iter(self.samples)
 
+    def admits(self, device: str) -> bool:
+        """Whether `device` may join at all: any id, or with a manifest only those it lists."""
+        return self.listed is None or device in self.listed
+
     def hello(self, env: Envelope, *, addressed: bool) -> bool:
         """Take a hello; True when the members or what they read changed."""
         if env.sender == self.edge:
             log.warning("edge %s: a device with this edge's own id cannot join it", self.edge)
+            return False
+        if not self.admits(env.sender):
             return False
         change = self._change(env, addressed=addressed)
         if change in ("joined", "left"):
@@ -76,7 +87,8 @@ class Members:
         if dev in self and self.addresses.get(dev) == addresses:
             return None
         change = "changed" if dev in self else "joined"
-        self.samples[dev], self.addresses[dev] = int(env.body["samples"]), addresses
+        allowance = Allowance.of_hello(env.body).within(None if self.listed is None else self.listed[dev])
+        self.samples[dev], self.allowances[dev], self.addresses[dev] = allowance.samples, allowance, addresses
         return change
 
     def status(self, env: Envelope) -> bool:
@@ -111,6 +123,7 @@ class Members:
 
     def drop(self, dev: str) -> None:
         self.samples.pop(dev, None)
+        self.allowances.pop(dev, None)
         self.addresses.pop(dev, None)
 
     def group_addresses(self) -> set[str]:

@@ -21,6 +21,7 @@ from splitedge.methods.contract import Message
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import Transport
+from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.inbound import Inbound, NodeInbound, carries_session
 from splitedge.runtime.parts import Misfit, PartHost
 from splitedge.runtime.router import Router
@@ -86,9 +87,9 @@ class Node:
         """False (and counted) for stateful messages of another incarnation of this run."""
         return self.inbound.current(env)
 
-    def accepts(self, part: Any, env: Envelope, source: str, *, announced: int | None = None) -> bool:
+    def accepts(self, part: Any, env: Envelope, source: str, *, announced: Allowance | None = None) -> bool:
         """Whether `part` takes a message from its "parent", a "child" or a "peer" (the node's
-        inbound chain: session, samples announced, the part's own check)."""
+        inbound chain: session, what the child may count, the part's own check)."""
         return self.inbound.admit(Inbound(env, source, part, announced, self.gate))
 
     def handle(self, topic_: str, env: Envelope) -> None:

@@ -68,6 +68,7 @@ class SimSettings:
     sample_count: int = 0  # or a count, per round
     sample_min: int = 1
     until_plateau: bool = False  # stop before `rounds` once the accuracy has plateaued
+    listed_only: bool = False  # edges admit only these devices, each bounded by its shard (edge --manifest)
 
     @property
     def sampling(self) -> Any:
@@ -322,9 +323,10 @@ class Federation:
 
         self.loop = ClientLoop(name=f"sim-{self.run}")
         _, edge_host, device_host = self.hosts()
+        listed = self.manifest() if self.s.listed_only else None
         for e in range(self.s.edges if self.s.worker is None else 0):  # a worker runs devices only
             edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed,
-                                  host=edge_host, shared_process=True)
+                                  host=edge_host, shared_process=True, listed=listed)
             self._start(edge)
         for d in worker_devices(self.s):
             idx = self.shards[d]
@@ -335,6 +337,20 @@ class Federation:
                                 host=device_host, shared_process=True)
             self._start(agent)
         return self
+
+    def manifest(self) -> dict[str, Any]:
+        """What `splitedge data split` would write for this sim's devices: each one's samples and
+        class counts (of its labels as planted), for edges that admit only listed devices."""
+        import numpy as np
+
+        from splitedge.runtime.allowance import listed
+
+        out = {}
+        for d in range(self.s.devices):
+            idx = self.shards[d]
+            y = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)[1]
+            out[f"d{d}"] = listed(len(y), np.bincount(np.asarray(y, dtype=np.int64)))
+        return out
 
     def hosts(self) -> tuple[Any, Any, Any]:
         """The part hosts of the cloud, edges and devices: with `--virtual N`, devices hold their

@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder for metrics.jsonl, summary.json, model.safetensors, plots (default: a new "
                         "runs/<method>-<date>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in --out")
+    p.add_argument("--listed-only", action="store_true",
+                   help="edges admit only this sim's own devices, each bounded by its shard's samples and class "
+                        "counts (what `splitedge edge --manifest` does with a `data split` manifest)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads for the whole process")
     p.add_argument("--virtual", type=int, default=0, metavar="N",
                    help="virtual devices: each holds its model only while it trains, N at a time (memory grows with "
@@ -66,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
                     virtual=args.virtual, park_dtype=args.park_dtype, workers=args.workers, worker=args.worker,
                     spawn_workers=not args.remote_workers, run=args.run, broker_tree=args.broker_tree,
                     split=args.split, join_timeout_s=args.join_timeout, sample_fraction=args.sample_fraction,
-                    sample_count=args.sample_count, sample_min=args.sample_min, until_plateau=args.until_plateau)
+                    sample_count=args.sample_count, sample_min=args.sample_min, until_plateau=args.until_plateau,
+                    listed_only=args.listed_only)
     if s.worker is not None:
         from splitedge.sim import run_worker
 

@@ -1,7 +1,8 @@
 """The two halves of the inbound chain: the transport's steps (protocol/inbound.py) in their
 order, a step added without touching the others, and the node's steps (runtime/inbound.py):
-another session dropped, counts past the announced samples and a part's refusal counted by
-rule, nothing of it reaching the part."""
+another session dropped, counts past the announced samples (a class beyond those announced, more
+of a class than the manifest lists) and a part's refusal counted by rule, nothing of it reaching
+the part."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.inbound import WIRE_STEPS, Frame, cap_size, open_frame
 from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
 from splitedge.runtime.inbound import Inbound, NodeInbound
+from splitedge.runtime.allowance import Allowance, listed
 
 TOPIC = "splitedge/r/device/d0/up/done"
 
@@ -72,14 +74,17 @@ def test_the_node_chain_drops_another_session_and_counts_refusals_by_rule() -> N
     cases = [
         (env("done", {"phase": "round", "info": {}}), None, True),
         (env("done", {"phase": "round", "info": {"bad": 1}}), None, False),  # the part's check
-        (env("moments", moments), 10, False),  # counts 50 > 10 announced
-        (env("moments", {**moments, "session": "b" * 16}), 100, False),  # another incarnation
-        (env("moments", moments), 100, True),
+        (env("moments", moments), Allowance(10), False),  # counts 50 > 10 announced
+        (env("moments", {**moments, "session": "b" * 16}), Allowance(100), False),  # another incarnation
+        (env("moments", moments), Allowance(100), True),
+        (env("moments", moments), Allowance(100, frozenset({1, 2})), False),  # class 0 never announced
+        (env("moments", moments), listed(100, [40, 60]), False),  # 50 of class 0; its manifest entry holds 40
+        (env("moments", moments), listed(100, [50, 60]), True),
         (env("done", {"phase": "round", "info": {}, "session": "b" * 16}), None, False),  # a replay of an earlier run
         (env("done", {"phase": "round", "info": {}, "session": session}), None, True),
     ]
     results = [chain.admit(Inbound(e, "child", part, announced)) for e, announced, _ in cases]
     assert results == [ok for *_, ok in cases]
-    assert dict(chain.refused) == {"state.bad": 1, "state.samples": 1} and chain.foreign == 2
-    assert part.checked == 4  # neither the over-count nor the foreign message reached the part's check
+    assert dict(chain.refused) == {"state.bad": 1, "state.samples": 2, "state.classes": 1} and chain.foreign == 2
+    assert part.checked == 5  # neither the over-counts, the unannounced class nor the foreign message reached it
     assert encode(cases[0][0])  # the envelopes are valid messages, not hand-made shapes
