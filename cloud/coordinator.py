@@ -20,13 +20,14 @@ from splitedge.methods.calibration.records import Gate, merged_scores, records_o
 from splitedge.methods.config import RunConfig
 from splitedge.methods.losslog import tier_losses
 from splitedge.methods.metrics.plateau import plateaued
-from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan
+from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan, To
 from splitedge.cloud import resume
 from splitedge.exporters.checkpoint import model_metadata
 from splitedge.methods import snapshot
 from splitedge.runtime.outputs import dumps, save_checkpoint
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.cost import add_costs, phase_costs
+from splitedge.runtime.faults import crash_point
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.records import round_rejections, wire_metrics
@@ -83,6 +84,8 @@ class CloudCoordinator(Node):
         self.history: list[dict[str, Any]] = []
         self.costs: tuple[dict, dict] = ({}, {})  # this round's, per device and per edge (runtime/cost.py)
         self.enough_edges = settings.min_edges  # lowered when edges stay away past the rejoin timeout
+        self.pending: dict[str, Any] | None = None  # the round merged but not yet written (resume.CloudState)
+        self.outbox: list[Message] = []  # what that round published since its merge, committed first
         self.resumed = resume_from
         if resume_from is not None:
             self._restore(resume_from)
@@ -96,7 +99,11 @@ class CloudCoordinator(Node):
         self.rng.bit_generator.state = snapshot.from_plain(saved.rng).bit_generator.state
         if self.settings.out_dir is not None:
             self.history = resume.committed_history(self.settings.out_dir, saved.round)
-        status.info("cloud: resuming run %s (session %s) after round %d", self.run_id, self.session, saved.round)
+        self.pending = snapshot.from_plain(saved.pending) if saved.pending else None
+        if self.pending is not None:
+            self.outbox = [Message(m["kind"], m["body"], To(*m["to"]), m["slot"]) for m in self.pending["outbox"]]
+        status.info("cloud: resuming run %s (session %s) after round %d%s", self.run_id, self.session, saved.round,
+                    f" (round {saved.round + 1} merged: finishing it)" if self.pending else "")
 
     def start(self) -> None:
         """Clear a previous incarnation's downlink and publish the initial models; a resumed
@@ -227,8 +234,10 @@ class CloudCoordinator(Node):
             self._announce_stop(reason="the cloud's join timeout passed")  # nobody waits for a round that never comes
             raise
         try:
+            if self.pending is not None:
+                self.resume_round()
             for r in range(self.round + 1, self.settings.rounds + 1):
-                if self.stopped.is_set():
+                if self.stopped.is_set() or (self.settings.until_plateau and self.history and plateaued(self.history)):
                     break
                 self.run_round(r)
                 if self.settings.until_plateau and plateaued(self.history):
@@ -265,19 +274,52 @@ class CloudCoordinator(Node):
         reports = self.run_phase(plan)
         self.part.losses = {}
         messages, metrics = self.part.aggregate(plan, reports)
-        self.publish_all(messages)
-        losses = tier_losses(reports, self.part.losses)
+        crash_point("cloud.aggregated", r)
+        self.pending = {"round": r, "plan": plan.to_body(), "metrics": metrics, "edges": len(reports),
+                        "losses": tier_losses(reports, self.part.losses)}
+        self.outbox = []
+        self.commit_and_publish(messages)  # the new models leave only once a restart would send them again
+        crash_point("cloud.published", r)
+        return self.finish_round(plan, reports, started)
+
+    def resume_round(self) -> dict[str, Any]:
+        """The round a crash interrupted after its merge: its outbox again (the same models, the
+        same versions, so no node holds one this cloud does not know), then the rest of it."""
+        pending = self.pending
+        r = int(pending["round"])
+        plan = dataclasses.replace(RoundPlan.from_body(r, pending["plan"]), attempt=self.attempt)
+        self.round, self.costs = r, ({}, {})
+        self.wait_for_live_edges(r)
+        self.publish_all(self.outbox)
+        return self.finish_round(plan, [], time.monotonic())
+
+    def commit_and_publish(self, messages: list[Message], round_: int | None = None) -> None:
+        """Publish `messages` of the merged round after committing them (with the part's state)
+        in the resume state, so that what leaves the cloud is never forgotten by a restart."""
+        if messages and self.pending is not None and self.settings.out_dir is not None:
+            self.outbox.extend(messages)
+            self._save_state(last_round=self.pending["round"] - 1)
+            crash_point("cloud.committed", self.pending["round"])
+        self.publish_all(messages, round_=round_)
+
+    def finish_round(self, plan: RoundPlan, reports: list[Any], started: float) -> dict[str, Any]:
+        """Calibrate the merged round (when due), write its record, checkpoint and commit."""
+        r, pending = plan.round, self.pending
+        metrics = dict(pending["metrics"])
         if calibrates(self.method.config, r, self.settings.rounds):
             calibration, reports = self.calibration_phase(plan, reports)  # the edges' latest word on what they refused
             metrics.update(calibration)
+            crash_point("cloud.calibrated", r)
+        losses = pending["losses"]
         taking_part = len(plan.participants) if plan.participants else len(self.online_devices())
-        record = {"round": r, **metrics, "edges": len(reports), "participants": taking_part,
+        record = {"round": r, **metrics, "edges": pending["edges"], "participants": taking_part,
                   "round_seconds": time.monotonic() - started, "versions": dict(plan.versions),
                   "directives": dict(plan.directives), "loss": losses, "rounds": dict(self.rounds.counts),
                   "rejected": round_rejections(self.rejections([self.transport]), reports),
                   "bytes": self.transport.counters.snapshot(), "device_costs": self.costs[0],
                   "edge_costs": self.costs[1]}
         self.host.end_round()  # after the round's losses are read off the part: a host may swap the part out
+        self.pending, self.outbox = None, []
         self._persist(record)
         self.send(self.transport, "up", "metrics", wire_metrics(record), round_=r, retain=True)  # for watchers
         self.history.append(record)
@@ -307,7 +349,7 @@ class CloudCoordinator(Node):
         if dim is None:
             log.warning("cloud: %s cannot calibrate its head; round %d is not calibrated", self.method.name, r)
             return {}, trained
-        self.publish_all(self.part.before_calibration(r), round_=r)
+        self.commit_and_publish(self.part.before_calibration(r), round_=r)
         plan = dataclasses.replace(trained_plan, versions=dict(self.part.calibration_versions(r)),
                                    directives={CALIBRATE: {"dim": int(dim)}}, phase=CALIBRATE)
         self.gate = Gate.of(plan, self.method)
@@ -328,7 +370,7 @@ class CloudCoordinator(Node):
         """Devices that hold their own models score the head they were sent on their held-out
         data; each edge merges its devices' scores, the cloud its edges' (by samples scored)."""
         r = calibrated.round
-        self.publish_all(heads, round_=r)
+        self.commit_and_publish(heads, round_=r)
         plan = dataclasses.replace(calibrated, versions={**calibrated.versions, HEAD: r}, directives={}, phase=EVALUATE)
         reports = self.run_phase(plan)
         infos = {rep.sender: rep.get("done").body["info"] for rep in reports if rep.get("done") is not None}
@@ -356,8 +398,10 @@ class CloudCoordinator(Node):
             out.mkdir(parents=True, exist_ok=True)
             with open(out / "metrics.jsonl", "a") as fh:
                 fh.write(dumps(record) + "\n")
+            crash_point("cloud.metrics", record["round"])
             save_checkpoint(out / "model.safetensors", self.part.state_for_checkpoint(),
                             self._checkpoint_metadata(record))
+            crash_point("cloud.checkpoint", record["round"])
             self._save_state()
         except OSError as exc:  # "[Errno 28] No space left on device" named no file
             raise OSError(exc.errno, f"cannot write round {record['round']} into {out}: {exc.strerror or exc}") from exc
@@ -371,13 +415,17 @@ class CloudCoordinator(Node):
                                  image_size=spec.image_size, num_classes=spec.num_classes, mean=spec.mean,
                                  std=spec.std)}
 
-    def _save_state(self, finished: bool = False) -> None:
-        """The round's commit point (cloud.resume): what a restarted cloud carries on from."""
+    def _save_state(self, finished: bool = False, last_round: int | None = None) -> None:
+        """The round's commit point (cloud.resume): what a restarted cloud carries on from. With
+        a merged round pending, `last_round` is the one before it and its outbox is saved too."""
         if self.settings.out_dir is None:
             return
         s = self.settings
+        pending = None if self.pending is None else snapshot.to_plain({
+            **self.pending, "outbox": [{"kind": m.kind, "body": m.body, "to": [m.to.role, m.to.node], "slot": m.slot}
+                                       for m in self.outbox]})
         resume.save(s.out_dir, resume.CloudState(
             run=self.run_id, method=s.method, config=self.method.run_config.to_wire(), seed=s.seed,
-            session=self.session, round=self.round, attempt=self.attempt, enough_edges=self.enough_edges,
-            placements=snapshot.to_plain(dict(self.view.placements)), rng=snapshot.to_plain(self.rng),
-            part=self.part.resume_state(), finished=finished))
+            session=self.session, round=self.round if last_round is None else last_round, attempt=self.attempt,
+            enough_edges=self.enough_edges, placements=snapshot.to_plain(dict(self.view.placements)),
+            rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending))

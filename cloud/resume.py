@@ -41,6 +41,10 @@ class CloudState:
     part: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
     format: int = FORMAT
+    pending: dict[str, Any] | None = None
+    """Round `round + 1` merged but not yet written: what it had measured so far and every
+    message it published since the merge (its outbox), committed before any of them left, so a
+    restarted cloud publishes the same again and finishes that round (coordinator.finish_round)."""
 
 
 def save(out: Path, state: CloudState) -> None:

@@ -18,8 +18,8 @@ import pytest
 
 from splitedge.bench.soak import write_digit_shards
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _spawn(args: list[str], log: Path, env_extra: Mapping[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
     fh = open(log, "a")
     return subprocess.Popen([sys.executable, "-m", "splitedge", *args], stdout=fh, stderr=subprocess.STDOUT,
                             env=env, cwd=log.parent)
@@ -29,9 +29,11 @@ class Federation:
     """Cloud + edges + devices as processes; `kill()` one, `wait()` for the cloud."""
 
     def __init__(self, tmp: Path, url: str, *, edges: int, devices: int, rounds: int, extra: list[str],
-                 edge_extra: tuple[str, ...] = (), node_extra: Mapping[str, Sequence[str]] | None = None) -> None:
+                 edge_extra: tuple[str, ...] = (), node_extra: Mapping[str, Sequence[str]] | None = None,
+                 node_env: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.tmp, self.out = tmp, tmp / "out"
         self.node_extra = dict(node_extra or {})  # flags for one node alone, by name ("cloud", "e0", "d1")
+        self.node_env = dict(node_env or {})  # environment for one node's first start (e.g. a crash point)
         shards = write_digit_shards(tmp, devices)
         common = ["--broker", url, "--run", "itest"]  # same run id on purpose: leftovers of earlier tests must not leak in
         self.procs: dict[str, subprocess.Popen] = {}
@@ -49,7 +51,7 @@ class Federation:
     def start(self, name: str, argv: list[str]) -> None:
         argv = [*argv, *self.node_extra.get(name, ())]
         self.argv[name] = argv
-        self.procs[name] = _spawn(argv, self.tmp / f"{name}.log")
+        self.procs[name] = _spawn(argv, self.tmp / f"{name}.log", self.node_env.get(name))
 
     def _wait_for_line(self, name: str, text: str, timeout: float) -> None:
         """Until `name`'s log says `text`. The cloud first: the module's broker may still hold the
