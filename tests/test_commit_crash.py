@@ -62,6 +62,7 @@ def test_a_cloud_killed_at_a_step_of_its_commit_finishes_as_an_undisturbed_run(p
             fed.close()
     # Assert: every round once, every process exited by itself ...
     assert [m["round"] for m in metrics] == list(range(1, ROUNDS + 1)), fed.logs()
+    assert [m["edges"] for m in metrics] == [2] * ROUNDS, fed.logs()  # both edges in every round
     assert all(proc.returncode == 0 for proc in fed.procs.values()), {n: p.returncode for n, p in fed.procs.items()}
     assert "resuming run itest" in fed.log("cloud")
     # ... W_c and W_e advanced as without the crash, and no node refused what the other tiers sent
