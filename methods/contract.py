@@ -560,7 +560,6 @@ class Method:
         (methods/robust.py; "none", the default: the sample-weighted average). `reference` is
         the model the parts were trained from, where the merging node holds it (clipping
         bounds updates relative to it)."""
-        from splitedge.methods.robust import robust_average
+        from splitedge.methods.robust import robust_average, robust_rule
 
-        cfg = self.config
-        return robust_average(parts, cfg.robust, reference=reference, clip_k=cfg.robust_clip_k, trim=cfg.robust_trim)
+        return robust_average(parts, reference=reference, **robust_rule(self.config))

@@ -235,16 +235,18 @@ def robust_merge(parts: Sequence[ClassMoments], how: str = "none", *, reference:
         return merge_moments(parts)
     if how == "clip":
         return clipped_merge(parts, reference, k=clip_k)
-    if how == "trimmed":
-        return trimmed_merge(parts, lambda m: min(math.ceil(trim * m - 1e-9), (m - 1) // 2))
-    if how == "median":
-        return trimmed_merge(parts, _median_trim)
+    if how in ("trimmed", "median"):
+        return trimmed_merge(parts, lambda m: dropped(how, m, trim))
     raise ValueError(f"robust merge must be one of {ROBUST_MERGES}, got {how!r}")
 
 
-def _median_trim(m: int) -> int:
-    """Sources dropped at each end to leave the middle one (m odd) or two (m even)."""
-    return (m - 1) // 2
+def dropped(how: str, m: int, trim: float = 0.2) -> int:
+    """Sources dropped at each end of `m` by "trimmed" (ceil(trim m)) or "median" (all but the
+    middle one (m odd) or two (m even)); never so many that nothing is left; 0 for other rules.
+    The one count every robust merge (moments, head statistics, weights, tables) trims by."""
+    if how == "median":
+        return (m - 1) // 2
+    return min(math.ceil(trim * m - 1e-9), (m - 1) // 2) if how == "trimmed" else 0
 
 
 def _sources(parts: Sequence[ClassMoments]) -> tuple[int, np.ndarray, list[list[tuple[int, int]]]]:
@@ -326,7 +328,7 @@ def clipped_merge(parts: Sequence[ClassMoments], reference: ClassMoments | None,
                 ref_mean[j], ref_var[j] = reference.mean[row[c]], reference.var[row[c]]
     missing = np.isnan(ref_mean).any(axis=1)
     if missing.any():
-        fallback = trimmed_merge(parts, _median_trim)
+        fallback = trimmed_merge(parts, lambda m: dropped("median", m))
         ref_mean[missing], ref_var[missing] = fallback.mean[missing], fallback.var[missing]
     # a reference spread no larger than the round-off of merging means of this size is none: a
     # median source with variance 0, shifted by 1e3, came back as 1e-10, and clipping to that

@@ -27,21 +27,12 @@ are bounded by what each sender announced (runtime/inbound.py).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from splitedge.methods.averaging import WeightMap, average_states, check_parts
-from splitedge.methods.moments import ROBUST_MERGES, ClassMoments, trimmed_merge
-
-
-def dropped(how: str, m: int, trim: float) -> int:
-    """Sources dropped at each end of `m` by "trimmed" (ceil(trim m)) or "median" (all but the
-    middle one or two); never so many that nothing is left."""
-    if how == "median":
-        return (m - 1) // 2
-    return min(math.ceil(trim * m - 1e-9), (m - 1) // 2) if how == "trimmed" else 0
+from splitedge.methods.moments import ROBUST_MERGES, ClassMoments, dropped, trimmed_merge
 
 
 def robust_average(parts: Sequence[tuple[WeightMap, int]], how: str = "none", *,

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from splitedge.methods.calibration.stats import HeadStats, merge_head_stats
-from splitedge.methods.moments import ROBUST_MERGES
+from splitedge.methods.moments import ROBUST_MERGES, dropped
 
 Drop = Callable[[int], int]
 
@@ -40,9 +40,7 @@ def robust_head_merge(parts: Sequence[HeadStats], how: str = "none", *, clip_k: 
         return merge_head_stats(parts)
     if how == "clip":
         return merge_head_stats(clipped_sources(parts, clip_k))
-    if how == "median":
-        return trimmed_head_merge(parts, lambda m: (m - 1) // 2)
-    return trimmed_head_merge(parts, lambda m: min(math.ceil(trim * m - 1e-9), (m - 1) // 2))
+    return trimmed_head_merge(parts, lambda m: dropped(how, m, trim))
 
 
 def _classes(parts: Sequence[HeadStats]) -> tuple[np.ndarray, list[list[tuple[int, int]]]]:
