@@ -97,8 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "CPU-only torch wheel; default: this one")
     g = p.add_argument_group("poison")
     g.add_argument("--attack", default=None, help="poison: the hostile device (default scale-weights)")
-    g.add_argument("--rules", default=None, help="poison: robust rules to compare (default none,clip,trimmed,median)")
-    g.add_argument("--seeds", default=None, help="poison: comma-separated seeds (default --seed and the next)")
+    g.add_argument("--rules", type=_csv, default=(), help="poison: robust rules to compare (default none,clip,trimmed,median)")
+    g.add_argument("--seeds", type=_csv, default=(), help="poison: comma-separated seeds (default --seed and the next)")
     g = p.add_argument_group("hsfp-diagnose")
     g.add_argument("--no-oracles", action="store_true",
                    help="hsfp-diagnose: measure the H-SFP stack only (a third of the training)")

@@ -24,10 +24,6 @@ from splitedge.bench.simrun import FederationSettings, run_on_mosquitto
 from splitedge.methods.moments import ROBUST_MERGES
 
 
-def _csv(value: str | None) -> tuple[str, ...]:
-    return tuple(v.strip() for v in (value or "").split(",") if v.strip())
-
-
 @dataclass
 class PoisonSettings(FederationSettings):
     method: str = "fedavg"
@@ -40,15 +36,15 @@ class PoisonSettings(FederationSettings):
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> PoisonSettings:
-        rules = _csv(getattr(a, "rules", None)) or ROBUST_MERGES
+        rules = tuple(a.rules) or ROBUST_MERGES
         unknown = [r for r in rules if r not in ROBUST_MERGES]
         if unknown:
             raise ValueError(f"--rules: {unknown} are not robust rules; pick from {', '.join(ROBUST_MERGES)}")
-        attack = getattr(a, "attack", None) or "scale-weights"
+        attack = a.attack or "scale-weights"
         if attack not in ATTACKS:
             raise ValueError(f"--attack {attack!r}: pick one of {', '.join(ATTACKS)}")
-        sets = dict(item.split("=", 1) for item in (getattr(a, "set", None) or []))
-        seeds = tuple(int(v) for v in _csv(getattr(a, "seeds", None))) or (a.seed, a.seed + 1)
+        sets = dict(item.split("=", 1) for item in a.set)
+        seeds = tuple(int(v) for v in a.seeds) or (a.seed, a.seed + 1)
         return cls(method=(a.methods or ("fedavg",))[0], attack=attack, rules=rules, seeds=seeds,
                    dataset=a.dataset, data=a.data, model=a.model, devices=a.devices or 8, edges=a.edges or 2,
                    rounds=a.rounds or (3 if a.quick else 6), max_train=a.max_train, max_test=a.max_test or 300,
