@@ -30,7 +30,7 @@ from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.faults import crash_point
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.records import round_rejections, wire_metrics
+from splitedge.runtime.records import phase_withheld, round_rejections, wire_metrics
 from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
@@ -274,6 +274,8 @@ class CloudCoordinator(Node):
         reports = self.run_phase(plan)
         self.part.losses = {}
         messages, metrics = self.part.aggregate(plan, reports)
+        if phase_withheld(reports):
+            metrics = {**metrics, "withheld": phase_withheld(reports)}
         crash_point("cloud.aggregated", r)
         self.pending = {"round": r, "plan": plan.to_body(), "metrics": metrics, "edges": len(reports),
                         "losses": tier_losses(reports, self.part.losses)}
@@ -360,6 +362,8 @@ class CloudCoordinator(Node):
             return {"calibrated_edges": 0}, reports
         metrics = {**self.part.calibrate(plan, sources), "calibrated_edges": len(sources),
                    "calibration_versions": dict(plan.versions)}
+        if phase_withheld(reports):
+            metrics["calibration_withheld"] = phase_withheld(reports)
         heads = self.part.head_messages()
         if heads:
             scores, reports = self.evaluation_phase(plan, heads)

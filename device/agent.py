@@ -40,9 +40,11 @@ CONTROL_KINDS = ("status", "round", "assign")  # what the runtime itself reads; 
 class DeviceAgent(Node):
     def __init__(self, transport: Transport, *, run: str, node_id: str, edge: str,
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0,
-                 host: Callable[..., PartHost] = PartHost, shared_process: bool = False) -> None:
+                 host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
+                 min_class_count: int = 1) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
         self.transport, self.data, self.backend = transport, data, backend
+        self.min_class_count = min_class_count  # the owner's floor; the run's applies when it is higher
         # what the hello names: "torch", "onnx" (a thin device: it reads `@thin` graphs too) or a custom one
         self.backend_name = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
         self.placement = Placement(edge=edge)
@@ -187,7 +189,8 @@ class DeviceAgent(Node):
 
     def _build_part(self, method: Method) -> DevicePart:
         ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement, run=self.run_id,
-                          request=self.exchange.request, gather=self.exchange.gather)
+                          request=self.exchange.request, gather=self.exchange.gather,
+                          min_class_count=self.min_class_count)
         return method.device_part(ctx, self.data, self.backend)
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:

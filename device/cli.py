@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="write this node's byte counters here at exit (with --peers also its rounds and model)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch backend)")
+    p.add_argument("--min-class-count", type=int, default=1, metavar="K",
+                   help="send no statistic of a class this device holds fewer than K images of (privacy: a class "
+                        "mean over one image is that image's features); the run's own floor applies when higher")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says a device with this id is online")
     credentials.add_arguments(p)
@@ -70,11 +73,13 @@ def run_federated(args: argparse.Namespace, options: dict[str, Any], metrics: me
     from splitedge.runtime.node import status
     from splitedge.runtime.outputs import write_counters
 
+    if args.min_class_count < 1:
+        raise ValueError(f"--min-class-count must be >= 1 (1: every class is sent), got {args.min_class_count}")
     backend = resolve_backend(args.backend)
     data = load_local_data(args.data, backend)  # a shard that cannot work is refused before connecting
     transport = _connect(args, args.run, backend, options)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
-                        backend=backend, seed=args.seed)
+                        backend=backend, seed=args.seed, min_class_count=args.min_class_count)
     metrics.attach(agent, [transport])
     status.info("device %s: backend %s, broker %s", args.id, backend, getattr(transport, "url", args.broker))
     try:

@@ -48,6 +48,10 @@ class MethodConfig:
     head statistics): "none" exactly; "clip" each source clipped to `robust_clip_k` reference
     standard deviations; "trimmed" coordinate-wise, dropping `robust_trim` of the sources at
     each end; "median" coordinate-wise medians (methods/moments.py, methods/calibration/robust.py).
+
+    min_class_count: a device leaves every class it holds fewer images of out of the per-class
+    statistics it sends (moments, head statistics, prototypes, mean logits; methods/privacy/floor.py)
+    and reports what it held back.
     """
 
     feddecorr_beta: float = 0.0
@@ -60,6 +64,8 @@ class MethodConfig:
     robust: str = "none"
     robust_clip_k: float = 2.0
     robust_trim: float = 0.2
+    min_class_count: int = flag(1, "a device sends no statistic of a class it holds fewer images of (privacy: a "
+                                   "class mean over one image is that image's features)")
 
     def __post_init__(self) -> None:
         if self.feddecorr_beta < 0:
@@ -72,6 +78,8 @@ class MethodConfig:
                              f"and {self.calib_dtype!r}")
         if self.robust not in ROBUST_MERGES:
             raise ValueError(f"robust must be one of {', '.join(ROBUST_MERGES)}, got {self.robust!r}")
+        if self.min_class_count < 1:
+            raise ValueError(f"min_class_count must be >= 1, got {self.min_class_count}")
         if not self.robust_clip_k > 0 or not 0 <= self.robust_trim < 0.5:
             raise ValueError(f"robust_clip_k must be > 0 and robust_trim in [0, 0.5), got {self.robust_clip_k} and "
                              f"{self.robust_trim}")

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig
+from splitedge.methods.privacy.floor import ClassFloor
 
 # -- addresses -------------------------------------------------------------------------------
 
@@ -247,6 +248,9 @@ class NodeContext:
     """Device: send a message up and wait for the edge's reply (SplitFed)."""
     gather: Gather | None = None
     """Device: collect this round's messages from peers (DecMAR)."""
+    min_class_count: int = 1
+    """Device: its owner's own minimum count per class (`splitedge device --min-class-count`);
+    the stricter of it and the run's `min_class_count` applies."""
 
 
 class Unsupported(ValueError):
@@ -329,6 +333,15 @@ class DevicePart(Part):
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx)
         self.data, self.backend = data, backend
+        self.withheld: dict[str, int] = {}
+
+    def stats_floor(self, labels: Any) -> ClassFloor:
+        """Which samples (labels [N]: those a per-class statistic is taken over) may enter it under
+        the run's `min_class_count` or the device's own, the higher (methods/privacy/floor.py);
+        what it holds back is kept as `withheld` for this phase's `done` info."""
+        floor = ClassFloor.of(np.asarray(labels), max(self.cfg.min_class_count, self.ctx.min_class_count))
+        self.withheld = floor.info
+        return floor
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         """Do the round's work; yield messages to send, and DONE once the round may close."""

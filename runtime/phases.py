@@ -16,6 +16,7 @@ from splitedge.methods.contract import Message, RoundPlan
 
 def device_work(part: Any, plan: RoundPlan) -> Iterator[Any]:
     """A device part's work in the plan's phase: train, send head statistics, or score a head."""
+    part.withheld = {}  # what this phase's statistics hold back below the minimum count per class
     if plan.calibrating:
         return calibration_round(part, plan)
     if plan.evaluating:
@@ -25,10 +26,12 @@ def device_work(part: Any, plan: RoundPlan) -> Iterator[Any]:
 
 def device_info(part: Any, plan: RoundPlan) -> dict[str, Any]:
     """The part's own entries of its `done` info: in an evaluation phase its score of the head it
-    was sent; none in a calibration phase (it trains nothing); else its `round_info`."""
+    was sent; none in a calibration phase (it trains nothing); else its `round_info`. In any
+    phase, what its statistics held back below the minimum count per class (`withheld`)."""
+    withheld = {"withheld": dict(part.withheld)} if getattr(part, "withheld", None) else {}
     if plan.evaluating:
-        return dict(getattr(part, "evaluation", {}))
-    return {} if plan.calibrating else part.round_info()
+        return {**getattr(part, "evaluation", {}), **withheld}
+    return withheld if plan.calibrating else {**part.round_info(), **withheld}
 
 
 def edge_close(part: Any, plan: RoundPlan, reports: Sequence[Any]) -> tuple[list[Message], dict[str, Any]]:

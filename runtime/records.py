@@ -13,6 +13,7 @@ import numbers
 from typing import Any, Mapping, Sequence
 
 from splitedge.methods.contract import Part, Report
+from splitedge.methods.privacy.floor import summed_withheld
 
 METRICS_NOT_SENT = frozenset({"round"})  # the envelope's round already says it
 from splitedge.methods.losslog import device_losses
@@ -27,6 +28,9 @@ def edge_done_info(part: Part, infos: Sequence[Mapping[str, Any]], *, reported: 
         device_refused.update(i.get("refused") or {})
     info = {**(part.round_info() if trained else {}), **device_losses(infos), "devices": reported, "device_refused": dict(device_refused),
             "seconds": round(seconds, 3), "errors": errors, "refused": dict(refused)}
+    withheld = summed_withheld([i.get("withheld") for i in infos])
+    if withheld:
+        info["device_withheld"] = withheld  # classes (and images) below the minimum count, summed
     if part.losses:
         info["loss"] = dict(part.losses)
     return info
@@ -45,6 +49,13 @@ def round_rejections(cloud: Mapping[str, int], reports: Sequence[Report]) -> dic
     if devices:
         out["devices"] = dict(devices)  # summed over this round's devices, each counting since it started
     return out
+
+
+def phase_withheld(reports: Sequence[Report]) -> dict[str, int]:
+    """What the phase's devices held back below the minimum count per class (methods/privacy/
+    floor.py), summed over the edges that closed it: classes and images; empty when none."""
+    infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
+    return summed_withheld([i.get("device_withheld") for i in infos])
 
 
 def wire_metrics(record: Mapping[str, Any]) -> dict[str, int | float]:

@@ -53,10 +53,11 @@ class Gate:
 
 
 def head_stats(features: Callable[[np.ndarray], np.ndarray], data: tuple[np.ndarray, np.ndarray],
-               mean: Sequence[float], std: Sequence[float], batch: int = STATS_BATCH) -> HeadStats:
+               mean: Sequence[float], std: Sequence[float], batch: int = STATS_BATCH,
+               keep: np.ndarray | None = None) -> HeadStats:
     """Local uint8 images through `features` (normalised images -> classifier input) in
-    batches, into the float64 accumulator."""
-    return accumulate(features, data, mean, std, HeadStatsAccumulator, batch)
+    batches, into the float64 accumulator (only the `keep` samples, when given)."""
+    return accumulate(features, data, mean, std, HeadStatsAccumulator, batch, keep)
 
 
 def record(stats: HeadStats, plan: RoundPlan, cfg: Any) -> Message:
@@ -67,10 +68,13 @@ def record(stats: HeadStats, plan: RoundPlan, cfg: Any) -> Message:
 
 def calibration_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:
     """A device's calibration phase: the record of its head statistics when its part can reach
-    the classifier's input (`DevicePart.can_calibrate`), then DONE. Nothing is trained."""
+    the classifier's input (`DevicePart.can_calibrate`), then DONE. Nothing is trained. The
+    record holds only the classes above the run's minimum count; none when no class is."""
     if part.can_calibrate:
-        spec = part.spec
-        yield record(head_stats(part.classifier_input, part.calibration_data(), spec.mean, spec.std), plan, part.cfg)
+        spec, data = part.spec, part.calibration_data()
+        floor = part.stats_floor(data[1])
+        if floor.keep.any():
+            yield record(head_stats(part.classifier_input, data, spec.mean, spec.std, keep=floor.keep), plan, part.cfg)
     yield DONE
 
 

@@ -120,12 +120,16 @@ class CFLHKDDevice(PersonalHead, DevicePart):
 
     @torch.no_grad()
     def mean_logits(self) -> dict[str, Any]:
-        """Class-wise mean logits of the model this device received, on its training share."""
+        """Class-wise mean logits of the model this device received, on its training share, of the
+        classes above the run's minimum count."""
         self.model.eval()
-        logits = model_outputs(self.model, self.x)["logits"].numpy().astype(np.float64)
-        y = self.y.numpy()
+        keep = self.stats_floor(self.y.numpy()).keep
+        y = self.y.numpy()[keep]
+        logits = model_outputs(self.model, self.x[torch.from_numpy(keep)])["logits"].numpy().astype(np.float64) \
+            if keep.any() else np.zeros((0, self.spec.num_classes))
         classes = np.unique(y)
-        means = np.stack([logits[y == c].mean(axis=0) for c in classes]).astype(np.float32)
+        means = np.stack([logits[y == c].mean(axis=0) for c in classes]).astype(np.float32) if len(classes) \
+            else np.zeros((0, self.spec.num_classes), np.float32)
         counts = np.array([(y == c).sum() for c in classes], dtype=np.int64)
         body = {"classes": classes.astype(np.int64), "counts": counts, "logits": means,
                 "versions": {MODEL: max(self.version, 0)}}

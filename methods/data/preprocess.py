@@ -23,17 +23,22 @@ def batches(n: int, size: int) -> list[slice]:
 
 
 def accumulate(features: Any, data: tuple[Any, np.ndarray], mean: Sequence[float], std: Sequence[float],
-               accumulator: Any, batch: int) -> Any:
+               accumulator: Any, batch: int, keep: np.ndarray | None = None) -> Any:
     """A device's uint8 images through `features` (normalised images -> features), `batch` at a
     time, into a float64 `accumulator(dim)` (per-class moments, head statistics); its result.
-    ValueError when the device holds no data."""
+    `keep` (bool [N]) leaves the other samples out (a minimum count per class); batches with
+    none kept are not run (but the first, whose features give the dimension). ValueError when
+    the device holds no data."""
     x, y = data
     acc = None
     for sl in batches(len(y), batch):
+        rows = None if keep is None else np.asarray(keep[sl], dtype=bool)
+        if rows is not None and acc is not None and not rows.any():
+            continue
         feats = np.asarray(features(to_input(x[sl], mean, std)))
         feats = feats.reshape(len(feats), -1)
         acc = acc or accumulator(feats.shape[1])
-        acc.add(feats, y[sl])
+        acc.add(feats if rows is None else feats[rows], y[sl] if rows is None else np.asarray(y[sl])[rows])
     if acc is None:
         raise ValueError("device has no local data")
     return acc.result()

@@ -15,7 +15,7 @@ import torch
 
 from splitedge.methods.calibration.personal import PersonalHead
 from splitedge.methods.fedproto.loss import representation
-from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body
+from splitedge.methods.fedproto.protos import PROTOS, check_protos, protos_body
 from splitedge.methods.moments import MomentAccumulator
 from splitedge.methods.data.preprocess import batches
 from splitedge.methods.metrics.representation import effective_rank
@@ -128,16 +128,15 @@ class FedProtoDevice(PersonalHead, DevicePart):
     @torch.no_grad()
     def local_protos(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-class means (float64) of f(x) over the training share, eval mode, no augmentation;
-        counts are the device's samples per class."""
+        counts are the device's samples per class; only classes above the run's minimum count."""
         self.model.eval()
-        acc: MomentAccumulator | None = None
-        for sl in batches(len(self.y), 256):
-            features = representation(self.model, self.x[sl])[0].numpy()
-            acc = acc or MomentAccumulator(features.shape[1])
-            acc.add(features, self.y[sl].numpy())
-        assert acc is not None, "device has no training data"
+        keep = torch.from_numpy(self.stats_floor(self.y.numpy()).keep)
+        x, y = self.x[keep], self.y[keep]
+        acc = MomentAccumulator(self.dim)
+        for sl in batches(len(y), 256):
+            acc.add(representation(self.model, x[sl])[0].numpy(), y[sl].numpy())
         m = acc.result()
-        return merge_protos([(m.classes, m.counts, m.mean)])
+        return m.classes, m.counts, m.mean
 
     @torch.no_grad()
     def held_out_rank(self) -> float:

@@ -117,9 +117,9 @@ class HSFPDevice(DevicePart):
 
     def compute_moments(self, features: Any = None) -> ClassMoments:
         """Per-class moments of the flattened global-W_c features (or of `features`, normalised
-        images -> features), accumulated in float64."""
+        images -> features), accumulated in float64, over the classes above the run's minimum count."""
         return accumulate(features or self.extractor.features, self.data, self.spec.mean, self.spec.std,
-                          MomentAccumulator, self.moment_batch)
+                          MomentAccumulator, self.moment_batch, self.stats_floor(self.data[1]).keep)
 
     def local_features(self, x: np.ndarray) -> np.ndarray:
         """Features of the device's own W_c copy (`moments_of="local"`); a device that trains no
