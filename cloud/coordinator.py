@@ -30,7 +30,7 @@ from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.faults import crash_point
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.records import phase_withheld, round_rejections, wire_metrics
+from splitedge.runtime.records import phase_dp_releases, phase_withheld, round_rejections, wire_metrics
 from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
@@ -276,6 +276,8 @@ class CloudCoordinator(Node):
         messages, metrics = self.part.aggregate(plan, reports)
         if phase_withheld(reports):
             metrics = {**metrics, "withheld": phase_withheld(reports)}
+        if phase_dp_releases(reports):
+            metrics = {**metrics, "dp_releases": phase_dp_releases(reports)}
         crash_point("cloud.aggregated", r)
         self.pending = {"round": r, "plan": plan.to_body(), "metrics": metrics, "edges": len(reports),
                         "losses": tier_losses(reports, self.part.losses)}
@@ -314,6 +316,7 @@ class CloudCoordinator(Node):
             crash_point("cloud.calibrated", r)
         losses = pending["losses"]
         taking_part = len(plan.participants) if plan.participants else len(self.online_devices())
+        metrics.update(self.privacy_spent(metrics))
         record = {"round": r, **metrics, "edges": pending["edges"], "participants": taking_part,
                   "round_seconds": time.monotonic() - started, "versions": dict(plan.versions),
                   "directives": dict(plan.directives), "loss": losses, "rounds": dict(self.rounds.counts),
@@ -328,6 +331,18 @@ class CloudCoordinator(Node):
         if self.settings.on_round:
             self.settings.on_round(record)
         return record
+
+    def privacy_spent(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """With DP on: the releases of the device that made the most (an upper bound, summed over
+        phases and rounds) and the epsilon at `dp_delta` they spend (methods/privacy/accountant.py)."""
+        cfg = self.method.config
+        if not cfg.dp_sigma > 0:
+            return {}
+        from splitedge.methods.privacy.accountant import epsilon
+
+        before = int(self.history[-1].get("dp_releases_total", 0)) if self.history else 0
+        total = before + int(metrics.get("dp_releases", 0)) + int(metrics.get("calibration_dp_releases", 0))
+        return {"dp_releases_total": total, "dp_epsilon": epsilon(cfg.dp_sigma, total, cfg.dp_delta)}
 
     def run_phase(self, plan: RoundPlan) -> list[Any]:
         """Announce `plan` (a round, its calibration or its evaluation) and collect the edges'
@@ -364,6 +379,8 @@ class CloudCoordinator(Node):
                    "calibration_versions": dict(plan.versions)}
         if phase_withheld(reports):
             metrics["calibration_withheld"] = phase_withheld(reports)
+        if phase_dp_releases(reports):
+            metrics["calibration_dp_releases"] = phase_dp_releases(reports)
         heads = self.part.head_messages()
         if heads:
             scores, reports = self.evaluation_phase(plan, heads)

@@ -52,6 +52,12 @@ class MethodConfig:
     min_class_count: a device leaves every class it holds fewer images of out of the per-class
     statistics it sends (moments, head statistics, prototypes, mean logits; methods/privacy/floor.py)
     and reports what it held back.
+
+    dp_sigma: with a value > 0 every device release is differentially private (one image's
+    worth, methods/privacy/dp.py): per-class statistics are sums of features clipped to L2 norm
+    `dp_clip` (W_c features: moments) or `dp_head_clip` (classifier inputs: head statistics)
+    plus Gaussian noise of `dp_sigma` times their sensitivity; weight updates are clipped to
+    `dp_update_clip` and noised likewise. The cloud reports epsilon at `dp_delta` over the run.
     """
 
     feddecorr_beta: float = 0.0
@@ -66,6 +72,12 @@ class MethodConfig:
     robust_trim: float = 0.2
     min_class_count: int = flag(1, "a device sends no statistic of a class it holds fewer images of (privacy: a "
                                    "class mean over one image is that image's features)")
+    dp_sigma: float = flag(0.0, "differential privacy: noise multiplier of every release a device makes (0: off; "
+                                "methods/privacy, docs/privacy.md)")
+    dp_clip: float = 0.0
+    dp_head_clip: float = 0.0
+    dp_update_clip: float = 0.0
+    dp_delta: float = 1e-5
 
     def __post_init__(self) -> None:
         if self.feddecorr_beta < 0:
@@ -78,6 +90,13 @@ class MethodConfig:
                              f"and {self.calib_dtype!r}")
         if self.robust not in ROBUST_MERGES:
             raise ValueError(f"robust must be one of {', '.join(ROBUST_MERGES)}, got {self.robust!r}")
+        if self.dp_sigma < 0 or min(self.dp_clip, self.dp_head_clip, self.dp_update_clip) < 0 \
+                or not 0 < self.dp_delta < 1:
+            raise ValueError(f"dp_sigma and the dp clips must be >= 0 and dp_delta in (0, 1), got {self.dp_sigma}, "
+                             f"{self.dp_clip}/{self.dp_head_clip}/{self.dp_update_clip} and {self.dp_delta}")
+        if self.dp_sigma > 0 and self.calibrate != "none" and not self.dp_head_clip > 0:
+            raise ValueError("dp_sigma with calibrate needs dp_head_clip > 0: the L2 norm each image's classifier "
+                             "input is clipped to in the head statistics (docs/privacy.md)")
         if self.min_class_count < 1:
             raise ValueError(f"min_class_count must be >= 1, got {self.min_class_count}")
         if not self.robust_clip_k > 0 or not 0 <= self.robust_trim < 0.5:

@@ -334,6 +334,14 @@ class DevicePart(Part):
         super().__init__(ctx)
         self.data, self.backend = data, backend
         self.withheld: dict[str, int] = {}
+        self.dp_releases = 0  # differentially private releases this phase (methods/privacy/release.py)
+
+    private: bool = False
+    """Whether everything this part sends from its data has a differentially private form that
+    it takes when the run's `dp_sigma` > 0 (methods/privacy/release.py); a run with DP on is
+    refused before round 1 for a method with any device part that has not."""
+    private_clips: tuple[str, ...] = ()
+    """The run's clip settings this part's releases need (each must be > 0 with DP on)."""
 
     def stats_floor(self, labels: Any) -> ClassFloor:
         """Which samples (labels [N]: those a per-class statistic is taken over) may enter it under
@@ -561,7 +569,20 @@ class Method:
         if self.config.calibrate != "none" and not self.head_calibration:
             raise ValueError(f"{self.name} cannot calibrate its head (calibrate={self.config.calibrate!r}): its devices "
                              f"hold no model the cloud could serve a head for; leave calibrate at none")
+        if self.config.dp_sigma > 0:
+            self._check_private()
         return {}
+
+    def _check_private(self) -> None:
+        """With DP on, every device part must release privately, with the clips it needs set."""
+        parts = [self._part_class(k) for k in self.parts if k.startswith("device")]
+        if not parts or not all(getattr(p, "private", False) for p in parts):
+            raise ValueError(f"{self.name} has no differentially private form of everything its devices send; "
+                             f"dp_sigma covers fedavg, fedprox, hsfp and hsfp-cal: leave dp_sigma at 0")
+        unset = sorted({c for p in parts for c in p.private_clips if not getattr(self.config, c) > 0})
+        if unset:
+            raise ValueError(f"dp_sigma > 0 needs {' and '.join(u + ' > 0' for u in unset)}: the L2 norm each "
+                             f"release is clipped to (docs/privacy.md)")
 
     def loss_terms(self, role: str) -> list[Any]:
         """Everything `role` minimises: objective plus switched-on regularisers."""

@@ -17,6 +17,7 @@ from splitedge.methods.contract import Message, RoundPlan
 def device_work(part: Any, plan: RoundPlan) -> Iterator[Any]:
     """A device part's work in the plan's phase: train, send head statistics, or score a head."""
     part.withheld = {}  # what this phase's statistics hold back below the minimum count per class
+    part.dp_releases = 0  # and how many differentially private releases it makes
     if plan.calibrating:
         return calibration_round(part, plan)
     if plan.evaluating:
@@ -27,11 +28,14 @@ def device_work(part: Any, plan: RoundPlan) -> Iterator[Any]:
 def device_info(part: Any, plan: RoundPlan) -> dict[str, Any]:
     """The part's own entries of its `done` info: in an evaluation phase its score of the head it
     was sent; none in a calibration phase (it trains nothing); else its `round_info`. In any
-    phase, what its statistics held back below the minimum count per class (`withheld`)."""
-    withheld = {"withheld": dict(part.withheld)} if getattr(part, "withheld", None) else {}
+    phase, what its statistics held back below the minimum count per class (`withheld`) and how
+    many differentially private releases it made (`dp_releases`)."""
+    privacy = {"withheld": dict(part.withheld)} if getattr(part, "withheld", None) else {}
+    if getattr(part, "dp_releases", 0):
+        privacy["dp_releases"] = int(part.dp_releases)
     if plan.evaluating:
-        return {**getattr(part, "evaluation", {}), **withheld}
-    return withheld if plan.calibrating else {**part.round_info(), **withheld}
+        return {**getattr(part, "evaluation", {}), **privacy}
+    return privacy if plan.calibrating else {**part.round_info(), **privacy}
 
 
 def edge_close(part: Any, plan: RoundPlan, reports: Sequence[Any]) -> tuple[list[Message], dict[str, Any]]:

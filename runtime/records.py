@@ -13,7 +13,7 @@ import numbers
 from typing import Any, Mapping, Sequence
 
 from splitedge.methods.contract import Part, Report
-from splitedge.methods.privacy.floor import summed_withheld
+from splitedge.methods.privacy.floor import most_releases, summed_withheld
 
 METRICS_NOT_SENT = frozenset({"round"})  # the envelope's round already says it
 from splitedge.methods.losslog import device_losses
@@ -31,6 +31,9 @@ def edge_done_info(part: Part, infos: Sequence[Mapping[str, Any]], *, reported: 
     withheld = summed_withheld([i.get("withheld") for i in infos])
     if withheld:
         info["device_withheld"] = withheld  # classes (and images) below the minimum count, summed
+    releases = most_releases([i.get("dp_releases") for i in infos])
+    if releases:
+        info["device_dp_releases"] = releases  # the most differentially private releases of one device
     if part.losses:
         info["loss"] = dict(part.losses)
     return info
@@ -56,6 +59,13 @@ def phase_withheld(reports: Sequence[Report]) -> dict[str, int]:
     floor.py), summed over the edges that closed it: classes and images; empty when none."""
     infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
     return summed_withheld([i.get("device_withheld") for i in infos])
+
+
+def phase_dp_releases(reports: Sequence[Report]) -> int:
+    """The most differentially private releases any one device made in the phase (over the edges
+    that closed it): what bounds every device's privacy loss (methods/privacy/accountant.py)."""
+    infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
+    return most_releases([i.get("device_dp_releases") for i in infos])
 
 
 def wire_metrics(record: Mapping[str, Any]) -> dict[str, int | float]:

@@ -20,6 +20,7 @@ from splitedge.methods.calibration.stats import (
 )
 from splitedge.methods.contract import DONE, Message, RoundPlan
 from splitedge.methods.data.preprocess import accumulate
+from splitedge.methods.privacy.release import private_accumulator, private_head_stats
 from splitedge.protocol.errors import ProtocolError
 
 STATS_BATCH = 64
@@ -70,12 +71,24 @@ def calibration_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:
     """A device's calibration phase: the record of its head statistics when its part can reach
     the classifier's input (`DevicePart.can_calibrate`), then DONE. Nothing is trained. The
     record holds only the classes above the run's minimum count; none when no class is."""
-    if part.can_calibrate:
+    if part.can_calibrate and part.cfg.dp_sigma > 0:
+        yield from private_record(part, plan)
+    elif part.can_calibrate:
         spec, data = part.spec, part.calibration_data()
         floor = part.stats_floor(data[1])
         if floor.keep.any():
             yield record(head_stats(part.classifier_input, data, spec.mean, spec.std, keep=floor.keep), plan, part.cfg)
     yield DONE
+
+
+def private_record(part: Any, plan: RoundPlan) -> Iterator[Message]:
+    """The differentially private record (methods/privacy/release.py): classifier inputs clipped
+    to `dp_head_clip`, one noisy release of every class; nothing when no class survives it."""
+    spec, data, cfg = part.spec, part.calibration_data(), part.cfg
+    private = private_accumulator(part, cfg.dp_head_clip, cfg.calib_cov, private_head_stats(part, data[1]))
+    stats = accumulate(part.classifier_input, data, spec.mean, spec.std, private, STATS_BATCH)
+    if len(stats.classes):
+        yield record(stats, plan, cfg)
 
 
 def evaluation_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:

@@ -12,12 +12,14 @@ from splitedge.methods.fedavg.method import MODEL
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 from splitedge.methods.torch_utils import build_split, local_tensors, model_outputs, sgd, tensor_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
+from splitedge.methods.privacy.release import private_weights
 from splitedge.models import load_numpy_state, state_to_numpy
 
 
 class FedAvgDevice(DevicePart):
     # the optimiser is made afresh each round; specs and the local tensors come from the spec and data
     state = ("model", "version")
+    private, private_clips = True, ("dp_update_clip",)
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -53,10 +55,13 @@ class FedAvgDevice(DevicePart):
         # A fresh optimiser each round: momentum from the last local model does not fit the new global one.
         opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
+        start = state_to_numpy(self.model) if self.cfg.dp_sigma > 0 else None
         self.losses = train_epochs(self.forward, self.method.loss_terms("device"),
                                    tensor_batches(self.x, self.y, self.cfg.device_batch, gen), opt, [self.model],
                                    epochs=self.cfg.local_epochs)
-        body = {"part": MODEL, "version": self.version, "samples": int(len(self.y)),
-                "weights": state_to_numpy(self.model)}
+        weights = state_to_numpy(self.model)
+        if start is not None:  # differential privacy: the update clipped and noised (methods/privacy)
+            weights = private_weights(self, weights, start)
+        body = {"part": MODEL, "version": self.version, "samples": int(len(self.y)), "weights": weights}
         yield Message("weights", body)
         yield DONE

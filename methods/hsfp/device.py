@@ -14,6 +14,7 @@ import numpy as np
 
 from splitedge.methods.hsfp.method import CALIB, WC
 from splitedge.methods.moments import ClassMoments, MomentAccumulator, moments_to_body
+from splitedge.methods.privacy.release import private_accumulator, private_moments
 from splitedge.methods.data.preprocess import accumulate
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 
@@ -37,6 +38,7 @@ class HSFPDevice(DevicePart):
 
     moment_batch = MOMENT_BATCH  # images per extractor call while computing moments
     state = ("wc_version", "sent_version", "calib_version")  # the extractor is the runtime's backend
+    private, private_clips = True, ("dp_clip",)  # it sends moments (and head statistics) only
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -118,7 +120,11 @@ class HSFPDevice(DevicePart):
     def compute_moments(self, features: Any = None) -> ClassMoments:
         """Per-class moments of the flattened global-W_c features (or of `features`, normalised
         images -> features), accumulated in float64, over the classes above the run's minimum count."""
-        return accumulate(features or self.extractor.features, self.data, self.spec.mean, self.spec.std,
+        features = features or self.extractor.features
+        if self.cfg.dp_sigma > 0:  # one noisy release of every class; the floor applies to its noisy counts
+            private = private_accumulator(self, self.cfg.dp_clip, "class", private_moments(self, self.data[1]))
+            return accumulate(features, self.data, self.spec.mean, self.spec.std, private, self.moment_batch)
+        return accumulate(features, self.data, self.spec.mean, self.spec.std,
                           MomentAccumulator, self.moment_batch, self.stats_floor(self.data[1]).keep)
 
     def local_features(self, x: np.ndarray) -> np.ndarray:

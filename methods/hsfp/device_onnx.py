@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from splitedge.methods.privacy.release import private_weights
 from splitedge.methods.hsfp.device import WC_IN_USE, HSFPDevice
 from splitedge.methods.hsfp.method import AVERAGE, CALIB, WC
 from splitedge.methods.contract import Message, NodeContext, RoundPlan
@@ -37,7 +38,8 @@ class HSFPOnnxDevice(HSFPDevice):
     # at 8 against 4; 4 still takes ~2 s (a batch of 1 takes 6 s for 2.6 MB less).
     moment_batch = 4
     # The graphs themselves are no attribute: resume_state adds their bytes (see there).
-    state = HSFPDevice.state + ("model_version", "unapplied", "trainer", "trained_version")
+    state = HSFPDevice.state + ("model_version", "unapplied", "trainer", "trained_version", "dp_start")
+    private, private_clips = True, ("dp_clip", "dp_update_clip")
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -48,6 +50,7 @@ class HSFPOnnxDevice(HSFPDevice):
         self.latest: dict[str, tuple[int, Mapping[str, np.ndarray]]] = {}
         self.trainer = self._new_trainer()
         self.trained_version = -1  # the global W_c version the trainer's local copy started from
+        self.dp_start: dict[str, np.ndarray] = {}  # with DP on: the weights it started from (the update's origin)
 
     def _new_trainer(self) -> Any:
         """The numpy SupCon trainer of this run's W_c, or None when there is none for it (said once)."""
@@ -81,8 +84,11 @@ class HSFPOnnxDevice(HSFPDevice):
             self.losses = self.trainer.train_epoch(self.data[0], self.data[1], self.spec.mean, self.spec.std,
                                                    self.cfg.device_batch, rng)
         if WC in plan.directives.get(AVERAGE, ()):
+            weights = self.trainer.weights()
+            if self.cfg.dp_sigma > 0:  # the update clipped and noised (methods/privacy)
+                weights = private_weights(self, weights, self.dp_start)
             yield Message("weights", {"part": WC, "version": self.wc_version, "samples": self.num_samples,
-                                      "weights": self.trainer.weights()})
+                                      "weights": weights})
 
     def local_features(self, x: np.ndarray) -> np.ndarray:
         """The trained local copy's outputs (numpy, eval mode), before its final ReLU with
@@ -108,6 +114,8 @@ class HSFPOnnxDevice(HSFPDevice):
                         self.ctx.node_id, self.wc_version, exc)
             return False
         self.trained_version = self.wc_version
+        if self.cfg.dp_sigma > 0:
+            self.dp_start = {k: np.array(v, copy=True) for k, v in self.trainer.weights().items()}
         return True
 
     # The calibration graph comes with W_c's (both retained, exported together), so a device waits

@@ -21,6 +21,7 @@ from splitedge.methods.hsfp.etf import EtfHead
 from splitedge.methods.hsfp.method import AVERAGE, WC
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.contract import Message, NodeContext, RoundPlan
+from splitedge.methods.privacy.release import private_weights
 from splitedge.methods.torch_utils import PlainSGD, retune, sgd
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import ClassifierInput, create_split, load_numpy_state, pool, seeded_init, state_to_numpy
@@ -35,6 +36,7 @@ class HSFPTorchDevice(HSFPDevice):
     # Left out: the weight specs (from the spec), the label tensor (from the data) and the
     # pre-ReLU view of wc_global (built when moments are taken, see `features`).
     state = HSFPDevice.state + ("wc_global", "wc_local", "head", "opt", "calib")
+    private, private_clips = True, ("dp_clip", "dp_update_clip")
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -110,8 +112,10 @@ class HSFPTorchDevice(HSFPDevice):
         for _ in range(self.cfg.local_epochs):
             self.train_epoch()
         if WC in plan.directives.get(AVERAGE, ()):
-            body = {"part": WC, "version": self.wc_version, "samples": self.num_samples,
-                    "weights": state_to_numpy(self.wc_local)}
+            weights = state_to_numpy(self.wc_local)
+            if self.cfg.dp_sigma > 0:  # the update from the global W_c, clipped and noised (methods/privacy)
+                weights = private_weights(self, weights, state_to_numpy(self.wc_global))
+            body = {"part": WC, "version": self.wc_version, "samples": self.num_samples, "weights": weights}
             yield Message("weights", body)
 
     def forward(self, batch: Batch) -> Outputs:

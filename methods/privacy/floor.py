@@ -63,3 +63,10 @@ def summed_withheld(infos: Sequence[Any]) -> dict[str, int]:
             for key, v in zip(total, values):
                 total[key] += v
     return total if total["classes"] else {}
+
+
+def most_releases(counts: Sequence[Any]) -> int:
+    """The largest count of differentially private releases in several done infos (a device's
+    `dp_releases`, an edge's `device_dp_releases`); entries that are no count >= 0 are skipped."""
+    valid = [c for c in counts if isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**31]
+    return max(valid, default=0)

@@ -1,0 +1,113 @@
+"""A device's differentially private releases: where dp.py's mechanisms meet what a part sends.
+
+With `dp_sigma > 0` a device part takes its per-class statistics through `private_accumulator`
+(clipped sums of every class, noised once when the result is asked for) and its weight updates
+through `private_weights`, and counts each release on the part (`dp_releases`, reported in its
+`done` info; the cloud turns the counts into epsilon, accountant.py). The noise comes from the
+operating system's entropy, never from the run's seed: a seed anyone can know would make it
+removable (so a run with DP is not bit-reproducible).
+
+After the noise, each release is fitted to what the device's hello already said in the clear
+(which costs no privacy: post-processing of the release and of public facts): only classes the
+hello announced, counts that add up to at most the announced samples, and the run's minimum
+count per class applied to the noisy counts (applied to the true counts it would not be DP).
+numpy only: thin devices release the same way.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from splitedge.methods.calibration.stats import HeadStats
+from splitedge.methods.checks import STATISTIC_BUFFERS
+from splitedge.methods.moments import ClassMoments
+from splitedge.methods.privacy.dp import ClippedSums, Second, dp_weights, head_stats_from, moments_from
+
+Adapter = Callable[[Any], Any]
+
+
+def entropy_rng() -> np.random.Generator:
+    """A generator seeded from the OS (128 bits), for noise nobody can replay."""
+    return np.random.default_rng(secrets.randbits(128))
+
+
+def fit_to_hello(classes: np.ndarray, counts: np.ndarray, labels: np.ndarray, min_count: int) -> np.ndarray:
+    """Which of a release's (classes, counts) rows may be sent: classes the device holds (its
+    hello names them) whose noisy count reaches the minimum count per class. A bool mask."""
+    held = np.isin(classes, np.unique(np.asarray(labels)))
+    return held & (counts >= min_count)
+
+
+def capped_counts(counts: np.ndarray, samples: int) -> np.ndarray:
+    """Noisy integer counts (>= 1) scaled down, when their total exceeds the `samples` the hello
+    announced, so that an edge's samples bound holds; each stays >= 1 (needs len <= samples)."""
+    total = int(counts.sum())
+    if total <= samples or not len(counts):
+        return counts
+    scaled = np.maximum(np.floor(counts * (samples / total)), 1).astype(np.int64)
+    while int(scaled.sum()) > samples:  # the floors of 1 may still overshoot: take from the largest
+        scaled[int(np.argmax(scaled))] -= 1
+    return scaled
+
+
+class PrivateSums(ClippedSums):
+    """ClippedSums with the `result()` the shared accumulate() asks for: the one noisy release,
+    post-processed by `adapter` (dp.moments_from, dp.head_stats_from) and counted on `part`."""
+
+    def __init__(self, dim: int, *, part: Any, clip: float, second: Second, adapter: Adapter) -> None:
+        super().__init__(dim, part.spec.num_classes, clip, second)
+        self.part, self.adapter = part, adapter
+
+    def result(self) -> Any:
+        part = self.part
+        part.dp_releases += 1
+        return self.adapter(self.release(part.cfg.dp_sigma, entropy_rng()))
+
+
+def private_accumulator(part: Any, clip: float, second: Second, adapter: Adapter) -> Callable[[int], PrivateSums]:
+    """An accumulator factory for preprocess.accumulate: `accumulator(dim)`."""
+    return lambda dim: PrivateSums(dim, part=part, clip=clip, second=second, adapter=adapter)
+
+
+def private_weights(part: Any, weights: Mapping[str, np.ndarray],
+                    start: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What a device sends instead of `weights` trained from `start`: the update clipped to the
+    run's `dp_update_clip` and noised (dp.dp_weights); counted as one release. BatchNorm's
+    running statistics are estimates of the device's features, not trained values: they go up
+    as `start` had them (nothing of the device's data in them), never noised into variances
+    below 0, so under DP the model's running statistics are never learned from devices."""
+    part.dp_releases += 1
+    trained = [k for k in weights if not k.endswith(STATISTIC_BUFFERS)]
+    out = dp_weights({k: weights[k] for k in trained}, {k: start[k] for k in trained},
+                     clip=part.cfg.dp_update_clip, sigma=part.cfg.dp_sigma, rng=entropy_rng())
+    return {k: out[k] if k in out else np.array(start[k], copy=True) for k in weights}
+
+
+def _fitted(part: Any, labels: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows kept, their counts capped to the announced samples) of a noisy release."""
+    rows = fit_to_hello(classes, counts, labels, part.cfg.min_class_count)
+    return rows, capped_counts(counts[rows], len(labels))
+
+
+def private_moments(part: Any, labels: np.ndarray) -> Adapter:
+    """NoisySums -> the ClassMoments a device may send (dp.moments_from, fitted to its hello)."""
+    def adapt(noisy: Any) -> ClassMoments:
+        m = moments_from(noisy)
+        rows, counts = _fitted(part, labels, m.classes, m.counts)
+        return ClassMoments(m.classes[rows], counts, m.mean[rows], m.var[rows]) if rows.any() else \
+            ClassMoments.empty(m.dim)
+    return adapt
+
+
+def private_head_stats(part: Any, labels: np.ndarray) -> Adapter:
+    """NoisySums -> the HeadStats a device may send (dp.head_stats_from, fitted to its hello; the
+    shared covariance stays the one of the release). May hold no class: then nothing is sent."""
+    def adapt(noisy: Any) -> HeadStats:
+        h = head_stats_from(noisy)
+        rows, counts = _fitted(part, labels, h.classes, h.counts)
+        return HeadStats(h.classes[rows], counts, h.mean[rows], h.cov)
+    return adapt
