@@ -30,6 +30,7 @@ SUITES = {
     "compare": "splitedge.bench.compare",
     "matrix": "splitedge.bench.matrix",
     "poison": "splitedge.bench.poison",
+    "secagg": "splitedge.bench.secagg_cost",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""

@@ -1,1 +1,1 @@
-"""Privacy for the edge's merge: secure aggregation (SecAgg / SecAgg+) with numpy and `cryptography` only."""
+"""Privacy of what devices send and edges merge: secure aggregation, differential privacy, minimum class counts."""
