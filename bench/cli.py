@@ -31,6 +31,7 @@ SUITES = {
     "matrix": "splitedge.bench.matrix",
     "poison": "splitedge.bench.poison",
     "secagg": "splitedge.bench.secagg_cost",
+    "leak": "splitedge.bench.leak",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""
@@ -100,6 +101,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attack", default=None, help="poison: the hostile device (default scale-weights)")
     g.add_argument("--rules", type=_csv, default=(), help="poison: robust rules to compare (default none,clip,trimmed,median)")
     g.add_argument("--seeds", type=_csv, default=(), help="poison: comma-separated seeds (default --seed and the next)")
+    g = p.add_argument_group("leak")
+    g.add_argument("--trials", type=int, default=None, help="leak: devices' classes attacked per cell (default 5)")
+    g.add_argument("--steps", type=int, default=None, help="leak: the attack's optimiser steps (default 1000)")
+    g.add_argument("--wc", type=_csv, default=(), help="leak: W_c states to attack (default random,trained)")
     g = p.add_argument_group("hsfp-diagnose")
     g.add_argument("--no-oracles", action="store_true",
                    help="hsfp-diagnose: measure the H-SFP stack only (a third of the training)")
@@ -111,7 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "this many training at a time per process")
     g.add_argument("--workers", type=int, default=None, help="scale: device worker processes (default 2)")
     g = p.add_argument_group("throughput")
-    g.add_argument("--counts", type=_csv, default=None, help="devices' worth of messages, e.g. 10,100,1000")
+    g.add_argument("--counts", type=_csv, default=None, help="throughput: devices' worth of messages, e.g. 10,100,1000; leak: images of "
+                   "the class on the device (default 1,2,5,10,50)")
     g.add_argument("--dims", type=_csv, default=None, help="moment feature dims, e.g. 512,8192")
     g.add_argument("--grow", type=_csv, default=None, help="device counts for round wall time, e.g. 4,8,16")
 
