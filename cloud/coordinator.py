@@ -30,7 +30,9 @@ from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.faults import crash_point
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.records import phase_dp_releases, phase_withheld, round_rejections, wire_metrics
+from splitedge.runtime.records import (
+    phase_dp_releases, phase_secure_sums, phase_withheld, round_rejections, wire_metrics,
+)
 from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
@@ -278,6 +280,8 @@ class CloudCoordinator(Node):
             metrics = {**metrics, "withheld": phase_withheld(reports)}
         if phase_dp_releases(reports):
             metrics = {**metrics, "dp_releases": phase_dp_releases(reports)}
+        if phase_secure_sums(reports):
+            metrics = {**metrics, "secagg": phase_secure_sums(reports)}
         crash_point("cloud.aggregated", r)
         self.pending = {"round": r, "plan": plan.to_body(), "metrics": metrics, "edges": len(reports),
                         "losses": tier_losses(reports, self.part.losses)}
@@ -381,6 +385,8 @@ class CloudCoordinator(Node):
             metrics["calibration_withheld"] = phase_withheld(reports)
         if phase_dp_releases(reports):
             metrics["calibration_dp_releases"] = phase_dp_releases(reports)
+        if phase_secure_sums(reports):
+            metrics["calibration_secagg"] = phase_secure_sums(reports)
         heads = self.part.head_messages()
         if heads:
             scores, reports = self.evaluation_phase(plan, heads)

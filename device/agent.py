@@ -28,6 +28,7 @@ from splitedge.runtime.filters import device_filters
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import Misfit, PartHost
 from splitedge.runtime.phases import device_info, device_work
+from splitedge.runtime.secure_sum import secure_send, secured, unavailable
 from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import device_router
 from splitedge.runtime.subscriptions import Subscriptions
@@ -160,6 +161,8 @@ class DeviceAgent(Node):
         misfit = fits_model(self.data[0], self.data[1], method.spec)
         if misfit:
             raise Misfit(misfit)
+        if method.config.secagg != "off" and unavailable():
+            raise Misfit(unavailable())
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, rounds and models."""
@@ -178,6 +181,10 @@ class DeviceAgent(Node):
                     sent_done = True
                     if plan.phase == "train":
                         self.completed += 1
+                elif item is not DONE and secured(self.part, item):
+                    secure_send(item, cfg=self.part.cfg, run=self.run_id, session=self.session, plan=plan,
+                                node_id=self.node_id, edge=self.edge, num_classes=self.part.spec.num_classes,
+                                request=self.exchange.request, publish=self.publish)
                 elif item is not DONE:
                     self.publish(item)
         finally:  # even a failed round tells the edge not to wait for us

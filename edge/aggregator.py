@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from splitedge.methods.calibration.records import Gate
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
 from splitedge.runtime import statefile
@@ -33,6 +34,7 @@ from splitedge.runtime.parts import PartHost
 from splitedge.runtime.phases import edge_close, edge_scores
 from splitedge.runtime.records import edge_done_info
 from splitedge.runtime.rounds import RoundCollector, done_phase
+from splitedge.runtime.secure_sum import KIND, SecureSum, agreement, unavailable
 from splitedge.runtime.router import edge_router, relay_route, relayed_retained
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.subscriptions import Subscriptions
@@ -56,6 +58,7 @@ class EdgeAggregator(Node):
         self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue), listed)
         self.unlisted: set[str] = set()  # ids refused at their hello (a manifest lists the devices), logged once
         self.rounds = RoundCollector()
+        self.secure: SecureSum | None = None  # the round's secure sum, with the run's secagg on
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
         self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
@@ -92,6 +95,8 @@ class EdgeAggregator(Node):
     def run_forever(self, poll: float = 0.2) -> None:
         while not self.stopped.is_set():
             self.dispatch(self.next_event(poll))
+            if self.secure is not None:
+                self.publish_all(self.secure.tick())
             self._maybe_close_round()
             if self.held_stop_due():
                 if self.last_stop is not None:  # the devices leave too
@@ -164,6 +169,11 @@ class EdgeAggregator(Node):
         self.plan, self.round = plan, plan.round
         self.gate = Gate.of(plan, self.part.method) if plan.calibrating else None
         awaited = self.roster.awaited_in(self.plan)
+        if self.part.cfg.secagg != "off" and unavailable():  # its devices will say so too, each round
+            log.error("edge %s: %s; this edge cannot sum securely", self.node_id, unavailable())
+        self.secure = None if self.part.cfg.secagg == "off" or unavailable() else SecureSum(
+            self.node_id, plan, agreement(self.part.cfg, self.run_id, self.session, plan, self.node_id), set(awaited),
+            settled=lambda: set(self.rounds.done))
         if not plan.calibrating:
             self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
@@ -190,11 +200,40 @@ class EdgeAggregator(Node):
     def _from_device(self, env: Envelope) -> None:
         if not self.accepts(self.part, env, "child", announced=self.roster.allowances.get(env.sender)):
             return
+        if env.kind == KIND:
+            self._secure_message(env)
+            return
         replies = self.part.on_device_message(env) if self.part is not None else []
         if replies:
             self.publish_all(replies)
         else:
             self.rounds.add(env)
+
+    def _secure_message(self, env: Envelope) -> None:
+        """One exchange of the round's secure sum (runtime/secure_sum.py): refused and counted
+        by rule when it does not fit; the summed statistics, once in, checked like a device's."""
+        if self.secure is None or env.round != self.round:
+            self.refused["secagg.closed"] += 1
+            return
+        try:
+            self.publish_all(self.secure.on_message(env))
+        except ProtocolError as exc:
+            self.refused[exc.rule] += 1
+            log.warning("edge %s: refused secagg from %s [%s]: %s", self.node_id, env.sender, exc.rule, exc)
+
+    def _secure_report(self) -> list[Any]:
+        """The round's summed statistics as one report of the pseudo device `<edge>~sum`, after
+        the checks a device's message gets, against the contributors' announced samples."""
+        report = self.secure.report(self.run_id) if self.secure is not None else None
+        if report is None:
+            return []
+        env = next(iter(report.messages.values()))[0]
+        held = [self.roster.allowances.get(d) for d in self.secure.contributors]
+        announced = Allowance(sum(a.samples for a in held if a is not None)) if all(held) else None
+        if not self.accepts(self.part, env, "child", announced=announced):
+            return []
+        self.part.on_device_message(env)
+        return [report]
 
     # -- closing a round -------------------------------------------------------------------
     def _maybe_close_round(self) -> None:
@@ -203,8 +242,10 @@ class EdgeAggregator(Node):
         due = self.rounds.complete(self.roster.awaited_in(self.plan)) or self.rounds.expired()
         if not due or not self.part.ready(self.plan):
             return  # a model this round needs has not arrived yet; it is retained, so it will
+        if self.secure is not None and self.secure.busy and not self.rounds.expired():
+            return  # the secure sum is still collecting its last shares
         started, plan = time.monotonic(), self.plan
-        reports = self.rounds.close()
+        reports = self.rounds.close() + self._secure_report()
         self.part.losses, extra = {}, {}
         try:
             with self.host.working():
@@ -216,6 +257,9 @@ class EdgeAggregator(Node):
         by_device = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
         infos = list(by_device.values())
         extra.update(edge_scores(plan, infos), device_costs=device_costs(by_device), cost=self.cost.round())
+        if self.secure is not None:
+            extra["secagg"] = self.secure.info()
+            self.secure = None
         info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
                               errors=self.errors, refused=self.rejections([self.down, self.up]),
                               trained=plan.phase == "train")

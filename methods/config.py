@@ -58,6 +58,10 @@ class MethodConfig:
     `dp_clip` (W_c features: moments) or `dp_head_clip` (classifier inputs: head statistics)
     plus Gaussian noise of `dp_sigma` times their sensitivity; weight updates are clipped to
     `dp_update_clip` and noised likewise. The cloud reports epsilon at `dp_delta` over the run.
+
+    secagg: "full" or "plus" sends H-SFP's moments and every head-statistics record to the edge
+    only inside a secure sum over the round's devices (runtime/secure_sum.py); needs robust
+    "none" (a robust merge needs each device's own values).
     """
 
     feddecorr_beta: float = 0.0
@@ -78,6 +82,9 @@ class MethodConfig:
     dp_head_clip: float = 0.0
     dp_update_clip: float = 0.0
     dp_delta: float = 1e-5
+    secagg: str = flag("off", "secure aggregation: an edge learns only the sum of its devices' statistics (full: "
+                              "every pair masks; plus: SecAgg+, log n neighbours each)",
+                       choices=("off", "full", "plus"))
 
     def __post_init__(self) -> None:
         if self.feddecorr_beta < 0:
@@ -97,6 +104,11 @@ class MethodConfig:
         if self.dp_sigma > 0 and self.calibrate != "none" and not self.dp_head_clip > 0:
             raise ValueError("dp_sigma with calibrate needs dp_head_clip > 0: the L2 norm each image's classifier "
                              "input is clipped to in the head statistics (docs/privacy.md)")
+        if self.secagg not in ("off", "full", "plus"):
+            raise ValueError(f"secagg must be off, full or plus, got {self.secagg!r}")
+        if self.secagg != "off" and self.robust != "none":
+            raise ValueError(f"secagg={self.secagg} hides each device's statistics from its edge, so a robust merge "
+                             f"(robust={self.robust}) has nothing to work on: use one of them")
         if self.min_class_count < 1:
             raise ValueError(f"min_class_count must be >= 1, got {self.min_class_count}")
         if not self.robust_clip_k > 0 or not 0 <= self.robust_trim < 0.5:

@@ -342,6 +342,9 @@ class DevicePart(Part):
     refused before round 1 for a method with any device part that has not."""
     private_clips: tuple[str, ...] = ()
     """The run's clip settings this part's releases need (each must be > 0 with DP on)."""
+    secure_kinds: tuple[str, ...] = ()
+    """Kinds of this part's messages that are sums in disguise (methods/privacy/additive.py),
+    which the run's `secagg` sends only inside a secure sum; head statistics always are."""
 
     def stats_floor(self, labels: Any) -> ClassFloor:
         """Which samples (labels [N]: those a per-class statistic is taken over) may enter it under
@@ -571,7 +574,16 @@ class Method:
                              f"hold no model the cloud could serve a head for; leave calibrate at none")
         if self.config.dp_sigma > 0:
             self._check_private()
+        if self.config.secagg != "off":
+            self._check_secure()
         return {}
+
+    def _check_secure(self) -> None:
+        """With secagg on, some statistic of every device part must be securely summable."""
+        parts = [self._part_class(k) for k in self.parts if k.startswith("device")]
+        if self.config.calibrate == "none" and not all(p.secure_kinds for p in parts):
+            raise ValueError(f"secagg covers H-SFP's moments and head statistics; {self.name}'s devices send neither "
+                             f"(set calibrate=lda for its head statistics, or leave secagg off)")
 
     def _check_private(self) -> None:
         """With DP on, every device part must release privately, with the clips it needs set."""

@@ -94,6 +94,12 @@ BUILTIN_KINDS: dict[str, Schema] = {
     "request": Schema({
         "what": _NAME,
     }, doc="parent -> one child: resend state the parent lost or never got (e.g. after a restart)"),
+    "secagg": Schema({
+        "stage": Str(choices=("keys", "roster", "shares", "inbox", "masked", "unmask", "reveal", "abort")),
+        "batch": Int(ge=0, le=3), "data": Data(), "meta": Data(optional=True, default={}), "session": _SESSION,
+    }, doc="device <-> its edge: one exchange of secure aggregation (runtime/secure_sum.py); `batch` numbers "
+           "the exchange, `data` is secagg's message (methods/privacy/messages.py, checked there), `meta` what a "
+           "masked input sums (kind, space, versions, dtype) in the clear"),
     "done": Schema({
         "phase": Str(), "info": Data(optional=True, default={}), "session": _SESSION,
     }, doc="any -> up; round-completion marker (`phase`: round, or calibrate); a `done` of another "

@@ -68,6 +68,17 @@ def phase_dp_releases(reports: Sequence[Report]) -> int:
     return most_releases([i.get("device_dp_releases") for i in infos])
 
 
+def phase_secure_sums(reports: Sequence[Report]) -> dict[str, Any]:
+    """Each edge's secure sum of the phase (runtime/secure_sum.py), as its done info says: the
+    devices summed, those that dropped out, or why it failed; empty with secagg off."""
+    out = {}
+    for r in reports:
+        info = r.get("done").body["info"] if r.get("done") is not None else {}
+        if isinstance(info.get("secagg"), Mapping):
+            out[r.sender] = dict(info["secagg"])
+    return out
+
+
 def wire_metrics(record: Mapping[str, Any]) -> dict[str, int | float]:
     """The numbers of a cloud's round record (accuracy, round seconds, edges, ...) as the body of
     its `metrics` message: what a watcher shows per round. Maps (losses, bytes, costs, which

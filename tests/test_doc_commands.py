@@ -1,4 +1,4 @@
-"""The commands README.md and deploy/README.md tell a user to type stay true to the program:
+"""The commands README.md, deploy/README.md and docs/privacy.md tell a user to type stay true to the program:
 every `splitedge ...` line of their shell blocks parses with the real parser (a renamed or
 removed flag fails here, not on a user's device), and the ones that run offline in seconds run
 as written."""
@@ -16,7 +16,7 @@ import pytest
 from splitedge.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "deploy/README.md")
+DOCS = ("README.md", "deploy/README.md", "docs/privacy.md")
 RUN_AS_WRITTEN = ("splitedge keys generate", "splitedge peers ")
 """Offline and quick: run exactly as the docs give them, in a scratch folder."""
 

@@ -1,0 +1,84 @@
+"""What a device's statistics look like as sums, so that secure aggregation can add them up.
+
+Secure aggregation (secagg.py) gives the edge only the sum over its devices of each array they
+mask. The per-class statistics devices send are mean and variance forms of sums: here each
+kind has its sum form over EVERY class of the federation (zeros for a class the device does not
+hold, so the set of classes it holds is hidden too) and the way back from the summed form to
+the message the edge's part merges as if one device had sent it.
+
+    moments       counts i8[K], sums f8[K, D], sumsq f8[K, D]         -> ClassMoments
+    head stats    counts i8[K], sums f8[K, D], second f8[D(D+1)/2]     -> HeadStats (full cov)
+                  (second: the upper triangle of sum x x^T over all the device's samples)
+
+numpy only: thin devices use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from splitedge.methods.calibration.stats import HeadStats, head_stats_from_arrays
+from splitedge.methods.moments import ClassMoments, moments_from_body
+
+
+def _dense(classes: np.ndarray, counts: np.ndarray, mean: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    n = np.zeros(k, np.int64)
+    sums = np.zeros((k, mean.shape[1]))
+    n[classes] = counts
+    sums[classes] = mean * counts[:, None]
+    return n, sums
+
+
+def moments_sums(body: Mapping[str, Any], num_classes: int) -> dict[str, np.ndarray]:
+    """A `moments` body as its sums over every class."""
+    m = moments_from_body(body)
+    n, sums = _dense(m.classes, m.counts, m.mean, num_classes)
+    sumsq = np.zeros_like(sums)
+    sumsq[m.classes] = (m.counts - 1)[:, None] * m.var + m.counts[:, None] * np.square(m.mean)
+    return {"counts": n, "sums": sums, "sumsq": sumsq}
+
+
+def moments_of_sums(sums: Mapping[str, np.ndarray]) -> ClassMoments:
+    """The moments of the union of the devices' data from their summed sums (classes present
+    only); a variance the fixed-point rounding took below 0 is 0."""
+    n, s, q = np.asarray(sums["counts"], np.int64), np.asarray(sums["sums"]), np.asarray(sums["sumsq"])
+    present = np.flatnonzero(n > 0)
+    if not len(present):
+        return ClassMoments.empty(s.shape[1])
+    cn = n[present].astype(np.float64)[:, None]
+    mean = s[present] / cn
+    m2 = np.maximum(q[present] - cn * np.square(mean), 0.0)
+    var = np.where(cn > 1, m2 / np.maximum(cn - 1, 1), 0.0)
+    return ClassMoments(present.astype(np.int64), n[present], mean, var)
+
+
+def head_stats_sums(arrays: Mapping[str, Any], num_classes: int) -> dict[str, np.ndarray]:
+    """A head-statistics record's arrays as sums over every class (the covariance travels as
+    the upper triangle of the second moment; a diagonal record keeps its diagonal)."""
+    h = head_stats_from_arrays(arrays)
+    n, sums = _dense(h.classes, h.counts, h.mean, num_classes)
+    second = h.cov * h.total + (h.mean * h.counts[:, None]).T @ h.mean  # sum over samples of x x^T
+    diag = np.asarray(arrays["cov"]).shape == (h.dim,) and h.dim > 1
+    return {"counts": n, "sums": sums, "second": np.diagonal(second).copy() if diag else second[np.triu_indices(h.dim)]}
+
+
+def head_stats_of_sums(sums: Mapping[str, np.ndarray]) -> HeadStats:
+    """HeadStats of the union from summed sums: cov = (sum x x^T - sum_c n_c mu_c mu_c^T) / n."""
+    n, s, packed = np.asarray(sums["counts"], np.int64), np.asarray(sums["sums"]), np.asarray(sums["second"])
+    dim = s.shape[1]
+    present = np.flatnonzero(n > 0)
+    counts = n[present]
+    mean = s[present] / counts[:, None]
+    between = (mean * counts[:, None]).T @ mean
+    if packed.shape == (dim,) and dim > 1:
+        cov = np.diag(np.maximum(packed - np.diagonal(between), 0.0) / max(int(counts.sum()), 1))
+    else:
+        second = np.zeros((dim, dim))
+        second[np.triu_indices(dim)] = packed
+        second = second + np.triu(second, 1).T
+        cov = (second - between) / max(int(counts.sum()), 1)
+        cov = (cov + cov.T) / 2
+    return HeadStats(present.astype(np.int64), counts, mean, cov)

@@ -1,0 +1,265 @@
+"""Secure aggregation inside a round: an edge learns only the sum of its devices' statistics.
+
+With the run's `secagg` setting on ("full": Bonawitz et al.'s SecAgg, every pair of devices
+masks; "plus": SecAgg+, each device masks with 2 ceil(log2 n) neighbours), a device does not
+publish the statistics its part yields (`moments`; head statistics in a calibration phase).
+It turns them into their sums over every class (methods/privacy/additive.py) and runs the four
+exchanges of methods/privacy/secagg.py with its edge, each one `secagg` message up and the
+edge's reply down (matched by `batch`, the exchange's number):
+
+    batch 0  keys    -> roster   (to every device)    the devices whose keys arrived
+    batch 1  shares  -> inbox    (to each device)     the encrypted shares meant for it
+    batch 2  masked  -> unmask   (to every device)    who is in the sum, who dropped out
+    batch 3  reveal                                    shares to remove the masks
+
+The edge closes each exchange when every device of the round has answered or a quarter of the
+round's deadline has passed; a device that misses one is a dropout, which the shares of the
+others cover. It then hands its part one message of the summed statistics from a pseudo device
+`<edge>~sum`, checked like a device's against the contributors' announced samples. If too
+few devices remain it aborts (every waiting device hears it) and the round goes on without
+these statistics: never a wrong sum.
+
+A peer's `secagg` message is validated (messages.py) before it touches the aggregation; a bad
+one is refused by rule `secagg.<exchange>`, counted, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from splitedge.methods.calibration import HEAD_STATS
+from splitedge.methods.calibration.stats import head_stats_arrays
+from splitedge.methods.contract import CHILDREN, Message, RoundPlan, RoundReport, device
+from splitedge.methods.moments import moments_to_body
+from splitedge.methods.privacy import additive
+from splitedge.methods.privacy.errors import SecAggError
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+KIND = "secagg"
+UP = ("keys", "shares", "masked", "reveal")
+DOWN = ("roster", "inbox", "unmask")
+ABORT = "abort"
+STAGE_FRACTION = 0.25
+"""Each exchange waits at most this share of the round's deadline for the slowest device."""
+SUM_SUFFIX = "~sum"
+"""The pseudo device an edge's summed statistics come from (`<edge>~sum`)."""
+
+
+def _secagg() -> Any:
+    """methods/privacy/secagg.py, which needs `cryptography`: imported only by a run with secagg
+    on, so a thin device without it still runs every other run."""
+    from splitedge.methods.privacy import secagg
+
+    return secagg
+
+
+def unavailable() -> str | None:
+    """Why this process cannot take part in a secure sum (None: it can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("cryptography") is None:
+        return "secure aggregation (secagg) needs the cryptography package: pip install 'splitedge[sign]'"
+    return None
+
+
+def secured(part: Any, msg: Message) -> bool:
+    """Whether a device part's message goes only inside a secure sum in this run: a kind the
+    part declares summable (`DevicePart.secure_kinds`), or a head-statistics record."""
+    if part.cfg.secagg == "off":
+        return False
+    return msg.kind in part.secure_kinds or (msg.kind == "arrays" and msg.body.get("name") == HEAD_STATS)
+
+
+def agreement(cfg: Any, run: str, session: str, plan: RoundPlan, edge: str) -> Any:
+    """What every party of one aggregation agrees on: a session string never used twice (run,
+    cloud incarnation and its attempt, round, phase, edge) and SecAgg's or SecAgg+'s graph."""
+    label = f"{run}/{session}/{plan.attempt}/{plan.round}/{plan.phase}/{edge}".encode()
+    return _secagg().SecAggConfig(session=label, neighbours=None if cfg.secagg == "full" else "log")
+
+
+def sums_of(msg: Message, num_classes: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A device message as the arrays it masks, and what travels beside them in the clear (the
+    kind, its feature space and model versions, its dtype), which every device must share."""
+    body = msg.body
+    if msg.kind == "moments":
+        meta = {"kind": "moments", "space": body["space"], "versions": dict(body.get("versions", {})),
+                "dtype": np.asarray(body["mean"]).dtype.str}
+        return additive.moments_sums(body, num_classes), meta
+    meta = {"kind": "arrays", "name": body["name"], "version": int(body["version"]),
+            "dtype": np.asarray(body["arrays"]["mean"]).dtype.str,
+            "cov": "diag" if np.asarray(body["arrays"]["cov"]).shape == (np.asarray(body["arrays"]["mean"]).shape[1],)
+            and np.asarray(body["arrays"]["mean"]).shape[1] > 1 else "full"}
+    return additive.head_stats_sums(body["arrays"], num_classes), meta
+
+
+def body_of(meta: Mapping[str, Any], sums: Mapping[str, np.ndarray]) -> tuple[str, dict[str, Any]] | None:
+    """The (kind, body) the edge's part takes from summed arrays; None when no class is in it."""
+    wire = {"<f2": "f2", "<f4": "f4", "<f8": "f8"}.get(str(meta.get("dtype")))
+    if wire is None:
+        raise SecAggError(f"the sums are of dtype {meta.get('dtype')!r}, not a wire float")
+    if meta["kind"] == "moments":
+        m = additive.moments_of_sums(sums)
+        if not len(m.classes):
+            return None
+        return "moments", moments_to_body(m, dtype=wire, space=str(meta["space"]), versions=dict(meta["versions"]))
+    h = additive.head_stats_of_sums(sums)
+    if not len(h.classes):
+        return None
+    return "arrays", {"name": str(meta["name"]), "version": int(meta["version"]),
+                      "arrays": head_stats_arrays(h, wire, str(meta["cov"]))}
+
+
+# -- a device ---------------------------------------------------------------------------------
+
+Request = Callable[[Message, str, float], Envelope]
+
+
+def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPlan, node_id: str, edge: str,
+                num_classes: int, request: Request, publish: Callable[[Message], Any]) -> None:
+    """Run the four exchanges for one device message (`request`: publish and wait for the edge's
+    reply, runtime/exchange.py). TimeoutError or SecAggError fail the device's round."""
+    secagg = _secagg()
+    values, meta = sums_of(msg, num_classes)
+    me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge))
+    wait = plan.deadline_s
+
+    def exchange(batch: int, data: dict[str, Any], extra: Mapping[str, Any] | None = None) -> Any:
+        reply = request(Message(KIND, {"stage": UP[batch], "batch": batch, "data": data, **(extra or {})}),
+                        KIND, wait)
+        if reply.body["stage"] == ABORT:
+            raise SecAggError(f"edge {edge} aborted the secure sum: {reply.body['data'].get('reason', '')}")
+        return reply.body["data"]
+
+    roster = secagg.KeyRoster.from_body(exchange(0, me.advertise_keys().to_body()))
+    inbox = secagg.ShareInbox.from_body(exchange(1, me.share_keys(roster).to_body()))
+    request_ = secagg.UnmaskRequest.from_body(exchange(2, me.masked_input(inbox, values).to_body(), {"meta": meta}))
+    publish(Message(KIND, {"stage": UP[3], "batch": 3, "data": me.unmask(request_).to_body()}))
+
+
+# -- an edge ----------------------------------------------------------------------------------
+
+class SecureSum:
+    """An edge's aggregation for one phase of one round: the SecAgg server, the deadline of the
+    open exchange, and the summed message once it is done."""
+
+    def __init__(self, edge: str, plan: RoundPlan, config: Any, devices: set[str],
+                 settled: Callable[[], set[str]] = set, clock: Callable[[], float] = time.monotonic) -> None:
+        self.edge, self.plan, self.clock, self.settled = edge, plan, clock, settled
+        secagg = _secagg()
+        self.server = secagg.Server(config, devices)
+        self.up_types = (secagg.AdvertiseKeys, secagg.EncryptedShares, secagg.MaskedInput, secagg.UnmaskShares)
+        self.devices = set(devices)
+        self.stage_s = plan.deadline_s * STAGE_FRACTION
+        self.opened = clock()
+        self.meta: dict[str, Any] | None = None
+        self.result: Envelope | None = None
+        self.contributors: tuple[str, ...] = ()
+        self.failed = ""
+        self.started = False  # a device's keys arrived: this phase has something to sum
+
+    @property
+    def busy(self) -> bool:
+        """Still collecting: the round must not close before the sum is in (or has failed). A
+        phase in which no device sent keys (nothing to sum) never holds the round."""
+        return self.started and self.result is None and not self.failed
+
+    def on_message(self, env: Envelope) -> list[Message]:
+        """A device's `secagg` message: ProtocolError (refused, counted) when it does not fit."""
+        body = env.body
+        batch = int(body["batch"])
+        if batch == 0 and not self.started and self.result is None and not self.failed:
+            self.started, self.opened = True, self.clock()
+        if not self.busy or batch != self.server.stage or body["stage"] != UP[batch]:
+            raise ProtocolError(f"secagg.{body['stage']}", f"{body['stage']} while exchange {self.server.stage} "
+                                                           f"is open" if self.busy else "the secure sum is closed")
+        try:
+            msg = self.up_types[batch].from_body(body["data"])
+            if msg.device != env.sender:
+                raise SecAggError(f"a message of {msg.device} sent by {env.sender}")
+            if batch == 2:
+                self._check_meta(body.get("meta"))
+            getattr(self.server, ("receive_keys", "receive_shares", "receive_masked", "receive_unmask")[batch])(msg)
+        except (SecAggError, ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(f"secagg.{UP[batch]}", str(exc)) from None
+        return self.advance()
+
+    def _check_meta(self, meta: Any) -> None:
+        """Every masked input must be of the same kind, space, versions and dtype."""
+        if not isinstance(meta, Mapping):
+            raise SecAggError("the masked input carries no description of what it sums")
+        if self.meta is None:
+            self.meta = dict(meta)
+        elif dict(meta) != self.meta:
+            raise SecAggError(f"sums {dict(meta)} where the others sum {self.meta}")
+
+    def tick(self) -> list[Message]:
+        """Close the open exchange once its time is up, or once every device it waits for has
+        finished its round without answering (it has nothing to add)."""
+        if not self.busy:
+            return []
+        return self.advance(force=self.clock() - self.opened >= self.stage_s)
+
+    def advance(self, force: bool = False) -> list[Message]:
+        """Close the open exchange when everyone answered (or `force`) and send what follows."""
+        s = self.server
+        try:
+            if s.stage == 3:
+                if s.missing():
+                    return [] if not force else self._abort(f"too few shares: {', '.join(s.missing()[:3])}")
+                return self._finish()
+            if s.waiting_for() - self.settled() and not force:
+                return []
+            self.opened = self.clock()
+            if s.stage == 0:
+                return [self._down(0, s.roster().to_body(), CHILDREN)]
+            if s.stage == 1:
+                return [self._down(1, box.to_body(), device(d)) for d, box in sorted(s.route_shares().items())]
+            return [self._down(2, s.unmask_request().to_body(), CHILDREN)]
+        except SecAggError as exc:
+            return self._abort(str(exc))
+
+    def _down(self, batch: int, data: dict[str, Any], to: Any) -> Message:
+        return Message(KIND, {"stage": DOWN[batch], "batch": batch, "data": data}, to=to)
+
+    def _abort(self, reason: str) -> list[Message]:
+        self.failed = reason
+        log.warning("edge %s: secure sum of round %d (%s) aborted: %s", self.edge, self.plan.round, self.plan.phase,
+                    reason)
+        batch = min(self.server.stage, 2)
+        return [Message(KIND, {"stage": ABORT, "batch": batch, "data": {"reason": reason[:200]}}, to=CHILDREN)]
+
+    def _finish(self) -> list[Message]:
+        result = self.server.finish()
+        self.contributors = result.devices
+        built = body_of(self.meta or {}, result.sums)
+        if built is not None:
+            kind, body = built
+            self.result = Envelope(kind=kind, run="-", round=self.plan.round, sender=self.edge + SUM_SUFFIX, body=body)
+        else:
+            self.failed = "no class in the sum"
+        return []
+
+    def report(self, run: str) -> RoundReport | None:
+        """The summed message as a report of the pseudo device, for the part's merge."""
+        if self.result is None:
+            return None
+        env = Envelope(kind=self.result.kind, run=run, round=self.result.round, sender=self.result.sender,
+                       body=self.result.body, msg_id=self.result.msg_id)
+        report = RoundReport(env.sender)
+        report.messages[env.kind] = [env]
+        return report
+
+    def info(self) -> dict[str, Any]:
+        """What the edge's `done` info says of it: devices summed, dropped, or why it failed."""
+        out: dict[str, Any] = {"devices": len(self.contributors), "dropped": len(self.server.dropped)}
+        if self.failed:
+            out["failed"] = self.failed
+        return out

@@ -1,0 +1,151 @@
+"""Secure aggregation on the wire (runtime/secure_sum.py): with `secagg` on, H-SFP's moments and
+every head-statistics record reach an edge only inside a sum over the round's devices. The sum
+is the clear merge (the run is the same, round for round), devices that drop out after sharing
+their keys are unmasked from the others' shares, and a bad `secagg` message is refused and
+counted without touching the sum."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from splitedge.bench.rogues import RogueDevice
+from splitedge.methods.calibration.stats import HeadStats, head_stats_arrays
+from splitedge.methods.config import ModelSpec
+from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body, moments_to_body
+from splitedge.methods.contract import RoundPlan
+from splitedge.methods.privacy import additive, secagg
+from splitedge.methods.registry import default_config
+from splitedge.protocol.codec import Envelope
+from splitedge.protocol.topics import pattern
+from splitedge.runtime.secure_sum import agreement
+from splitedge.sim import SimSettings, run_sim
+
+
+def _sim(url: str, run: str, out: Path, *, secure: str, method: str = "hsfp-cal", devices: int = 4, edges: int = 2,
+         deadline: float = 60.0) -> list[dict]:
+    torch.set_num_threads(1)
+    overrides = {"secagg": secure} if secure != "off" else {}
+    s = SimSettings(rounds=3, devices=devices, edges=edges, broker=url, run=run, out=out, method=method,
+                    backends=("torch", "onnx"), max_train=600, max_test=300, deadline_s=deadline, overrides=overrides)
+    run_sim(s)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_sum_forms_give_back_the_exact_merge() -> None:
+    rng = np.random.default_rng(0)
+    parts = []
+    for n in (30, 1, 12):
+        y = rng.integers(0, 4, n)
+        x = rng.normal(3.0, 2.0, (n, 6))
+        from splitedge.methods.moments import compute_moments
+        parts.append(compute_moments(x, y))
+    summed = {}
+    for p in parts:
+        for k, v in additive.moments_sums(moments_to_body(p, "f8"), 5).items():
+            summed[k] = summed.get(k, 0) + v
+    got, want = additive.moments_of_sums(summed), merge_moments(parts)
+    assert got.classes.tolist() == want.classes.tolist() and (got.counts == want.counts).all()
+    np.testing.assert_allclose(got.mean, want.mean, rtol=1e-12)
+    np.testing.assert_allclose(got.var, want.var, rtol=1e-9)
+    h = HeadStats(np.array([0, 2]), np.array([3, 4]), rng.normal(size=(2, 3)), np.eye(3) * 0.5)
+    back = additive.head_stats_of_sums(additive.head_stats_sums(head_stats_arrays(h, "f8"), 4))
+    np.testing.assert_allclose(back.cov, h.cov, atol=1e-12)
+    assert additive.moments_of_sums({"counts": np.zeros(3, np.int64), "sums": np.zeros((3, 2)),
+                                     "sumsq": np.zeros((3, 2))}).classes.tolist() == []
+    assert isinstance(moments_from_body(moments_to_body(ClassMoments.empty(2))), ClassMoments)
+
+
+@pytest.fixture(scope="module")
+def clear(mosquitto, tmp_path_factory) -> list[dict]:
+    return _sim(mosquitto.url, "sa-clear", tmp_path_factory.mktemp("clear"), secure="off")
+
+
+@pytest.mark.parametrize("secure", ["full", "plus"])
+def test_a_secure_run_is_the_clear_run(mosquitto, clear, tmp_path, secure: str) -> None:
+    # torch and thin devices; each edge sees its two devices' moments and head statistics only as
+    # a sum, which is their exact merge up to 2^-24: the seeded run is the same, round for round
+    records = _sim(mosquitto.url, f"sa-{secure}", tmp_path / secure, secure=secure)
+    for key in ("accuracy", "accuracy_calibrated", "calibrated"):
+        assert [r[key] for r in records] == pytest.approx([r[key] for r in clear], abs=1e-9), key
+    for r in records:
+        assert r["secagg"] == r["calibration_secagg"] == {e: {"devices": 2, "dropped": 0} for e in ("e0", "e1")}, r
+        assert not any(r["rejected"].get(e) for e in ("e0", "e1")), r["rejected"]
+    assert "secagg" not in clear[0]
+
+
+def test_a_method_with_nothing_to_sum_securely_is_refused_before_round_1() -> None:
+    from splitedge.cloud.options import build_run_config
+    from splitedge.methods.data.datasets import load_dataset
+
+    info = load_dataset("digits", max_train=10, max_test=10)[2]
+    with pytest.raises(ValueError, match="secagg covers"):
+        build_run_config("fedavg", info, None, 0, {"secagg": "full"})
+    with pytest.raises(ValueError, match="robust merge"):
+        default_config("hsfp", ModelSpec(), secagg="full", robust="median")
+    build_run_config("fedavg", info, None, 0, {"secagg": "full", "calibrate": "lda"})  # head statistics
+
+
+class Quitter(RogueDevice):
+    """A device of edge e0 that takes part in the secure sum of each training phase up to its
+    shares, then leaves it (`done`, failed): the edge must remove the masks the others added
+    towards it, from their shares of its key. With `garbage`, it first sends a malformed one."""
+
+    def __init__(self, url: str, run: str, node_id: str, garbage: bool = False) -> None:
+        self.garbage, self.me, self.plan = garbage, None, None
+        self.lock = threading.Lock()
+        super().__init__(url, run, node_id=node_id, parent="e0", samples=50)
+        self.t.subscribe(pattern(run, "edge", "e0", "down", "secagg"), self.on_secagg)
+        self.t.subscribe(pattern(run, "edge", "e0", "down", "secagg", to=node_id), self.on_secagg)
+
+    def on_round(self, env: Envelope) -> None:
+        plan = RoundPlan.from_body(env.round, env.body)
+        with self.lock:
+            self.plan = plan
+            if plan.phase != "train":
+                self.say("done", {"phase": plan.phase, "info": {}}, plan.round)
+                return
+            cfg = SimpleNamespace(secagg="full")
+            self.me = secagg.Device(self.node_id, agreement(cfg, self.run, plan.session, plan, "e0"))
+            if self.garbage:
+                self.say("secagg", {"stage": "keys", "batch": 0, "data": {"device": self.node_id, "c": b"x"},
+                                    "session": plan.session}, plan.round)
+            self.say("secagg", {"stage": "keys", "batch": 0, "data": self.me.advertise_keys().to_body(),
+                                "session": plan.session}, plan.round)
+
+    def on_secagg(self, _topic: str, env: Envelope) -> None:
+        with self.lock:
+            if self.me is None or self.plan is None or env.round != self.plan.round:
+                return
+            if env.body["stage"] == "roster":
+                shares = self.me.share_keys(secagg.KeyRoster.from_body(env.body["data"]))
+                self.say("secagg", {"stage": "shares", "batch": 1, "data": shares.to_body(),
+                                    "session": self.plan.session}, env.round)
+            elif env.body["stage"] == "inbox":  # leave before masking its input
+                self.me = None
+                self.say("done", {"phase": "round", "info": {"failed": True}, "session": self.plan.session},
+                         env.round)
+
+
+def test_devices_that_leave_after_sharing_their_keys_are_unmasked_from_the_others(mosquitto, tmp_path) -> None:
+    # one edge, four honest devices and two that leave after sharing their keys: the edge's sum
+    # is the four honest devices' exactly, so the run is the clear one without the two
+    run = "sa-drop"
+    clean = _sim(mosquitto.url, "sa-drop-clean", tmp_path / "clean", secure="off", method="hsfp", edges=1,
+                 deadline=20.0)
+    quitters = [Quitter(mosquitto.url, run, "d8", garbage=True), Quitter(mosquitto.url, run, "d9")]
+    try:
+        records = _sim(mosquitto.url, run, tmp_path / "drop", secure="full", method="hsfp", edges=1, deadline=20.0)
+    finally:
+        for q in quitters:
+            q.close()
+    assert [r["accuracy"] for r in records] == pytest.approx([r["accuracy"] for r in clean], abs=1e-9)
+    for r in records:
+        assert r["secagg"] == {"e0": {"devices": 4, "dropped": 2}}, r
+    assert records[-1]["rejected"]["e0"].get("secagg.keys", 0) >= 1, records[-1]["rejected"]
