@@ -32,6 +32,7 @@ SUITES = {
     "poison": "splitedge.bench.poison",
     "secagg": "splitedge.bench.secagg_cost",
     "leak": "splitedge.bench.leak",
+    "dp": "splitedge.bench.dp",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""
@@ -105,6 +106,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trials", type=int, default=None, help="leak: devices' classes attacked per cell (default 5)")
     g.add_argument("--steps", type=int, default=None, help="leak: the attack's optimiser steps (default 1000)")
     g.add_argument("--wc", type=_csv, default=(), help="leak: W_c states to attack (default random,trained)")
+    g = p.add_argument_group("dp")
+    g.add_argument("--epsilons", type=_csv, default=(),
+                   help="dp: target epsilons at delta 1e-5 over the run (default 8,4,1); --methods, --seeds, --set, "
+                        "--rounds and --until-plateau apply too")
     g = p.add_argument_group("hsfp-diagnose")
     g.add_argument("--no-oracles", action="store_true",
                    help="hsfp-diagnose: measure the H-SFP stack only (a third of the training)")

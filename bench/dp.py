@@ -1,0 +1,483 @@
+"""What differential privacy costs in accuracy: accuracy against epsilon (issue 32, item 4).
+
+Per method (`fedavg` and `hsfp-cal` by default, each with the calibrated head, calibrate=lda),
+seed and target epsilon (8, 4, 1 at delta 1e-5, over the whole run), one federation in which
+every device release is private (docs/privacy.md), beside the same method without DP (the upper
+bound) and the lower bound: `fedavg --calibrate lda --set local_epochs=0`, a random network with
+the calibrated head, what a device gets without the federation's training (README). Every run
+goes through its own Mosquitto (bench/simrun.py).
+
+Each DP run is set before it starts from what the cloud can know (no tuning on devices' data,
+except the update clip, see below):
+- clips (`clip_rule`): the median L2 norm, over the test split the cloud holds, of the W_c
+  features H-SFP takes moments of (`dp_clip`) and of the classifier inputs
+  (`features_and_logits`, `dp_head_clip`), of the run's initial model (its seed) in eval mode on
+  normalised images;
+- releases: a dry run of the same plan (method, settings, rounds, seed) with sigma 1e-6; its
+  last record's `dp_releases_total` (what a device releases does not depend on sigma);
+- `dp_update_clip`: the median L2 norm, before clipping, of the first weight update each device
+  sends in that dry run (in effect a clean run: its placeholder clip of 100 clips nothing seen,
+  its noise is 2e-4 per coordinate), or a stated value (`--set dp_update_clip=X`);
+- sigma = accountant.sigma_for_epsilon(epsilon, releases, delta); after the run, its last
+  record's `dp_epsilon` must be within 1 % of the target (`epsilon_ok`).
+
+DP runs calibrate the head once, after the last round (`calibrate_every=0`): a calibration
+only measures and serves the head (nothing of it feeds training, methods/calibration/serving.py)
+and each costs every device a release. They run all `--rounds` (their epsilon is planned for
+them); the runs without DP stop at their plateau with `--until-plateau` (the same budget). The
+lower bound runs one round: with local_epochs=0 nothing changes after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from splitedge.bench.accuracy import jobs_of, parse_splits, split_name
+from splitedge.bench.plotstyle import Series, lines, method_colour, new_figure
+from splitedge.bench.report import Progress, save_figure, table
+from splitedge.bench.simrun import FederationSettings, run_on_mosquitto
+from splitedge.methods.metrics import plateau
+
+log = logging.getLogger(__name__)
+
+DP_METHODS = ("fedavg", "fedprox", "hsfp", "hsfp-cal")
+"""Methods whose every release has a private form (the others are refused with dp_sigma)."""
+DEFAULT_METHODS = ("fedavg", "hsfp-cal")
+EPSILONS = (8.0, 4.0, 1.0)
+DELTA = 1e-5
+DRY_SIGMA = 1e-6
+"""The dry run's noise multiplier: releases are counted as in the real run, the noise is negligible."""
+DRY_UPDATE_CLIP = 100.0
+"""The dry run's update clip when none is stated: norms are taken before clipping, and at sigma
+1e-6 the noise it sets is 2e-4 per coordinate."""
+EPSILON_RTOL = 0.01
+LOWER = "lower bound"
+KINDS = ("none", "dry", "dp", "lower")
+"""A run's kind: no DP (upper bound), the dry run of a plan, a DP run, the lower bound."""
+
+
+@dataclass
+class DPSettings(FederationSettings):
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    epsilons: tuple[float, ...] = EPSILONS
+    seeds: tuple[int, ...] = (0, 1)
+    alpha: float | None = 0.3  # None: IID
+    delta: float = DELTA
+    settings: dict[str, str] = field(default_factory=dict)  # method settings every run shares (--set)
+    jobs: int = 1
+    deadline_s: float | None = None  # None: the sim's default
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> DPSettings:
+        quick = a.quick
+        methods = tuple(a.methods) or DEFAULT_METHODS
+        unknown = [m for m in methods if m not in DP_METHODS]
+        if unknown:
+            raise ValueError(f"--methods: {unknown} have no differentially private form; pick from "
+                             f"{', '.join(DP_METHODS)}")
+        epsilons = tuple(float(e) for e in (a.epsilons or (() if not quick else ("8",)))) or EPSILONS
+        if any(not e > 0 for e in epsilons):
+            raise ValueError(f"--epsilons must be > 0, got {epsilons}")
+        seeds = tuple(int(v) for v in a.seeds) or ((a.seed,) if quick else (a.seed, a.seed + 1))
+        if a.alphas:
+            splits = parse_splits(a.alphas)
+            if len(splits) != 1:
+                raise ValueError(f"--alphas: the dp suite runs one split, got {a.alphas!r}")
+            alpha = splits[0]
+        else:
+            alpha = 0.3 if a.alpha is None else a.alpha
+        sets = dict(item.split("=", 1) for item in a.set)
+        if "dp_sigma" in sets or "dp_delta" in sets:
+            raise ValueError("--set dp_sigma / dp_delta: the dp suite sets them (sigma from --epsilons, delta 1e-5)")
+        return cls(methods=methods, epsilons=epsilons, seeds=seeds, alpha=alpha, settings=sets,
+                   dataset=a.dataset, data=a.data, model=a.model, devices=a.devices or (4 if quick else 10),
+                   edges=a.edges or 2, rounds=a.rounds or (2 if quick else 40),
+                   max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None),
+                   until_plateau=bool(a.until_plateau), jobs=jobs_of(a), deadline_s=a.deadline)
+
+
+Task = dict[str, Any]
+"""One run: {"kind", "method", "seed", "epsilon"} and, for a DP run, its "plan"."""
+
+
+# -- the rules a DP run is set by ------------------------------------------------------------------
+
+def median_norm(features: Any) -> float:
+    """The clip rule: the median L2 norm of the rows (each flattened) of `features` [N, ...]."""
+    x = np.asarray(features, dtype=np.float64)
+    if not len(x):
+        raise ValueError("no features to take a median norm of")
+    return float(np.median(np.linalg.norm(x.reshape(len(x), -1), axis=1)))
+
+
+def clip_rule(s: DPSettings, method: str, seed: int) -> dict[str, float]:
+    """`dp_clip` and `dp_head_clip` for a run of `method` at `seed`: the median norms of its
+    initial model's W_c features (as H-SFP takes moments of them: before W_c's final ReLU with
+    pre_relu) and classifier inputs over the test split, in eval mode on normalised images."""
+    import torch
+
+    from splitedge.cloud.options import build_run_config
+    from splitedge.methods.data.datasets import load_dataset
+    from splitedge.methods.data.preprocess import batches, to_input
+    from splitedge.methods.torch_utils import build_split
+    from splitedge.models import pre_activation
+
+    _, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=seed)
+    config = build_run_config(method, info, s.model, seed, {"calibrate": "lda", **s.settings})
+    spec = config.model
+    model = build_split(spec).eval()
+    wc = pre_activation(model.wc) if getattr(config.method, "pre_relu", False) else model.wc
+    wc_out, head_in = [], []
+    with torch.inference_mode():
+        for sl in batches(len(test[1]), 256):
+            x = torch.from_numpy(to_input(test[0][sl], spec.mean, spec.std))
+            wc_out.append(wc(x).flatten(1).numpy())
+            head_in.append(model.features_and_logits(x)[0].numpy())
+    return {"dp_clip": median_norm(np.concatenate(wc_out)), "dp_head_clip": median_norm(np.concatenate(head_in))}
+
+
+def update_norm(weights: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray]) -> float:
+    """L2 norm of weights - start over the float entries, as dp.clip_update measures it."""
+    total = 0.0
+    for k, v in start.items():
+        if np.issubdtype(np.asarray(v).dtype, np.floating):
+            total += float(np.square(np.asarray(weights[k], np.float64) - np.asarray(v, np.float64)).sum())
+    return math.sqrt(total)
+
+
+@contextlib.contextmanager
+def first_updates() -> Iterator[dict[str, float]]:
+    """The norm, before clipping, of the first weight update each device of this process's sim
+    releases, by its node id (the sim runs each node in a thread of that name): a tap on the one
+    function every private weight release goes through (methods/privacy/release.py)."""
+    from splitedge.methods.privacy import release
+
+    original, seen = release.dp_weights, {}
+
+    def tapped(weights: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray], **kwargs: Any) -> Any:
+        seen.setdefault(threading.current_thread().name, update_norm(weights, start))
+        return original(weights, start, **kwargs)
+
+    release.dp_weights = tapped
+    try:
+        yield seen
+    finally:
+        release.dp_weights = original
+
+
+def sigma_for(epsilon: float, releases: int, delta: float = DELTA) -> float:
+    from splitedge.methods.privacy.accountant import sigma_for_epsilon
+
+    return sigma_for_epsilon(epsilon, releases, delta)
+
+
+def epsilon_ok(target: float | None, reached: float | None) -> bool | None:
+    """The run spent its target epsilon, to within EPSILON_RTOL (None: not a DP run)."""
+    if target is None:
+        return None
+    return reached is not None and abs(reached / target - 1) <= EPSILON_RTOL
+
+
+# -- one run ---------------------------------------------------------------------------------------
+
+def overrides_of(s: DPSettings, task: Task) -> dict[str, Any]:
+    """The method settings of `task`: the calibrated head, --set, and its DP settings."""
+    kind, plan = task["kind"], task.get("plan") or {}
+    out: dict[str, Any] = {"calibrate": "lda", **s.settings}
+    if kind == "lower":
+        out["local_epochs"] = 0
+    if kind in ("dry", "dp"):
+        out.update({"calibrate_every": 0, "dp_delta": s.delta, **plan["clips"],
+                    "dp_update_clip": plan.get("update_clip") or s.settings.get("dp_update_clip", DRY_UPDATE_CLIP),
+                    "dp_sigma": DRY_SIGMA if kind == "dry" else plan["sigma"]})
+    return out
+
+
+def one_run(s: DPSettings, task: Task) -> dict[str, Any]:
+    kind, method, seed = task["kind"], task["method"], task["seed"]
+    fed = dataclasses.replace(s, seed=seed, until_plateau=s.until_plateau and kind == "none",
+                              rounds=1 if kind == "lower" else s.rounds)
+    overrides = overrides_of(s, task)
+    sim = fed.sim(method, s.alpha, run=f"bench-dp-{method}-{kind}-s{seed}", overrides=overrides)
+    if s.deadline_s is not None:
+        sim = dataclasses.replace(sim, deadline_s=s.deadline_s)
+    with first_updates() if kind == "dry" else contextlib.nullcontext({}) as updates:
+        res = run_on_mosquitto(sim, check_sys=False)
+    summary, per_round = res["summary"], res["per_round"]
+    last = per_round[-1] if per_round else {}
+    own = summary["accuracy_per_round"]
+    cal = summary.get("accuracy_calibrated_per_round")
+    up = res["tiers"].get("device", {}).get("out_payload", 0) / s.devices
+    row = {"kind": kind, "method": LOWER if kind == "lower" else method, "base_method": method, "seed": seed,
+           "epsilon": task.get("epsilon"), "overrides": overrides,
+           "sigma": overrides.get("dp_sigma"), "releases": last.get("dp_releases_total"),
+           "epsilon_reached": last.get("dp_epsilon"),
+           "final_accuracy": summary["final_accuracy"], "best_accuracy": summary["best_accuracy"],
+           "final_accuracy_calibrated": summary.get("final_accuracy_calibrated"),
+           "best_accuracy_calibrated": summary.get("best_accuracy_calibrated"),
+           "accuracy_per_round": own, "accuracy_calibrated_per_round": cal, "rounds": len(own),
+           "own": plateau.summary(own), "calibrated": plateau.summary(cal) if cal else None,
+           "stopped_on_plateau": summary.get("stopped_on_plateau"),
+           "device_up_bytes_per_device": up, "device_up_bytes_per_device_per_round": up / max(1, len(own)),
+           "wall_seconds": summary["wall_seconds"]}
+    row["epsilon_ok"] = epsilon_ok(row["epsilon"], row["epsilon_reached"])
+    if kind == "dry":
+        row["update_norms"] = dict(sorted(updates.items()))
+    if kind in ("dry", "dp"):
+        row["plan"] = task["plan"]
+    return row
+
+
+def guarded_run(s: DPSettings, task: Task) -> dict[str, Any]:
+    """One run, or its error row: one broken run does not stop the others."""
+    label = f"{task['method']} {task['kind']} seed {task['seed']} epsilon {task.get('epsilon')}"
+    log.info("dp: %s", label)
+    try:
+        return one_run(s, task)
+    except Exception as exc:
+        log.exception("dp: %s failed", label)
+        return {**{k: v for k, v in task.items() if k != "plan"}, "base_method": task["method"],
+                "method": LOWER if task["kind"] == "lower" else task["method"], "error": repr(exc)}
+
+
+def plan_from_dry(s: DPSettings, dry: dict[str, Any]) -> dict[str, Any]:
+    """What the DP runs of the dry run's (method, seed) are told: its releases and clips, and the
+    update clip (stated, or the median first update of the dry run's devices)."""
+    plan = dict(dry["plan"])
+    plan["releases"] = int(dry["releases"] or 0)
+    if plan["releases"] < 1:
+        raise ValueError(f"{dry['method']} seed {dry['seed']}: the dry run reported no release")
+    norms = list(dry.get("update_norms", {}).values())
+    if "dp_update_clip" in s.settings:
+        plan["update_clip"], plan["update_clip_rule"] = float(s.settings["dp_update_clip"]), "stated (--set)"
+    elif norms:
+        plan["update_clip"] = float(np.median(norms))
+        plan["update_clip_rule"] = f"median first update of the dry run's {len(norms)} devices"
+    else:  # nothing released weights in the plan (e.g. hsfp with rounds < ic): the clip is never used
+        plan["update_clip"], plan["update_clip_rule"] = DRY_UPDATE_CLIP, "placeholder: no weight update released"
+    return plan
+
+
+def follow_ups(s: DPSettings, row: dict[str, Any]) -> list[Task]:
+    """The DP runs a finished dry run makes possible (none when it failed)."""
+    if row["kind"] != "dry" or "error" in row:
+        return []
+    try:
+        plan = plan_from_dry(s, row)
+    except ValueError as exc:
+        log.error("dp: %s", exc)
+        return []
+    return [{"kind": "dp", "method": row["base_method"], "seed": row["seed"], "epsilon": e,
+             "plan": {**plan, "sigma": sigma_for(e, plan["releases"], s.delta)}} for e in s.epsilons]
+
+
+def schedule(s: DPSettings, first: list[Task], follow: Callable[[dict[str, Any]], list[Task]],
+             finished: Callable[[dict[str, Any]], None]) -> None:
+    """Run `first` and whatever `follow(row)` adds as runs finish, `s.jobs` at a time (each in a
+    process of its own, as bench accuracy does)."""
+    if s.jobs <= 1:
+        queue = list(first)
+        while queue:
+            row = guarded_run(s, queue.pop(0))
+            finished(row)
+            queue[0:0] = follow(row)
+        return
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    with ProcessPoolExecutor(max_workers=s.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending = {pool.submit(guarded_run, s, t) for t in first}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                row = future.result()
+                finished(row)
+                pending |= {pool.submit(guarded_run, s, t) for t in follow(row)}
+
+
+def run(s: DPSettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Clips per (method, seed), then its dry run and the runs without DP; each dry run's DP runs
+    once it has finished. `progress` after every run."""
+    config = {**vars(s), "split": split_name(s.alpha), "dry_sigma": DRY_SIGMA, "epsilon_rtol": EPSILON_RTOL}
+    clips = {(m, sd): clip_rule(s, m, sd) for m in s.methods for sd in s.seeds}
+    config["clips"] = {f"{m} seed {sd}": c for (m, sd), c in clips.items()}
+    first: list[Task] = [{"kind": "dry", "method": m, "seed": sd, "epsilon": None,
+                          "plan": {"clips": clips[m, sd] if m.startswith("hsfp") else
+                                   {"dp_head_clip": clips[m, sd]["dp_head_clip"]}}}
+                         for m in s.methods for sd in s.seeds]
+    first += [{"kind": "none", "method": m, "seed": sd, "epsilon": None} for m in s.methods for sd in s.seeds]
+    first += [{"kind": "lower", "method": "fedavg", "seed": sd, "epsilon": None} for sd in s.seeds]
+    rows: list[dict[str, Any]] = []
+
+    def finished(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if progress is not None:
+            progress(config, results_of(s, rows))
+
+    schedule(s, first, lambda row: follow_ups(s, row), finished)
+    return config, results_of(s, rows)
+
+
+def results_of(s: DPSettings, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    order = {m: i for i, m in enumerate((*s.methods, LOWER))}
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (order.get(r["method"], len(order)), r["seed"], KINDS.index(r["kind"]), -(r.get("epsilon") or 0))
+
+    return {"runs": sorted(rows, key=key), "epsilons": list(s.epsilons), "seeds": list(s.seeds),
+            "methods": list(s.methods), "split": split_name(s.alpha), "delta": s.delta, "rounds": s.rounds,
+            "until_plateau": s.until_plateau, "devices": s.devices, "dataset": s.dataset}
+
+
+# -- reports ---------------------------------------------------------------------------------------
+
+def _pct(v: Any) -> str:
+    return "-" if v is None or v != v else f"{100 * float(v):.1f}"
+
+
+def _eps_label(r: dict[str, Any]) -> str:
+    return {"none": "none", "dry": f"clips only (sigma {DRY_SIGMA:g})", "lower": "none"}.get(r["kind"]) \
+        or f"{r['epsilon']:g}"
+
+
+def _plateau(r: dict[str, Any]) -> str:
+    """Whether the run's curves plateaued (plateau.py's rule): own head, calibrated head (only
+    runs that calibrated every round have a calibrated curve to judge)."""
+    def one(c: dict[str, Any] | None) -> str:
+        return "-" if c is None else (f"yes (r{c['plateau_round']})" if c["plateaued"] else "no")
+    cal = r.get("calibrated")
+    judged = cal if cal and sum(a is not None for a in r.get("accuracy_calibrated_per_round") or []) > 1 else None
+    return one(r.get("own")) + " / " + one(judged)
+
+
+def _cell(rows: list[dict[str, Any]], seeds: list[int], key: str) -> str:
+    by_seed = {r["seed"]: r for r in rows}
+    return " / ".join(_pct(by_seed[sd].get(key)) if sd in by_seed else "-" for sd in seeds)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    runs = results["runs"]
+    ok = [r for r in runs if "error" not in r]
+    seeds, epsilons = results["seeds"], results["epsilons"]
+    seeds_text = " / ".join(str(sd) for sd in seeds)
+    budget = f"to their plateau (budget {results['rounds']})" if results["until_plateau"] else "all of them"
+    out = [f"{results.get('dataset', '?')}, {results.get('devices', '?')} devices, {results['split']}, "
+           f"{results['rounds']} rounds: every DP run all of them, the runs without DP {budget}; epsilon at delta "
+           f"{results['delta']:g} over the whole run, of the device that released the most.\n",
+           f"## Accuracy against epsilon (%, seeds {seeds_text})\n"]
+    cols = ["none", *[f"{e:g}" for e in epsilons]]
+    body = []
+    for method in results["methods"]:
+        for key, head in (("final_accuracy_calibrated", "calibrated head"), ("final_accuracy", "own head")):
+            cells = [_cell([r for r in ok if r["method"] == method and r["kind"] == "none"], seeds, key)]
+            cells += [_cell([r for r in ok if r["method"] == method and r["kind"] == "dp" and r["epsilon"] == e],
+                            seeds, key) for e in epsilons]
+            body.append((f"{method} ({head})", *cells))
+    lower = [r for r in ok if r["kind"] == "lower"]
+    body.append((f"{LOWER}: fedavg local_epochs=0 (calibrated head)",
+                 _cell(lower, seeds, "final_accuracy_calibrated"), *["" for _ in epsilons]))
+    out += [table(["method", *[f"epsilon {c}" for c in cols]], body),
+            "\nFinal accuracy of the last round; calibrated head: the closed-form head fitted on the devices' "
+            "(private, under DP) head statistics after the last round; own head: the model's own classifier. "
+            "none: no DP (the upper bound).\n"]
+    out += ["## Every run\n",
+            table(["method", "epsilon", "seed", "sigma", "final %", "best %", "calibrated final %",
+                   "calibrated best %", "rounds", "plateaued (own / calibrated)", "epsilon reached", "releases",
+                   "device up KB (per device, run)", "wall s"],
+                  [(r["method"], _eps_label(r), r["seed"], _num(r.get("sigma")), _pct(r["final_accuracy"]),
+                    _pct(r["best_accuracy"]), _pct(r.get("final_accuracy_calibrated")),
+                    _pct(r.get("best_accuracy_calibrated")), r["rounds"], _plateau(r),
+                    _num(r.get("epsilon_reached")) + ("" if r.get("epsilon_ok") in (None, True) else " (off target)"),
+                    r.get("releases") if r.get("releases") is not None else "-",
+                    round(r["device_up_bytes_per_device"] / 1000), round(r["wall_seconds"])) for r in ok]),
+            "\nplateaued: the best accuracy of the last 10 rounds beat the best before by less than 0.5 points, "
+            "from round 20 on (methods/metrics/plateau.py); rN: the first round it held. DP runs calibrate only "
+            "after the last round, so they have no calibrated curve to judge. clips only: the dry run that counts "
+            "a plan's releases, with every clip of the DP runs but the update clip (placeholder "
+            f"{DRY_UPDATE_CLIP:g}, unless stated) and sigma {DRY_SIGMA:g}: what clipping alone does.\n"]
+    plans = [r for r in ok if r["kind"] == "dry"]
+    if plans:
+        out += ["## How each DP run was set\n",
+                table(["method", "seed", "releases", "dp_clip (W_c features)", "dp_head_clip (classifier inputs)",
+                       "dp_update_clip", "update clip from", *[f"sigma at epsilon {e:g}" for e in epsilons]],
+                      [(r["method"], r["seed"], r["releases"], _num(r["plan"]["clips"].get("dp_clip")),
+                        _num(r["plan"]["clips"].get("dp_head_clip")), *_update_clip(r, runs),
+                        *[_num(next((d["sigma"] for d in ok if d["kind"] == "dp" and d["method"] == r["method"]
+                                     and d["seed"] == r["seed"] and d["epsilon"] == e), None)) for e in epsilons])
+                       for r in plans]),
+                "\nClips: the median L2 norm over the test split (held by the cloud) of the run's initial model "
+                "(its seed) in eval mode on normalised images: W_c features as H-SFP takes their moments "
+                "(dp_clip, H-SFP only), classifier inputs (dp_head_clip). Releases: the dry run's last "
+                "dp_releases_total. Update clip: the median L2 norm, before clipping, of the first weight update "
+                "each device sent in the dry run, a clean run in effect (this one number is read off the devices' "
+                "data and not accounted for), unless stated. sigma: accountant.sigma_for_epsilon(epsilon, "
+                f"releases, {results['delta']:g}) (RDP).\n"]
+    dp_rows = [r for r in ok if r["kind"] == "dp"]
+    if dp_rows:
+        off = [r for r in dp_rows if not r.get("epsilon_ok")]
+        out.append(f"Epsilon check: {len(dp_rows) - len(off)} of {len(dp_rows)} DP runs ended within "
+                   f"{100 * EPSILON_RTOL:g} % of their target" + ("." if not off else "; off: " + ", ".join(
+                       f"{r['method']} seed {r['seed']} target {r['epsilon']:g} reached "
+                       f"{_num(r.get('epsilon_reached'))}" for r in off)))
+    out += [f"- {r['method']} {r['kind']} seed {r['seed']} epsilon {r.get('epsilon')} failed: {r['error']}"
+            for r in runs if "error" in r]
+    return "\n".join(out)
+
+
+def _update_clip(dry: dict[str, Any], runs: list[dict[str, Any]]) -> tuple[str, str]:
+    """(value, rule) of the update clip the dry run's DP runs used."""
+    used = next((r["plan"] for r in runs if r["kind"] == "dp" and "error" not in r and r["method"] == dry["method"]
+                 and r["seed"] == dry["seed"]), None)
+    if used is None:
+        return "-", "-"
+    return _num(used["update_clip"]), used["update_clip_rule"]
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return "-"
+    v = float(v)
+    return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.2e}"
+
+
+def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Final accuracy (calibrated head solid, own head dashed) against epsilon, a line per method
+    and seed; each method's run without DP as a dotted line, the lower bound in black."""
+    ok = [r for r in results["runs"] if "error" not in r]
+    curves = []
+    for method in results["methods"]:
+        for sd in results["seeds"]:
+            dp = sorted((r for r in ok if r["kind"] == "dp" and r["method"] == method and r["seed"] == sd),
+                        key=lambda r: r["epsilon"])
+            if not dp:
+                continue
+            xs = [r["epsilon"] for r in dp]
+            curves.append(Series(method, [r.get("final_accuracy_calibrated") for r in dp], x=xs, split=f"seed {sd}"))
+            curves.append(Series(method, [r["final_accuracy"] for r in dp], x=xs, split=f"seed {sd}", dashed=True))
+    fig = new_figure(curves)
+    ax = fig.axes[0]
+    if curves:
+        lines(ax, curves, dashed_label="own head (solid: calibrated)", markersize=5)
+    for r in ok:
+        if r["kind"] == "none" and r.get("final_accuracy_calibrated") is not None:
+            ax.axhline(r["final_accuracy_calibrated"], color=method_colour(r["method"]), linestyle=":", linewidth=1)
+        if r["kind"] == "lower" and r.get("final_accuracy_calibrated") is not None:
+            ax.axhline(r["final_accuracy_calibrated"], color="black", linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xticks(results["epsilons"], [f"{e:g}" for e in results["epsilons"]])
+    ax.set(xlabel=f"epsilon at delta {results['delta']:g} (whole run)", ylabel="final test accuracy", ylim=(0, 1),
+           title="dotted: no DP (colour of the method), lower bound (black)")
+    return save_figure(fig, out_dir / "dp.png")
+
+
+Settings = DPSettings
