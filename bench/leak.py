@@ -51,6 +51,9 @@ COUNTS = (1, 2, 5, 10, 50)
 WIRE_DTYPE = "f4"  # H-SFP's default feature_dtype: what the edge receives
 SHOWN = 3  # device images per row of the picture
 PATCHES = 4  # patches per side for the patch score (8x8 on CIFAR-10)
+SCORES = (("PSNR", "own_psnr", "off_psnr"), ("SSIM", "own_ssim", "off_ssim"),
+          ("patch PSNR", "patch_own_psnr", "patch_off_psnr"))
+"""The scores a cell leaks on when own beats off-device on average: (name, own key, off key)."""
 
 
 @dataclass
@@ -403,8 +406,8 @@ def cells(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "residual_mean": float(np.mean([r["residual"]["mean"] for r in rows])),
                 "residual_var": float(np.mean([r["residual"]["var"] for r in rows])),
                 "seconds": float(np.mean([r["seconds"] for r in rows]))}
-        cell["leaks"] = bool(cell["own_psnr"] > cell["off_psnr"] or cell["own_ssim"] > cell["off_ssim"]
-                             or cell["patch_own_psnr"] > cell["patch_off_psnr"])
+        cell["leaks_on"] = [name for name, own, off in SCORES if cell[own] > cell[off]]
+        cell["leaks"] = bool(cell["leaks_on"])
         out.append(cell)
     return out
 
@@ -433,10 +436,11 @@ def verdict(cells_: list[dict[str, Any]]) -> str:
         return "No finished cells."
     lines = []
     for key, safe in per.items():
-        leaking = [c["count"] for c in cells_ if f"{c['model']}/{c['state']}" == key and c["leaks"]]
-        lines.append(f"- `{key}`: " + (f"no tested count is safe (leaks at {', '.join(map(str, leaking))})"
+        leaking = [f"{c['count']}" + (f" ({', '.join(c['leaks_on'])})" if c.get("leaks_on") else "") for c in cells_
+                   if f"{c['model']}/{c['state']}" == key and c["leaks"]]
+        lines.append(f"- `{key}`: " + (f"no tested count is safe (leaks at {', '.join(leaking)})"
                                         if safe is None else
-                                        f"closer to the device's own images at count {', '.join(map(str, leaking))}; "
+                                        f"closer to the device's own images at count {', '.join(leaking)}; "
                                         f"from {safe} on no closer than to other images of the class"
                                         if leaking else f"no leak at any tested count (from {safe})"))
     if any(v is None for v in per.values()):
