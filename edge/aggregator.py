@@ -34,7 +34,7 @@ from splitedge.runtime.parts import PartHost
 from splitedge.runtime.phases import edge_close, edge_scores
 from splitedge.runtime.records import edge_done_info
 from splitedge.runtime.rounds import RoundCollector, done_phase
-from splitedge.runtime.secure_sum import KIND, SecureSum, agreement, unavailable
+from splitedge.runtime.secure_sum import KIND, SecureSums, unavailable
 from splitedge.runtime.router import edge_router, relay_route, relayed_retained
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.subscriptions import Subscriptions
@@ -58,7 +58,7 @@ class EdgeAggregator(Node):
         self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue), listed)
         self.unlisted: set[str] = set()  # ids refused at their hello (a manifest lists the devices), logged once
         self.rounds = RoundCollector()
-        self.secure: SecureSum | None = None  # the round's secure sum, with the run's secagg on
+        self.secure: SecureSums | None = None  # the phase's secure sums, with the run's secagg on
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
         self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
@@ -171,8 +171,8 @@ class EdgeAggregator(Node):
         awaited = self.roster.awaited_in(self.plan)
         if self.part.cfg.secagg != "off" and unavailable():  # its devices will say so too, each round
             log.error("edge %s: %s; this edge cannot sum securely", self.node_id, unavailable())
-        self.secure = None if self.part.cfg.secagg == "off" or unavailable() else SecureSum(
-            self.node_id, plan, agreement(self.part.cfg, self.run_id, self.session, plan, self.node_id), set(awaited),
+        self.secure = None if self.part.cfg.secagg == "off" or unavailable() else SecureSums(
+            self.node_id, plan, self.part.cfg, self.run_id, self.session, set(awaited),
             settled=lambda: set(self.rounds.done))
         if not plan.calibrating:
             self.publish_all(self.part.on_round_open(plan, awaited))
@@ -222,18 +222,21 @@ class EdgeAggregator(Node):
             log.warning("edge %s: refused secagg from %s [%s]: %s", self.node_id, env.sender, exc.rule, exc)
 
     def _secure_report(self) -> list[Any]:
-        """The round's summed statistics as one report of the pseudo device `<edge>~sum`, after
-        the checks a device's message gets, against the contributors' announced samples."""
-        report = self.secure.report(self.run_id) if self.secure is not None else None
-        if report is None:
-            return []
-        env = next(iter(report.messages.values()))[0]
-        held = [self.roster.allowances.get(d) for d in self.secure.contributors]
-        announced = Allowance(sum(a.samples for a in held if a is not None)) if all(held) else None
-        if not self.accepts(self.part, env, "child", announced=announced):
-            return []
-        self.part.on_device_message(env)
-        return [report]
+        """The round's secure sums as one report of the pseudo device `<edge>~sum`, each summed
+        message after the checks a device's message gets, against its contributors' announced
+        samples."""
+        merged = None
+        for report, contributors in (self.secure.reports(self.run_id) if self.secure is not None else []):
+            env = next(iter(report.messages.values()))[0]
+            held = [self.roster.allowances.get(d) for d in contributors]
+            announced = Allowance(sum(a.samples for a in held if a is not None)) if all(held) else None
+            if not self.accepts(self.part, env, "child", announced=announced):
+                continue
+            self.part.on_device_message(env)
+            merged = merged or report
+            if merged is not report:
+                merged.messages.setdefault(env.kind, []).append(env)
+        return [merged] if merged is not None else []
 
     # -- closing a round -------------------------------------------------------------------
     def _maybe_close_round(self) -> None:

@@ -582,8 +582,9 @@ class Method:
         """With secagg on, some statistic of every device part must be securely summable."""
         parts = [self._part_class(k) for k in self.parts if k.startswith("device")]
         if self.config.calibrate == "none" and not all(p.secure_kinds for p in parts):
-            raise ValueError(f"secagg covers H-SFP's moments and head statistics; {self.name}'s devices send neither "
-                             f"(set calibrate=lda for its head statistics, or leave secagg off)")
+            raise ValueError(f"secagg covers H-SFP's moments and W_c, FedAvg's and FedProx's models and head "
+                             f"statistics; {self.name}'s devices send none of them (set calibrate=lda for its head "
+                             f"statistics, or leave secagg off)")
 
     def _check_private(self) -> None:
         """With DP on, every device part must release privately, with the clips it needs set."""

@@ -56,7 +56,7 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
                            "sha256": hashlib.sha256(_MODEL).hexdigest()},
     "metrics": lambda: {"accuracy": 0.5, "loss": 1.25, "round": 3},
     "request": lambda: {"what": "moments"},
-    "secagg": lambda: {"stage": "keys", "batch": 0, "data": {"device": "d1", "c": bytes(32), "s": bytes(range(32))}},
+    "secagg": lambda: {"stage": "keys", "batch": 0, "sum": "moments.wc", "data": {"device": "d1", "c": bytes(32), "s": bytes(range(32))}},
     "done": lambda: {"phase": "train", "info": {"steps": 12, "seconds": 1.5}},
 }
 

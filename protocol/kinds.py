@@ -96,9 +96,10 @@ BUILTIN_KINDS: dict[str, Schema] = {
     }, doc="parent -> one child: resend state the parent lost or never got (e.g. after a restart)"),
     "secagg": Schema({
         "stage": Str(choices=("keys", "roster", "shares", "inbox", "masked", "unmask", "reveal", "abort")),
-        "batch": Int(ge=0, le=3), "data": Data(), "meta": Data(optional=True, default={}), "session": _SESSION,
+        "batch": Int(ge=0, le=3), "sum": Str(pattern=f"{NAME_PATTERN}[.]{NAME_PATTERN}", max_len=65),
+        "data": Data(), "meta": Data(optional=True, default={}), "session": _SESSION,
     }, doc="device <-> its edge: one exchange of secure aggregation (runtime/secure_sum.py); `batch` numbers "
-           "the exchange, `data` is secagg's message (methods/privacy/messages.py, checked there), `meta` what a "
+           "the exchange, `sum` names the aggregation (kind.what), `data` is secagg's message (methods/privacy/messages.py, checked there), `meta` what a "
            "masked input sums (kind, space, versions, dtype) in the clear"),
     "done": Schema({
         "phase": Str(), "info": Data(optional=True, default={}), "session": _SESSION,

@@ -1,7 +1,7 @@
 """What a device part may wait for in the middle of a round: an edge's reply, its peers' messages.
 
 `request(message, reply_kind, timeout)` publishes and blocks until the edge's reply for this
-round (and the same `batch`, when the body has one) arrives (SplitFed: activations up,
+round (and the same `batch` and `sum`, when the body has them) arrives (SplitFed: activations up,
 gradients back). `gather(kind, senders, timeout)` collects this round's messages from peers
 (DecMAR). Both read the node's inbox meanwhile; events that are not what they wait for are
 deferred and handled, in order, after the round. Peer messages are kept per round, since a
@@ -49,13 +49,13 @@ class Exchange:
         """Publish `msg` and wait for its reply; TimeoutError otherwise, which fails the round."""
         node = self.node
         node.publish(msg)
-        batch = msg.body.get("batch")
+        batch, name = msg.body.get("batch"), msg.body.get("sum")
         found: list[Envelope] = []
 
         def take(topic: str, env: Envelope) -> bool:
             if env.kind != reply_kind:
                 self.deferred.append((topic, env))
-            elif env.round != node.round or env.body.get("batch") != batch:
+            elif env.round != node.round or env.body.get("batch") != batch or env.body.get("sum") != name:
                 self.stale_replies += 1
             elif node.accepts(node.part, env, "parent"):
                 found.append(env)

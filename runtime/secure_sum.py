@@ -12,12 +12,13 @@ edge's reply down (matched by `batch`, the exchange's number):
     batch 2  masked  -> unmask   (to every device)    who is in the sum, who dropped out
     batch 3  reveal                                    shares to remove the masks
 
-The edge closes each exchange when every device of the round has answered or a quarter of the
-round's deadline has passed; a device that misses one is a dropout, which the shares of the
-others cover. It then hands its part one message of the summed statistics from a pseudo device
-`<edge>~sum`, checked like a device's against the contributors' announced samples. If too
-few devices remain it aborts (every waiting device hears it) and the round goes on without
-these statistics: never a wrong sum.
+The edge closes each exchange when every device of the round has answered (or finished its
+round without it), or at the latest: the keys half the round's deadline after the phase began
+(devices may still be training), each later exchange a tenth of it. A device that misses one
+is a dropout, which the shares of the others cover. It then hands its part one message of the
+summed statistics from a pseudo device `<edge>~sum`, checked like a device's against the
+contributors' announced samples. If too few devices remain it aborts (every waiting device
+hears it) and the round goes on without these statistics: never a wrong sum.
 
 A peer's `secagg` message is validated (messages.py) before it touches the aggregation; a bad
 one is refused by rule `secagg.<exchange>`, counted, and changes nothing.
@@ -47,8 +48,14 @@ KIND = "secagg"
 UP = ("keys", "shares", "masked", "reveal")
 DOWN = ("roster", "inbox", "unmask")
 ABORT = "abort"
-STAGE_FRACTION = 0.25
-"""Each exchange waits at most this share of the round's deadline for the slowest device."""
+KEYS_FRACTION = 0.5
+"""The first exchange (keys) waits for devices still training, up to this share of the round's
+deadline from the phase's start; every device that has not finished its round is waited for."""
+STAGE_FRACTION = 0.1
+"""Each later exchange (answered at once, nothing is computed between) waits at most this share
+of the round's deadline; with the keys' half, an edge's sums end within its 0.8 of the deadline."""
+SUMMED = ("moments", "arrays", "weights")
+"""The kinds a secure sum may carry (methods/privacy/additive.py has their sum forms)."""
 SUM_SUFFIX = "~sum"
 """The pseudo device an edge's summed statistics come from (`<edge>~sum`)."""
 
@@ -78,10 +85,18 @@ def secured(part: Any, msg: Message) -> bool:
     return msg.kind in part.secure_kinds or (msg.kind == "arrays" and msg.body.get("name") == HEAD_STATS)
 
 
-def agreement(cfg: Any, run: str, session: str, plan: RoundPlan, edge: str) -> Any:
+def sum_name(msg: Message) -> str:
+    """Which of a phase's secure sums a message goes into: its kind and what it is of (e.g.
+    `moments.wc`, `weights.wc`, `arrays.head_stats`); each is a separate aggregation."""
+    what = msg.body.get("space") if msg.kind == "moments" else msg.body.get("part") if msg.kind == "weights" \
+        else msg.body.get("name")
+    return f"{msg.kind}.{what}"
+
+
+def agreement(cfg: Any, run: str, session: str, plan: RoundPlan, edge: str, name: str) -> Any:
     """What every party of one aggregation agrees on: a session string never used twice (run,
-    cloud incarnation and its attempt, round, phase, edge) and SecAgg's or SecAgg+'s graph."""
-    label = f"{run}/{session}/{plan.attempt}/{plan.round}/{plan.phase}/{edge}".encode()
+    cloud incarnation and its attempt, round, phase, edge, sum) and SecAgg's or SecAgg+'s graph."""
+    label = f"{run}/{session}/{plan.attempt}/{plan.round}/{plan.phase}/{edge}/{name}".encode()
     return _secagg().SecAggConfig(session=label, neighbours=None if cfg.secagg == "full" else "log")
 
 
@@ -89,6 +104,10 @@ def sums_of(msg: Message, num_classes: int) -> tuple[dict[str, np.ndarray], dict
     """A device message as the arrays it masks, and what travels beside them in the clear (the
     kind, its feature space and model versions, its dtype), which every device must share."""
     body = msg.body
+    if msg.kind == "weights":
+        meta = {"kind": "weights", "part": body["part"], "version": int(body["version"]),
+                "dtypes": {name: np.asarray(a).dtype.str for name, a in body["weights"].items()}}
+        return additive.weights_sums(body), meta
     if msg.kind == "moments":
         meta = {"kind": "moments", "space": body["space"], "versions": dict(body.get("versions", {})),
                 "dtype": np.asarray(body["mean"]).dtype.str}
@@ -102,6 +121,10 @@ def sums_of(msg: Message, num_classes: int) -> tuple[dict[str, np.ndarray], dict
 
 def body_of(meta: Mapping[str, Any], sums: Mapping[str, np.ndarray]) -> tuple[str, dict[str, Any]] | None:
     """The (kind, body) the edge's part takes from summed arrays; None when no class is in it."""
+    if meta.get("kind") == "weights":
+        total, weights = additive.weights_of_sums(sums, meta["dtypes"])
+        return "weights", {"part": str(meta["part"]), "version": int(meta["version"]), "samples": total,
+                           "weights": weights}
     wire = {"<f2": "f2", "<f4": "f4", "<f8": "f8"}.get(str(meta.get("dtype")))
     if wire is None:
         raise SecAggError(f"the sums are of dtype {meta.get('dtype')!r}, not a wire float")
@@ -128,12 +151,13 @@ def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPl
     reply, runtime/exchange.py). TimeoutError or SecAggError fail the device's round."""
     secagg = _secagg()
     values, meta = sums_of(msg, num_classes)
-    me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge))
+    name = sum_name(msg)
+    me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge, name))
     wait = plan.deadline_s
 
     def exchange(batch: int, data: dict[str, Any], extra: Mapping[str, Any] | None = None) -> Any:
-        reply = request(Message(KIND, {"stage": UP[batch], "batch": batch, "data": data, **(extra or {})}),
-                        KIND, wait)
+        reply = request(Message(KIND, {"stage": UP[batch], "batch": batch, "sum": name, "data": data,
+                                       **(extra or {})}), KIND, wait)
         if reply.body["stage"] == ABORT:
             raise SecAggError(f"edge {edge} aborted the secure sum: {reply.body['data'].get('reason', '')}")
         return reply.body["data"]
@@ -141,7 +165,7 @@ def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPl
     roster = secagg.KeyRoster.from_body(exchange(0, me.advertise_keys().to_body()))
     inbox = secagg.ShareInbox.from_body(exchange(1, me.share_keys(roster).to_body()))
     request_ = secagg.UnmaskRequest.from_body(exchange(2, me.masked_input(inbox, values).to_body(), {"meta": meta}))
-    publish(Message(KIND, {"stage": UP[3], "batch": 3, "data": me.unmask(request_).to_body()}))
+    publish(Message(KIND, {"stage": UP[3], "batch": 3, "sum": name, "data": me.unmask(request_).to_body()}))
 
 
 # -- an edge ----------------------------------------------------------------------------------
@@ -150,9 +174,11 @@ class SecureSum:
     """An edge's aggregation for one phase of one round: the SecAgg server, the deadline of the
     open exchange, and the summed message once it is done."""
 
-    def __init__(self, edge: str, plan: RoundPlan, config: Any, devices: set[str],
-                 settled: Callable[[], set[str]] = set, clock: Callable[[], float] = time.monotonic) -> None:
-        self.edge, self.plan, self.clock, self.settled = edge, plan, clock, settled
+    def __init__(self, edge: str, plan: RoundPlan, config: Any, devices: set[str], name: str = "",
+                 settled: Callable[[], set[str]] = set, clock: Callable[[], float] = time.monotonic,
+                 keys_until: float | None = None) -> None:
+        self.edge, self.plan, self.clock, self.settled, self.name = edge, plan, clock, settled, name
+        self.keys_until = clock() + plan.deadline_s * KEYS_FRACTION if keys_until is None else keys_until
         secagg = _secagg()
         self.server = secagg.Server(config, devices)
         self.up_types = (secagg.AdvertiseKeys, secagg.EncryptedShares, secagg.MaskedInput, secagg.UnmaskShares)
@@ -205,7 +231,9 @@ class SecureSum:
         finished its round without answering (it has nothing to add)."""
         if not self.busy:
             return []
-        return self.advance(force=self.clock() - self.opened >= self.stage_s)
+        now = self.clock()
+        late = now >= self.keys_until if self.server.stage == 0 else now - self.opened >= self.stage_s
+        return self.advance(force=late)
 
     def advance(self, force: bool = False) -> list[Message]:
         """Close the open exchange when everyone answered (or `force`) and send what follows."""
@@ -227,19 +255,23 @@ class SecureSum:
             return self._abort(str(exc))
 
     def _down(self, batch: int, data: dict[str, Any], to: Any) -> Message:
-        return Message(KIND, {"stage": DOWN[batch], "batch": batch, "data": data}, to=to)
+        return Message(KIND, {"stage": DOWN[batch], "batch": batch, "sum": self.name, "data": data}, to=to)
 
     def _abort(self, reason: str) -> list[Message]:
         self.failed = reason
         log.warning("edge %s: secure sum of round %d (%s) aborted: %s", self.edge, self.plan.round, self.plan.phase,
                     reason)
         batch = min(self.server.stage, 2)
-        return [Message(KIND, {"stage": ABORT, "batch": batch, "data": {"reason": reason[:200]}}, to=CHILDREN)]
+        return [Message(KIND, {"stage": ABORT, "batch": batch, "sum": self.name, "data": {"reason": reason[:200]}},
+                        to=CHILDREN)]
 
     def _finish(self) -> list[Message]:
         result = self.server.finish()
         self.contributors = result.devices
-        built = body_of(self.meta or {}, result.sums)
+        try:
+            built = body_of(self.meta or {}, result.sums)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SecAggError(f"the sum does not decode: {exc}") from None
         if built is not None:
             kind, body = built
             self.result = Envelope(kind=kind, run="-", round=self.plan.round, sender=self.edge + SUM_SUFFIX, body=body)
@@ -263,3 +295,49 @@ class SecureSum:
         if self.failed:
             out["failed"] = self.failed
         return out
+
+
+MAX_SUMS = 8
+"""Secure sums one phase may hold (one per kind of statistic or model part a device sends)."""
+
+
+class SecureSums:
+    """An edge's secure sums of one phase, one per `sum` name (runtime-level: a method's device
+    may send moments and a W_c copy in one round); created by the first keys of each name."""
+
+    def __init__(self, edge: str, plan: RoundPlan, cfg: Any, run: str, session: str, devices: set[str],
+                 settled: Callable[[], set[str]] = set) -> None:
+        self.edge, self.plan, self.cfg, self.run, self.session = edge, plan, cfg, run, session
+        self.devices, self.settled = set(devices), settled
+        self.sums: dict[str, SecureSum] = {}
+        self.keys_until = time.monotonic() + plan.deadline_s * KEYS_FRACTION  # from the phase's start
+
+    def on_message(self, env: Envelope) -> list[Message]:
+        name = env.body.get("sum")
+        if not isinstance(name, str) or name not in self.sums and (
+                env.body["batch"] != 0 or len(self.sums) >= MAX_SUMS or name.split(".")[0] not in SUMMED):
+            raise ProtocolError(f"secagg.{env.body['stage']}", f"no secure sum {name!r} is open")
+        if name not in self.sums:
+            self.sums[name] = SecureSum(self.edge, self.plan, agreement(self.cfg, self.run, self.session, self.plan,
+                                                                       self.edge, name),
+                                        self.devices, name=name, settled=self.settled, keys_until=self.keys_until)
+        return self.sums[name].on_message(env)
+
+    @property
+    def busy(self) -> bool:
+        return any(s.busy for s in self.sums.values())
+
+    def tick(self) -> list[Message]:
+        return [m for s in self.sums.values() for m in s.tick()]
+
+    def reports(self, run: str) -> list[tuple[RoundReport, tuple[str, ...]]]:
+        """Each finished sum as (a report of the pseudo device, its contributors)."""
+        out = []
+        for s in self.sums.values():
+            report = s.report(run)
+            if report is not None:
+                out.append((report, s.contributors))
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {name: s.info() for name, s in sorted(self.sums.items())}

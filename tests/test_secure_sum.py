@@ -32,8 +32,10 @@ def _sim(url: str, run: str, out: Path, *, secure: str, method: str = "hsfp-cal"
          deadline: float = 60.0) -> list[dict]:
     torch.set_num_threads(1)
     overrides = {"secagg": secure} if secure != "off" else {}
+    if method.startswith("hsfp"):
+        overrides["ic"] = 2  # W_c copies go up (inside a sum of their own) in round 2
     s = SimSettings(rounds=3, devices=devices, edges=edges, broker=url, run=run, out=out, method=method,
-                    backends=("torch", "onnx"), max_train=600, max_test=300, deadline_s=deadline, overrides=overrides)
+                    backends=("torch", "onnx") if method.startswith("hsfp") else ("torch",), max_train=600, max_test=300, deadline_s=deadline, overrides=overrides)
     run_sim(s)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -74,10 +76,21 @@ def test_a_secure_run_is_the_clear_run(mosquitto, clear, tmp_path, secure: str) 
     records = _sim(mosquitto.url, f"sa-{secure}", tmp_path / secure, secure=secure)
     for key in ("accuracy", "accuracy_calibrated", "calibrated"):
         assert [r[key] for r in records] == pytest.approx([r[key] for r in clear], abs=1e-9), key
+    two = {"devices": 2, "dropped": 0}
     for r in records:
-        assert r["secagg"] == r["calibration_secagg"] == {e: {"devices": 2, "dropped": 0} for e in ("e0", "e1")}, r
+        sums = {"moments.wc": two, **({"weights.wc": two} if r["round"] == 2 else {})}
+        assert r["secagg"] == {e: sums for e in ("e0", "e1")}, r
+        assert r["calibration_secagg"] == {e: {"arrays.head_stats": two} for e in ("e0", "e1")}, r
         assert not any(r["rejected"].get(e) for e in ("e0", "e1")), r["rejected"]
     assert "secagg" not in clear[0]
+
+
+def test_fedavg_models_summed_securely_are_the_clear_average(mosquitto, tmp_path) -> None:
+    clear_run = _sim(mosquitto.url, "sa-fedavg-clear", tmp_path / "clear", secure="off", method="fedavg", devices=6)
+    secure = _sim(mosquitto.url, "sa-fedavg", tmp_path / "secure", secure="plus", method="fedavg", devices=6)
+    assert [r["accuracy"] for r in secure] == pytest.approx([r["accuracy"] for r in clear_run], abs=1e-9)
+    assert all(r["secagg"] == {e: {"weights.model": {"devices": 3, "dropped": 0}} for e in ("e0", "e1")}
+               for r in secure), secure
 
 
 def test_a_method_with_nothing_to_sum_securely_is_refused_before_round_1() -> None:
@@ -86,10 +99,11 @@ def test_a_method_with_nothing_to_sum_securely_is_refused_before_round_1() -> No
 
     info = load_dataset("digits", max_train=10, max_test=10)[2]
     with pytest.raises(ValueError, match="secagg covers"):
-        build_run_config("fedavg", info, None, 0, {"secagg": "full"})
+        build_run_config("scaffold", info, None, 0, {"secagg": "full"})
     with pytest.raises(ValueError, match="robust merge"):
         default_config("hsfp", ModelSpec(), secagg="full", robust="median")
-    build_run_config("fedavg", info, None, 0, {"secagg": "full", "calibrate": "lda"})  # head statistics
+    build_run_config("scaffold", info, None, 0, {"secagg": "full", "calibrate": "lda"})  # head statistics
+    build_run_config("fedavg", info, None, 0, {"secagg": "full"})  # its models
 
 
 class Quitter(RogueDevice):
@@ -112,20 +126,21 @@ class Quitter(RogueDevice):
                 self.say("done", {"phase": plan.phase, "info": {}}, plan.round)
                 return
             cfg = SimpleNamespace(secagg="full")
-            self.me = secagg.Device(self.node_id, agreement(cfg, self.run, plan.session, plan, "e0"))
+            self.me = secagg.Device(self.node_id, agreement(cfg, self.run, plan.session, plan, "e0", "moments.wc"))
             if self.garbage:
-                self.say("secagg", {"stage": "keys", "batch": 0, "data": {"device": self.node_id, "c": b"x"},
+                self.say("secagg", {"stage": "keys", "batch": 0, "sum": "moments.wc",
+                                    "data": {"device": self.node_id, "c": b"x"},
                                     "session": plan.session}, plan.round)
-            self.say("secagg", {"stage": "keys", "batch": 0, "data": self.me.advertise_keys().to_body(),
-                                "session": plan.session}, plan.round)
+            self.say("secagg", {"stage": "keys", "batch": 0, "sum": "moments.wc",
+                                "data": self.me.advertise_keys().to_body(), "session": plan.session}, plan.round)
 
     def on_secagg(self, _topic: str, env: Envelope) -> None:
         with self.lock:
-            if self.me is None or self.plan is None or env.round != self.plan.round:
+            if self.me is None or self.plan is None or env.round != self.plan.round or env.body["sum"] != "moments.wc":
                 return
             if env.body["stage"] == "roster":
                 shares = self.me.share_keys(secagg.KeyRoster.from_body(env.body["data"]))
-                self.say("secagg", {"stage": "shares", "batch": 1, "data": shares.to_body(),
+                self.say("secagg", {"stage": "shares", "batch": 1, "sum": "moments.wc", "data": shares.to_body(),
                                     "session": self.plan.session}, env.round)
             elif env.body["stage"] == "inbox":  # leave before masking its input
                 self.me = None
@@ -147,5 +162,5 @@ def test_devices_that_leave_after_sharing_their_keys_are_unmasked_from_the_other
             q.close()
     assert [r["accuracy"] for r in records] == pytest.approx([r["accuracy"] for r in clean], abs=1e-9)
     for r in records:
-        assert r["secagg"] == {"e0": {"devices": 4, "dropped": 2}}, r
+        assert r["secagg"]["e0"]["moments.wc"] == {"devices": 4, "dropped": 2}, r
     assert records[-1]["rejected"]["e0"].get("secagg.keys", 0) >= 1, records[-1]["rejected"]

@@ -20,6 +20,7 @@ class FedAvgDevice(DevicePart):
     # the optimiser is made afresh each round; specs and the local tensors come from the spec and data
     state = ("model", "version")
     private, private_clips = True, ("dp_update_clip",)
+    secure_kinds = ("weights",)
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)

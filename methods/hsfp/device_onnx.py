@@ -40,6 +40,7 @@ class HSFPOnnxDevice(HSFPDevice):
     # The graphs themselves are no attribute: resume_state adds their bytes (see there).
     state = HSFPDevice.state + ("model_version", "unapplied", "trainer", "trained_version", "dp_start")
     private, private_clips = True, ("dp_clip", "dp_update_clip")
+    secure_kinds = ("moments", "weights")
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)

@@ -37,6 +37,7 @@ class HSFPTorchDevice(HSFPDevice):
     # pre-ReLU view of wc_global (built when moments are taken, see `features`).
     state = HSFPDevice.state + ("wc_global", "wc_local", "head", "opt", "calib")
     private, private_clips = True, ("dp_clip", "dp_update_clip")
+    secure_kinds = ("moments", "weights")
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)

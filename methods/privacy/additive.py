@@ -9,6 +9,7 @@ the message the edge's part merges as if one device had sent it.
     moments       counts i8[K], sums f8[K, D], sumsq f8[K, D]         -> ClassMoments
     head stats    counts i8[K], sums f8[K, D], second f8[D(D+1)/2]     -> HeadStats (full cov)
                   (second: the upper triangle of sum x x^T over all the device's samples)
+    weights       samples n, n x every array                           -> the weighted average
 
 numpy only: thin devices use it.
 """
@@ -82,3 +83,28 @@ def head_stats_of_sums(sums: Mapping[str, np.ndarray]) -> HeadStats:
         cov = (second - between) / max(int(counts.sum()), 1)
         cov = (cov + cov.T) / 2
     return HeadStats(present.astype(np.int64), counts, mean, cov)
+
+
+def weights_sums(body: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """A `weights` body as sums: `samples` n, and n x each array (float64; integer buffers such
+    as BatchNorm's batch counter too), so the sum over devices is FedAvg's numerator."""
+    n = int(body["samples"])
+    out = {"samples": np.array([n], np.int64)}
+    for name, arr in body["weights"].items():
+        out["w." + name] = np.asarray(arr, np.float64) * n
+    return out
+
+
+def weights_of_sums(sums: Mapping[str, np.ndarray], dtypes: Mapping[str, str]) -> tuple[int, dict[str, np.ndarray]]:
+    """(total samples, the sample-weighted average of every array in its wire dtype) from summed
+    sums. Integer buffers come out as their rounded weighted mean (a clear merge takes their
+    maximum, which no sum can give); ValueError when no sample is in the sum."""
+    total = int(np.asarray(sums["samples"]).reshape(-1)[0])
+    if total < 1:
+        raise ValueError("no sample in the sum")
+    out = {}
+    for name, dtype in dtypes.items():
+        mean = np.asarray(sums["w." + name], np.float64) / total
+        kind = np.dtype(dtype)
+        out[name] = (np.rint(mean) if kind.kind in "iu" else mean).astype(kind)
+    return total, out

@@ -163,7 +163,8 @@ class MaskedInput:
     scale_bits: Mapping[str, int]
 
     def to_body(self) -> dict[str, Any]:
-        words = {n: np.ascontiguousarray(a).view(np.int64) for n, a in self.arrays.items()}
+        # reshape: np.ascontiguousarray makes a 0-d array (a BatchNorm batch counter) 1-d
+        words = {n: np.ascontiguousarray(a).view(np.int64).reshape(np.shape(a)) for n, a in self.arrays.items()}
         return {"device": self.device, "arrays": words, "scale": dict(self.scale_bits)}
 
     @classmethod

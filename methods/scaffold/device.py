@@ -29,6 +29,7 @@ def parameter_map(model: torch.nn.Module) -> dict[str, np.ndarray]:
 class ScaffoldDevice(FedAvgDevice):
     state = FedAvgDevice.state + ("c_local", "c_global", "c_version")
     private = False  # its control-variate changes have no private form yet
+    secure_kinds = ()  # nor a secure sum tested with them
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
