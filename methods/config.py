@@ -51,7 +51,8 @@ class MethodConfig:
 
     min_class_count: a device leaves every class it holds fewer images of out of the per-class
     statistics it sends (moments, head statistics, prototypes, mean logits; methods/privacy/floor.py)
-    and reports what it held back.
+    and reports what it held back. The default 10 is where an edge's inversion of CIFAR-10 W_c
+    moments stopped rebuilding a device's images (bench/results/leak-cifar10); 1 sends every class.
 
     dp_sigma: with a value > 0 every device release is differentially private (one image's
     worth, methods/privacy/dp.py): per-class statistics are sums of features clipped to L2 norm
@@ -74,8 +75,9 @@ class MethodConfig:
     robust: str = "none"
     robust_clip_k: float = 2.0
     robust_trim: float = 0.2
-    min_class_count: int = flag(1, "a device sends no statistic of a class it holds fewer images of (privacy: a "
-                                   "class mean over one image is that image's features)")
+    min_class_count: int = flag(10, "a device sends no statistic of a class it holds fewer images of (privacy: an "
+                                    "edge rebuilds the images of a class of 1 or 2 from its W_c mean and variance; "
+                                    "bench/results/leak-cifar10)")
     dp_sigma: float = flag(0.0, "differential privacy: noise multiplier of every release a device makes (0: off; "
                                 "methods/privacy, docs/privacy.md)")
     dp_clip: float = 0.0

@@ -23,7 +23,8 @@ ROUNDS = 3
 
 def _sim(tmp: Path, method: str = "fedavg", **kw) -> tuple[dict, list[dict]]:
     torch.set_num_threads(1)
-    overrides = {"calibrate": "lda", **kw.pop("overrides", {})}
+    # every image counts (min_class_count 1): these runs check the head fitted on all of them
+    overrides = {"calibrate": "lda", "min_class_count": 1, **kw.pop("overrides", {})}
     s = SimSettings(rounds=kw.pop("rounds", ROUNDS), devices=4, edges=2, method=method, out=tmp, max_train=600,
                     max_test=300, alpha=0.5, overrides=overrides, **kw)
     summary = run_sim(s)
@@ -156,7 +157,7 @@ def test_the_robust_rules_hold_the_calibrated_head_against_a_scaled_device(mosqu
     def run(name: str, robust: str, rogue: bool) -> list[float]:
         s = SimSettings(rounds=2, devices=4, edges=2, method="fedavg", out=tmp_path / name, max_train=600,
                         max_test=300, broker=mosquitto.url, run=f"cal-{name}", deadline_s=60.0,
-                        overrides={"calibrate": "lda", "robust": robust})
+                        overrides={"calibrate": "lda", "robust": robust, "min_class_count": 1})
         attacker = ScaledCalibrator(mosquitto.url, f"cal-{name}") if rogue else None
         try:
             return run_sim(s)["accuracy_calibrated_per_round"]

@@ -77,7 +77,8 @@ def test_edges_and_cloud_sample_from_the_exact_merge_of_what_they_received(digit
     shards = dirichlet(y, 6, 0.5, np.random.default_rng(1))
     cloud = _cloud(test, "hsfp-recording-test", edge_samples=256, cloud_samples=256)
     edges = [_edge(f"e{g}", "hsfp-recording-test", edge_samples=256) for g in range(2)]
-    devices = [_device((x[i], y[i]), f"d{k}") for k, i in enumerate(shards)]
+    # every class counts (min_class_count 1): the merge is compared with all the shards' images
+    devices = [_device((x[i], y[i]), f"d{k}", min_class_count=1) for k, i in enumerate(shards)]
     for part in (*devices, *edges):
         _give_model(part, cloud)
     # Execute: each edge merges its three devices' messages (through the codec); the cloud merges both edges

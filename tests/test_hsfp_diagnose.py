@@ -46,7 +46,8 @@ def test_class_total_var_is_the_covariance_trace():
 
 def test_small_run_reports_every_diagnostic():
     s = diag.DiagnoseSettings(devices=2, edges=2, rounds=2, max_train=160, max_test=100,
-                              overrides={"ic": "1", "edge_samples": "256", "cloud_samples": "256"},
+                              overrides={"ic": "1", "edge_samples": "256", "cloud_samples": "256",
+                                         "min_class_count": "1"},  # 8 images a class: all would be withheld
                               stat_images=100, probe_images=100)
     config, results = diag.run(s)
     assert config["model"] == "cnn" and results["stacks"] == list(diag.STACKS)

@@ -15,7 +15,7 @@ from splitedge.protocol.examples import EXAMPLES, example_body
 from splitedge.protocol.kinds import BUILTIN_KINDS
 
 DOCUMENTED_KINDS = {"hello", "status", "round", "assign", "moments", "weights", "arrays", "logits",
-                    "onnx_model", "metrics", "request", "done"}
+                    "onnx_model", "metrics", "request", "secagg", "done"}
 
 
 def _rule(kind: str, body: dict) -> str:

@@ -42,7 +42,7 @@ config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_siz
           "method": {}}
 method = create_method("hsfp", config)  # as a round announcement configures it
 rng = np.random.default_rng(0)
-x, y = rng.integers(0, 256, (20, 8, 8, 1), dtype=np.uint8), np.arange(20) % 3
+x, y = rng.integers(0, 256, (40, 8, 8, 1), dtype=np.uint8), np.arange(40) % 3  # >= 10 images a class
 dev = method.device_part(NodeContext("d0", method, rng), (x, y), backend="onnx")
 dev.on_message(SimpleNamespace(kind="onnx_model", body={"part": "wc", "version": 0, "model": data,
                                                         "sha256": hashlib.sha256(data).hexdigest()}))
