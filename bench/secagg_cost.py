@@ -29,7 +29,8 @@ import msgpack
 import numpy as np
 
 from splitedge.bench.report import pyplot, save_figure, table
-from splitedge.methods.privacy import fixedpoint
+from splitedge.methods.moments import merge_moments
+from splitedge.methods.privacy import additive, fixedpoint
 from splitedge.methods.privacy.secagg import Device, SecAggConfig, Server
 from splitedge.protocol.arrays import ext_default
 
@@ -103,7 +104,7 @@ def one_row(n: int, mode: str, drop: float, s: SecAggCostSettings) -> dict[str, 
         served("shares", lambda: server.receive_shares(msg))
     inboxes = served("shares", server.route_shares)
     expected: dict[str, Any] = {}
-    plain = []
+    plain, clear = [], []
     for d in ids:
         x = inputs(rng, s)
         plain.append(len(msgpack.packb(x, default=ext_default, use_bin_type=True)))
@@ -116,6 +117,10 @@ def one_row(n: int, mode: str, drop: float, s: SecAggCostSettings) -> dict[str, 
         for name, arr in x.items():
             enc = fixedpoint.encode(name, arr, s.frac_bits, n)[0].view(np.int64)
             expected[name] = enc if name not in expected else expected[name] + enc
+        clear.append(additive.moments_of_sums({"counts": x["count"], "sums": x["sum"], "sumsq": x["sumsq"]}))
+    start = time.perf_counter()
+    merge_moments(clear)  # what the edge does in the clear with the same devices' statistics
+    clear_merge_s = time.perf_counter() - start
     request = served("masked", server.unmask_request)
     sizes["request"].append(body_bytes(request))
     for d in sorted(server.survivors):
@@ -129,7 +134,7 @@ def one_row(n: int, mode: str, drop: float, s: SecAggCostSettings) -> dict[str, 
             "plain_input_bytes": int(np.mean(plain)), "exact": exact,
             "device_s": {r: float(np.mean(v)) for r, v in dev_t.items()},
             "device_max_s": {r: float(np.max(v)) for r, v in dev_t.items()},
-            "server_s": srv_t, "bytes": {k: int(np.mean(v)) for k, v in sizes.items()}}
+            "server_s": srv_t, "clear_merge_s": clear_merge_s, "bytes": {k: int(np.mean(v)) for k, v in sizes.items()}}
 
 
 def sampled_full(n: int, s: SecAggCostSettings) -> dict[str, Any]:
@@ -182,7 +187,7 @@ def markdown(results: dict[str, Any]) -> str:
     first = next((r for r in rows if "input_elements" in r), {"input_elements": 0})
     times = [(r["mode"] + (f" ({r['sampled']} sampled)" if r.get("sampled") else ""), r["devices"], r["k"], r["t"],
               r["dropped"], *(_ms(r["device_s"][k]) for k in ROUNDS), _ms(_total(r["device_s"], ROUNDS)),
-              *(_ms(r["server_s"][k]) for k in ROUNDS), _ms(_total(r["server_s"], ROUNDS)),
+              *(_ms(r["server_s"][k]) for k in ROUNDS), _ms(_total(r["server_s"], ROUNDS)), _ms(r.get("clear_merge_s")),
               {True: "yes", False: "NO", None: "-"}[r["exact"]]) for r in rows]
     up = ("keys", "shares", "masked", "reveal")
     b = [(r["mode"], r["devices"], r["dropped"], *(r["bytes"].get(k) for k in up), _total(r["bytes"], up),
@@ -196,9 +201,10 @@ def markdown(results: dict[str, Any]) -> str:
         "and unmasking the sum). `dropped`: devices gone after round 1, whose mask keys the edge rebuilds. "
         f"Full SecAgg runs up to {results.get('full_max', 100)} devices only: its per-device Shamir work "
         "grows as n^2/2; beyond, only rounds 0 and 1 of a few devices are timed (`sampled`), against the "
-        "whole roster.\n",
+        "whole roster. `edge clear merge`: the exact merge of the same devices' moments in the clear "
+        "(methods/moments.py), what the edge does without SecAgg.\n",
         table(["mode", "devices", "k", "t", "dropped", *(f"dev r{i}" for i in range(4)), "dev total",
-               *(f"edge r{i}" for i in range(4)), "edge total", "exact"], times),
+               *(f"edge r{i}" for i in range(4)), "edge total", "edge clear merge", "exact"], times),
         "\n## Bytes per device (msgpack bodies, no envelope; rows without dropout)\n",
         f"Up: what one device sends per round; down: what the edge sends it (the roster and the request "
         f"go to every device alike). `plain`: the same input "
