@@ -30,9 +30,7 @@ from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.faults import crash_point
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.records import (
-    phase_dp_releases, phase_secure_sums, phase_withheld, round_rejections, wire_metrics,
-)
+from splitedge.runtime.records import phase_privacy, round_rejections, wire_metrics
 from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
@@ -276,12 +274,7 @@ class CloudCoordinator(Node):
         reports = self.run_phase(plan)
         self.part.losses = {}
         messages, metrics = self.part.aggregate(plan, reports)
-        if phase_withheld(reports):
-            metrics = {**metrics, "withheld": phase_withheld(reports)}
-        if phase_dp_releases(reports):
-            metrics = {**metrics, "dp_releases": phase_dp_releases(reports)}
-        if phase_secure_sums(reports):
-            metrics = {**metrics, "secagg": phase_secure_sums(reports)}
+        metrics = {**metrics, **phase_privacy(reports)}
         crash_point("cloud.aggregated", r)
         self.pending = {"round": r, "plan": plan.to_body(), "metrics": metrics, "edges": len(reports),
                         "losses": tier_losses(reports, self.part.losses)}
@@ -381,12 +374,7 @@ class CloudCoordinator(Node):
             return {"calibrated_edges": 0}, reports
         metrics = {**self.part.calibrate(plan, sources), "calibrated_edges": len(sources),
                    "calibration_versions": dict(plan.versions)}
-        if phase_withheld(reports):
-            metrics["calibration_withheld"] = phase_withheld(reports)
-        if phase_dp_releases(reports):
-            metrics["calibration_dp_releases"] = phase_dp_releases(reports)
-        if phase_secure_sums(reports):
-            metrics["calibration_secagg"] = phase_secure_sums(reports)
+        metrics.update(phase_privacy(reports, prefix="calibration_"))
         heads = self.part.head_messages()
         if heads:
             scores, reports = self.evaluation_phase(plan, heads)

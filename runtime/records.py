@@ -45,7 +45,7 @@ def round_rejections(cloud: Mapping[str, int], reports: Sequence[Report]) -> dic
     out = {"cloud": dict(cloud)}
     devices: collections.Counter[str] = collections.Counter()
     for r in reports:
-        info = r.get("done").body["info"] if r.get("done") is not None else {}
+        info = _done_info(r)
         if info.get("refused"):
             out[r.sender] = dict(info["refused"])
         devices.update(info.get("device_refused") or {})
@@ -54,29 +54,24 @@ def round_rejections(cloud: Mapping[str, int], reports: Sequence[Report]) -> dic
     return out
 
 
-def phase_withheld(reports: Sequence[Report]) -> dict[str, int]:
-    """What the phase's devices held back below the minimum count per class (methods/privacy/
-    floor.py), summed over the edges that closed it: classes and images; empty when none."""
-    infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
-    return summed_withheld([i.get("device_withheld") for i in infos])
+def _done_info(report: Report) -> Mapping[str, Any]:
+    """A child's `done` info in its report (empty when it sent no `done`)."""
+    done = report.get("done")
+    return done.body["info"] if done is not None else {}
 
 
-def phase_dp_releases(reports: Sequence[Report]) -> int:
-    """The most differentially private releases any one device made in the phase (over the edges
-    that closed it): what bounds every device's privacy loss (methods/privacy/accountant.py)."""
-    infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
-    return most_releases([i.get("device_dp_releases") for i in infos])
-
-
-def phase_secure_sums(reports: Sequence[Report]) -> dict[str, Any]:
-    """Each edge's secure sum of the phase (runtime/secure_sum.py), as its done info says: the
-    devices summed, those that dropped out, or why it failed; empty with secagg off."""
-    out = {}
-    for r in reports:
-        info = r.get("done").body["info"] if r.get("done") is not None else {}
-        if isinstance(info.get("secagg"), Mapping):
-            out[r.sender] = dict(info["secagg"])
-    return out
+def phase_privacy(reports: Sequence[Report], prefix: str = "") -> dict[str, Any]:
+    """What a closed phase's edges say of their devices' privacy, for the cloud's record (keys
+    under `prefix`, each only when there is something to say): `withheld`, the classes and images
+    held back below the minimum count per class, summed (methods/privacy/floor.py);
+    `dp_releases`, the most differentially private releases one device made, which bounds every
+    device's privacy loss (accountant.py); `secagg`, each edge's secure sums as its done info
+    says (runtime/secure_sum.py)."""
+    infos = [_done_info(r) for r in reports]
+    secure = {r.sender: dict(i["secagg"]) for r, i in zip(reports, infos) if isinstance(i.get("secagg"), Mapping)}
+    found = {"withheld": summed_withheld([i.get("device_withheld") for i in infos]),
+             "dp_releases": most_releases([i.get("device_dp_releases") for i in infos]), "secagg": secure}
+    return {prefix + key: value for key, value in found.items() if value}
 
 
 def wire_metrics(record: Mapping[str, Any]) -> dict[str, int | float]:

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from splitedge.methods.calibration import HEAD_STATS
-from splitedge.methods.calibration.stats import head_stats_arrays
+from splitedge.methods.calibration.stats import cov_form, head_stats_arrays
 from splitedge.methods.contract import CHILDREN, Message, RoundPlan, RoundReport, device
-from splitedge.methods.moments import moments_to_body
+from splitedge.methods.moments import WIRE_DTYPES, moments_to_body
 from splitedge.methods.privacy import additive
 from splitedge.methods.privacy.errors import SecAggError
 from splitedge.protocol.codec import Envelope
@@ -112,10 +112,9 @@ def sums_of(msg: Message, num_classes: int) -> tuple[dict[str, np.ndarray], dict
         meta = {"kind": "moments", "space": body["space"], "versions": dict(body.get("versions", {})),
                 "dtype": np.asarray(body["mean"]).dtype.str}
         return additive.moments_sums(body, num_classes), meta
-    meta = {"kind": "arrays", "name": body["name"], "version": int(body["version"]),
-            "dtype": np.asarray(body["arrays"]["mean"]).dtype.str,
-            "cov": "diag" if np.asarray(body["arrays"]["cov"]).shape == (np.asarray(body["arrays"]["mean"]).shape[1],)
-            and np.asarray(body["arrays"]["mean"]).shape[1] > 1 else "full"}
+    mean = np.asarray(body["arrays"]["mean"])
+    meta = {"kind": "arrays", "name": body["name"], "version": int(body["version"]), "dtype": mean.dtype.str,
+            "cov": cov_form(body["arrays"]["cov"], mean.shape[1])}
     return additive.head_stats_sums(body["arrays"], num_classes), meta
 
 
@@ -125,7 +124,7 @@ def body_of(meta: Mapping[str, Any], sums: Mapping[str, np.ndarray]) -> tuple[st
         total, weights = additive.weights_of_sums(sums, meta["dtypes"])
         return "weights", {"part": str(meta["part"]), "version": int(meta["version"]), "samples": total,
                            "weights": weights}
-    wire = {"<f2": "f2", "<f4": "f4", "<f8": "f8"}.get(str(meta.get("dtype")))
+    wire = next((name for name, dtype in WIRE_DTYPES.items() if dtype.str == meta.get("dtype")), None)
     if wire is None:
         raise SecAggError(f"the sums are of dtype {meta.get('dtype')!r}, not a wire float")
     if meta["kind"] == "moments":
@@ -186,7 +185,7 @@ class SecureSum:
         self.stage_s = plan.deadline_s * STAGE_FRACTION
         self.opened = clock()
         self.meta: dict[str, Any] | None = None
-        self.result: Envelope | None = None
+        self.result: tuple[str, dict[str, Any]] | None = None  # (kind, body) of the summed message
         self.contributors: tuple[str, ...] = ()
         self.failed = ""
         self.started = False  # a device's keys arrived: this phase has something to sum
@@ -272,19 +271,17 @@ class SecureSum:
             built = body_of(self.meta or {}, result.sums)
         except (KeyError, TypeError, ValueError) as exc:
             raise SecAggError(f"the sum does not decode: {exc}") from None
-        if built is not None:
-            kind, body = built
-            self.result = Envelope(kind=kind, run="-", round=self.plan.round, sender=self.edge + SUM_SUFFIX, body=body)
-        else:
+        if built is None:
             self.failed = "no class in the sum"
+        self.result = built
         return []
 
     def report(self, run: str) -> RoundReport | None:
         """The summed message as a report of the pseudo device, for the part's merge."""
         if self.result is None:
             return None
-        env = Envelope(kind=self.result.kind, run=run, round=self.result.round, sender=self.result.sender,
-                       body=self.result.body, msg_id=self.result.msg_id)
+        kind, body = self.result
+        env = Envelope(kind=kind, run=run, round=self.plan.round, sender=self.edge + SUM_SUFFIX, body=body)
         report = RoundReport(env.sender)
         report.messages[env.kind] = [env]
         return report

@@ -146,13 +146,19 @@ def _diagonal_positions(dim: int) -> np.ndarray:
     return rows * dim - rows * (rows - 1) // 2
 
 
+def cov_form(packed: Any, dim: int) -> str:
+    """Which form a record's covariance travels in: "diag" (D values) or "full" (the upper
+    triangle); with D = 1 both are one value and it counts as full."""
+    return "diag" if np.shape(packed) == (dim,) and dim > 1 else "full"
+
+
 def head_stats_from_arrays(arrays: Mapping[str, Any]) -> HeadStats:
     """HeadStats (float64) from a checked record's arrays (either covariance form: a diagonal
     has D values, an upper triangle D(D+1)/2)."""
     mean = np.asarray(arrays["mean"], dtype=np.float64)
     dim = mean.shape[1]
     packed = np.asarray(arrays["cov"], dtype=np.float64)
-    if packed.shape == (dim,) and dim > 1:
+    if cov_form(packed, dim) == "diag":
         cov = np.diag(packed)
     else:
         cov = np.zeros((dim, dim))

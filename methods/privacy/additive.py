@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from splitedge.methods.calibration.stats import HeadStats, head_stats_from_arrays
+from splitedge.methods.calibration.stats import HeadStats, cov_form, head_stats_from_arrays
 from splitedge.methods.moments import ClassMoments, moments_from_body
 
 
@@ -62,7 +62,7 @@ def head_stats_sums(arrays: Mapping[str, Any], num_classes: int) -> dict[str, np
     h = head_stats_from_arrays(arrays)
     n, sums = _dense(h.classes, h.counts, h.mean, num_classes)
     second = h.cov * h.total + (h.mean * h.counts[:, None]).T @ h.mean  # sum over samples of x x^T
-    diag = np.asarray(arrays["cov"]).shape == (h.dim,) and h.dim > 1
+    diag = cov_form(arrays["cov"], h.dim) == "diag"
     return {"counts": n, "sums": sums, "second": np.diagonal(second).copy() if diag else second[np.triu_indices(h.dim)]}
 
 
@@ -74,7 +74,7 @@ def head_stats_of_sums(sums: Mapping[str, np.ndarray]) -> HeadStats:
     counts = n[present]
     mean = s[present] / counts[:, None]
     between = (mean * counts[:, None]).T @ mean
-    if packed.shape == (dim,) and dim > 1:
+    if cov_form(packed, dim) == "diag":
         cov = np.diag(np.maximum(packed - np.diagonal(between), 0.0) / max(int(counts.sum()), 1))
     else:
         second = np.zeros((dim, dim))

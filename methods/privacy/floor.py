@@ -50,6 +50,11 @@ class ClassFloor:
         return {"classes": self.withheld_classes, "samples": self.withheld_samples}
 
 
+def _count(value: Any, bound: int) -> bool:
+    """A peer's count: an int (not a bool) in [0, bound)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < bound
+
+
 def summed_withheld(infos: Sequence[Any]) -> dict[str, int]:
     """The `withheld` entries of several done infos (devices', or edges' `device_withheld`),
     summed: what a round held back below the floor, for the tier above. A peer's info is only
@@ -59,7 +64,7 @@ def summed_withheld(infos: Sequence[Any]) -> dict[str, int]:
         if not isinstance(info, Mapping):
             continue
         values = [info.get(key, 0) for key in total]
-        if all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**53 for v in values):
+        if all(_count(v, 2**53) for v in values):
             for key, v in zip(total, values):
                 total[key] += v
     return total if total["classes"] else {}
@@ -68,5 +73,5 @@ def summed_withheld(infos: Sequence[Any]) -> dict[str, int]:
 def most_releases(counts: Sequence[Any]) -> int:
     """The largest count of differentially private releases in several done infos (a device's
     `dp_releases`, an edge's `device_dp_releases`); entries that are no count >= 0 are skipped."""
-    valid = [c for c in counts if isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**31]
+    valid = [c for c in counts if _count(c, 2**31)]
     return max(valid, default=0)
