@@ -346,11 +346,16 @@ class DevicePart(Part):
     """Kinds of this part's messages that are sums in disguise (methods/privacy/additive.py),
     which the run's `secagg` sends only inside a secure sum; head statistics always are."""
 
+    @property
+    def min_class_count(self) -> int:
+        """The minimum count per class this device applies: the run's or its owner's, the higher."""
+        return max(self.cfg.min_class_count, self.ctx.min_class_count)
+
     def stats_floor(self, labels: Any) -> ClassFloor:
         """Which samples (labels [N]: those a per-class statistic is taken over) may enter it under
-        the run's `min_class_count` or the device's own, the higher (methods/privacy/floor.py);
-        what it holds back is kept as `withheld` for this phase's `done` info."""
-        floor = ClassFloor.of(np.asarray(labels), max(self.cfg.min_class_count, self.ctx.min_class_count))
+        `min_class_count` (methods/privacy/floor.py); what it holds back is kept as `withheld` for
+        this phase's `done` info."""
+        floor = ClassFloor.of(np.asarray(labels), self.min_class_count)
         self.withheld = floor.info
         return floor
 
@@ -578,18 +583,21 @@ class Method:
             self._check_secure()
         return {}
 
+    def _device_parts(self) -> list[Any]:
+        """The classes of this method's device parts (one per backend)."""
+        return [self._part_class(k) for k in self.parts if k.startswith("device")]
+
     def _check_secure(self) -> None:
         """With secagg on, some statistic of every device part must be securely summable."""
-        parts = [self._part_class(k) for k in self.parts if k.startswith("device")]
-        if self.config.calibrate == "none" and not all(p.secure_kinds for p in parts):
+        if self.config.calibrate == "none" and not all(p.secure_kinds for p in self._device_parts()):
             raise ValueError(f"secagg covers H-SFP's moments and W_c, FedAvg's and FedProx's models and head "
                              f"statistics; {self.name}'s devices send none of them (set calibrate=lda for its head "
                              f"statistics, or leave secagg off)")
 
     def _check_private(self) -> None:
         """With DP on, every device part must release privately, with the clips it needs set."""
-        parts = [self._part_class(k) for k in self.parts if k.startswith("device")]
-        if not parts or not all(getattr(p, "private", False) for p in parts):
+        parts = self._device_parts()
+        if not parts or not all(p.private for p in parts):
             raise ValueError(f"{self.name} has no differentially private form of everything its devices send; "
                              f"dp_sigma covers fedavg, fedprox, hsfp and hsfp-cal: leave dp_sigma at 0")
         unset = sorted({c for p in parts for c in p.private_clips if not getattr(self.config, c) > 0})

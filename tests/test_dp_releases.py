@@ -110,3 +110,19 @@ def test_noisy_moments_with_no_noise_are_the_exact_ones() -> None:
     assert got.classes.tolist() == want.classes.tolist() and (got.counts == want.counts).all()
     np.testing.assert_allclose(got.mean, want.mean, rtol=1e-6, atol=1e-6)
     assert part.dp_releases == 1
+
+
+def test_under_dp_the_owner_s_stricter_floor_applies_to_the_noisy_counts() -> None:
+    from splitedge.methods.privacy.release import PrivateSums, private_moments
+
+    rng = np.random.default_rng(1)
+    y = np.array([0] * 30 + [1] * 3)
+    x = rng.normal(size=(len(y), 4))
+    m = create_method("hsfp", default_config("hsfp", ModelSpec(num_classes=3), dp_sigma=1e-12, dp_clip=1e6,
+                                             min_class_count=1))
+    for own, classes in ((1, [0, 1]), (5, [0])):
+        part = m.device_part(NodeContext("d0", m, rng, min_class_count=own), (np.zeros((len(y), 8, 8, 1), np.uint8), y),
+                             "onnx")
+        acc = PrivateSums(4, part=part, clip=1e6, second="class", adapter=private_moments(part, y))
+        acc.add(x, y)
+        assert acc.result().classes.tolist() == classes

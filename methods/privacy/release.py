@@ -89,7 +89,7 @@ def private_weights(part: Any, weights: Mapping[str, np.ndarray],
 
 def _fitted(part: Any, labels: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(rows kept, their counts capped to the announced samples) of a noisy release."""
-    rows = fit_to_hello(classes, counts, labels, part.cfg.min_class_count)
+    rows = fit_to_hello(classes, counts, labels, part.min_class_count)
     return rows, capped_counts(counts[rows], len(labels))
 
 
