@@ -161,8 +161,9 @@ class DeviceAgent(Node):
         misfit = fits_model(self.data[0], self.data[1], method.spec)
         if misfit:
             raise Misfit(misfit)
-        if method.config.secagg != "off" and unavailable():
-            raise Misfit(unavailable())
+        missing = unavailable() if method.config.secagg != "off" else None
+        if missing:
+            raise Misfit(missing)
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, rounds and models."""

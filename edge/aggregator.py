@@ -169,11 +169,13 @@ class EdgeAggregator(Node):
         self.plan, self.round = plan, plan.round
         self.gate = Gate.of(plan, self.part.method) if plan.calibrating else None
         awaited = self.roster.awaited_in(self.plan)
-        if self.part.cfg.secagg != "off" and unavailable():  # its devices will say so too, each round
-            log.error("edge %s: %s; this edge cannot sum securely", self.node_id, unavailable())
-        self.secure = None if self.part.cfg.secagg == "off" or unavailable() else SecureSums(
-            self.node_id, plan, self.part.cfg, self.run_id, self.session, set(awaited),
-            settled=lambda: set(self.rounds.done))
+        self.secure = None
+        missing = unavailable() if self.part.cfg.secagg != "off" else None
+        if missing:  # its devices will say so too, each round
+            log.error("edge %s: %s; this edge cannot sum securely", self.node_id, missing)
+        elif self.part.cfg.secagg != "off":
+            self.secure = SecureSums(self.node_id, plan, self.part.cfg, self.run_id, self.session, set(awaited),
+                                     settled=lambda: set(self.rounds.done))
         if not plan.calibrating:
             self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
