@@ -185,7 +185,8 @@ class DeviceAgent(Node):
                 elif item is not DONE and secured(self.part, item):
                     secure_send(item, cfg=self.part.cfg, run=self.run_id, session=self.session, plan=plan,
                                 node_id=self.node_id, edge=self.edge, num_classes=self.part.spec.num_classes,
-                                request=self.exchange.request, publish=self.publish)
+                                request=self.exchange.request, publish=self.publish,
+                                moments_per=self.part.moments_per)
                 elif item is not DONE:
                     self.publish(item)
         finally:  # even a failed round tells the edge not to wait for us

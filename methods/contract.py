@@ -200,6 +200,9 @@ class RoundReport:
 
     sender: str
     messages: dict[str, list[Any]] = field(default_factory=dict)
+    summed: bool = False
+    """An edge's secure sum (runtime/secure_sum.py): the messages are sums over several devices,
+    so a merge that weighs each device alike (FedProto) reads the per-class counts as devices."""
 
     def get(self, kind: str) -> Any:
         """The last message of `kind`, or None."""
@@ -345,6 +348,10 @@ class DevicePart(Part):
     secure_kinds: tuple[str, ...] = ()
     """Kinds of this part's messages that are sums in disguise (methods/privacy/additive.py),
     which the run's `secagg` sends only inside a secure sum; head statistics always are."""
+    moments_per: str = "sample"
+    """What the edge's merge of this part's `moments` weighs alike: "sample" (moments of the union
+    of the data) or "device" (FedProto: the mean over devices of their class means), which sets
+    their sum form in a secure sum."""
 
     @property
     def min_class_count(self) -> int:
@@ -590,8 +597,9 @@ class Method:
     def _check_secure(self) -> None:
         """With secagg on, some statistic of every device part must be securely summable."""
         if self.config.calibrate == "none" and not all(p.secure_kinds for p in self._device_parts()):
-            raise ValueError(f"secagg covers H-SFP's moments and W_c, FedAvg's and FedProx's models and head "
-                             f"statistics; {self.name}'s devices send none of them (set calibrate=lda for its head "
+            raise ValueError(f"secagg covers H-SFP's moments and W_c, FedAvg's, FedProx's and CFLHKD's models, "
+                             f"FedProto's prototypes, CFLHKD's logits and head statistics; {self.name}'s devices "
+                             f"send none of them (set calibrate=lda for its head "
                              f"statistics, or leave secagg off)")
 
     def _check_private(self) -> None:

@@ -100,7 +100,7 @@ BUILTIN_KINDS: dict[str, Schema] = {
         "data": Data(), "meta": Data(optional=True, default={}), "session": _SESSION,
     }, doc="device <-> its edge: one exchange of secure aggregation (runtime/secure_sum.py); `batch` numbers "
            "the exchange, `sum` names the aggregation (kind.what), `data` is secagg's message (methods/privacy/messages.py, checked there), `meta` what a "
-           "masked input sums (kind, space, versions, dtype) in the clear"),
+           "masked input sums (kind, space, versions, dtype; for moments whether the merge weighs samples or devices) in the clear"),
     "done": Schema({
         "phase": Str(), "info": Data(optional=True, default={}), "session": _SESSION,
     }, doc="any -> up; round-completion marker (`phase`: round, or calibrate); a `done` of another "

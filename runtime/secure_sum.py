@@ -54,7 +54,7 @@ deadline from the phase's start; every device that has not finished its round is
 STAGE_FRACTION = 0.1
 """Each later exchange (answered at once, nothing is computed between) waits at most this share
 of the round's deadline; with the keys' half, an edge's sums end within its 0.8 of the deadline."""
-SUMMED = ("moments", "arrays", "weights")
+SUMMED = ("moments", "arrays", "weights", "logits")
 """The kinds a secure sum may carry (methods/privacy/additive.py has their sum forms)."""
 SUM_SUFFIX = "~sum"
 """The pseudo device an edge's summed statistics come from (`<edge>~sum`)."""
@@ -89,7 +89,7 @@ def sum_name(msg: Message) -> str:
     """Which of a phase's secure sums a message goes into: its kind and what it is of (e.g.
     `moments.wc`, `weights.wc`, `arrays.head_stats`); each is a separate aggregation."""
     what = msg.body.get("space") if msg.kind == "moments" else msg.body.get("part") if msg.kind == "weights" \
-        else msg.body.get("name")
+        else "mean" if msg.kind == "logits" else msg.body.get("name")
     return f"{msg.kind}.{what}"
 
 
@@ -100,17 +100,24 @@ def agreement(cfg: Any, run: str, session: str, plan: RoundPlan, edge: str, name
     return _secagg().SecAggConfig(session=label, neighbours=None if cfg.secagg == "full" else "log")
 
 
-def sums_of(msg: Message, num_classes: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def sums_of(msg: Message, num_classes: int, moments_per: str = "sample") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """A device message as the arrays it masks, and what travels beside them in the clear (the
-    kind, its feature space and model versions, its dtype), which every device must share."""
+    kind, its feature space and model versions, its dtype), which every device must share.
+    `moments_per`: the part's (DevicePart.moments_per): "device" sums prototypes."""
     body = msg.body
+    if msg.kind == "logits":
+        meta = {"kind": "logits", "versions": dict(body.get("versions", {})),
+                "dtype": np.asarray(body["logits"]).dtype.str}
+        return additive.logits_sums(body, num_classes), meta
     if msg.kind == "weights":
         meta = {"kind": "weights", "part": body["part"], "version": int(body["version"]),
                 "dtypes": {name: np.asarray(a).dtype.str for name, a in body["weights"].items()}}
         return additive.weights_sums(body), meta
     if msg.kind == "moments":
         meta = {"kind": "moments", "space": body["space"], "versions": dict(body.get("versions", {})),
-                "dtype": np.asarray(body["mean"]).dtype.str}
+                "dtype": np.asarray(body["mean"]).dtype.str, "per": moments_per}
+        if moments_per == "device":
+            return additive.prototype_sums(body, num_classes), meta
         return additive.moments_sums(body, num_classes), meta
     mean = np.asarray(body["arrays"]["mean"])
     meta = {"kind": "arrays", "name": body["name"], "version": int(body["version"]), "dtype": mean.dtype.str,
@@ -127,8 +134,14 @@ def body_of(meta: Mapping[str, Any], sums: Mapping[str, np.ndarray]) -> tuple[st
     wire = next((name for name, dtype in WIRE_DTYPES.items() if dtype.str == meta.get("dtype")), None)
     if wire is None:
         raise SecAggError(f"the sums are of dtype {meta.get('dtype')!r}, not a wire float")
+    if meta["kind"] == "logits":
+        classes, counts, logits = additive.logits_of_sums(sums)
+        if not len(classes):
+            return None
+        return "logits", {"classes": classes, "counts": counts, "logits": logits.astype(WIRE_DTYPES[wire]),
+                          "versions": dict(meta["versions"])}
     if meta["kind"] == "moments":
-        m = additive.moments_of_sums(sums)
+        m = additive.prototypes_of_sums(sums) if meta.get("per") == "device" else additive.moments_of_sums(sums)
         if not len(m.classes):
             return None
         return "moments", moments_to_body(m, dtype=wire, space=str(meta["space"]), versions=dict(meta["versions"]))
@@ -145,11 +158,12 @@ Request = Callable[[Message, str, float], Envelope]
 
 
 def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPlan, node_id: str, edge: str,
-                num_classes: int, request: Request, publish: Callable[[Message], Any]) -> None:
+                num_classes: int, request: Request, publish: Callable[[Message], Any],
+                moments_per: str = "sample") -> None:
     """Run the four exchanges for one device message (`request`: publish and wait for the edge's
     reply, runtime/exchange.py). TimeoutError or SecAggError fail the device's round."""
     secagg = _secagg()
-    values, meta = sums_of(msg, num_classes)
+    values, meta = sums_of(msg, num_classes, moments_per)
     name = sum_name(msg)
     me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge, name))
     wait = plan.deadline_s
@@ -282,7 +296,7 @@ class SecureSum:
             return None
         kind, body = self.result
         env = Envelope(kind=kind, run=run, round=self.plan.round, sender=self.edge + SUM_SUFFIX, body=body)
-        report = RoundReport(env.sender)
+        report = RoundReport(env.sender, summed=True)
         report.messages[env.kind] = [env]
         return report
 

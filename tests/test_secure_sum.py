@@ -64,6 +64,32 @@ def test_sum_forms_give_back_the_exact_merge() -> None:
     assert isinstance(moments_from_body(moments_to_body(ClassMoments.empty(2))), ClassMoments)
 
 
+def test_prototype_and_logit_sums_give_back_fedprotos_and_cflhkds_merges() -> None:
+    from splitedge.methods.cflhkd.distill import merge_tables
+    from splitedge.methods.fedproto.protos import merge_protos, protos_body
+
+    rng = np.random.default_rng(1)
+    held = [np.array([0, 2, 3]), np.array([2]), np.array([1, 2, 4])]
+    protos = [(c, rng.integers(10, 50, len(c)), rng.normal(size=(len(c), 5))) for c in held]
+    summed: dict = {}
+    for c, n, mu in protos:
+        for k, v in additive.prototype_sums(protos_body(c, n, mu, "f8", 1), 6).items():
+            summed[k] = summed.get(k, 0) + v
+    got = additive.prototypes_of_sums(summed)  # FedProto's edge: every device alike, counts = devices
+    want = merge_protos([(c, np.ones(len(c), np.int64), mu) for c, _, mu in protos])
+    assert got.classes.tolist() == want[0].tolist() == [0, 1, 2, 3, 4] and got.counts.tolist() == [1, 1, 3, 1, 1]
+    np.testing.assert_allclose(got.mean, want[2], rtol=1e-12)
+    tables = [(c, n, rng.normal(size=(len(c), 6))) for c, n, _ in protos]
+    summed = {}
+    for c, n, t in tables:
+        for k, v in additive.logits_sums({"classes": c, "counts": n, "logits": t}, 6).items():
+            summed[k] = summed.get(k, 0) + v
+    classes, counts, logits = additive.logits_of_sums(summed)
+    want_counts, want_logits = merge_tables(tables, 6)
+    assert counts.tolist() == want_counts[classes].tolist() and classes.tolist() == [0, 1, 2, 3, 4]
+    np.testing.assert_allclose(logits, want_logits[classes], rtol=1e-12)
+
+
 @pytest.fixture(scope="module")
 def clear(mosquitto, tmp_path_factory) -> list[dict]:
     return _sim(mosquitto.url, "sa-clear", tmp_path_factory.mktemp("clear"), secure="off")
@@ -91,6 +117,19 @@ def test_fedavg_models_summed_securely_are_the_clear_average(mosquitto, tmp_path
     assert [r["accuracy"] for r in secure] == pytest.approx([r["accuracy"] for r in clear_run], abs=1e-9)
     assert all(r["secagg"] == {e: {"weights.model": {"devices": 3, "dropped": 0}} for e in ("e0", "e1")}
                for r in secure), secure
+
+
+@pytest.mark.parametrize("method, sums", [("fedproto", ("moments.rep",)), ("cflhkd", ("logits.mean", "weights.model"))])
+def test_prototypes_and_logits_summed_securely_are_the_clear_merge(mosquitto, tmp_path, method: str, sums) -> None:
+    # FedProto's prototypes (a mean over devices, each alike) and CFLHKD's class-wise logits and
+    # models reach the edge only as sums; CFLHKD's clustering signal stays per device (the cloud
+    # compares devices by it)
+    clear_run = _sim(mosquitto.url, f"sa-{method}-clear", tmp_path / "clear", secure="off", method=method)
+    secure = _sim(mosquitto.url, f"sa-{method}", tmp_path / "secure", secure="full", method=method)
+    assert [r["accuracy"] for r in secure] == pytest.approx([r["accuracy"] for r in clear_run], abs=1e-9)
+    two = {"devices": 2, "dropped": 0}
+    assert all(r["secagg"] == {e: dict.fromkeys(sums, two) for e in ("e0", "e1")} for r in secure), secure
+    assert not any(r["rejected"].get(e) for r in secure for e in ("e0", "e1"))
 
 
 def test_a_method_with_nothing_to_sum_securely_is_refused_before_round_1() -> None:

@@ -32,6 +32,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
     # cluster's calibrated head (calibrate=lda), scored on the held-out share.
     state = ("model", "version", "tables", "holdout_rows", "head", "head_version")
     can_calibrate = True
+    secure_kinds = ("logits", "weights")  # its clustering signal is the cloud's to compare, device by device
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)

@@ -47,6 +47,8 @@ class FedProtoDevice(PersonalHead, DevicePart):
     # the cloud sent (calibrate=lda), scored on the held-out share in an evaluation phase.
     state = ("model", "opt", "protos", "has_proto", "proto_version", "holdout_rows", "head", "head_version")
     can_calibrate = True
+    secure_kinds = ("moments",)  # its prototypes: the edge takes their mean over devices (protos.py)
+    moments_per = "device"
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)

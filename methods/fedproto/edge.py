@@ -38,7 +38,9 @@ class FedProtoEdge(EdgePart):
             env = report.get("moments")
             if env is not None:
                 classes = np.asarray(env.body["classes"], dtype=np.int64)
-                parts.append((classes, np.ones(len(classes), dtype=np.int64), env.body["mean"]))
+                devices = np.asarray(env.body["counts"], dtype=np.int64) if report.summed \
+                    else np.ones(len(classes), dtype=np.int64)  # a secure sum's counts are its devices
+                parts.append((classes, devices, env.body["mean"]))
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
         acc, n = weighted_accuracy(infos)
         rank, _ = weighted_accuracy(infos, "effective_rank")

@@ -7,6 +7,9 @@ hold, so the set of classes it holds is hidden too) and the way back from the su
 the message the edge's part merges as if one device had sent it.
 
     moments       counts i8[K], sums f8[K, D], sumsq f8[K, D]         -> ClassMoments
+    prototypes    holders i8[K], sums f8[K, D] (of the device's means) -> means over devices
+                  (FedProto weighs each device alike: holders counts the devices with the class)
+    logits        counts i8[K], sums f8[K, C]                         -> count-weighted mean logits
     head stats    counts i8[K], sums f8[K, D], second f8[D(D+1)/2]     -> HeadStats (full cov)
                   (second: the upper triangle of sum x x^T over all the device's samples)
     weights       samples n, n x every array                           -> the weighted average
@@ -54,6 +57,40 @@ def moments_of_sums(sums: Mapping[str, np.ndarray]) -> ClassMoments:
     m2 = np.maximum(q[present] - cn * np.square(mean), 0.0)
     var = np.where(cn > 1, m2 / np.maximum(cn - 1, 1), 0.0)
     return ClassMoments(present.astype(np.int64), n[present], mean, var)
+
+
+def prototype_sums(body: Mapping[str, Any], num_classes: int) -> dict[str, np.ndarray]:
+    """A device's prototypes (a `moments` body whose merge weighs devices alike) as, per class,
+    1 and its mean where it has the class, zeros elsewhere."""
+    m = moments_from_body(body)
+    holders = np.zeros(num_classes, np.int64)
+    sums = np.zeros((num_classes, m.mean.shape[1]))
+    holders[m.classes], sums[m.classes] = 1, m.mean
+    return {"holders": holders, "sums": sums}
+
+
+def prototypes_of_sums(sums: Mapping[str, np.ndarray]) -> ClassMoments:
+    """The mean over devices of their class means, with counts = the devices holding each class
+    (what FedProto's edge forwards, methods/fedproto/protos.py); var is 0 (means only)."""
+    n, s = np.asarray(sums["holders"], np.int64), np.asarray(sums["sums"])
+    present = np.flatnonzero(n > 0)
+    mean = s[present] / n[present].astype(np.float64)[:, None]
+    return ClassMoments(present.astype(np.int64), n[present], mean, np.zeros_like(mean))
+
+
+def logits_sums(body: Mapping[str, Any], num_classes: int) -> dict[str, np.ndarray]:
+    """A `logits` body (class-wise mean logits with counts) as its sums over every class."""
+    classes = np.asarray(body["classes"], np.int64)
+    counts = np.asarray(body["counts"], np.int64)
+    n, sums = _dense(classes, counts, np.asarray(body["logits"], np.float64), num_classes)
+    return {"counts": n, "sums": sums}
+
+
+def logits_of_sums(sums: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(classes, counts, count-weighted mean logits) of the classes in the sum."""
+    n, s = np.asarray(sums["counts"], np.int64), np.asarray(sums["sums"])
+    present = np.flatnonzero(n > 0)
+    return present.astype(np.int64), n[present], s[present] / n[present].astype(np.float64)[:, None]
 
 
 def head_stats_sums(arrays: Mapping[str, Any], num_classes: int) -> dict[str, np.ndarray]:
