@@ -100,7 +100,8 @@ def agreement(cfg: Any, run: str, session: str, plan: RoundPlan, edge: str, name
     return _secagg().SecAggConfig(session=label, neighbours=None if cfg.secagg == "full" else "log")
 
 
-def sums_of(msg: Message, num_classes: int, moments_per: str = "sample") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def sums_of(msg: Message, num_classes: int,
+            moments_per: str = "sample") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """A device message as the arrays it masks, and what travels beside them in the clear (the
     kind, its feature space and model versions, its dtype), which every device must share.
     `moments_per`: the part's (DevicePart.moments_per): "device" sums prototypes."""
