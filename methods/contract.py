@@ -607,7 +607,7 @@ class Method:
         parts = self._device_parts()
         if not parts or not all(p.private for p in parts):
             raise ValueError(f"{self.name} has no differentially private form of everything its devices send; "
-                             f"dp_sigma covers fedavg, fedprox, hsfp and hsfp-cal: leave dp_sigma at 0")
+                             f"dp_sigma covers fedavg, fedprox, hsfp, hsfp-cal, fedproto and cflhkd: leave dp_sigma at 0")
         unset = sorted({c for p in parts for c in p.private_clips if not getattr(self.config, c) > 0})
         if unset:
             raise ValueError(f"dp_sigma > 0 needs {' and '.join(u + ' > 0' for u in unset)}: the L2 norm each "

@@ -1,5 +1,6 @@
 """Differentially private releases on the devices (methods/privacy/release.py): with `dp_sigma`
-> 0 every statistic and weight update a device of fedavg or H-SFP sends is clipped and noised,
+> 0 every statistic and weight update a device of fedavg, H-SFP, FedProto or CFLHKD sends is
+clipped and noised,
 each release is counted, and the cloud reports the epsilon they spend; a method without a
 private form, or a clip left unset, is refused before round 1."""
 
@@ -62,7 +63,9 @@ def test_a_private_update_is_clipped_noised_and_counted() -> None:
 
 @pytest.mark.parametrize("method, settings, message", [
     ("scaffold", {"dp_sigma": 1.0, "dp_update_clip": 1.0}, "no differentially private form"),
-    ("fedproto", {"dp_sigma": 1.0}, "no differentially private form"),
+    ("splitfed", {"dp_sigma": 1.0, "dp_update_clip": 1.0}, "no differentially private form"),
+    ("fedproto", {"dp_sigma": 1.0}, "dp_clip > 0"),
+    ("cflhkd", {"dp_sigma": 1.0, "dp_clip": 1.0}, "dp_update_clip > 0"),
     ("fedavg", {"dp_sigma": 1.0}, "dp_update_clip > 0"),
     ("hsfp", {"dp_sigma": 1.0, "dp_update_clip": 1.0}, "dp_clip > 0"),
     ("hsfp-cal", {"dp_sigma": 1.0, "dp_clip": 1.0, "dp_update_clip": 1.0}, "dp_head_clip > 0"),
@@ -87,6 +90,18 @@ def test_a_private_federation_counts_its_releases_and_reports_epsilon(mosquitto,
         assert r["dp_epsilon"] == pytest.approx(epsilon(1.0, r["dp_releases_total"], 1e-5))
         assert not any(r["rejected"].get(edge) for edge in ("e0", "e1")), r["rejected"]  # fitted to the hellos
     assert records[-1]["dp_epsilon"] > records[0]["dp_epsilon"]
+
+
+@pytest.mark.parametrize("method, per_round", [("fedproto", 1), ("cflhkd", 2)])
+def test_fedproto_and_cflhkd_release_privately(mosquitto, tmp_path, method: str, per_round: int) -> None:
+    # FedProto: its prototypes, one release a round; CFLHKD: its mean logits and its model update
+    # (the clustering signal is computed from the noised update, so it costs nothing more)
+    records = _sim(mosquitto.url, f"dp-{method}", tmp_path / method, method, 1.0)
+    assert [r["dp_releases_total"] for r in records] == [per_round * r["round"] for r in records], records
+    for r in records:
+        assert r["dp_epsilon"] == pytest.approx(epsilon(1.0, r["dp_releases_total"], 1e-5))
+        assert not any(r["rejected"].get(edge) for edge in ("e0", "e1")), r["rejected"]  # fitted to the hellos
+    assert np.isfinite(records[-1]["accuracy"])
 
 
 def test_negligible_noise_changes_little_and_moments_stay_exact_in_their_counts(mosquitto, tmp_path) -> None:

@@ -20,6 +20,8 @@ from splitedge.methods.cflhkd.method import MODEL, SIGNAL, TEACHERS
 from splitedge.methods.fedproto.device import held_out_tensors, holdout_split
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 from splitedge.methods.metrics.evaluate import accuracy
+from splitedge.methods.data.preprocess import batches
+from splitedge.methods.privacy.release import private_means_of, private_weights
 from splitedge.methods.torch_utils import build_split, model_outputs, sgd, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
@@ -33,6 +35,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
     state = ("model", "version", "tables", "holdout_rows", "head", "head_version")
     can_calibrate = True
     secure_kinds = ("logits", "weights")  # its clustering signal is the cloud's to compare, device by device
+    private, private_clips = True, ("dp_clip", "dp_update_clip")  # logits; the model (the signal follows from it)
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -43,6 +46,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         self.version = -1
         self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # cluster -> (counts [C], logits [C, C])
         self.info: dict[str, Any] = {}
+        self.label_counts = np.zeros(self.spec.num_classes, np.float32)  # what this round's logits counted
 
     def restore_state(self, state: dict[str, Any]) -> None:
         super().restore_state(state)
@@ -107,9 +111,12 @@ class CFLHKDDevice(PersonalHead, DevicePart):
 
         self.losses = train_epochs(self.forward, self.method.loss_terms("device"), epoch, opt, [self.model],
                                    epochs=self.cfg.local_epochs)
+        weights, before = state_to_numpy(self.model), {k: v.numpy() for k, v in start.items()}
+        if self.cfg.dp_sigma > 0:  # the update clipped and noised; the signal is computed from what is sent
+            weights = private_weights(self, weights, before)
         yield Message("weights", {"part": MODEL, "version": self.version, "samples": int(len(self.y)),
-                                  "weights": state_to_numpy(self.model)})
-        yield Message("arrays", {"name": SIGNAL, "version": plan.round, "arrays": {"v": self.signal(start)}})
+                                  "weights": weights})
+        yield Message("arrays", {"name": SIGNAL, "version": plan.round, "arrays": {"v": self.signal(weights, before)}})
         yield DONE
 
     def teacher_tensors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -124,29 +131,38 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         """Class-wise mean logits of the model this device received, on its training share, of the
         classes above the run's minimum count."""
         self.model.eval()
-        keep = self.stats_floor(self.y.numpy()).keep
-        y = self.y.numpy()[keep]
-        logits = model_outputs(self.model, self.x[torch.from_numpy(keep)])["logits"].numpy().astype(np.float64) \
-            if keep.any() else np.zeros((0, self.spec.num_classes))
-        classes = np.unique(y)
-        means = np.stack([logits[y == c].mean(axis=0) for c in classes]).astype(np.float32) if len(classes) \
-            else np.zeros((0, self.spec.num_classes), np.float32)
-        counts = np.array([(y == c).sum() for c in classes], dtype=np.int64)
-        body = {"classes": classes.astype(np.int64), "counts": counts, "logits": means,
+        c = self.spec.num_classes
+        if self.cfg.dp_sigma > 0:  # one noisy release of every class; the floor applies to its noisy counts
+            rows = [(model_outputs(self.model, self.x[sl])["logits"].numpy(), self.y[sl].numpy())
+                    for sl in batches(len(self.y), 256)]
+            classes, counts, means = private_means_of(self, rows, self.data[1], c)
+            means = means.astype(np.float32)
+        else:
+            keep = self.stats_floor(self.y.numpy()).keep
+            y = self.y.numpy()[keep]
+            logits = model_outputs(self.model, self.x[torch.from_numpy(keep)])["logits"].numpy().astype(np.float64) \
+                if keep.any() else np.zeros((0, c))
+            classes = np.unique(y)
+            means = np.stack([logits[y == k].mean(axis=0) for k in classes]).astype(np.float32) if len(classes) \
+                else np.zeros((0, c), np.float32)
+            counts = np.array([(y == k).sum() for k in classes], dtype=np.int64)
+        self.label_counts = np.zeros(c, np.float32)
+        self.label_counts[classes] = counts  # the label signal: the counts this release sent
+        body = {"classes": classes.astype(np.int64), "counts": counts.astype(np.int64), "logits": means,
                 "versions": {MODEL: max(self.version, 0)}}
         check_stats(body, "logits", dim=self.spec.num_classes, num_classes=self.spec.num_classes)
         return body
 
-    def signal(self, start: dict[str, torch.Tensor]) -> np.ndarray:
-        """What the cloud clusters devices by: the update of the classifier this round (cosine
-        similarity of updates, METHODS.md), or the device's label histogram."""
+    def signal(self, weights: dict[str, np.ndarray], start: dict[str, np.ndarray]) -> np.ndarray:
+        """What the cloud clusters devices by: the update of the classifier this round in the
+        `weights` sent (cosine similarity of updates, METHODS.md), or the device's label
+        histogram as its logits message counted it. Both come from what the device already sent,
+        so under DP the signal costs no privacy of its own."""
         if self.cfg.signal == "labels":
-            counts = np.bincount(self.y.numpy(), minlength=self.spec.num_classes).astype(np.float32)
-            return counts / max(counts.sum(), 1.0)
+            return self.label_counts / max(float(self.label_counts.sum()), 1.0)
         classifier = f"wg.{list(self.model.wg.named_children())[-1][0]}."  # the head's last layer
-        state = self.model.state_dict()
-        names = [k for k in state if k.startswith(classifier) and state[k].dtype.is_floating_point]
-        return torch.cat([(state[k] - start[k]).flatten() for k in names]).numpy().astype(np.float32)
+        names = [k for k in weights if k.startswith(classifier) and np.issubdtype(weights[k].dtype, np.floating)]
+        return np.concatenate([(weights[k] - start[k]).ravel() for k in names]).astype(np.float32)
 
     def round_info(self) -> dict[str, Any]:
         return dict(self.info)

@@ -17,6 +17,7 @@ from splitedge.methods.calibration.personal import PersonalHead
 from splitedge.methods.fedproto.loss import representation
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, protos_body
 from splitedge.methods.moments import MomentAccumulator
+from splitedge.methods.privacy.release import private_means_of
 from splitedge.methods.data.preprocess import batches
 from splitedge.methods.metrics.representation import effective_rank
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
@@ -49,6 +50,7 @@ class FedProtoDevice(PersonalHead, DevicePart):
     can_calibrate = True
     secure_kinds = ("moments",)  # its prototypes: the edge takes their mean over devices (protos.py)
     moments_per = "device"
+    private, private_clips = True, ("dp_clip",)  # only prototypes (and head statistics) leave it
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -130,8 +132,13 @@ class FedProtoDevice(PersonalHead, DevicePart):
     @torch.no_grad()
     def local_protos(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-class means (float64) of f(x) over the training share, eval mode, no augmentation;
-        counts are the device's samples per class; only classes above the run's minimum count."""
+        counts are the device's samples per class; only classes above the run's minimum count.
+        With DP on, a private release (methods/privacy/release.py)."""
         self.model.eval()
+        if self.cfg.dp_sigma > 0:  # one noisy release of every class; the floor applies to its noisy counts
+            rows = ((representation(self.model, self.x[sl])[0].numpy(), self.y[sl].numpy())
+                    for sl in batches(len(self.y), 256))
+            return private_means_of(self, rows, self.data[1], self.dim)
         keep = torch.from_numpy(self.stats_floor(self.y.numpy()).keep)
         x, y = self.x[keep], self.y[keep]
         acc = MomentAccumulator(self.dim)

@@ -25,7 +25,8 @@ import numpy as np
 from splitedge.methods.calibration.stats import HeadStats
 from splitedge.methods.checks import STATISTIC_BUFFERS
 from splitedge.methods.moments import ClassMoments
-from splitedge.methods.privacy.dp import ClippedSums, Second, dp_weights, head_stats_from, moments_from
+from splitedge.methods.privacy.dp import (ClippedSums, Second, class_means_from, dp_weights, head_stats_from,
+                                         moments_from)
 
 Adapter = Callable[[Any], Any]
 
@@ -111,3 +112,25 @@ def private_head_stats(part: Any, labels: np.ndarray) -> Adapter:
         rows, counts = _fitted(part, labels, h.classes, h.counts)
         return HeadStats(h.classes[rows], counts, h.mean[rows], h.cov)
     return adapt
+
+
+ClassMeans = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def private_class_means(part: Any, labels: np.ndarray) -> Adapter:
+    """NoisySums (second "none") -> the (classes, counts, means) a device may send: FedProto's
+    prototypes, CFLHKD's class-wise mean logits (dp.class_means_from, fitted to its hello)."""
+    def adapt(noisy: Any) -> ClassMeans:
+        classes, counts, means = class_means_from(noisy)
+        rows, capped = _fitted(part, labels, classes, counts)
+        return classes[rows], capped, means[rows]
+    return adapt
+
+
+def private_means_of(part: Any, rows: Any, labels: np.ndarray, dim: int) -> ClassMeans:
+    """One private release of the class means of `rows` (feature batches [N, dim] with their
+    labels, every class: the floor applies to the noisy counts), clipped to the run's `dp_clip`."""
+    sums = private_accumulator(part, part.cfg.dp_clip, "none", private_class_means(part, labels))(dim)
+    for x, y in rows:
+        sums.add(x, y)
+    return sums.result()
