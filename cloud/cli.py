@@ -55,7 +55,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
-    from splitedge.runtime.outputs import RunFolder, dumps, json_safe
+    from splitedge.runtime.outputs import RunFolder, dumps, json_safe, why_unevaluated
 
     with metrics_http.serve(args, "cloud") as metrics, \
             RunFolder(args.out, overwrite=args.overwrite, resumable=True) if args.out else contextlib.nullcontext() as folder:
@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
     final = json_safe(history[-1].get("accuracy")) if history else None
     print(dumps({"final_accuracy": final}))
     if not any(json_safe(h.get("accuracy")) is not None for h in history):
-        print("splitedge cloud: no round produced an evaluation (accuracy is null in every round); see the "
-              "warnings above, or run with -v", file=sys.stderr)
+        print(f"splitedge cloud: no round produced an evaluation: {why_unevaluated(history)}; run with -v for "
+              f"the nodes' logs", file=sys.stderr)
         return 1
     return 0
 

@@ -113,6 +113,28 @@ class RunFolder:
             self.path.rmdir()
 
 
+def why_unevaluated(history: list[dict[str, Any]]) -> str:
+    """One line, from the round records alone, of why no round has an accuracy: no round ran, no
+    edge or no device took part, or what was refused (so a CLI's error needs no log above it)."""
+    rounds = len(history)
+    if not rounds:
+        return "no round ran"
+    edges = max(int(r.get("edges") or 0) for r in history)
+    devices = max(int(r.get("participants") or 0) for r in history)
+    refused: dict[str, int] = {}
+    for r in history:
+        for counts in (r.get("rejected") or {}).values():
+            for rule, n in (counts or {}).items():
+                refused[rule] = refused.get(rule, 0) + int(n)
+    why = (f"no edge reported in any of the {rounds} rounds" if not edges
+           else f"no device took part in any of the {rounds} rounds ({edges} edges reported)" if not devices
+           else f"devices took part (up to {devices} a round), but the cloud's evaluation gave no accuracy")
+    if refused:
+        top = sorted(refused.items(), key=lambda kv: -kv[1])[:3]
+        why += "; refused messages: " + ", ".join(f"{rule} x{n}" for rule, n in top)
+    return why
+
+
 def write_counters(out: Path | None, node_id: str, transports: list[Any]) -> None:
     """Leave this node's byte counters (and rejection counts) for the bench and the tests."""
     if out is None:

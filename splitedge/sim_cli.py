@@ -86,8 +86,12 @@ def run(args: argparse.Namespace) -> int:
                                               "device_up_bytes_per_device_per_round") if k in summary}))
     print(f"wrote {s.out}/metrics.jsonl, summary.json, plot.png")
     if not summary["evaluated_rounds"]:
-        print(f"splitedge sim: no round produced an evaluation (accuracy is null in every round); "
-              f"see the warnings above or run with -v", file=sys.stderr)
+        from splitedge.runtime.outputs import why_unevaluated
+
+        history = [json.loads(line) for line in (s.out / "metrics.jsonl").read_text().splitlines() if line.strip()] \
+            if (s.out / "metrics.jsonl").is_file() else []
+        print(f"splitedge sim: no round produced an evaluation: {why_unevaluated(history)}; run with -v for the "
+              f"nodes' logs", file=sys.stderr)
         return 1
     return 0
 

@@ -223,8 +223,20 @@ def test_a_run_without_any_evaluation_exits_non_zero(tmp_path, capsys) -> None:
 
     code, err = _run(capsys, "sim", "--method", "ring-test", "--rounds", "1", "--devices", "2", "--edges", "1",
                      "--max-train", "40", "--out", str(tmp_path / "run"))
-    assert code == 1 and "no round produced an evaluation" in err
+    assert code == 1 and "no round produced an evaluation: devices took part (up to 2 a round)" in err
+    assert "above" not in err  # the line says why itself
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["final_accuracy"] is None
+
+
+def test_why_no_round_was_evaluated_is_told_from_the_records() -> None:
+    from splitedge.runtime.outputs import why_unevaluated
+
+    assert why_unevaluated([]) == "no round ran"
+    empty = {"edges": 0, "participants": 0, "rejected": {"cloud": {}}}
+    assert why_unevaluated([empty, empty]) == "no edge reported in any of the 2 rounds"
+    idle = {"edges": 2, "participants": 0, "rejected": {"e0": {"state.shape": 3}, "e1": {"state.shape": 1}}}
+    assert why_unevaluated([idle]) == ("no device took part in any of the 1 rounds (2 edges reported); "
+                                       "refused messages: state.shape x4")
 
 
 def test_every_option_of_every_command_says_what_it_does() -> None:
