@@ -2,8 +2,8 @@
 # A deployed federation for issue 31's acceptance: own Mosquitto, a cloud, 2 edges, 6 devices
 # (d4, d5 thin onnx), each role serving --metrics-port; a watcher in tmux; d2 killed -9 mid-run.
 set -u
-W=/work/notes/fed31; cd $W; rm -rf shards runs logs; mkdir -p logs
-SE=/work/main/.venv/bin/splitedge
+W=${1:?usage: run.sh SCRATCH_DIR}; mkdir -p "$W"; cd "$W"; rm -rf shards runs logs; mkdir -p logs
+SE=${SPLITEDGE:-splitedge}
 PORT=18931
 cat > mosq.conf <<CONF
 listener $PORT 127.0.0.1
