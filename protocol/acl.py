@@ -203,4 +203,25 @@ def write_acl(path: Path | str, text: str) -> Path:
     return out
 
 
-__all__ = ["check_devices", "check_graph", "peer_acl", "federation_acl", "write_acl"]
+def broker_conf(run: str, acl_file: Path | str, password_file: Path | str, max_packet_size: int) -> str:
+    """The Mosquitto settings that go with a generated ACL and password file: no anonymous
+    client, and each login bound to its MQTT client id (`use_username_as_clientid`), so a
+    login cannot take another node's connection by connecting with that node's client id
+    (the broker would drop the older connection for it). The listener is the operator's."""
+    return "\n".join([
+        f"# Mosquitto settings for splitedge run {run!r} (written by `splitedge data split --acl`).",
+        "# Include this file from mosquitto.conf beside your listener (e.g. /etc/mosquitto/conf.d/);",
+        "# if you move broker.acl and broker.passwd, change the two paths.",
+        "allow_anonymous false",
+        f"password_file {Path(password_file).resolve()}",
+        f"acl_file {Path(acl_file).resolve()}",
+        "# The client id of every connection is its login: a login cannot disconnect another node by",
+        "# reusing its client id. One connection per login (a second one replaces the first).",
+        "use_username_as_clientid true",
+        "# Model messages: a little above the receivers' frame cap (--max-frame-bytes). Mosquitto 2.1",
+        "# defaults to 2,000,000 bytes and would drop them.",
+        f"max_packet_size {int(max_packet_size)}",
+    ]) + "\n"
+
+
+__all__ = ["broker_conf", "check_devices", "check_graph", "peer_acl", "federation_acl", "write_acl"]

@@ -28,6 +28,7 @@ from splitedge.methods.data.datasets import file_sha256
 
 MANIFEST = "shards.json"
 ACL = "broker.acl"
+BROKER_CONF = "broker.conf"
 MANIFEST_FORMAT = 1
 DEFAULT_BROKER = "mqtt://EDGE-HOST:1883"
 DEFAULT_MAX_SHIFT = 0.2  # feature_skew's default
@@ -160,13 +161,15 @@ def split(args: argparse.Namespace) -> int:
     tmp.write_text(_manifest_text(manifest))
     os.replace(tmp, out / MANIFEST)
     if args.acl is not None:
-        from splitedge.protocol.acl import WATCHER, write_acl
-
-        from splitedge.protocol.logins import write_logins
+        from splitedge.protocol.acl import WATCHER, broker_conf, write_acl
+        from splitedge.protocol.limits import DEFAULT_MAX_BYTES
+        from splitedge.protocol.logins import PASSWD, write_logins
 
         homes = {d["id"]: f"e{i % args.edges}" for i, d in enumerate(devices)}
         write_acl(out / ACL, federation_acl(args.acl, homes))
         write_logins(out, [*homes, *sorted(set(homes.values())), "cloud", WATCHER])
+        packet = DEFAULT_MAX_BYTES + 1024 * 1024  # headroom for topic, MQTT header and a signature
+        (out / BROKER_CONF).write_text(broker_conf(args.acl, out / ACL, out / PASSWD, packet))
 
     _print_split(args, manifest)
     return 0
@@ -225,9 +228,10 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
         print(f"  splitedge device --broker {args.broker} --id {d['id']} --edge e{i % args.edges} "
               f"--data {args.out / d['file']} --backend onnx")
     if args.acl is not None:
-        print(f"wrote {args.out / ACL}, {args.out / 'broker.passwd'} (mode 600: chown it to the broker's user) and "
-              f"{args.out / 'logins'}/<id>.password for run {args.acl}: set the broker's `acl_file` to the first, its "
-              f"`password_file` to the second and `allow_anonymous false`; start every node with --run {args.acl}, "
+        print(f"wrote {args.out / ACL}, {args.out / 'broker.passwd'} (mode 600: chown it to the broker's user), "
+              f"{args.out / BROKER_CONF} and {args.out / 'logins'}/<id>.password for run {args.acl}: include "
+              f"{BROKER_CONF} in the broker's config (it names the first two, turns anonymous access off and binds "
+              f"each login to its client id); start every node with --run {args.acl}, "
               f"its login in the URL (mqtt://d0@host) and --password-file {args.out / 'logins'}/<id>.password "
               f"(copy each node only its own); the login watcher reads the whole run and writes nothing: "
               f"splitedge watch --broker mqtt://watcher@host --run {args.acl} --password-file "

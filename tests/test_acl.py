@@ -125,3 +125,34 @@ def test_generated_password_hashes_are_mosquittos_own_format(tmp_path: Path) -> 
     again = {u: p.read_text() for u, p in write_logins(tmp_path, ["d0", "e0", "cloud"]).items()}
     assert again["d0"] == first["d0"] and again["e0"] == first["e0"] and again["cloud"] != first["d0"]
     assert len((tmp_path / "broker.passwd").read_text().splitlines()) == 3
+
+
+def test_a_login_cannot_take_another_nodes_connection_with_its_client_id(tmp_path: Path) -> None:
+    # the broker.conf `data split --acl` writes binds each login to its client id: d0's login
+    # connecting five times with edge e0's client id does not disconnect e0 (without that line
+    # the broker hands e0's session to the intruder each time, and e0 has to reconnect)
+    import time
+
+    require_mosquitto("mosquitto")
+    run = "bind-run"
+    assert main(["data", "split", "--dataset", "digits", "--devices", "2", "--max-train", "100", "--out",
+                 str(tmp_path / "shards"), "--acl", run]) == 0
+    conf = (tmp_path / "shards" / "broker.conf").read_text()
+    assert "use_username_as_clientid true" in conf and f"acl_file {tmp_path / 'shards' / 'broker.acl'}" in conf
+    password = {u: (tmp_path / "shards" / "logins" / f"{u}.password").read_text().strip() for u in ("d0", "e0")}
+
+    def edge_reconnects(config: str) -> int:
+        with MosquittoBroker(extra_conf=config) as broker:
+            url = lambda user: f"mqtt://{user}:{password[user]}@127.0.0.1:{broker.port}"  # noqa: E731
+            edge = MqttTransport(url("e0"), client_id=f"{run}-edge-e0", role="edge")
+            try:
+                for _ in range(5):
+                    MqttTransport(url("d0"), client_id=f"{run}-edge-e0", role="device").close()
+                    time.sleep(0.2)
+                time.sleep(1.5)  # a dropped edge is back within its reconnect delay
+                return edge.reconnects
+            finally:
+                edge.close()
+
+    assert edge_reconnects(conf) == 0
+    assert edge_reconnects(conf.replace("use_username_as_clientid true", "")) >= 1

@@ -24,7 +24,8 @@ from brokers import require_mosquitto
 from splitedge.protocol.broker import MosquittoBroker
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto"
-SITE_USER, CLOUD_USER, PASSWORD = "site1", "cloud", "test-secret"
+SITE_USER, CLOUD_USER, WATCHER, PASSWORD = "site1", "cloud", "watcher", "test-secret"
+SITE_NODES = ("e0", "d0")  # logins of the generated site ACL (one connection per login: the configs bind ids)
 BRIDGE_TOPICS = ["topic splitedge/+/edge/+/up/# out 1", "topic splitedge/+/cloud/+/down/# in 1"]
 
 
@@ -46,7 +47,7 @@ def bridge_section(cloud_port: int) -> str:
 
 def make_passwd(workdir: Path) -> Path:
     passwd = workdir / "passwd"
-    for i, user in enumerate((CLOUD_USER, SITE_USER)):
+    for i, user in enumerate((CLOUD_USER, SITE_USER, WATCHER, *SITE_NODES)):
         subprocess.run(["mosquitto_passwd", *(["-c"] if i == 0 else []), "-b", str(passwd), user, PASSWORD],
                        check=True, capture_output=True)
     return passwd
@@ -184,27 +185,33 @@ def cloud_broker_no_acl(tmp_path: Path):
 
 def test_whole_edge_site_conf_forwards_edge_up_and_cloud_down_only(tmp_path: Path,
                                                                     cloud_broker_no_acl: MosquittoBroker) -> None:
-    """The whole edge-site.conf (every option must be known, or Mosquitto stops) bridged to a
-    cloud broker without its ACL, so the bridge's topic lines alone decide what crosses: an
+    """The whole edge-site.conf (every option must be known, or Mosquitto stops; its ACL the one
+    `data split --acl` writes, which does not bind the bridge) bridged to a cloud broker without
+    its ACL, so the bridge's topic lines alone decide what crosses: an
     edge up-topic goes out, cloud down-topics come in (one addressed to a device by a 7th
     segment), a device up-topic stays on the site."""
     from splitedge.protocol.mqtt import MqttTransport
 
+    from splitedge.protocol.acl import federation_acl, write_acl
+
     cloud_port, run = cloud_broker_no_acl.port, f"fwd-{uuid.uuid4().hex[:6]}"
     (tmp_path / "site").mkdir()
     login = f"address 127.0.0.1:{cloud_port}\nremote_username {SITE_USER}\nremote_password {PASSWORD}"
+    acl = write_acl(tmp_path / "site" / "broker.acl", federation_acl(run, {"d0": "e0"}))  # what data split writes
     edge_up, device_up = f"splitedge/{run}/edge/e0/up/moments", f"splitedge/{run}/device/d0/up/moments"
     down, addressed = f"splitedge/{run}/cloud/cloud/down/round", f"splitedge/{run}/cloud/cloud/down/weights-wc/d3"
-    with MosquittoBroker(extra_conf=shipped_conf("edge-site.conf", tmp_path / "site", address=login)) as site_broker:
-        cloud, site = Monitor(cloud_port, CLOUD_USER), Monitor(site_broker.port, SITE_USER)
-        on_site, on_cloud = (MqttTransport(f"mqtt://{user}:{PASSWORD}@127.0.0.1:{port}", client_id=f"fwd-{user}",
-                                           role="edge")
-                             for user, port in ((SITE_USER, site_broker.port), (CLOUD_USER, cloud_port)))
+    conf = shipped_conf("edge-site.conf", tmp_path / "site", address=login, acl_file=f"acl_file {acl}")
+    with MosquittoBroker(extra_conf=conf) as site_broker:
+        cloud, site = Monitor(cloud_port, WATCHER), Monitor(site_broker.port, WATCHER)
+        device, edge, on_cloud = (MqttTransport(f"mqtt://{user}:{PASSWORD}@127.0.0.1:{port}",
+                                                client_id=f"fwd-{user}", role="edge")
+                                  for user, port in (("d0", site_broker.port), ("e0", site_broker.port),
+                                                     (CLOUD_USER, cloud_port)))
         try:
             assert cloud.wait_for("$SYS/broker/connection/splitedge-bridge-site1/state", b"1"), \
                 site_broker.log_tail()
-            on_site.publish_raw(device_up, b"device", qos=1)  # first: had it crossed, it would arrive first
-            on_site.publish_raw(edge_up, b"edge", qos=1)
+            device.publish_raw(device_up, b"device", qos=1)  # first: had it crossed, it would arrive first
+            edge.publish_raw(edge_up, b"edge", qos=1)
             # retained: the bridge may subscribe on the cloud broker just after it reports "1"
             on_cloud.publish_raw(down, b"all", qos=1, retain=True)
             on_cloud.publish_raw(addressed, b"to-d3", qos=1, retain=True)
@@ -214,7 +221,7 @@ def test_whole_edge_site_conf_forwards_edge_up_and_cloud_down_only(tmp_path: Pat
             time.sleep(0.5)  # a straggler would have had time to cross
             assert cloud.topics("/device/") == [], cloud.topics("/device/")
         finally:
-            for c in (on_site, on_cloud, cloud, site):
+            for c in (device, edge, on_cloud, cloud, site):
                 c.close()
 
 
@@ -222,7 +229,7 @@ def test_cloud_acl_confines_a_site(cloud_broker: MosquittoBroker) -> None:
     """A site's login may speak only as an edge: device and cloud topics are dropped."""
     from splitedge.protocol.mqtt import MqttTransport
 
-    cloud = Monitor(cloud_broker.port, CLOUD_USER)
+    cloud = Monitor(cloud_broker.port, WATCHER)
     site = MqttTransport(f"mqtt://{SITE_USER}:{PASSWORD}@127.0.0.1:{cloud_broker.port}", client_id="acl-probe",
                          role="edge")
     try:
@@ -241,7 +248,7 @@ def test_bridge_logs_in_under_the_cloud_acl(cloud_broker: MosquittoBroker) -> No
     from splitedge.protocol.mqtt import MqttTransport
 
     with MosquittoBroker(extra_conf=bridge_section(cloud_broker.port)) as site_broker:
-        cloud, site = Monitor(cloud_broker.port, CLOUD_USER), Monitor(site_broker.port)
+        cloud, site = Monitor(cloud_broker.port, WATCHER), Monitor(site_broker.port)
         probes = [MqttTransport(url, client_id=f"probe-{i}", role="edge") for i, url in enumerate(
             (site_broker.url, f"mqtt://{CLOUD_USER}:{PASSWORD}@127.0.0.1:{cloud_broker.port}"))]
         try:
@@ -262,7 +269,7 @@ def test_round_across_bridged_edge_site_broker(cloud_broker_no_acl: MosquittoBro
     # that forwards too much. The topic lines of edge-site.conf must do it on their own.
     cloud_broker = cloud_broker_no_acl
     run = f"bridge-{uuid.uuid4().hex[:6]}"
-    cloud = Monitor(cloud_broker.port, CLOUD_USER)
+    cloud = Monitor(cloud_broker.port, WATCHER)
     with MosquittoBroker(extra_conf=bridge_section(cloud_broker.port)) as site_broker:
         site = Monitor(site_broker.port)
         try:
@@ -281,7 +288,7 @@ def test_round_with_edge_on_both_brokers(cloud_broker: MosquittoBroker) -> None:
     """`splitedge edge --broker SITE --upstream CLOUD`: no bridge, the edge relays. The edge
     logs in as the site user, so this also shows the shipped ACL lets an edge do its job."""
     run = f"upstream-{uuid.uuid4().hex[:6]}"
-    cloud = Monitor(cloud_broker.port, CLOUD_USER)
+    cloud = Monitor(cloud_broker.port, WATCHER)
     with MosquittoBroker() as site_broker:
         site = Monitor(site_broker.port)
         try:
