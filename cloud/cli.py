@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rejoin-timeout", type=float, default=120.0,
                    help="before a round, seconds to wait for edges that went offline (a broker restart) before going "
                         "on without them, or stopping when none is back")
+    p.add_argument("--rejoin-grace", type=float, default=30.0,
+                   help="before a round, while other edges are online, seconds to wait for an edge that went offline "
+                        "(a restarted edge: systemd's RestartSec plus its start) before going on without it")
     p.add_argument("--out", type=Path, default=None, help="metrics.jsonl, model.safetensors and spectrum.png go here")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a previous run in --out (without it, a run that stopped early is resumed)")
@@ -51,6 +54,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--join-timeout must be > 0 seconds, got {args.join_timeout}")
     if not args.rejoin_timeout > 0:
         raise ValueError(f"--rejoin-timeout must be > 0 seconds, got {args.rejoin_timeout}")
+    if not args.rejoin_grace >= 0:
+        raise ValueError(f"--rejoin-grace must be >= 0 seconds, got {args.rejoin_grace}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,7 +93,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint, resuming: boo
     saved = _resume_state(args, config) if resuming else None
     settings = CloudSettings(method=args.method, rounds=args.rounds, config=config, deadline_s=args.deadline,
                              min_edges=args.edges, min_devices=args.devices, join_timeout_s=args.join_timeout,
-                             rejoin_timeout_s=args.rejoin_timeout,
+                             rejoin_timeout_s=args.rejoin_timeout, rejoin_grace_s=args.rejoin_grace,
                              out_dir=args.out, seed=args.seed, sampling=sampling_of(args),
                              until_plateau=args.until_plateau, dataset=args.dataset,
                              on_round=_round_printer(args.rounds))

@@ -54,6 +54,7 @@ class CloudSettings:
     min_devices: int = 0
     join_timeout_s: float = 60.0
     rejoin_timeout_s: float = 120.0  # before a round, wait this long for edges that went offline
+    rejoin_grace_s: float = REJOIN_GRACE_S  # ... when some are online: this long for the others
     out_dir: Path | None = None
     seed: int = 0
     sampling: Sampling = field(default_factory=Sampling)  # which online devices train each round
@@ -182,7 +183,7 @@ class CloudCoordinator(Node):
         """Before round r, with fewer live edges than the run needs, wait for them. With none
         live (a broker restart fires every node's will; the nodes are back within seconds) a
         round opened now would close at once with nobody in it: wait up to `rejoin_timeout_s`
-        for one, else stop (TimeoutError). Then give the others REJOIN_GRACE_S; an edge still
+        for one, else stop (TimeoutError). Then give the others `rejoin_grace_s`; an edge still
         missing is not waited for again (it died: rounds go on with the edges that are left)."""
         s = self.settings
         if len(self.live) >= self.enough_edges:
@@ -195,7 +196,7 @@ class CloudCoordinator(Node):
                 raise TimeoutError(f"no edge is online before round {r}, and none came back within "
                                    f"{s.rejoin_timeout_s:g} s (--rejoin-timeout); the run stops here, its rounds "
                                    f"so far are kept")
-        self._dispatch_until(lambda: len(self.live) >= self.enough_edges, REJOIN_GRACE_S)
+        self._dispatch_until(lambda: len(self.live) >= self.enough_edges, s.rejoin_grace_s)
         if len(self.live) < self.enough_edges:
             log.warning("cloud: round %d goes on with %d of %d edge(s)", r, len(self.live), self.enough_edges)
             self.enough_edges = len(self.live)

@@ -34,6 +34,7 @@ from splitedge.runtime.parts import PartHost
 from splitedge.runtime.phases import edge_close, edge_scores
 from splitedge.runtime.records import edge_done_info
 from splitedge.runtime.rounds import RoundCollector, done_phase
+from splitedge.runtime.faults import crash_point
 from splitedge.runtime.secure_sum import KIND, SecureSums, unavailable
 from splitedge.runtime.router import edge_router, relay_route, relayed_retained
 from splitedge.runtime.session import clear_retained
@@ -42,6 +43,9 @@ from splitedge.runtime.subscriptions import Subscriptions
 log = logging.getLogger(__name__)
 
 EDGE_DEADLINE_FRACTION = 0.8  # an edge closes its round before the cloud's deadline
+MEMBERS_QUIET_S, MEMBERS_SETTLE_S = 0.3, 3.0
+"""At start, the devices' retained hellos and statuses are taken until none arrives for the
+first, for at most the second (a broker sends retained messages right after each SUBACK)."""
 
 
 class EdgeAggregator(Node):
@@ -64,6 +68,7 @@ class EdgeAggregator(Node):
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
         self.cost = CostMeter({id(t): t for t in (self.down, self.up)}.values(), shared_process=shared_process)
         self.closed_with: int | None = None  # devices its last closed training round had a done from
+        self._settling = False  # start() is taking the members' retained hellos and statuses
 
     @property
     def members(self) -> dict[str, int]:
@@ -75,13 +80,29 @@ class EdgeAggregator(Node):
     def start(self) -> None:
         statefile.resume(self.state_file, self)
         clear_retained(self.down, pattern(self.run_id, "edge", self.node_id, "down", "#"))
-        self._sync_subscriptions()
         # the hellos addressed to this edge (a device joins by sending it one); a member's other
         # messages, its status and a hello to another edge included, through its own filter
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello", to=self.node_id), self.enqueue)
-        self._announce()
+        self._settle_members()
+        self._members_changed()  # the cloud's downlink (and what it addresses to members), and our hello
         status.info("edge %s: up (run %s), waiting for devices and for cloud %s's round", self.node_id, self.run_id,
                     self.cloud)
+
+    def _settle_members(self, quiet_s: float = MEMBERS_QUIET_S, most_s: float = MEMBERS_SETTLE_S) -> None:
+        """Take the devices' retained hellos, and the statuses they open, before the cloud's
+        downlink: an edge restarted into an open round must know who is live when it opens the
+        round, or it would wait for nobody and close it at once. Until nothing arrives for
+        `quiet_s`, at most `most_s`."""
+        self._settling = True
+        try:
+            deadline = time.monotonic() + most_s
+            while time.monotonic() < deadline:
+                event = self.next_event(min(quiet_s, deadline - time.monotonic()))
+                if event is None:
+                    break
+                self.dispatch(event)
+        finally:
+            self._settling = False
 
     def _sync_subscriptions(self, fresh: bool = False) -> None:
         self.cloud_subs.sync(edge_cloud_filters(self.run_id, self.node_id, self.cloud, self.members,
@@ -114,7 +135,7 @@ class EdgeAggregator(Node):
             elif self.roster.hello(env, addressed=where.to is not None):
                 self._members_changed()
         elif env.kind == "status":
-            if self.roster.status(env):
+            if self.roster.status(env) and not self._settling:
                 self._announce()  # the cloud waits for live devices before round 1
         elif env.sender in self.members:
             self._from_device(env)
@@ -127,6 +148,8 @@ class EdgeAggregator(Node):
             log.warning("edge %s: refused device %s: not in this edge's manifest (--manifest)", self.node_id, device)
 
     def _members_changed(self) -> None:
+        if self._settling:  # start() subscribes and announces once they are in
+            return
         self._sync_subscriptions()
         self._announce()
         if self.part is not None:
@@ -255,7 +278,9 @@ class EdgeAggregator(Node):
         try:
             with self.host.working():
                 messages, extra = edge_close(self.part, plan, reports)  # by phase (runtime/phases.py)
+                crash_point("edge.aggregated", plan.round)
                 self.publish_all(messages)
+                crash_point("edge.published", plan.round)
         except Exception:  # the cloud still hears that this edge is done, so the run goes on
             self.errors += 1
             log.exception("edge %s: aggregating round %d (%s) failed", self.node_id, plan.round, plan.phase)
@@ -269,10 +294,12 @@ class EdgeAggregator(Node):
                               errors=self.errors, refused=self.rejections([self.down, self.up]),
                               trained=plan.phase == "train")
         self.send(self.up, "up", "done", {"phase": done_phase(plan.phase), "info": {**info, **extra}})
+        crash_point("edge.done", plan.round)
         if plan.phase == "train":
             self.completed, self.closed_with = self.completed + 1, len(infos)
         self.host.end_round()  # after the round's info is read off the part: a host may swap the part out
         statefile.save(self.state_file, self)  # what a restarted edge carries on from
+        crash_point("edge.saved", plan.round)
         status.info("edge %s: round %d%s closed with %d/%d devices in %.1f s", self.node_id, plan.round,
                     "" if plan.phase == "train" else f" {plan.phase}", len(infos), len(self.roster.live),
                     time.monotonic() - started)

@@ -18,6 +18,9 @@ ENV = "SPLITEDGE_CRASH_AT"
 CLOUD_POINTS = ("cloud.aggregated", "cloud.committed", "cloud.published", "cloud.calibrated", "cloud.metrics",
                 "cloud.checkpoint")
 """The cloud's steps from a round's merge to its commit (cloud/coordinator.py), in order."""
+EDGE_POINTS = ("edge.aggregated", "edge.published", "edge.done", "edge.saved")
+"""An edge's steps closing a round (edge/aggregator.py), in order: merged, merged statistics sent
+up, its `done` sent, its state saved."""
 
 
 def crash_point(point: str, round_: int) -> None:
