@@ -50,6 +50,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.edges < 1 or args.devices < 1:
         raise ValueError(f"--edges must be >= 1 and --devices >= 1 (rounds wait for that many devices), got "
                          f"{args.edges} and {args.devices}")
+    if args.edges > args.devices:
+        raise ValueError(f"--edges {args.edges} with --devices {args.devices}: {args.edges - args.devices} edge(s) "
+                         f"would have no device and carry nothing; lower --edges or raise --devices")
     if not args.join_timeout > 0:
         raise ValueError(f"--join-timeout must be > 0 seconds, got {args.join_timeout}")
     if not args.rejoin_timeout > 0:

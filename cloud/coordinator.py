@@ -81,6 +81,7 @@ class CloudCoordinator(Node):
         self.host.ensure(settings.method, settings.config.to_wire())  # registers the method's kinds
         self.method = self.part.method
         self.presence = Presence()  # which edges are online, and who went offline a moment ago
+        self.left: dict[str, str] = {}  # node -> why it left the run (its `done`, or its edge's)
         self.rounds = RoundCollector()
         self.history: list[dict[str, Any]] = []
         self.costs: tuple[dict, dict] = ({}, {})  # this round's, per device and per edge (runtime/cost.py)
@@ -138,6 +139,8 @@ class CloudCoordinator(Node):
         elif env.kind == "status":
             self.presence.update(env.sender, env.body["state"])
         elif env.sender in self.view.members and self.current(env) and self.accepts(self.part, env, "child"):
+            if env.kind == "done":
+                self._note_left(env.sender, env.body.get("info") or {})
             self.part.on_edge_message(env)
             self.rounds.add(env)
 
@@ -187,6 +190,7 @@ class CloudCoordinator(Node):
         missing is not waited for again (it died: rounds go on with the edges that are left)."""
         s = self.settings
         if len(self.live) >= self.enough_edges:
+            self.wait_for_a_device(r)
             return
         if not self.live:
             status.info("cloud: no edge online before round %d; waiting up to %.0f s for them to come back", r,
@@ -195,11 +199,39 @@ class CloudCoordinator(Node):
             if not self.live:
                 raise TimeoutError(f"no edge is online before round {r}, and none came back within "
                                    f"{s.rejoin_timeout_s:g} s (--rejoin-timeout); the run stops here, its rounds "
-                                   f"so far are kept")
+                                   f"so far are kept{self.left_note()}")
         self._dispatch_until(lambda: len(self.live) >= self.enough_edges, s.rejoin_grace_s)
         if len(self.live) < self.enough_edges:
             log.warning("cloud: round %d goes on with %d of %d edge(s)", r, len(self.live), self.enough_edges)
             self.enough_edges = len(self.live)
+        self.wait_for_a_device(r)
+
+    def _note_left(self, edge: str, info: Mapping[str, Any]) -> None:
+        """An edge that left the run (its `done` says why), or the devices its `done` says left."""
+        why = {edge: str(info["left"])} if info.get("left") else {}
+        why.update({f"{d} (edge {edge})": str(w) for d, w in dict(info.get("left_devices") or {}).items()})
+        for node, reason in why.items():
+            if self.left.get(node) != reason:
+                log.warning("cloud: %s left the run: %s", node, reason)
+        self.left.update(why)
+
+    def left_note(self) -> str:
+        """`; <node> left: <why>` for the nodes that said why they left, for a stopping run's line."""
+        return "".join(f"; {node} left: {why}" for node, why in sorted(self.left.items())[:3])
+
+    def wait_for_a_device(self, r: int) -> None:
+        """Before round r, with no device online behind the live edges (each left, saying why in its
+        own log: a backend the method cannot run, data of another data set), a round would train
+        nothing: wait up to `rejoin_timeout_s` for one, else stop (TimeoutError)."""
+        s = self.settings
+        if self.live_devices():
+            return
+        status.info("cloud: no device online before round %d; waiting up to %.0f s for one", r, s.rejoin_timeout_s)
+        self._dispatch_until(lambda: self.live_devices() > 0, s.rejoin_timeout_s)
+        if not self.live_devices():
+            raise TimeoutError(f"no device is online before round {r}: every device behind the edges left, and none "
+                               f"came back within {s.rejoin_timeout_s:g} s (--rejoin-timeout); the run stops here, its "
+                               f"rounds so far are kept{self.left_note()}")
 
     def _dispatch_until(self, done: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -146,6 +146,8 @@ class DeviceAgent(Node):
 
     def _ensure_part(self, plan: RoundPlan) -> bool:
         outcome = self.ensure_part(plan)
+        if outcome is None:
+            self.say_left(self.transport, plan)
         if outcome in ("built", "replaced"):  # its kinds registered now: its retained data again
             self._sync_subscriptions(fresh=outcome == "replaced")
         return outcome is not None

@@ -80,6 +80,7 @@ def run_federated(args: argparse.Namespace, options: dict[str, Any], metrics: me
     transport = _connect(args, args.run, backend, options)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
                         backend=backend, seed=args.seed, min_class_count=args.min_class_count)
+    agent.logs_fatal = False  # said once, below, as the command's error line
     metrics.attach(agent, [transport])
     status.info("device %s: backend %s, broker %s", args.id, backend, getattr(transport, "url", args.broker))
     try:

@@ -213,6 +213,8 @@ class EdgeAggregator(Node):
 
     def _ensure_part(self, plan: RoundPlan) -> bool:
         outcome = self.ensure_part(plan)
+        if outcome is None:
+            self.say_left(self.up, plan)
         if outcome is not None:  # another method: the cloud's retained data again, with its kinds
             self._sync_subscriptions(fresh=outcome == "replaced")
         return outcome is not None
@@ -285,6 +287,11 @@ class EdgeAggregator(Node):
             self.errors += 1
             log.exception("edge %s: aggregating round %d (%s) failed", self.node_id, plan.round, plan.phase)
         by_device = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
+        left = {d: str(i["left"]) for d, i in by_device.items() if i.get("left")}
+        for d, why in left.items():
+            log.warning("edge %s: device %s left the run: %s", self.node_id, d, why)
+        if left:
+            extra["left_devices"] = left  # the cloud says why, should the run end for want of devices
         infos = list(by_device.values())
         extra.update(edge_scores(plan, infos), device_costs=device_costs(by_device), cost=self.cost.round())
         if self.secure is not None:

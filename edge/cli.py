@@ -57,6 +57,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     up = connect(args.upstream, run=args.run, tier="edge", node_id=args.id, **options) if args.upstream else down
     edge = EdgeAggregator(down, up, run=args.run, node_id=args.id, cloud=args.cloud, seed=args.seed,
                           state_dir=args.state_dir, listed=listed)
+    edge.logs_fatal = False  # said once, below, as the command's error line
     metrics.attach(edge, [down, up])
     try:
         edge.start()

@@ -24,6 +24,7 @@ from splitedge.protocol.transport import Transport
 from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.inbound import Inbound, NodeInbound, carries_session
 from splitedge.runtime.parts import Misfit, PartHost
+from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import Router
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class Node:
         self.gate: Any = None  # what head statistics must fit while a calibration phase is open
         self.stopped = threading.Event()
         self.fatal: str | None = None  # why this node cannot take part in the run (it has stopped)
+        self.logs_fatal = True  # False: the caller prints `fatal` itself (a role's CLI: one line, not two)
         self._quiet_since: float | None = 0.0  # 0 before the first wait, then its start; None once heard (or warned)
         self.quiet_warn_s: float | None = QUIET_WARN_S  # None: no such warning (a sim's own broker has no ACL)
 
@@ -207,7 +209,7 @@ class Node:
             outcome = self.host.ensure(plan.method, plan.config)
         except Misfit as exc:
             self.fatal = f"{self.tier} {self.node_id}: {exc}"
-            log.error("%s", self.fatal)
+            (log.error if self.logs_fatal else log.info)("%s", self.fatal)
             self.stopped.set()
             return None
         except ValueError as exc:
@@ -224,6 +226,13 @@ class Node:
         env = Envelope(kind="status", run=self.run_id, round=0, sender=self.node_id,
                        body={"state": "online", "role": self.tier})
         transport.publish_birth(self.topic("up", "status"), env)
+
+    def say_left(self, transport: Transport, plan: Any) -> None:
+        """After a Misfit (`fatal`): the round's `done` with the reason (`info.left`), so the
+        parent stops waiting for this node at once and can say why it left."""
+        if self.fatal:
+            self.send(transport, "up", "done", {"phase": done_phase(plan.phase),
+                                                "info": {"failed": True, "left": self.fatal[:300]}}, round_=plan.round)
 
     def send(self, transport: Transport, direction: str, kind: str, body: Mapping[str, Any], *,
              round_: int | None = None, retain: bool = False, topic_kind: str | None = None,

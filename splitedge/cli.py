@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import signal
@@ -42,8 +43,24 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
+    commands: dict[str, argparse.ArgumentParser] = {}
+
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """As argparse's, but an unknown flag is named with its subcommand's help and the
+        nearest flag it has (argparse blamed the top-level parser, whose help lists none)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(ns, "command", None)
+            sub = self.commands.get(command or "", self)
+            flags = [o for a in sub._actions for o in a.option_strings]  # noqa: SLF001 - argparse has no public list
+            near = [m for x in extras if x.startswith("--")
+                    for m in difflib.get_close_matches(x.split("=")[0], flags, 1, cutoff=0.8)]
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            sub.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return ns
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -63,14 +80,18 @@ def build_parser(only: str | None = None, argv: Sequence[str] | None = None) -> 
     ``argv`` is given (splitedge/cli_defaults.py)."""
     from splitedge import __version__
     from splitedge.cli_defaults import ROLES, apply
+    from splitedge.protocol.codec import PROTOCOL_VERSION
 
     parser = Parser(prog="splitedge", description="Edge-device split learning over MQTT.")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="-v: info logs, -vv: debug logs and full tracebacks")
-    parser.add_argument("--version", action="version", version=f"splitedge {__version__}")
+    version = f"splitedge {__version__}, wire protocol {PROTOCOL_VERSION} (PROTOCOL.md)"
+    parser.add_argument("--version", action="version", version=version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.commands = sub.choices
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
+        p.add_argument("--version", action="version", version=version)
         if only is None or name == only:
             importlib.import_module(module).add_arguments(p)
             if name in ROLES:

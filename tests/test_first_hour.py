@@ -48,7 +48,8 @@ def _shard(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
     (["--virtual", "-1"], "--virtual must be >= 0"),
     (["--split", "per-device", "--workers", "9"], "--workers must be in 0..--devices"),
     (["--deadline", "0"], "--deadline must be > 0"),
-    (["--round", "2"], "unrecognized arguments: --round 2"),  # no abbreviation taken for --rounds
+    (["--round", "2"], "splitedge sim: error: unrecognized arguments: --round 2; did you mean --rounds? "
+                       "(see splitedge sim --help)"),  # no abbreviation taken, and the nearest flag named
     (["--sample-fraction", "0"], "--sample-fraction must be in (0, 1]"),
 ])
 def test_sim_refuses_bad_values_at_once(argv: list[str], message: str, capsys, tmp_path) -> None:
@@ -60,8 +61,9 @@ def test_sim_refuses_bad_values_at_once(argv: list[str], message: str, capsys, t
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--edge", "1"], "unrecognized arguments: --edge 1"),  # no abbreviation taken for --edges
+    (["--edge", "1"], "unrecognized arguments: --edge 1; did you mean --edges?"),  # no abbreviation taken
     (["--devices", "0"], "--devices >= 1"),  # a round with nobody trains nothing
+    (["--edges", "5", "--devices", "2"], "3 edge(s) would have no device"),
 ])
 def test_cloud_refuses_bad_values_at_once(argv: list[str], message: str, capsys) -> None:
     code, err = _run(capsys, "cloud", "--broker", "mqtt://127.0.0.1:1", *argv)
@@ -168,9 +170,13 @@ def test_broker_on_a_taken_port_is_one_line(capsys) -> None:
 
 
 def test_help_shows_defaults_and_version(capsys) -> None:
-    with pytest.raises(SystemExit):
-        main(["--version"])
-    assert capsys.readouterr().out.startswith("splitedge ")
+    from splitedge.protocol.codec import PROTOCOL_VERSION
+
+    for argv in (["--version"], ["edge", "--version"], ["device", "--version"]):  # no other flag needed
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        assert out.startswith("splitedge ") and f"wire protocol {PROTOCOL_VERSION}" in out, (argv, out)
     with pytest.raises(SystemExit):
         main(["sim", "--help"])
     assert "(default: 4)" in capsys.readouterr().out
@@ -349,3 +355,28 @@ def test_sigterm_stops_a_bench_and_the_broker_it_started(tmp_path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.usefixtures("mosquitto_binary")
+def test_a_cloud_whose_every_device_left_stops_instead_of_running_rounds_with_nobody(tmp_path) -> None:
+    """A thin device in a fedavg run leaves at round 1 (it says why); it was the only one, and
+    the cloud used to run every round with nobody and end at chance with exit 0."""
+    from federation import Federation
+    from splitedge.protocol.broker import MosquittoBroker
+
+    with MosquittoBroker() as broker:
+        fed = Federation(tmp_path, broker.url, edges=1, devices=1, rounds=3,
+                         extra=["--method", "fedavg", "--deadline", "10", "--rejoin-timeout", "5"],
+                         node_extra={"d0": ["--backend", "onnx"]})
+        try:
+            assert fed.procs["cloud"].wait(120) == 1, fed.logs()
+            assert fed.procs["d0"].wait(30) == 2, fed.logs()
+        finally:
+            fed.close()
+    cloud, device = fed.log("cloud"), fed.log("d0")
+    # (round 2 may open before its edge's hello says d0 is gone)
+    assert len(fed.metrics()) in (1, 2) and f"no device is online before round {len(fed.metrics()) + 1}" in cloud
+    assert "--rejoin-timeout" in cloud, cloud
+    # ... saying why, as the device told its edge (its `done`) and the edge the cloud
+    assert "d0 (edge e0) left the run: device d0: fedavg has no device part for backend 'onnx'" in cloud, cloud
+    assert device.count("fedavg has no device part for backend 'onnx'") == 1, device  # one line, not two
