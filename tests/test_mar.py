@@ -55,6 +55,18 @@ def test_fedmar_latents_up_zbar_down_over_mosquitto(mosquitto, tmp_path) -> None
     assert history[-1]["model_version"] == 2 and len(history[-1]["spectrum"]) == 32
 
 
+def test_fedmar_paper_form_sends_the_participants_latents_as_the_reference(mosquitto, tmp_path) -> None:
+    torch.set_num_threads(1)
+    s = SimSettings(rounds=2, devices=4, edges=2, method="fedmar", broker=mosquitto.url, run="fedmar-paper",
+                    out=tmp_path, deadline_s=120.0, max_train=800, overrides={**SMALL, "ammd": "paper"})
+    run_sim(s)
+    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["latents"] for r in history] == [4, 4] and history[1]["versions"]["zbar"] == 1
+    mar = history[1]["loss"]["device"]["mar"]
+    assert mar > 0.0, history[1]["loss"]  # a match of two sets of 4 and a batch: an MMD^2 estimate, not 1 point
+    assert all(r["rejected"] == {"cloud": {}} for r in history)
+
+
 def test_fedmar_without_mar_is_plain_mae(mosquitto, tmp_path) -> None:
     torch.set_num_threads(1)
     s = SimSettings(rounds=2, devices=2, edges=1, method="fedmar", broker=mosquitto.url, run="mae-e2e",

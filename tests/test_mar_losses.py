@@ -125,3 +125,28 @@ def test_ammd_degenerate_batches_stay_finite():
 def test_ammd_rejects_bad_shapes(z, z_bar):
     with pytest.raises(ValueError):
         ammd_loss(z, z_bar)
+
+
+def test_ammd_paper_form_against_a_hand_computation():
+    # z: 3 latents, the federation's: 2; the paper's kernel exp(-||a-b|| / (2 s)), s the mean
+    # squared distance over the 10 pairs of the 5 pooled points
+    from splitedge.methods.mar.losses import AMMD_FORMS, ammd_paper_loss
+
+    z = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]])
+    ref = torch.tensor([[1.0, 1.0], [3.0, 0.0]])
+    pts = [tuple(p) for p in torch.cat([z, ref]).tolist()]
+    sq = lambda a, b: (a[0] - b[0]) ** 2 + (a[1] - b[1]) ** 2  # noqa: E731
+    s = sum(sq(pts[i], pts[j]) for i in range(5) for j in range(i + 1, 5)) / 10
+    k = lambda a, b: math.exp(-math.sqrt(sq(a, b)) / (2 * s))  # noqa: E731
+    zs, rs = pts[:3], pts[3:]
+    within_z = sum(k(a, b) for i, a in enumerate(zs) for j, b in enumerate(zs) if i != j) / 6
+    within_ref = (k(rs[0], rs[1]) + k(rs[1], rs[0])) / 2
+    cross = sum(k(a, b) for a in zs for b in rs) / 6
+    assert float(ammd_paper_loss(z, ref)) == pytest.approx(within_z + within_ref - 2 * cross, rel=1e-5)
+    assert AMMD_FORMS["paper"] is ammd_paper_loss and AMMD_FORMS["ours"] is ammd_loss
+    # it differs from our form, grows as the federation's latents move away, and has a gradient
+    assert float(ammd_paper_loss(z, ref)) != pytest.approx(float(ammd_loss(z, ref)), rel=1e-3)
+    assert float(ammd_paper_loss(z, ref + 10.0)) > float(ammd_paper_loss(z, ref))
+    zg = z.clone().requires_grad_(True)
+    ammd_paper_loss(zg, ref).backward()
+    assert torch.isfinite(zg.grad).all() and zg.grad.abs().sum() > 0

@@ -56,7 +56,8 @@ class MARCloud(SSLCloud):
                    if e.body["name"] == LATENTS for z in e.body["arrays"].values()]
         if latents and self.cfg.mar:
             self.zbar_version = plan.round
-            zbar = np.mean(np.stack(latents), axis=0).astype(np.float32)
+            stacked = np.stack(latents)  # the paper's reference is the participants' latents, ours their mean
+            zbar = (stacked if self.cfg.ammd == "paper" else stacked.mean(axis=0)).astype(np.float32)
             out.append(Message("arrays", {"name": ZBAR, "version": plan.round, "arrays": {"z": zbar}},
                                to=DEVICES, slot=ZBAR))
         return out, {**metrics, "latents": len(latents)}

@@ -27,6 +27,7 @@ class MARConfig(SSLConfig):
     g_min: float = 1e-3
     g_max: float = 0.1
     gamma_cap: int = 10
+    ammd: str = "ours"  # "paper": the paper's kernel and bandwidth against the participants' latents (losses.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -35,6 +36,8 @@ class MARConfig(SSLConfig):
                              "(the masked autoencoder is a ViT)")
         if not 0 <= self.g_min <= self.g_max or self.gamma_cap < 1:
             raise ValueError("need 0 <= g_min <= g_max and gamma_cap >= 1")
+        if self.ammd not in ("ours", "paper"):
+            raise ValueError(f"ammd must be 'ours' or 'paper', got {self.ammd!r}")
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,8 @@ class DecMARDevice(MARDevice):
         load_numpy_state(self.model, self.method.merge_weights(parts))  # self and neighbours, equally
         means = [self.mean_latent] + [np.asarray(e.body["arrays"]["z"]) for e in latents.values()
                                       if e.body["name"] == LATENT]
-        self.zbar = torch.from_numpy(np.mean(np.stack(means), axis=0).astype(np.float32))
+        stacked = np.stack(means)  # the paper's reference is the latents themselves, ours their mean
+        self.zbar = torch.from_numpy((stacked if self.cfg.ammd == "paper" else stacked.mean(axis=0)).astype(np.float32))
         self.version = plan.round
         self.info = {"neighbours_heard": len(models), "neighbours_missed": sorted(self.missed)}
         if plan.directives.get(UPLOAD):  # the cloud evaluates the consensus of the devices' models

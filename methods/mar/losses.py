@@ -77,6 +77,34 @@ def ammd_loss(z: torch.Tensor, z_bar: torch.Tensor) -> torch.Tensor:
     return within_z + within_ref - 2.0 * cross
 
 
+def ammd_paper_loss(z: torch.Tensor, z_bar: torch.Tensor) -> torch.Tensor:
+    """A-MMD^2 as the FedMAR paper writes its kernel: k(a, b) = exp(-||a - b|| / (2 s)) with the
+    DISTANCE (not its square) over s = the mean squared distance between the points of the two
+    sets pooled (z's rows and the reference's, pairs a < b; no gradient; 1 if 0 or undefined).
+    The reference z_bar [M, D] is the federation's latents (each participant's mean latent of
+    the previous round, `ammd=paper`), so the term matches the device's latent distribution to
+    the federation's rather than pulling it towards one point. Within-set terms without their
+    diagonal, as ammd_loss. Distances are sqrt(d^2 + 1e-12): finite gradients at 0."""
+    ref = _as_reference(z, z_bar)
+    with torch.no_grad():
+        pooled = torch.cat([z, ref])
+        n = pooled.shape[0]
+        i, j = torch.triu_indices(n, n, offset=1, device=z.device)
+        s = (pooled[i] - pooled[j]).pow(2).sum(dim=1).mean() if n >= 2 else torch.ones((), dtype=z.dtype)
+        s = torch.where(s > 1e-12, s, torch.ones_like(s))
+
+    def kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.exp(-torch.sqrt(_sq_dists(a, b) + 1e-12) / (2.0 * s))
+
+    return _off_diag_mean(kernel(z, z)) + _off_diag_mean(kernel(ref, ref)) - 2.0 * kernel(z, ref).mean()
+
+
+AMMD_FORMS = {"ours": ammd_loss, "paper": ammd_paper_loss}
+"""MARConfig.ammd: our first reading of METHODS.md (squared distance, the batch's bandwidth, one
+mean reference vector), or the paper's (distance kernel, pooled bandwidth, the participants'
+latents as the reference)."""
+
+
 def mar_gamma(participations: int, *, g_min: float = 1e-3, g_max: float = 0.1,
               cap: int = 10) -> float:
     """Alignment weight gamma_k = g_min + (g_max - g_min) (1 + cos(pi p)) / 2 with

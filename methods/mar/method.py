@@ -27,8 +27,10 @@ class FedMAR(Method):
     }
 
     def objective(self, role: str) -> list[Any]:
-        from splitedge.methods.mar.losses import ammd_loss
+        from splitedge.methods.mar.losses import AMMD_FORMS
         from splitedge.methods.training import LossTerm
+
+        ammd_loss = AMMD_FORMS[self.config.ammd]
 
         terms = [LossTerm("mae", lambda out, b: out["mae"], needs=("mae",))]
         if self.config.mar:
