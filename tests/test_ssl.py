@@ -5,6 +5,7 @@ reach each device on its own topic, and the DSR / PD flags switch their terms of
 from __future__ import annotations
 
 import json
+import math
 import threading
 from typing import Any
 
@@ -84,3 +85,13 @@ def test_ssd_scales_reach_each_device_alone_and_flags_switch_terms_off(mosquitto
     assert {t.to for t in q if t.tier == "cloud"} == {"@all"} and {t.to for t in q if t.tier == "edge"} == {None}
     assert set(no_pd[-1]["loss"]["device"]) - {"total"} == {"align", "uniformity", "dsr"}
     assert set(no_dsr[-1]["loss"]["device"]) - {"total"} == {"align", "uniformity", "pd"}
+
+
+def test_ssd_in_the_papers_form_trains_with_both_terms(mosquitto, tmp_path) -> None:
+    # form=paper swaps DSR and PD for the paper's formulas (test_ssl_losses checks them by hand);
+    # the run takes them: both terms in the devices' loss, finite, and the code's form differs
+    paper = _run(mosquitto, tmp_path / "paper", "ssd", form="paper")
+    code = _run(mosquitto, tmp_path / "code", "ssd")
+    loss_paper, loss_code = paper[-1]["loss"]["device"], code[-1]["loss"]["device"]
+    assert {"dsr", "pd"} <= set(loss_paper) and all(math.isfinite(v) for v in loss_paper.values()), loss_paper
+    assert loss_paper["pd"] != pytest.approx(loss_code["pd"], rel=1e-3), (loss_paper, loss_code)

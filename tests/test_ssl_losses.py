@@ -186,3 +186,28 @@ def test_dsr_scales_does_not_import_torch():
             "dsr_scales(4, ['a'], 10.0, np.random.default_rng(0))\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_ssd_paper_forms_against_hand_computations():
+    from splitedge.methods.ssl.losses import dsr_paper_loss, pd_paper_loss
+
+    # DSR: the mean squared error to x scaled on the coordinate axes, the target not renormalised
+    x = torch.tensor([[0.6, 0.8], [1.0, 0.0]], requires_grad=True)
+    d = torch.tensor([10.0, 1.0])
+    want = ((0.6 - 6.0) ** 2 + 0 + (1.0 - 10.0) ** 2 + 0) / 4
+    loss = dsr_paper_loss(x, d)
+    assert float(loss) == pytest.approx(want)
+    loss.backward()  # the target is detached: d/dx mean (x - t)^2 = 2 (x - t) / 4
+    assert x.grad.flatten().tolist() == pytest.approx([2 * (0.6 - 6.0) / 4, 0.0, 2 * (1.0 - 10.0) / 4, 0.0])
+    # PD: KL(softmax(h) || softmax(z)), the encoder's distribution first, temperature 1
+    h = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    z = torch.tensor([[0.0, 2.0]], requires_grad=True)
+    p = [math.exp(1) / (math.exp(1) + 1), 1 / (math.exp(1) + 1)]
+    q = [1 / (1 + math.exp(2)), math.exp(2) / (1 + math.exp(2))]
+    kl = sum(pi * math.log(pi / qi) for pi, qi in zip(p, q))
+    out = pd_paper_loss(h, z)
+    assert float(out) == pytest.approx(kl, rel=1e-6)
+    out.backward()
+    assert h.grad.abs().sum() > 0 and z.grad.abs().sum() > 0  # both sides learn, as in the code's form
+    with pytest.raises(ValueError, match="d must be"):
+        dsr_paper_loss(x.detach(), torch.ones(3))

@@ -54,8 +54,11 @@ class SSDConfig(SSLConfig):
     delta: float = 0.1
     alpha: float = 10.0  # scale of a device's own directions in DSR
     pd_tau: float = 0.5
+    form: str = "code"  # DSR and PD as the authors' code has them, or "paper" (methods/ssl/losses.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.alpha <= 0 or self.gamma < 0 or self.delta < 0 or self.pd_tau <= 0:
             raise ValueError(f"bad SSD config: {self}")
+        if self.form not in ("code", "paper"):
+            raise ValueError(f"SSD's form must be 'code' or 'paper', got {self.form!r}")

@@ -118,3 +118,26 @@ def pd_loss(h: torch.Tensor, z: torch.Tensor, tau: float = 0.5) -> torch.Tensor:
     log_p = F.log_softmax(z / tau, dim=1)
     log_q = F.log_softmax(h / tau, dim=1)
     return (log_p.exp() * (log_p - log_q)).sum(dim=1).mean()
+
+
+def dsr_paper_loss(z_hat: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """SSD's DSR as the paper writes it: the mean squared error between x = z_hat [N, D] and
+    stopgrad(x * d), the device's scales applied on the coordinate axes (no rotation Q) and
+    the target not put back on the sphere. The authors' code (dsr_loss, the default) rotates by
+    a random orthonormal Q, renormalises the target and takes a Frobenius norm over N."""
+    d = torch.as_tensor(d, dtype=z_hat.dtype, device=z_hat.device)
+    _check_rows("z_hat", z_hat)
+    if d.shape != (z_hat.shape[1],) or z_hat.shape[0] == 0:
+        raise ValueError(f"d must be [{z_hat.shape[1]}] and z_hat non-empty, got {tuple(d.shape)}, "
+                         f"{tuple(z_hat.shape)}")
+    return F.mse_loss(z_hat, (z_hat * d).detach())
+
+
+def pd_paper_loss(h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """SSD's projection distillation as the paper writes it: KL(softmax(h) || softmax(z)), the
+    encoder's distribution against the projector's, batch mean, gradients into both. The
+    authors' code (pd_loss, the default) takes the reverse direction at temperature 0.5."""
+    _check_pair("h", h, "z", z)
+    log_p = F.log_softmax(h, dim=1)
+    log_q = F.log_softmax(z, dim=1)
+    return (log_p.exp() * (log_p - log_q)).sum(dim=1).mean()

@@ -62,21 +62,28 @@ class SSD(AlignUniform):
     parts = {**_PARTS, "cloud": "splitedge.methods.ssl.cloud:SSDCloud"}
 
     def objective(self, role: str) -> list[Any]:
-        from splitedge.methods.ssl.losses import dsr_loss, pd_loss
+        from splitedge.methods.ssl.losses import dsr_loss, dsr_paper_loss, pd_loss, pd_paper_loss
         from splitedge.methods.training import LossTerm
 
         cfg, terms = self.config, super().objective(role)
+        paper = cfg.form == "paper"
         if cfg.dsr:  # on the normalised projections zh, with the cloud's Q and this device's d_k
+            def one_dsr(x: Any, q: Any, d: Any) -> Any:
+                return dsr_paper_loss(x, d) if paper else dsr_loss(x, q, d)
+
             def dsr(out: Any, b: Any) -> Any:
                 if "q" not in b.extra or "d" not in b.extra:  # joined after the cloud drew the scales
                     return out["zh1"].sum() * 0.0
                 q, d = b.extra["q"], b.extra["d"]
-                return (dsr_loss(out["zh1"], q, d) + dsr_loss(out["zh2"], q, d)) / 2
+                return (one_dsr(out["zh1"], q, d) + one_dsr(out["zh2"], q, d)) / 2
 
             terms.append(LossTerm("dsr", dsr, cfg.gamma, needs=("zh1", "zh2")))
         if cfg.pd:
+            def one_pd(h: Any, z: Any) -> Any:
+                return pd_paper_loss(h, z) if paper else pd_loss(h, z, tau=cfg.pd_tau)
+
             def pd(out: Any, b: Any) -> Any:
-                return (pd_loss(out["h1"], out["z1"], tau=cfg.pd_tau) + pd_loss(out["h2"], out["z2"], tau=cfg.pd_tau)) / 2
+                return (one_pd(out["h1"], out["z1"]) + one_pd(out["h2"], out["z2"])) / 2
 
             terms.append(LossTerm("pd", pd, cfg.delta, needs=("h1", "h2", "z1", "z2")))
         return terms
