@@ -142,10 +142,10 @@ class Node:
             self._quiet_since = now
         elif now - self._quiet_since >= self.quiet_warn_s:
             self._quiet_since = None
-            log.warning("%s %s: nothing received %.0f s after connecting; still waiting for %s. Under a broker ACL "
-                        "(splitedge data split --acl) a login may use only its run's topics: this %s uses run %r, "
-                        "and its --run must match the cloud's", self.tier, self.node_id, self.quiet_warn_s,
-                        WAITING_FOR[self.tier], self.tier, self.run_id)
+            log.warning("%s %s: nothing received %.0f s after connecting; still waiting for %s (as expected while "
+                        "they start). If it lasts: under a broker ACL (splitedge data split --acl) a login may use "
+                        "only its run's topics: this %s uses run %r, and its --run must match the cloud's",
+                        self.tier, self.node_id, self.quiet_warn_s, WAITING_FOR[self.tier], self.tier, self.run_id)
 
     # -- a retained stop found at start ----------------------------------------------------
     def hold_stop(self, session: str) -> None:
