@@ -388,3 +388,30 @@ def test_paper_form_sends_moments_of_the_locally_trained_wc_every_round(digits, 
         assert got.counts.tolist() == [int((y == c).sum()) for c in got.classes.tolist()]
     assert (feats < 0).any() == pre_relu
     assert not np.allclose(got.mean, dev.compute_moments().mean, atol=1e-4)  # not the global W_c's
+
+
+def test_without_the_private_head_supcon_trains_w_c_on_its_pooled_features(digits):
+    """proj_head=false (issue 28, the paper's device): no device-only head, SupCon sees the
+    pooled W_c features themselves, and W_c still learns from it."""
+    from torch import nn
+
+    (x, y), _, _ = digits
+    cloud = _cloud(digits[1])
+    dev = _device((x[:200], y[:200]), proj_head=False)
+    assert isinstance(dev.head, nn.Identity) and isinstance(_device((x[:20], y[:20]), node="d1").head, nn.Sequential)
+    _give_model(dev, cloud)
+    before = {k: v.clone() for k, v in dev.wc_local.state_dict().items()}
+    list(dev.run_round(_plan(1)))
+    moved = [k for k, v in dev.wc_local.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]
+    assert moved, "W_c did not train"
+    out = dev.forward(_one_batch(dev))
+    assert torch.equal(out["z"], out["features"])
+
+
+def _one_batch(dev):
+    from splitedge.methods.data.preprocess import to_input
+    from splitedge.methods.training import Batch
+
+    x = torch.from_numpy(to_input(dev.data[0][:8], dev.spec.mean, dev.spec.std))
+    y = torch.from_numpy(np.asarray(dev.data[1][:8], dtype=np.int64))
+    return Batch(x, y, {"gen": torch.Generator().manual_seed(0)})

@@ -15,6 +15,7 @@ class HSFPConfig(MethodConfig):
     device_lr: float = 0.05
     device_batch: int = 64
     proj_dim: int = 64
+    proj_head: bool = True  # False: SupCon on the pooled W_c features themselves, as the paper (no device-only head)
     # slow time scale: W_c averaged every ic rounds, W_e every ie rounds; ie = 0 keeps W_e as
     # initialised (a fixed random layer): never averaged, and edges do not train it
     ic: int = flag(5, "rounds between W_c averages")

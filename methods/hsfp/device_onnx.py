@@ -58,6 +58,11 @@ class HSFPOnnxDevice(HSFPDevice):
         from splitedge.methods.thin.trainer import SupConTrainer
 
         cfg, spec = self.cfg, self.spec
+        if not getattr(cfg, "proj_head", True) and cfg.device_target == "supcon":
+            if cfg.local_epochs > 0:
+                log.warning("device %s: sends statistics of the global W_c but trains none: the thin trainer trains "
+                            "through its projection head only (proj_head=false needs a torch device)", self.ctx.node_id)
+            return None
         try:
             return SupConTrainer(spec.model, spec.channels, proj_dim=cfg.proj_dim, lr=cfg.device_lr, tau=cfg.tau,
                                  seed=int(self.ctx.rng.integers(2**31)), target=cfg.device_target,

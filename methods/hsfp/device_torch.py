@@ -45,7 +45,9 @@ class HSFPTorchDevice(HSFPDevice):
             split = create_split(self.spec.model, num_classes=self.spec.num_classes,
                                  in_channels=self.spec.channels, image_size=self.spec.image_size)
             width = split.wc_shape[0]
-            self.head = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, self.cfg.proj_dim))
+            # the projection head is ours; the paper's SupCon works on the pooled W_c features (proj_head=false)
+            self.head = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, self.cfg.proj_dim)) \
+                if getattr(self.cfg, "proj_head", True) else nn.Identity()
         if self.cfg.device_target == "etf":  # the same fixed target on every device: from the run's seed
             self.head = EtfHead(width, self.spec.num_classes, seed=self.spec.seed, tau=self.cfg.etf_tau)
         self.wc_global = split.wc.eval()
