@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -94,6 +95,10 @@ def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, s
     sim = s.sim(method, alpha, run=f"bench-acc-{method}", overrides=overrides)
     res = run_on_mosquitto(sim, check_sys=False)
     summary, rounds = res["summary"], max(1, len(res["per_round"]))
+    if not any(a is not None and math.isfinite(a) for a in summary["accuracy_per_round"]):
+        # an error row, rerun by --resume: stored as a result it looked like data (a fedproto run
+        # whose edges failed every round ran its whole budget and was kept with accuracy nan)
+        raise RuntimeError(f"{label}: no round of {len(res['per_round'])} was evaluated (every accuracy is null)")
     device = res["tiers"].get("device", {})
     return {"method": label, "base_method": method, "overrides": overrides, "split": split_name(alpha),
             "alpha": alpha, "final_accuracy": summary["final_accuracy"], "best_accuracy": summary["best_accuracy"],

@@ -494,3 +494,15 @@ def test_a_bench_keeps_only_what_its_reports_read_of_each_round() -> None:
     assert not any("device_costs" in r for r in row["per_round"])
     assert row["device_costs"] == {"d0": {"cpu_s": 3.0, "bytes_up": 30, "bytes_down": 15, "rss_peak_mb": 53.0,
                                           "rounds": 3}}
+
+
+@needs_mosquitto
+def test_a_run_that_evaluated_no_round_is_an_error_row_not_a_result() -> None:
+    """A fedproto run whose edges failed every round used to be kept with accuracy nan after its
+    whole budget; now it is an error row, which --resume runs again."""
+    import test_contract_method  # noqa: F401 - registers "ring-test", a method that reports no accuracy
+    from splitedge.bench.accuracy import AccuracySettings, guarded_run
+
+    s = AccuracySettings(devices=2, edges=1, rounds=1, max_train=40, max_test=20)
+    row = guarded_run(s, "ring", "ring-test", {}, None)
+    assert "no round of 1 was evaluated" in row["error"], row
