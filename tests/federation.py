@@ -125,3 +125,56 @@ class Federation:
                 proc.wait(10)
 
 
+
+
+CRASH_ROUNDS = 4
+CRASH_METHOD = ["--method", "hsfp-cal", "--deadline", "30", "--set", "ic=2", "--set", "ie=2"]
+"""The federation the crash-point tests run: H-SFP with head calibration, W_c and W_e averaged
+every 2 rounds, so round 2 (where a node dies) commits both."""
+
+
+def undisturbed_run(tmp: Path) -> list[dict]:
+    """The crash-point tests' federation with nobody killed: its metrics, for comparison."""
+    from splitedge.protocol.broker import MosquittoBroker
+
+    with MosquittoBroker() as broker:
+        fed = Federation(tmp, broker.url, edges=2, devices=4, rounds=CRASH_ROUNDS, extra=CRASH_METHOD)
+        try:
+            fed.wait(timeout=300)
+            return fed.metrics()
+        finally:
+            fed.close()
+
+
+def run_with_crash(tmp: Path, node: str, point: str) -> tuple[Federation, list[dict]]:
+    """The same federation on a persistent Mosquitto, `node` dying at crash point `point` in
+    round 2 (runtime/faults.py) and started again with its arguments (and --takeover); the
+    federation and its metrics once every process has exited."""
+    from splitedge.protocol.broker import MosquittoBroker
+    from splitedge.runtime.faults import ENV
+
+    persist = tmp / "mosquitto"
+    persist.mkdir()
+    with MosquittoBroker(extra_conf=f"persistence true\npersistence_location {persist}/\n") as broker:
+        fed = Federation(tmp, broker.url, edges=2, devices=4, rounds=CRASH_ROUNDS, extra=CRASH_METHOD,
+                         node_env={node: {ENV: f"{point}:2"}})
+        try:
+            assert fed.procs[node].wait(240) == 137, fed.log(node)
+            assert f"crash point {point} at round 2" in fed.log(node)
+            fed.restart(node, "--takeover")
+            fed.wait(timeout=300)
+            return fed, fed.metrics()
+        finally:
+            fed.close()
+
+
+def assert_undisturbed(fed: Federation, metrics: list[dict], undisturbed: list[dict]) -> None:
+    """Every round once, every process exited by itself, the models' versions advanced as
+    without the crash, nothing refused, and the accuracy an undisturbed run's."""
+    assert [m["round"] for m in metrics] == list(range(1, CRASH_ROUNDS + 1)), fed.logs()
+    assert all(proc.returncode == 0 for proc in fed.procs.values()), {n: p.returncode for n, p in fed.procs.items()}
+    assert [m["versions"] for m in metrics] == [m["versions"] for m in undisturbed]
+    assert not any(n for m in metrics for node in m["rejected"].values() for n in node.values()), \
+        [m["rejected"] for m in metrics]
+    assert metrics[-1]["accuracy_calibrated"] > undisturbed[-1]["accuracy_calibrated"] - 0.05, \
+        (metrics[-1], undisturbed[-1])

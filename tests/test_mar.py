@@ -37,13 +37,18 @@ SMALL = {"patch": "2", "vit_dim": "32", "vit_depth": "2", "decoder_dim": "16", "
 PASSWORD = "mar-secret"
 
 
+def _fedmar(url: str, run: str, out: Path, devices: int = 4, **settings: str) -> list[dict]:
+    """Two rounds of fedmar on digits; the cloud's metrics."""
+    torch.set_num_threads(1)
+    s = SimSettings(rounds=2, devices=devices, edges=devices // 2, method="fedmar", broker=url, run=run, out=out,
+                    deadline_s=120.0, max_train=200 * devices, overrides={**SMALL, **settings})
+    run_sim(s)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_fedmar_latents_up_zbar_down_over_mosquitto(mosquitto, tmp_path) -> None:
     # Execute
-    torch.set_num_threads(1)
-    s = SimSettings(rounds=2, devices=4, edges=2, method="fedmar", broker=mosquitto.url, run="fedmar-e2e",
-                    out=tmp_path, deadline_s=120.0, max_train=800, overrides=SMALL)
-    run_sim(s)
-    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    history = _fedmar(mosquitto.url, "fedmar-e2e", tmp_path)
     # Assert: every device's latent reached the cloud each round; z_bar of round 1 was announced
     # for round 2, and only then did the MAR term weigh anything
     assert [r["latents"] for r in history] == [4, 4]
@@ -56,23 +61,15 @@ def test_fedmar_latents_up_zbar_down_over_mosquitto(mosquitto, tmp_path) -> None
 
 
 def test_fedmar_paper_form_sends_the_participants_latents_as_the_reference(mosquitto, tmp_path) -> None:
-    torch.set_num_threads(1)
-    s = SimSettings(rounds=2, devices=4, edges=2, method="fedmar", broker=mosquitto.url, run="fedmar-paper",
-                    out=tmp_path, deadline_s=120.0, max_train=800, overrides={**SMALL, "ammd": "paper"})
-    run_sim(s)
-    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    history = _fedmar(mosquitto.url, "fedmar-paper", tmp_path, ammd="paper")
     assert [r["latents"] for r in history] == [4, 4] and history[1]["versions"]["zbar"] == 1
     mar = history[1]["loss"]["device"]["mar"]
-    assert mar > 0.0, history[1]["loss"]  # a match of two sets of 4 and a batch: an MMD^2 estimate, not 1 point
+    assert mar > 0.0, history[1]["loss"]  # two sets matched (a batch, 4 latents): not a pull to one point
     assert all(r["rejected"] == {"cloud": {}} for r in history)
 
 
 def test_fedmar_without_mar_is_plain_mae(mosquitto, tmp_path) -> None:
-    torch.set_num_threads(1)
-    s = SimSettings(rounds=2, devices=2, edges=1, method="fedmar", broker=mosquitto.url, run="mae-e2e",
-                    out=tmp_path, deadline_s=120.0, max_train=400, overrides={**SMALL, "mar": "false"})
-    run_sim(s)
-    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    history = _fedmar(mosquitto.url, "mae-e2e", tmp_path, devices=2, mar="false")
     assert set(history[1]["loss"]["device"]) == {"mae", "total"}
     assert history[1]["versions"]["zbar"] == 0  # no reference is sent, and none is waited for
 
