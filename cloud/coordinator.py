@@ -137,7 +137,8 @@ class CloudCoordinator(Node):
         if env.kind == "hello" and env.body["parent"] == self.node_id:
             self.view.members[env.sender] = list(env.body["members"])
         elif env.kind == "status":
-            self.presence.update(env.sender, env.body["state"])
+            if self.presence.update(env.sender, env.body["state"]) and env.body["state"] == "online":
+                self.left.pop(env.sender, None)  # back (restarted, its install fixed): waited for again
         elif env.sender in self.view.members and self.current(env) and self.accepts(self.part, env, "child"):
             if env.kind == "done":
                 self._note_left(env.sender, env.body.get("info") or {})
@@ -146,13 +147,15 @@ class CloudCoordinator(Node):
 
     @property
     def live(self) -> set[str]:
-        """Edges that said hello to this cloud and whose last status is online."""
-        return self.presence.live(self.view.members)
+        """Edges that said hello to this cloud and whose last status is online, but for those
+        that left the run saying why (until they come online again)."""
+        return self.presence.live(self.view.members) - self.left.keys()
 
     @property
     def awaited(self) -> set[str]:
-        """Edges a round waits for: online, or gone so recently they may be back (Presence)."""
-        return self.presence.awaited(self.view.members)
+        """Edges a round waits for: online, or gone so recently they may be back (Presence); not
+        one that left the run saying why."""
+        return self.presence.awaited(self.view.members) - self.left.keys()
 
     def live_devices(self) -> int:
         return sum(len(self.view.members[e]) for e in self.live)
