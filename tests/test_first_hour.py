@@ -200,7 +200,7 @@ def test_a_second_node_with_a_live_id_is_refused_and_a_join_timeout_stops_the_wa
         check_identity_free(mosquitto.url, run="hour", tier="edge", node_id="e1")
         # a cloud that waits for 2 edges gives up, says so in one line, and tells e0 to stop
         code, err = _run(capsys, "cloud", "--broker", mosquitto.url, "--run", "hour", "--edges", "2",
-                         "--join-timeout", "2", "--rounds", "1")
+                         "--devices", "2", "--join-timeout", "2", "--rounds", "1")
         assert code == 1 and "joined within 2 s" in err and len(err.splitlines()) == 1, err
         thread.join(10)
         assert edge.stopped.is_set()
