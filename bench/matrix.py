@@ -46,6 +46,27 @@ PLANS = {
                   f"fedavg=fedavg:calibrate=lda,{FEDCNN_LR}", "hsfp=hsfp", "hsfp-cal=hsfp-cal",
                   f"splitfed=splitfed:calibrate=lda,{FEDCNN_LR}", f"fedproto=fedproto:{FEDCNN_LR}"),
         notes="CIFAR-10, fedcnn (620k parameters), 10 devices with 1,000 images each on 2 edges, 2,000 test images"),
+    # issue 28: each paper's form against ours, in the regime of fedcnn-10dev at Dirichlet(0.3)
+    "hsfp-paper-fedcnn": Plan(
+        common=("--dataset", "cifar10", "--data", DATA, "--model", "fedcnn", "--devices", "10", "--edges", "2",
+                "--max-train", "10000", "--max-test", "2000", "--rounds", "150"),
+        splits=("0.3",), seeds=(0, 1),
+        variants=(f"lower=fedavg:local_epochs=0,calibrate=lda,{FEDCNN_LR}", "hsfp-cal=hsfp-cal",
+                  "local=hsfp-cal:moments_of=local,resend_moments=every-round",
+                  "paper=hsfp-cal:moments_of=local,resend_moments=every-round,proj_head=false",
+                  "no-slow=hsfp-cal:slow_averaging=false",
+                  "tau0.2=hsfp-cal:tau=0.2", "tau2.0=hsfp-cal:tau=2.0"),
+        notes="H-SFP as the paper writes it (moments of the local W_c every round, no private head), without "
+              "slow averaging, and tau 0.2 / 2.0 (0.5 is hsfp-cal's), beside the lower bound; fedcnn, Dir(0.3)"),
+    "ssl-paper-forms": Plan(
+        common=("--dataset", "cifar10", "--data", DATA, "--devices", "10", "--edges", "2",
+                "--max-train", "10000", "--max-test", "2000", "--rounds", "100"),
+        splits=("0.1",), seeds=(0, 1),
+        variants=("random=ssd:local_epochs=0", "ssd=ssd", "ssd-paper=ssd:form=paper",
+                  "fedmar=fedmar", "fedmar-paper=fedmar:ammd=paper"),
+        notes="SSD's DSR and PD as the paper writes them against the authors' code, A-MMD as the FedMAR paper "
+              "writes it against ours; linear probe on the test split, Dir(0.1) as in SSD's paper, beside a random "
+              "encoder's probe"),
     "smoke": Plan(common=("--rounds", "2", "--max-train", "300", "--max-test", "100"), splits=("iid",), seeds=(0,),
                   variants=("upper=central", "lower=fedavg:local_epochs=0,calibrate=lda", "fedavg=fedavg:calibrate=lda"),
                   jobs=1, notes="digits, a two-round check that the machinery works"),

@@ -506,3 +506,19 @@ def test_a_run_that_evaluated_no_round_is_an_error_row_not_a_result() -> None:
     s = AccuracySettings(devices=2, edges=1, rounds=1, max_train=40, max_test=20)
     row = guarded_run(s, "ring", "ring-test", {}, None)
     assert "no round of 1 was evaluated" in row["error"], row
+
+
+@pytest.mark.parametrize("plan", ["fedcnn-10dev", "hsfp-paper-fedcnn", "ssl-paper-forms"])
+def test_every_variant_of_a_matrix_plan_is_a_valid_run(plan: str) -> None:
+    """A typo in a plan's settings would surface hours into a matrix: each variant's method and
+    settings build a run config now."""
+    from splitedge.bench.matrix import PLANS
+    from splitedge.bench.simrun import parse_variant
+    from splitedge.cloud.options import build_run_config
+    from splitedge.methods.data.datasets import load_dataset
+
+    info = load_dataset("digits", max_train=10, max_test=10)[2]
+    for text in PLANS[plan].variants:
+        _, method, overrides = parse_variant(text)
+        if method != "central":
+            build_run_config(method, info, None, 0, overrides)
