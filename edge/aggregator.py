@@ -69,6 +69,7 @@ class EdgeAggregator(Node):
         self.cost = CostMeter({id(t): t for t in (self.down, self.up)}.values(), shared_process=shared_process)
         self.closed_with: int | None = None  # devices its last closed training round had a done from
         self._settling = False  # start() is taking the members' retained hellos and statuses
+        self.members_quiet_s = MEMBERS_QUIET_S  # 0: take none (a sim starts its edges before any device)
 
     @property
     def members(self) -> dict[str, int]:
@@ -88,11 +89,14 @@ class EdgeAggregator(Node):
         status.info("edge %s: up (run %s), waiting for devices and for cloud %s's round", self.node_id, self.run_id,
                     self.cloud)
 
-    def _settle_members(self, quiet_s: float = MEMBERS_QUIET_S, most_s: float = MEMBERS_SETTLE_S) -> None:
+    def _settle_members(self, most_s: float = MEMBERS_SETTLE_S) -> None:
         """Take the devices' retained hellos, and the statuses they open, before the cloud's
         downlink: an edge restarted into an open round must know who is live when it opens the
         round, or it would wait for nobody and close it at once. Until nothing arrives for
-        `quiet_s`, at most `most_s`."""
+        `members_quiet_s`, at most `most_s`."""
+        quiet_s = self.members_quiet_s
+        if quiet_s <= 0:
+            return
         self._settling = True
         try:
             deadline = time.monotonic() + most_s

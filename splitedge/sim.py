@@ -366,6 +366,8 @@ class Federation:
 
     def _start(self, node: Any) -> None:
         node.quiet_warn_s = None  # hundreds of nodes start one by one here, and no ACL hides a run
+        if hasattr(node, "members_quiet_s"):
+            node.members_quiet_s = 0.0  # the edges start before any device: no retained hello to wait for
         node.start()
         thread = threading.Thread(target=node.run_forever, name=node.node_id, daemon=True)
         thread.start()
