@@ -141,3 +141,5 @@ def test_under_dp_the_owner_s_stricter_floor_applies_to_the_noisy_counts() -> No
         acc = PrivateSums(4, part=part, clip=1e6, second="class", adapter=private_moments(part, y))
         acc.add(x, y)
         assert acc.result().classes.tolist() == classes
+        # what the floor left out is reported as without DP, from the release's noisy counts
+        assert part.withheld == ({} if own == 1 else {"classes": 1, "samples": 3}), part.withheld

@@ -89,8 +89,16 @@ def private_weights(part: Any, weights: Mapping[str, np.ndarray],
 
 
 def _fitted(part: Any, labels: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows kept, their counts capped to the announced samples) of a noisy release."""
+    """(rows kept, their counts capped to the announced samples) of a noisy release. What it
+    left out of the classes the device holds goes into `part.withheld`, as the floor reports it
+    without DP, but from the release alone (post-processing): the classes, and their noisy
+    counts where the release kept one (0 for a class the noise itself hid), so an estimate."""
     rows = fit_to_hello(classes, counts, labels, part.min_class_count)
+    held = set(np.unique(np.asarray(labels)).tolist())
+    noisy = dict(zip(np.asarray(classes).tolist(), np.asarray(counts).tolist()))
+    out = sorted(held - set(np.asarray(classes)[rows].tolist()))
+    part.withheld = {"classes": len(out), "samples": int(sum(max(0, int(noisy.get(c, 0))) for c in out))} if out \
+        else {}
     return rows, capped_counts(counts[rows], len(labels))
 
 
