@@ -49,6 +49,13 @@ def test_teachers_weigh_clusters_by_their_counts_per_class() -> None:
     np.testing.assert_allclose(p, t1[1])
     assert has_g.tolist() == [True, True] and has_p.tolist() == [True, True]
     assert not teachers({0: t0}, own=0)[3].any()  # no peer cluster: no peer teacher
+    # teacher_weights=equal: each cluster holding the class alike, (2 + 6) / 2 = 4, however many
+    # samples it has (a large cluster no longer dominates); a class one cluster holds is its own
+    g_eq = teachers({0: t0, 1: t1}, own=0, weighting="equal")[0]
+    np.testing.assert_allclose(g_eq[0], [4.0, 0.0])
+    np.testing.assert_allclose(g_eq[1], t1[1][1])
+    with pytest.raises(ValueError, match="teacher weighting"):
+        teachers({0: t0}, own=0, weighting="samples")
 
 
 def test_distillation_term_hand_computed() -> None:

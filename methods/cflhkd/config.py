@@ -24,11 +24,14 @@ class CFLHKDConfig(FedAvgConfig):
     temperature: float = 3.0
     lambda_g: float = 0.5  # global teacher
     lambda_p: float = 0.5  # peer clusters' teachers, weighted by their counts per class
+    teacher_weights: str = "count"  # or "equal": each cluster holding a class alike (distill.TEACHER_WEIGHTS)
     # per-cluster evaluation: each device's held-out share
     holdout: float = 0.2
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.teacher_weights not in ("count", "equal"):
+            raise ValueError(f"teacher_weights must be count or equal, got {self.teacher_weights!r}")
         if self.signal not in ("updates", "labels"):
             raise ValueError(f"signal must be updates or labels, got {self.signal!r}")
         if self.warmup_rounds < 1 or self.clusters < 0 or self.recluster_every < 0:

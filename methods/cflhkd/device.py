@@ -122,7 +122,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
     def teacher_tensors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         if not self.cfg.kd or not self.tables:
             return {}
-        g, has_g, p, has_p = teachers(self.tables, self.cluster)
+        g, has_g, p, has_p = teachers(self.tables, self.cluster, self.cfg.teacher_weights)
         as_t = lambda a, h: (torch.from_numpy(np.asarray(a, np.float32)), torch.from_numpy(h))  # noqa: E731
         return {"teacher_global": as_t(g, has_g), "teacher_peers": as_t(p, has_p)}
 

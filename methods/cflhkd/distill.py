@@ -28,13 +28,27 @@ def merge_tables(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], num_cla
     return counts, sums / np.maximum(counts, 1)[:, None]
 
 
-def teachers(tables: Mapping[int, tuple[np.ndarray, np.ndarray]], own: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+TEACHER_WEIGHTS = ("count", "equal")
+"""How a teacher weighs the clusters that hold a class: by their counts (a large cluster
+dominates), or each alike (no cluster's share of a class's teacher exceeds 1 / the clusters
+holding it)."""
+
+
+def teachers(tables: Mapping[int, tuple[np.ndarray, np.ndarray]], own: int | None,
+             weighting: str = "count") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(global [C, C], has_global [C], peers [C, C], has_peers [C]) from each cluster's
-    (counts [C], logits [C, C]): the global teacher weighs every cluster by its count for the
-    class, the peer teacher every cluster but `own` (none known: the peer teacher is absent)."""
+    (counts [C], logits [C, C]): the global teacher weighs every cluster holding a class by its
+    count for it, or alike (`weighting="equal"`), the peer teacher every cluster but `own` (none
+    known: the peer teacher is absent)."""
+    if weighting not in TEACHER_WEIGHTS:
+        raise ValueError(f"teacher weighting must be one of {TEACHER_WEIGHTS}, got {weighting!r}")
+
+    def weight(counts: np.ndarray) -> np.ndarray:
+        return counts if weighting == "count" else (np.asarray(counts) > 0).astype(np.int64)
+
     def weighted(keys: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        counts = sum((tables[k][0] for k in keys), np.zeros_like(next(iter(tables.values()))[0]))
-        sums = sum((tables[k][0][:, None] * tables[k][1] for k in keys), 0.0)
+        counts = sum((weight(tables[k][0]) for k in keys), np.zeros_like(next(iter(tables.values()))[0]))
+        sums = sum((weight(tables[k][0])[:, None] * tables[k][1] for k in keys), 0.0)
         return np.asarray(sums, dtype=np.float64) / np.maximum(counts, 1)[:, None], counts > 0
 
     g, has_g = weighted(sorted(tables))
