@@ -114,7 +114,7 @@ def test_before_a_round_the_cloud_waits_for_edges_that_went_offline_then_goes_on
                              rejoin_timeout_s=0.5)
     cloud = CloudCoordinator(LoopbackTransport(LoopbackBus(), role="cloud", client_id="c"), settings, run="r",
                              test=(np.zeros((1, 8, 8, 1), np.uint8), np.zeros(1, np.int64)))
-    cloud.view.members.update({"e0": [], "e1": []})
+    cloud.view.members.update({"e0": ["d0"], "e1": ["d1"]})
     # Execute / Assert: nobody back within the rejoin timeout: the run stops, saying why
     with pytest.raises(TimeoutError, match="no edge is online before round 2, and none came back within 0.5 s"):
         cloud.wait_for_live_edges(2)
@@ -126,6 +126,10 @@ def test_before_a_round_the_cloud_waits_for_edges_that_went_offline_then_goes_on
     started = time.monotonic()
     cloud.wait_for_live_edges(3)
     assert time.monotonic() - started < 0.5
+    # the live edge's device left (its edge's done said so): no round trains with nobody in it
+    cloud.view.members["e0"] = []
+    with pytest.raises(TimeoutError, match="no device is online before round 3"):
+        cloud.wait_for_live_edges(3)
 
 
 @pytest.mark.parametrize("cloud_state, leaves", [("offline", True), ("online", False)])
