@@ -42,10 +42,11 @@ class DeviceAgent(Node):
     def __init__(self, transport: Transport, *, run: str, node_id: str, edge: str,
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
-                 min_class_count: int = 1) -> None:
+                 min_class_count: int = 1, train_chunk: int = 16) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
         self.transport, self.data, self.backend = transport, data, backend
         self.min_class_count = min_class_count  # the owner's floor; the run's applies when it is higher
+        self.train_chunk = train_chunk  # samples a thin trainer's W_c step takes at a time (0: whole batches)
         # what the hello names: "torch", "onnx" (a thin device: it reads `@thin` graphs too) or a custom one
         self.backend_name = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
         self.placement = Placement(edge=edge)
@@ -201,7 +202,7 @@ class DeviceAgent(Node):
     def _build_part(self, method: Method) -> DevicePart:
         ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement, run=self.run_id,
                           request=self.exchange.request, gather=self.exchange.gather,
-                          min_class_count=self.min_class_count)
+                          min_class_count=self.min_class_count, train_chunk=self.train_chunk)
         return method.device_part(ctx, self.data, self.backend)
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:

@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-class-count", type=int, default=1, metavar="K",
                    help="send no statistic of a class this device holds fewer than K images of (privacy: a class "
                         "mean over one image is that image's features); the run's own floor applies when higher")
+    p.add_argument("--train-chunk", type=int, default=16, metavar="N",
+                   help="a thin device (--backend onnx) trains W_c N samples at a time, with the result of whole "
+                        "batches: memory flat in the batch size for 2-3 times the compute (0: whole batches)")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says a device with this id is online")
     credentials.add_arguments(p)
@@ -75,11 +78,14 @@ def run_federated(args: argparse.Namespace, options: dict[str, Any], metrics: me
 
     if args.min_class_count < 1:
         raise ValueError(f"--min-class-count must be >= 1 (1: every class is sent), got {args.min_class_count}")
+    if args.train_chunk < 0:
+        raise ValueError(f"--train-chunk must be >= 0 (0: whole batches), got {args.train_chunk}")
     backend = resolve_backend(args.backend)
     data = load_local_data(args.data, backend)  # a shard that cannot work is refused before connecting
     transport = _connect(args, args.run, backend, options)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
-                        backend=backend, seed=args.seed, min_class_count=args.min_class_count)
+                        backend=backend, seed=args.seed, min_class_count=args.min_class_count,
+                        train_chunk=args.train_chunk)
     agent.logs_fatal = False  # said once, below, as the command's error line
     metrics.attach(agent, [transport])
     status.info("device %s: backend %s, broker %s", args.id, backend, getattr(transport, "url", args.broker))

@@ -254,6 +254,10 @@ class NodeContext:
     min_class_count: int = 1
     """Device: its owner's own minimum count per class (`splitedge device --min-class-count`);
     the stricter of it and the run's `min_class_count` applies."""
+    train_chunk: int = 16
+    """Device: how many samples a thin (numpy) trainer passes through W_c at a time, exactly as
+    the whole batch (methods/thin/chunked.py): memory flat in the batch size for ~2-3 times the
+    compute; 0 trains whole batches (`splitedge device --train-chunk`)."""
 
 
 class Unsupported(ValueError):

@@ -124,12 +124,14 @@ def _torch_supcon_epoch(wc: nn.Module, head: nn.Module, views: list[np.ndarray],
         opt.step()
 
 
+@pytest.mark.parametrize("chunk", [0, 5], ids=["whole-batch", "chunks-of-5"])
 @pytest.mark.parametrize("model", ["cnn", "fedcnn"])
-def test_one_supcon_epoch_ends_at_torchs_weights(model):
-    # Prepare: the torch device's W_c and head, copied into the thin trainer; the same views
+def test_one_supcon_epoch_ends_at_torchs_weights(model, chunk):
+    # Prepare: the torch device's W_c and head, copied into the thin trainer (whole batches, or
+    # chunks of 5 of the 64 views recomputed: methods/thin/chunked.py); the same views
     (x_all, y_all), _, _ = load_dataset("digits")
     wc = torch_wc(model, 1, 8)
-    trainer = SupConTrainer(model, 1, proj_dim=16, lr=0.05, tau=0.5, seed=0)
+    trainer = SupConTrainer(model, 1, proj_dim=16, lr=0.05, tau=0.5, seed=0, chunk=chunk)
     head = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16))
     trainer.load(state_to_numpy(wc))
     trainer.head.load({k: v.detach().numpy().copy() for k, v in head.state_dict().items()})
@@ -159,10 +161,11 @@ def test_one_supcon_epoch_ends_at_torchs_weights(model):
         assert rel_err(value, head_ref[name]) < 1e-3, name
 
 
-def test_split_step_matches_torch_for_a_given_gradient():
+@pytest.mark.parametrize("model,chunk", [("fedcnn", 0), ("fedcnn", 3), ("cnn", 3)])
+def test_split_step_matches_torch_for_a_given_gradient(model, chunk):
     # Prepare: the SplitFed device's step: W_c forward, the edge's gradient, backward, SGD
-    wc = torch_wc("fedcnn", 3, 32)
-    trainer = SplitTrainer("fedcnn", 3)
+    wc = torch_wc(model, 3, 32)
+    trainer = SplitTrainer(model, 3, chunk=chunk)
     trainer.load(state_to_numpy(wc))
     opt_t = sgd(wc.parameters(), 0.05, momentum=0.9, weight_decay=5e-4)
     opt_n = trainer.optimizer(0.05, 0.9, 5e-4)
@@ -190,6 +193,31 @@ def test_split_step_matches_torch_for_a_given_gradient():
     for name in ref:
         if ref[name].dtype.kind == "f":
             assert rel_err(got[name], ref[name]) < 1e-3, name
+
+
+@pytest.mark.parametrize("model", ["cnn", "fedcnn"])
+def test_a_chunked_step_gives_the_whole_batch_gradients(model):
+    # Prepare: two copies of one W_c (BatchNorm scales moved off 1 / 0); a CIFAR-size SupCon batch
+    weights = state_to_numpy(torch_wc(model, 3, 32))
+    whole = SupConTrainer(model, 3, proj_dim=16, lr=0.05, tau=0.5, seed=0)
+    chunked = SupConTrainer(model, 3, proj_dim=16, lr=0.05, tau=0.5, seed=0, chunk=7)
+    whole.load(weights)
+    chunked.load(weights)
+    rng = np.random.default_rng(10)
+    views = rng.standard_normal((40, 3, 32, 32)).astype(np.float32)
+    labels = np.arange(40) % 5
+    # Execute: one step each (chunks of 7 of 40: the last one short)
+    loss_whole = whole.step_views(views.copy(), labels)
+    loss_chunked = chunked.step_views(views.copy(), labels)
+    # Assert: the same loss, every gradient and the running statistics (updated once, from the batch)
+    assert loss_chunked["total"] == pytest.approx(loss_whole["total"], rel=1e-6)
+    for (name, layer, key), (_, twin, _) in zip(whole.wc.parameters(), chunked.wc.parameters()):
+        assert rel_err(twin.grads[key], layer.grads[key]) < GRAD_TOL, name
+    for name, value in whole.wc.state().items():
+        if value.dtype.kind == "f":
+            assert rel_err(chunked.wc.state()[name], value) < 1e-5, name
+        else:
+            assert int(chunked.wc.state()[name]) == int(value) == 1, name
 
 
 def test_trainer_state_survives_capture_and_restore():

@@ -67,7 +67,7 @@ class HSFPOnnxDevice(HSFPDevice):
             return SupConTrainer(spec.model, spec.channels, proj_dim=cfg.proj_dim, lr=cfg.device_lr, tau=cfg.tau,
                                  seed=int(self.ctx.rng.integers(2**31)), target=cfg.device_target,
                                  classes=spec.num_classes, etf_seed=spec.seed, etf_tau=cfg.etf_tau,
-                                 feddecorr_beta=cfg.feddecorr_beta)
+                                 feddecorr_beta=cfg.feddecorr_beta, chunk=self.ctx.train_chunk)
         except ValueError as exc:
             if cfg.local_epochs > 0:
                 log.warning("device %s: sends statistics of the global W_c but trains none: %s", self.ctx.node_id, exc)

@@ -27,7 +27,7 @@ class SplitFedThinDevice(DevicePart):
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         try:
-            self.trainer = SplitTrainer(self.spec.model, self.spec.channels)
+            self.trainer = SplitTrainer(self.spec.model, self.spec.channels, chunk=self.ctx.train_chunk)
         except ValueError as exc:  # a W_c the thin trainer has no layers for
             raise Unsupported(str(exc)) from None
         self.specs = weight_specs(self.trainer.weights())

@@ -111,6 +111,13 @@ class Conv2d(Layer):
         self._saved_x = x = None
         return self._input_grad(grad, w, shape)
 
+    def backward_input(self, grad: np.ndarray) -> np.ndarray:
+        """The input's gradient alone (a chunked step whose pass does not want this weight's)."""
+        x = self._saved_x
+        assert x is not None, "backward before a training forward"
+        self._saved_x = None
+        return self._input_grad(grad, self.params["weight"].reshape(len(self.params["weight"]), -1), x.shape)
+
     def _input_grad(self, grad: np.ndarray, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         n_all, c, h, wd = shape
         p, s, k = self.padding, self.stride, self.kernel
@@ -155,15 +162,22 @@ class BatchNorm2d(Layer):
             return out
         m = x.shape[0] * x.shape[2] * x.shape[3]
         mean = channel_sums(x) / m
-        xhat = x
-        xhat -= mean.astype(F32)[:, None, None]
-        var = channel_sums(xhat, xhat) / m  # biased: what normalises the batch
-        invstd = (1.0 / np.sqrt(var + self.eps)).astype(F32)
-        xhat *= invstd[:, None, None]
+        x -= mean.astype(F32)[:, None, None]
+        var = channel_sums(x, x) / m  # biased: what normalises the batch
         self._update_running(mean, var * m / max(m - 1, 1))  # the running variance is unbiased, as torch's
-        self._saved_xhat, self._saved_invstd = xhat, invstd
-        out = xhat * gamma
-        out += beta
+        return self.forward_fixed(x, np.zeros_like(mean), (1.0 / np.sqrt(var + self.eps)).astype(F32), keep=True)
+
+    def forward_fixed(self, x: np.ndarray, mean: np.ndarray, invstd: np.ndarray, keep: bool) -> np.ndarray:
+        """Training-mode normalisation with given batch statistics (a whole batch's, when a chunk
+        of it passes: methods/thin/chunked.py), in place; keeps the normalised input if `keep`."""
+        xhat = x
+        if np.any(mean):
+            xhat -= mean.astype(F32)[:, None, None]
+        xhat *= invstd.astype(F32)[:, None, None]
+        if keep:
+            self._saved_xhat, self._saved_invstd = xhat, invstd.astype(F32)
+        out = xhat * self.params["weight"][:, None, None]
+        out += self.params["bias"][:, None, None]
         return out
 
     def _update_running(self, mean: np.ndarray, var: np.ndarray) -> None:
@@ -175,12 +189,22 @@ class BatchNorm2d(Layer):
     def backward(self, grad: np.ndarray) -> np.ndarray:
         """dx = gamma * invstd / m * (m * grad - sum(grad) - xhat * sum(grad * xhat)), built in
         the kept xhat's buffer; `grad` (the layer above's fresh gradient) is scaled in place."""
+        m = grad.shape[0] * grad.shape[2] * grad.shape[3]
+        dgamma, dbeta = self.grad_sums(grad)
+        self.grads.update(weight=dgamma.astype(F32), bias=dbeta.astype(F32))
+        return self.input_grad(grad, dgamma, dbeta, m)
+
+    def grad_sums(self, grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(sum(grad * xhat), sum(grad)) per channel, float64: the gradients of gamma and beta, of
+        this batch (or of a chunk, to be added up)."""
+        assert self._saved_xhat is not None, "backward before a training forward"
+        return channel_sums(grad, self._saved_xhat), channel_sums(grad)
+
+    def input_grad(self, grad: np.ndarray, dgamma: np.ndarray, dbeta: np.ndarray, m: int) -> np.ndarray:
+        """dx from the whole batch's sums (m values per channel), built in the kept xhat's buffer;
+        `grad` (the layer above's fresh gradient) is scaled in place."""
         xhat, invstd = self._saved_xhat, self._saved_invstd
         assert xhat is not None and invstd is not None, "backward before a training forward"
-        m = grad.shape[0] * grad.shape[2] * grad.shape[3]
-        dbeta = channel_sums(grad)
-        dgamma = channel_sums(grad, xhat)
-        self.grads.update(weight=dgamma.astype(F32), bias=dbeta.astype(F32))
         gamma = self.params["weight"]
         dx = xhat
         dx *= -dgamma.astype(F32)[:, None, None]

@@ -19,6 +19,7 @@ import numpy as np
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.hsfp.simplex import simplex_etf
 from splitedge.methods.thin.augment import two_views
+from splitedge.methods.thin.chunked import ChunkedStep
 from splitedge.methods.thin.layers import ReLU, Sequential, global_avg_pool, global_avg_pool_backward
 from splitedge.methods.thin.losses import etf_cross_entropy, feddecorr, supcon
 from splitedge.methods.thin.optim import NumpySGD
@@ -61,8 +62,9 @@ class SupConTrainer:
 
     def __init__(self, model: str, channels: int, *, proj_dim: int, lr: float, tau: float, seed: int,
                  target: str = "supcon", classes: int = 0, etf_seed: int = 0, etf_tau: float = 0.1,
-                 feddecorr_beta: float = 0.0) -> None:
+                 feddecorr_beta: float = 0.0, chunk: int = 0) -> None:
         self.wc = thin_wc(model, channels)
+        self.chunk = int(chunk)  # > 0: W_c trains that many views at a time, exactly (methods/thin/chunked.py)
         self.width = out_channels(self.wc)
         self.head = projection_head(self.width, proj_dim, np.random.default_rng(seed)) if target == "supcon" else None
         # etf: the simplex every device builds from the run's seed (methods/hsfp/etf.py)
@@ -102,8 +104,13 @@ class SupConTrainer:
     def step_views(self, views: np.ndarray, labels: np.ndarray) -> dict[str, float]:
         """One SGD step on given views [2B, C, H, W] (view-major) and their labels [2B]."""
         self.opt.zero_grad()
-        fmap = self.wc.forward(views, train=True)
-        pooled = global_avg_pool(fmap)
+        chunked = ChunkedStep(self.wc, self.chunk) if 0 < self.chunk < len(views) else None
+        if chunked is None:
+            fmap = self.wc.forward(views, train=True)
+            pooled, shape = global_avg_pool(fmap), fmap.shape[1:]
+            del fmap
+        else:
+            pooled, shape = chunked.forward(views, global_avg_pool)
         if self.head is None:
             loss, dpooled = etf_cross_entropy(pooled, labels, self.etf, self.etf_tau)
             parts = {"etf": loss}
@@ -117,7 +124,10 @@ class SupConTrainer:
             dpooled = dpooled + np.float32(self.feddecorr_beta) * ddecorr
             parts["feddecorr"] = decorr
             loss += self.feddecorr_beta * decorr
-        self.wc.backward(global_avg_pool_backward(dpooled, fmap.shape))
+        if chunked is None:
+            self.wc.backward(global_avg_pool_backward(dpooled, (len(views),) + tuple(shape)))
+        else:
+            chunked.backward(views, dpooled, global_avg_pool_backward, shape)
         self.opt.step()
         parts["total"] = loss
         return parts
@@ -155,6 +165,15 @@ class SupConTrainer:
         self.lr = self.opt.lr
 
 
+def _same(out: np.ndarray) -> np.ndarray:
+    """A chunk's activations as they are (SplitFed sends W_c's output itself)."""
+    return out
+
+
+def _same_backward(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return np.array(grad, dtype=np.float32)  # a copy: layers reuse the buffer they are given
+
+
 Request = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """(activations [B, ...], labels [B]) -> the edge's gradient of the loss for those activations."""
 
@@ -165,8 +184,9 @@ class SplitTrainer:
 
     numpy_state = True
 
-    def __init__(self, model: str, channels: int) -> None:
+    def __init__(self, model: str, channels: int, chunk: int = 0) -> None:
         self.wc = thin_wc(model, channels)
+        self.chunk = int(chunk)  # > 0: W_c trains that many samples at a time, exactly (methods/thin/chunked.py)
 
     def state_dict(self) -> dict[str, Any]:
         return {"wc": self.wc.state()}
@@ -191,13 +211,18 @@ class SplitTrainer:
         total, seen = 0.0, 0
         for idx in epoch_order(len(labels), batch, rng):
             x = load_batch(images, idx, mean, std)
-            act = self.wc.forward(x, train=True)
+            chunked = ChunkedStep(self.wc, self.chunk) if 0 < self.chunk < len(x) else None
+            act = self.wc.forward(x, train=True) if chunked is None else chunked.forward(x, _same)[0]
             grad = request(act, np.asarray(labels)[idx].astype(np.int64))
             if grad.shape != act.shape:
                 raise ValueError(f"gradient shape {tuple(grad.shape)} does not match activations {tuple(act.shape)}")
             total += float((act.astype(np.float64) * grad).sum())  # before backward, which reuses grad's buffer
             opt.zero_grad()
-            self.wc.backward(np.asarray(grad, dtype=np.float32))
+            if chunked is None:
+                self.wc.backward(np.asarray(grad, dtype=np.float32))
+            else:
+                del act
+                chunked.backward(x, np.asarray(grad, dtype=np.float32), _same_backward, grad.shape[1:])
             opt.step()
             seen += len(idx)
         self.wc.forget()
