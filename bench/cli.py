@@ -93,6 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="ram: H-SFP setting for the measured federation; poison: a method setting every row "
                         "shares (repeatable), e.g. device_batch=32, robust_clip_k=1")
+    g.add_argument("--train-chunk", type=int, default=None, metavar="N",
+                   help="ram, device-memory: the thin device's --train-chunk (default the device's, 8; 0: whole batches)")
     g.add_argument("--device-mem-cap", type=float, default=None, metavar="MB",
                    help="ram: run the device in a memory cgroup capped at MB (the kernel enforces it; needs root)")
     g.add_argument("--device-python", default=None, metavar="PATH",

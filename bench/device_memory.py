@@ -29,7 +29,7 @@ def rss():
     status = open("/proc/self/status").read()
     return {k: int(status.split(k + ":")[1].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")}
 stages = [("interpreter", rss())]
-backend, shard, model, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+backend, shard, model, batch, chunk = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 import numpy as np, msgpack, paho.mqtt.client
 stages.append(("numpy, msgpack, paho-mqtt", rss()))
 if backend == "torch":
@@ -50,7 +50,8 @@ config = {"model": {"model": model, "num_classes": 10, "channels": int(c), "imag
                     "mean": [0.5] * c, "std": [0.25] * c}, "method": {"device_batch": batch}}
 method = create_method("hsfp", config)
 rng = np.random.default_rng(0)
-dev = method.device_part(NodeContext("d0", method, rng), (x, y), backend=backend)
+ctx = NodeContext("d0", method, rng) if chunk == "default" else NodeContext("d0", method, rng, train_chunk=int(chunk))
+dev = method.device_part(ctx, (x, y), backend=backend)
 stages.append(("H-SFP device part and its models", rss()))
 start = time.process_time()
 if backend == "torch":
@@ -77,18 +78,21 @@ class Settings:
     batch: int = 64
     backends: tuple[str, ...] = ("torch", "onnx")
     device_python: str | None = None
+    train_chunk: int | None = None  # the thin trainer's chunk (None: the device's default)
 
     @classmethod
     def from_args(cls, a: Any) -> "Settings":
         return cls(dataset=a.dataset, data=a.data, model=a.model or "cnn", images=a.images or 5000,
                    batch=int(dict(kv.split("=", 1) for kv in (getattr(a, "set", None) or [])).get("device_batch", 64)),
                    backends=tuple(a.backends),
-                   device_python=os.path.abspath(a.device_python) if a.device_python else None)
+                   device_python=os.path.abspath(a.device_python) if a.device_python else None,
+                   train_chunk=getattr(a, "train_chunk", None))
 
 
 def measure(s: Settings, backend: str, shard: Path, env: dict[str, str]) -> dict[str, Any]:
     python = (s.device_python or sys.executable) if backend == "torch" else sys.executable
-    proc = subprocess.run([python, "-c", PROBE, backend, str(shard), s.model, str(s.batch)], capture_output=True,
+    proc = subprocess.run([python, "-c", PROBE, backend, str(shard), s.model, str(s.batch),
+                           "default" if s.train_chunk is None else str(s.train_chunk)], capture_output=True,
                           text=True, env={**os.environ, **env}, timeout=1800)
     if proc.returncode:
         raise RuntimeError(f"device-memory {backend}: the probe failed:\n{proc.stderr[-1500:]}")
@@ -98,7 +102,7 @@ def measure(s: Settings, backend: str, shard: Path, env: dict[str, str]) -> dict
         rows.append({"stage": name, "rss_mb": mem["VmRSS"], "added_mb": mem["VmRSS"] - before})
         before = mem["VmRSS"]
     return {"backend": backend, "python": interpreter_info(python), "stages": rows,
-            "epoch_cpu_s": out["epoch_cpu_s"], "images": out["images"], "torch_imported": out["torch_imported"]}
+            "epoch_cpu_s": out["epoch_cpu_s"], "train_chunk": s.train_chunk, "images": out["images"], "torch_imported": out["torch_imported"]}
 
 
 def run(s: Settings) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -114,11 +118,18 @@ def markdown(results: dict[str, Any]) -> str:
     out = ["## Device memory, stage by stage (RSS MB after each; the last row is the peak of the epoch)\n"]
     for r in results["runs"]:
         py = r["python"]
-        out += [f"### {r['backend']} device (Python {py['python']}, torch {py['torch'] or 'not installed'})\n",
+        chunk = "" if r["backend"] == "torch" else f", W_c trained {_chunk_words(r.get('train_chunk'))}"
+        out += [f"### {r['backend']} device (Python {py['python']}, torch {py['torch'] or 'not installed'}{chunk})\n",
                 table(["stage", "RSS MB", "added MB"], [(x["stage"], x["rss_mb"], x["added_mb"]) for x in r["stages"]]),
                 f"\nOne local epoch over {r['images']} images: {r['epoch_cpu_s']:.1f} CPU s; torch in the process: "
                 f"{'yes' if r.get('torch_imported') else 'no'}.\n"]
     return "\n".join(out)
+
+
+def _chunk_words(chunk: int | None) -> str:
+    if chunk is None:
+        from splitedge.methods.contract import TRAIN_CHUNK as chunk
+    return "on whole batches" if chunk == 0 else f"{chunk} samples at a time (--train-chunk)"
 
 
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:

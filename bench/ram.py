@@ -82,6 +82,7 @@ class RamSettings:
     interval_s: float = 0.05
     device_python: str | None = None  # interpreter for the device process (default: this one)
     device_mem_cap_mb: float | None = None  # run the device in a memory cgroup of this size (bench/memcap.py)
+    train_chunk: int | None = None  # the thin device's --train-chunk (None: its default)
     # H-SFP's slow scale inside the measured rounds: with ic=1 every round after the first brings
     # a new averaged W_c, so the device's swap (onnx) or reload (torch) and its recomputed
     # moments are part of what is measured, not only the first round's moments.
@@ -101,7 +102,7 @@ class RamSettings:
                    max_test=a.max_test or (200 if a.quick else 500), seed=a.seed,
                    timeout_s=300.0 if a.quick else 900.0,
                    device_python=os.path.abspath(a.device_python) if a.device_python else None,
-                   device_mem_cap_mb=getattr(a, "device_mem_cap", None),
+                   device_mem_cap_mb=getattr(a, "device_mem_cap", None), train_chunk=getattr(a, "train_chunk", None),
                    settings=tuple(getattr(a, "set", None) or ()))
 
 
@@ -149,8 +150,10 @@ def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path,
                                            *(arg for kv in s.settings for arg in ("--set", kv))],
                                           tmp / f"{backend}-cloud.log")}
         procs["edge"] = spawn_splitedge(["edge", *url, *common, "--id", "e0"], tmp / f"{backend}-edge.log")
+        chunk = [] if s.train_chunk is None or backend == "torch" else ["--train-chunk", str(s.train_chunk)]
         procs["device"] = spawn_splitedge(["-v", "device", *url, *common, "--id", "d0", "--edge", "e0",
-                                           "--data", str(shard), "--backend", backend], tmp / f"{backend}-device.log",
+                                           "--data", str(shard), "--backend", backend, *chunk],
+                                          tmp / f"{backend}-device.log",
                                           python=s.device_python, env=device_env,
                                           preexec=cap.join if cap is not None else None)
         if peer:

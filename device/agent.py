@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from splitedge.methods.contract import DONE, DevicePart, Method, NodeContext, Placement, RoundPlan
+from splitedge.methods.contract import DONE, TRAIN_CHUNK, DevicePart, Method, NodeContext, Placement, RoundPlan
 from splitedge.methods.data.local import fits_model
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import THIN_BACKEND, parse
@@ -42,7 +42,7 @@ class DeviceAgent(Node):
     def __init__(self, transport: Transport, *, run: str, node_id: str, edge: str,
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
-                 min_class_count: int = 1, train_chunk: int = 16) -> None:
+                 min_class_count: int = 1, train_chunk: int = TRAIN_CHUNK) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
         self.transport, self.data, self.backend = transport, data, backend
         self.min_class_count = min_class_count  # the owner's floor; the run's applies when it is higher

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from splitedge.methods.contract import TRAIN_CHUNK
 from splitedge.protocol import credentials
 from splitedge.runtime import metrics_http
 
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-class-count", type=int, default=1, metavar="K",
                    help="send no statistic of a class this device holds fewer than K images of (privacy: a class "
                         "mean over one image is that image's features); the run's own floor applies when higher")
-    p.add_argument("--train-chunk", type=int, default=16, metavar="N",
+    p.add_argument("--train-chunk", type=int, default=TRAIN_CHUNK, metavar="N",
                    help="a thin device (--backend onnx) trains W_c N samples at a time, with the result of whole "
                         "batches: memory flat in the batch size for 2-3 times the compute (0: whole batches)")
     p.add_argument("--takeover", action="store_true",
