@@ -147,11 +147,24 @@ def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str
             report.write(out_dir, {**doc, "partial": True}, module.markdown(results))
         kwargs["progress"] = progress
     config, results = module.run(settings, **kwargs)
+    if _unchanged(kwargs.get("previous"), results):
+        # a resume with nothing left to run: its header keeps when and under what load the runs ran
+        print(f"bench {name}: every run of {out_dir} was already there; its files are left as they are", flush=True)
+        return out_dir / f"{name}.json"
     doc = report.document(name, argv, config, results, time.monotonic() - started)
     json_path, md_path = report.write(out_dir, doc, module.markdown(results))
     plots = [] if args.no_plots else module.plot(results, out_dir)
     print(f"bench {name}: wrote {json_path}, {md_path}" + "".join(f", {p}" for p in plots), flush=True)
     return json_path
+
+
+def _unchanged(previous: dict[str, Any] | None, results: dict[str, Any]) -> bool:
+    """Whether a resumed suite's results are the finished ones it resumed (it ran nothing)."""
+    import json
+
+    if not previous or previous.get("partial"):
+        return False
+    return json.loads(json.dumps(results, default=str)) == previous.get("results")
 
 
 def previous_results(out_dir: Path, suite: str) -> dict[str, Any] | None:

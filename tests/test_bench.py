@@ -469,9 +469,12 @@ def test_the_matrix_runs_its_cells_resumes_them_and_rerenders(tmp_path: Path) ->
     rows = {r["method"]: r for r in cell["results"]["runs"]}
     assert set(rows) == {"upper", "lower", "fedavg"} and rows["upper"]["central"]
     assert rows["lower"]["final_accuracy"] < 0.3 < rows["lower"]["calibrated"]["final"]  # random net, calibrated head
+    report = (tmp_path / "iid-s0" / "accuracy.md").read_text()
     assert main(["bench", "matrix", "--plan", "smoke", "--out", str(tmp_path), "--no-plots"]) == 0
     again = json.loads((tmp_path / "iid-s0" / "accuracy.json").read_text())
     assert [r["wall_seconds"] for r in again["results"]["runs"]] == [r["wall_seconds"] for r in cell["results"]["runs"]]
+    # a cell with nothing left to run keeps its files: when it ran, how long, under what load
+    assert again == cell and (tmp_path / "iid-s0" / "accuracy.md").read_text() == report
     (tmp_path / "matrix.md").unlink()
     assert main(["bench", "matrix", "--plan", "smoke", "--out", str(tmp_path), "--rerender", "--no-plots"]) == 0
     assert "| fedavg | IID |" in (tmp_path / "matrix.md").read_text()
