@@ -247,3 +247,23 @@ def test_trainer_state_survives_capture_and_restore():
 def test_a_model_it_cannot_train_is_named():
     with pytest.raises(ValueError, match="thin trainer trains the W_c of .*resnet18"):
         thin_wc("resnet18", 3)
+
+
+def test_a_device_owner_chooses_the_chunk_and_a_bad_one_is_one_line(tmp_path, capsys):
+    import dataclasses
+
+    from splitedge.cli import main
+
+    from parts import ctx_for
+
+    # the device's --train-chunk reaches its thin trainers (H-SFP and SplitFed)
+    for name in ("hsfp", "splitfed"):
+        ctx = dataclasses.replace(ctx_for(name, "d0"), train_chunk=3)
+        images = (np.zeros((8, 8, 8, 1), np.uint8), np.arange(8) % 2)
+        part = ctx.method.device_part(ctx, images, "onnx")
+        assert part.trainer.chunk == 3, name
+    # a negative one is refused before the data is read
+    code = main(["device", "--broker", "mqtt://127.0.0.1:1", "--id", "d0", "--edge", "e0", "--train-chunk", "-1",
+                 "--data", str(tmp_path / "missing.npz")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "--train-chunk must be >= 0" in err and len(err.splitlines()) == 1, err
