@@ -116,3 +116,71 @@ def test_teacher_tables_merged_through_edges_equal_one_merge_of_all_devices(case
     g, has_g, _, _ = teachers({e: merge_tables([s], c) for e, s in enumerate(sent)}, own=None)
     np.testing.assert_allclose(g, direct[1], rtol=1e-5, atol=1e-5)
     assert has_g.tolist() == (direct[0] > 0).tolist()
+
+
+def test_the_two_way_hierarchy_teaches_the_clusters_with_the_global_model_and_distils_it_back(mosquitto,
+                                                                                               tmp_path) -> None:
+    """The paper's form (global_teacher=model, distill_global=true): after clustering every device
+    holds the cloud's global model, which teaches its cluster model per sample, and distils its
+    trained cluster model back into it; the cloud's global model is the merge of those
+    distillations, scored on every group's held-out data with that group's labels."""
+    torch.set_num_threads(1)
+    s = SimSettings(rounds=3, devices=6, edges=2, method="cflhkd", groups=2, broker=mosquitto.url, run="cfl-two-way",
+                    out=tmp_path, deadline_s=120.0, overrides={"global_teacher": "model", "distill_global": True})
+    summary = run_sim(s)
+    history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in history] == ["warmup", "clustered", "clustered"]
+    # both directions ran: the global model taught (kd_global) and learnt from the clusters (kd_up)
+    losses = history[-1]["loss"]["device"]
+    assert losses["kd_global"] > 0 and losses["kd_up"] > 0 and losses["kd_peers"] > 0, losses
+    # the global model is measured where it means something, and it moved every clustered round
+    assert "global_personal_accuracy" not in history[0]
+    assert all(0 < r["global_personal_accuracy"] <= 1 for r in history[1:])
+    assert [r["model_version"] for r in history] == [1, 2, 3]
+    # the global model goes down to every device once clustered: weights of two parts per device
+    down = summary["device_bytes_by_kind"]["in"]["weights"]["messages"]
+    assert down >= 6 * (1 + 2 * 2), summary["device_bytes_by_kind"]["in"]["weights"]
+
+
+def test_the_upward_term_gives_the_global_model_a_distillation_gradient() -> None:
+    from splitedge.methods.cflhkd.distill import kd_model_term
+    from splitedge.methods.training import Batch
+
+    class Fixed(torch.nn.Module):
+        """A teacher whose logits are given (model_outputs reads features_and_logits)."""
+
+        def __init__(self, logits: torch.Tensor) -> None:
+            super().__init__()
+            self.logits = logits
+
+        def features_and_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x, self.logits
+
+    # Prepare: T = 2; teacher logits (0, 2 ln 3) give softmax at T (1/4, 3/4); the student's (0, 0) give (1/2, 1/2)
+    import math
+
+    teacher = Fixed(torch.tensor([[0.0, 2 * math.log(3.0)]])).train()
+    term = kd_model_term("kd_up", "teacher_cluster", temperature=2.0, weight=1.0)
+    student = {"logits": torch.zeros(1, 2, requires_grad=True)}
+    # Execute
+    value = term.fn(student, Batch(torch.zeros(1, 2), torch.tensor([0]), {"teacher_cluster": teacher}))
+    value.backward()
+    # Assert: T^2 KL((1/4, 3/4) || (1/2, 1/2)); gradient T^2 / T (s - t) = 2 (1/4, -1/4), toward the teacher
+    expected = 4 * (0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5))
+    assert float(value.detach()) == pytest.approx(expected, rel=1e-6)
+    np.testing.assert_allclose(student["logits"].grad.numpy(), [[0.5, -0.5]], rtol=1e-6)
+    assert teacher.training  # run in eval mode, its mode given back
+    assert float(term.fn(student, Batch(torch.zeros(1, 2), torch.tensor([0]), {})).detach()) == 0.0  # no teacher
+
+
+def test_the_two_way_hierarchy_has_no_private_form_yet_and_says_so() -> None:
+    from splitedge.methods.cflhkd.config import CFLHKDConfig
+
+    for private in ({"dp_sigma": 1.0, "dp_clip": 1.0, "dp_update_clip": 1.0}, {"secagg": "full"}):
+        with pytest.raises(ValueError, match="no private or secure form yet"):
+            CFLHKDConfig(global_teacher="model", **private)
+        with pytest.raises(ValueError, match="no private or secure form yet"):
+            CFLHKDConfig(distill_global=True, **private)
+        CFLHKDConfig(**private)  # the one-way form has both
+    with pytest.raises(ValueError, match="global_teacher must be table or model"):
+        CFLHKDConfig(global_teacher="cloud")

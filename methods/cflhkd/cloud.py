@@ -15,11 +15,13 @@ import numpy as np
 
 from splitedge.methods.cflhkd.distill import merge_tables
 from splitedge.methods.robust import robust_rule
-from splitedge.methods.cflhkd.method import CLUSTERED, MODEL, SIGNALS, TEACHERS, WARMUP
+from splitedge.methods.cflhkd.edge import global_scores
+from splitedge.methods.cflhkd.method import CLUSTERED, GLOBAL, MODEL, SIGNALS, TEACHERS, WARMUP
 from splitedge.methods.fedavg.cloud import FedAvgCloud
 from splitedge.methods.fedproto.protos import weighted_accuracy
 from splitedge.methods.calibration.lda import lda_classifier
 from splitedge.methods.calibration.records import head_message, merge
+from splitedge.methods.checks import check_weights
 from splitedge.methods.contract import DEVICES, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec, device
 from splitedge.methods.averaging import weight_updates
 from splitedge.models import load_numpy_state, state_to_numpy
@@ -39,14 +41,34 @@ class CFLHKDCloud(FedAvgCloud):
         self.clustered_at = 0
 
     def plan(self, round_: int) -> RoundSpec:
-        """Devices train from the model of the previous round (global, or their cluster's)."""
-        return RoundSpec(versions={MODEL: round_ - 1}, directives={"phase": self.phase})
+        """Devices train from the model of the previous round (global, or their cluster's); in the
+        two-way hierarchy, once clustered, they also hold the global model of the last merge."""
+        versions = {MODEL: round_ - 1}
+        if self._two_way():
+            versions[GLOBAL] = self.version
+        return RoundSpec(versions=versions, directives={"phase": self.phase})
+
+    def _two_way(self) -> bool:
+        return self.phase == CLUSTERED and self.cfg.two_way
+
+    def check(self, env: Any, source: str) -> None:
+        if env.kind == "weights" and env.body.get("part") == GLOBAL and self.cfg.two_way:
+            trained_from = self.current() if int(env.body["version"]) == self.version else None
+            check_weights(env.body, self.specs, part=GLOBAL, trained_from=trained_from)
+        else:
+            super().check(env, source)
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
         out: list[Message] = []
-        parts = weight_updates(reports, MODEL, plan.round)  # edges version their merge by the round
-        if parts:  # warm-up: the devices' merge (through edges); clustered: the merge of the cluster models
-            load_numpy_state(self.model, self.method.merge_weights(parts))
+        distilled = GLOBAL in plan.versions and self.cfg.distill_global
+        if distilled:  # the paper's upward flow: the devices' distillations of the global model, merged
+            parts = weight_updates(reports, GLOBAL, plan.version(GLOBAL))
+            merged = self.method.merge_weights(parts, reference=self.current()) if parts else None
+        else:  # warm-up: the devices' merge (through edges); clustered: the merge of the cluster models
+            parts = weight_updates(reports, MODEL, plan.round)  # edges version their merge by the round
+            merged = self.method.merge_weights(parts) if parts else None
+        if merged is not None:
+            load_numpy_state(self.model, merged)
             self.version, self.samples = plan.round, sum(n for _, n in parts)
             if self.phase == WARMUP:
                 out.append(self._model_message())
@@ -56,6 +78,9 @@ class CFLHKDCloud(FedAvgCloud):
                     self.signals.update({d: np.asarray(v) for d, v in env.body["arrays"].items()})
         if self._clustering_due(plan.round):
             self._cluster(plan.round)
+        if self._two_way():  # every device gets the global model (a teacher, or the model it distils into)
+            body = {"part": GLOBAL, "version": self.version, "samples": self.samples, "weights": self.current()}
+            out.append(Message("weights", body, to=DEVICES, slot=GLOBAL))
         if self.cfg.kd:
             out.extend(self._teachers(reports))
         return out, {**self.evaluate(plan), **self._cluster_metrics(plan, reports), "model_version": self.version,
@@ -127,6 +152,9 @@ class CFLHKDCloud(FedAvgCloud):
         acc, _ = weighted_accuracy(list(infos.values()))
         out: dict[str, Any] = {"phase": plan.directives.get("phase"), "clusters": len(self.cluster_edges) or 1,
                                "cluster_accuracy": per_edge, "personalised_accuracy": acc}
+        global_acc, n = weighted_accuracy(global_scores(list(infos.values()), samples="global_eval_samples"))
+        if n:  # the global model on every group's held-out data, each with its own labels (two-way only)
+            out["global_personal_accuracy"] = global_acc
         if self.assignment:
             out["assignment"] = dict(self.assignment)
         return out

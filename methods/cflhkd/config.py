@@ -25,18 +25,34 @@ class CFLHKDConfig(FedAvgConfig):
     lambda_g: float = 0.5  # global teacher
     lambda_p: float = 0.5  # peer clusters' teachers, weighted by their counts per class
     teacher_weights: str = "count"  # or "equal": each cluster holding a class alike (distill.TEACHER_WEIGHTS)
+    # the paper's two-way hierarchy (docs/methods.md); its form: global_teacher=model,distill_global=true
+    global_teacher: str = "table"  # or "model": the cloud's global model, sent to every device, teaches per sample
+    distill_global: bool = False  # devices distil their cluster model into a copy of the global model, averaged
+    lambda_up: float = 1.0  # distill_global: weight of the cluster model's soft outputs in the global copy's loss
+    global_ce: float = 1.0  # distill_global: weight of the cross-entropy on the device's labels (0: distillation alone)
     # per-cluster evaluation: each device's held-out share
     holdout: float = 0.2
+
+    @property
+    def two_way(self) -> bool:
+        """Whether devices hold the cloud's global model beside their cluster's (either direction on)."""
+        return self.global_teacher == "model" or self.distill_global
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.teacher_weights not in ("count", "equal"):
             raise ValueError(f"teacher_weights must be count or equal, got {self.teacher_weights!r}")
+        if self.global_teacher not in ("table", "model"):
+            raise ValueError(f"global_teacher must be table or model, got {self.global_teacher!r}")
+        if self.two_way and (self.dp_sigma > 0 or self.secagg != "off"):
+            raise ValueError("global_teacher=model and distill_global have no private or secure form yet (the global "
+                             "model a device distils into is a second update): run them without dp_sigma and secagg")
         if self.signal not in ("updates", "labels"):
             raise ValueError(f"signal must be updates or labels, got {self.signal!r}")
         if self.warmup_rounds < 1 or self.clusters < 0 or self.recluster_every < 0:
             raise ValueError("warmup_rounds must be >= 1, clusters and recluster_every >= 0")
         if not 0 < self.distance_threshold <= 2 or self.drift_threshold < 0:
             raise ValueError("distance_threshold must be in (0, 2] and drift_threshold >= 0")
-        if self.temperature <= 0 or self.lambda_g < 0 or self.lambda_p < 0 or not 0 < self.holdout < 1:
+        if self.temperature <= 0 or min(self.lambda_g, self.lambda_p, self.lambda_up, self.global_ce) < 0 \
+                or not 0 < self.holdout < 1:
             raise ValueError(f"bad CFLHKD config: {self}")

@@ -16,7 +16,7 @@ import torch
 from splitedge.methods.calibration.personal import PersonalHead
 from splitedge.methods.checks import check_stats, check_weights, weight_specs
 from splitedge.methods.cflhkd.distill import teachers
-from splitedge.methods.cflhkd.method import MODEL, SIGNAL, TEACHERS
+from splitedge.methods.cflhkd.method import GLOBAL, MODEL, SIGNAL, TEACHERS
 from splitedge.methods.fedproto.device import held_out_tensors, holdout_split
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
 from splitedge.methods.metrics.evaluate import accuracy
@@ -32,7 +32,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
     # As FedProto's device: the held-out rows are kept (drawn from the node's rng at build), the
     # tensors rebuilt from them; info is the round's, read by round_info as it ends. head: its
     # cluster's calibrated head (calibrate=lda), scored on the held-out share.
-    state = ("model", "version", "tables", "holdout_rows", "head", "head_version")
+    state = ("model", "version", "tables", "holdout_rows", "head", "head_version", "global_model", "global_version")
     can_calibrate = True
     secure_kinds = ("logits", "weights")  # its clustering signal is the cloud's to compare, device by device
     private, private_clips = True, ("dp_clip", "dp_update_clip")  # logits; the model (the signal follows from it)
@@ -44,6 +44,9 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         self.holdout_rows = holdout_split(len(data[1]), self.cfg.holdout, ctx.rng)
         self.x, self.y, self.x_eval, self.y_eval = held_out_tensors(data, self.spec, self.holdout_rows)
         self.version = -1
+        # the two-way hierarchy: the cloud's global model beside the cluster's (a teacher, a student)
+        self.global_model = build_split(self.spec).eval() if self.cfg.two_way else None
+        self.global_version = -1
         self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # cluster -> (counts [C], logits [C, C])
         self.info: dict[str, Any] = {}
         self.label_counts = np.zeros(self.spec.num_classes, np.float32)  # what this round's logits counted
@@ -59,7 +62,9 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         return int(groups[0][1:]) if groups else None
 
     def ready(self, plan: RoundPlan) -> bool:
-        return self.version >= max(plan.version(MODEL), 0) and self.head_ready(plan)
+        wants_global = GLOBAL in plan.versions and self.global_model is not None
+        return self.version >= max(plan.version(MODEL), 0) and self.head_ready(plan) and \
+            (not wants_global or self.global_version >= plan.version(GLOBAL))
 
     @torch.no_grad()
     def head_features(self, x: torch.Tensor) -> np.ndarray:
@@ -75,7 +80,8 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         if self.is_head(env):
             self.check_head(env, int(self.model.wg[-1].in_features))
         elif env.kind == "weights":
-            check_weights(body, self.specs, part=MODEL, source=source)
+            two_way = self.global_model is not None and body.get("part") == GLOBAL
+            check_weights(body, self.specs, part=GLOBAL if two_way else MODEL, source=source)
         elif env.kind == "arrays" and body["name"] == TEACHERS:
             c = self.spec.num_classes
             logits, counts = body["arrays"].get("logits"), body["arrays"].get("counts")
@@ -86,6 +92,10 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         body = env.body
         if self.is_head(env):
             self.take_head(env)
+        elif env.kind == "weights" and body["part"] == GLOBAL:
+            if body["version"] > self.global_version:
+                load_numpy_state(self.global_model, body["weights"])
+                self.global_version = int(body["version"])
         elif env.kind == "weights" and body["version"] > self.version:
             load_numpy_state(self.model, body["weights"])
             self.version = int(body["version"])
@@ -99,11 +109,16 @@ class CFLHKDDevice(PersonalHead, DevicePart):
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         self.info = {"accuracy": accuracy(self.model, self.x_eval, self.y_eval), "eval_samples": int(len(self.y_eval))}
+        two_way = GLOBAL in plan.versions and self.global_model is not None  # clustered, the global model here
+        if two_way:  # the global model on this group's held-out data, with this group's labels
+            self.info["global_accuracy"] = accuracy(self.global_model, self.x_eval, self.y_eval)
         yield Message("logits", self.mean_logits())
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
-        extra = self.teacher_tensors()
+        extra: dict[str, Any] = self.teacher_tensors()
+        if two_way and self.cfg.global_teacher == "model":
+            extra["teacher_global"] = self.global_model
 
         def epoch() -> Iterator[Batch]:
             for idx in shuffled_batches(len(self.y), self.cfg.device_batch, gen):
@@ -117,14 +132,36 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         yield Message("weights", {"part": MODEL, "version": self.version, "samples": int(len(self.y)),
                                   "weights": weights})
         yield Message("arrays", {"name": SIGNAL, "version": plan.round, "arrays": {"v": self.signal(weights, before)}})
+        if two_way and self.cfg.distill_global:
+            yield Message("weights", self.distil_upward(gen))
         yield DONE
 
-    def teacher_tensors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def distil_upward(self, gen: torch.Generator) -> dict[str, Any]:
+        """The paper's cluster-to-global flow: the copy of the global model this device received
+        learns, for `local_epochs`, its freshly trained cluster model's soft outputs on its data
+        (methods/cflhkd/method.py, upward_terms); the update goes up as the `global` part."""
+        model = self.global_model
+        opt = sgd(model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
+
+        def batches_with_teacher() -> Iterator[Batch]:
+            for idx in shuffled_batches(len(self.y), self.cfg.device_batch, gen):
+                yield Batch(self.x[idx], self.y[idx], {"teacher_cluster": self.model})
+
+        self.losses.update(train_epochs(lambda b: model_outputs(model, b.x), self.method.upward_terms(),
+                                        batches_with_teacher, opt, [model], epochs=self.cfg.local_epochs))
+        return {"part": GLOBAL, "version": self.global_version, "samples": int(len(self.y)),
+                "weights": state_to_numpy(model)}
+
+    def teacher_tensors(self) -> dict[str, Any]:
+        """The class-wise teacher tables (the global one only where the global model does not teach)."""
         if not self.cfg.kd or not self.tables:
             return {}
         g, has_g, p, has_p = teachers(self.tables, self.cluster, self.cfg.teacher_weights)
         as_t = lambda a, h: (torch.from_numpy(np.asarray(a, np.float32)), torch.from_numpy(h))  # noqa: E731
-        return {"teacher_global": as_t(g, has_g), "teacher_peers": as_t(p, has_p)}
+        out = {"teacher_peers": as_t(p, has_p)}
+        if self.cfg.global_teacher == "table":
+            out["teacher_global"] = as_t(g, has_g)
+        return out
 
     @torch.no_grad()
     def mean_logits(self) -> dict[str, Any]:

@@ -60,11 +60,18 @@ def teachers(tables: Mapping[int, tuple[np.ndarray, np.ndarray]], own: int | Non
     return g, has_g, p, has_p
 
 
+def _kl(teacher_logits: Any, logits: Any, temperature: float) -> Any:
+    """Mean over rows of KL(softmax(teacher / T) || softmax(logits / T))."""
+    import torch.nn.functional as F
+
+    t = F.softmax(teacher_logits / temperature, dim=1)
+    log_s = F.log_softmax(logits / temperature, dim=1)
+    return (t * (t.clamp_min(1e-12).log() - log_s)).sum(dim=1).mean()
+
+
 def kd_term(name: str, key: str, temperature: float, weight: float) -> Any:
     """KL(softmax(teacher[y] / T) || softmax(logits / T)) x T^2 over the samples whose class has
     a teacher row (`batch.extra[key]` = (table [C, C] tensor, has [C] bool)); 0 without one."""
-    import torch.nn.functional as F
-
     from splitedge.methods.training import LossTerm
 
     def fn(out: Any, b: Any) -> Any:
@@ -75,9 +82,30 @@ def kd_term(name: str, key: str, temperature: float, weight: float) -> Any:
         mask = has[b.y]
         if not bool(mask.any()):
             return out["logits"].sum() * 0.0
-        t = F.softmax(teacher[b.y[mask]] / temperature, dim=1)
-        log_s = F.log_softmax(out["logits"][mask] / temperature, dim=1)
-        kl = (t * (t.clamp_min(1e-12).log() - log_s)).sum(dim=1).mean()
+        kl = _kl(teacher[b.y[mask]], out["logits"][mask], temperature)
         return kl * temperature ** 2 * mask.float().mean()  # a batch mean over every sample, 0 where no teacher
+
+    return LossTerm(name, fn, weight, needs=("logits",))
+
+
+def kd_model_term(name: str, key: str, temperature: float, weight: float) -> Any:
+    """KL(softmax(teacher(x) / T) || softmax(logits / T)) x T^2 with a teacher model's own outputs
+    on each sample of the batch (`batch.extra[key]`, a split model, run in eval mode without
+    gradient): the paper's teachers are models, not class-wise tables. 0 without one."""
+    import torch
+
+    from splitedge.methods.torch_utils import model_outputs
+    from splitedge.methods.training import LossTerm
+
+    def fn(out: Any, b: Any) -> Any:
+        teacher = b.extra.get(key)
+        if teacher is None:
+            return out["logits"].sum() * 0.0
+        with torch.no_grad():
+            mode = teacher.training
+            teacher.eval()
+            soft = model_outputs(teacher, b.x)["logits"]
+            teacher.train(mode)
+        return _kl(soft, out["logits"], temperature) * temperature ** 2
 
     return LossTerm(name, fn, weight, needs=("logits",))

@@ -11,10 +11,16 @@ import numpy as np
 from splitedge.methods.averaging import GlobalModels, averaged_body, weight_updates
 from splitedge.methods.cflhkd.distill import merge_tables
 from splitedge.methods.robust import robust_rule
-from splitedge.methods.cflhkd.method import CLUSTERED, MODEL, SIGNAL, SIGNALS
+from splitedge.methods.cflhkd.method import CLUSTERED, GLOBAL, MODEL, SIGNAL, SIGNALS
 from splitedge.methods.checks import check_stats, check_vector, check_weights, weight_specs
 from splitedge.methods.fedproto.protos import weighted_accuracy
 from splitedge.methods.contract import CHILDREN, EdgePart, Message, NodeContext, Report, RoundPlan
+
+
+def global_scores(infos: Sequence[dict[str, Any]], key: str = "global_accuracy",
+                  samples: str = "eval_samples") -> list[dict[str, Any]]:
+    """The global model's held-out scores in round infos, as `weighted_accuracy` reads them."""
+    return [{"accuracy": i[key], "eval_samples": i[samples]} for i in infos if key in i and samples in i]
 
 
 class CFLHKDEdge(EdgePart):
@@ -30,16 +36,17 @@ class CFLHKDEdge(EdgePart):
     def check(self, env: Any, source: str) -> None:
         body, c = env.body, self.spec.num_classes
         if env.kind == "weights" and self.specs is not None:
-            check_weights(body, self.specs, part=MODEL, source=source, trained_from=self.models.of(body))
+            part = GLOBAL if self.cfg.two_way and body.get("part") == GLOBAL else MODEL
+            check_weights(body, self.specs, part=part, source=source, trained_from=self.models.of(body))
         elif env.kind == "logits":
             check_stats(body, "logits", dim=c, num_classes=c)
         elif env.kind == "arrays" and body["name"] == SIGNAL:
             self.signal_dim = check_vector(body["arrays"].get("v"), self.signal_dim, "a clustering signal")
 
     def on_message(self, env: Any) -> list[Message]:
-        if env.kind == "weights" and env.body["part"] == MODEL:
+        if env.kind == "weights" and env.body["part"] in (MODEL, GLOBAL):
             self.specs = self.specs or weight_specs(env.body["weights"])
-            self.models.note(MODEL, int(env.body["version"]), env.body["weights"])
+            self.models.note(env.body["part"], int(env.body["version"]), env.body["weights"])
         return []
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
@@ -48,10 +55,18 @@ class CFLHKDEdge(EdgePart):
         if parts:
             body = averaged_body(parts, MODEL, plan.round, self.method.merge_weights,  # versioned by round
                                  self.models.trained_from(MODEL, plan.version(MODEL)))
-            if plan.directives.get("phase") == CLUSTERED:
+            clustered = plan.directives.get("phase") == CLUSTERED
+            if clustered:
                 self.models.note(MODEL, plan.round, body["weights"])  # next round's devices train from it
                 out.append(Message("weights", body, to=CHILDREN, slot=MODEL))  # the cluster model, for its devices
-            out.append(Message("weights", body))
+            if not (clustered and self.cfg.distill_global):  # else the global model is the distilled one, below
+                out.append(Message("weights", body))
+        if GLOBAL in plan.versions:  # the devices' distilled copies of the global model, merged for the cloud
+            version = plan.version(GLOBAL)
+            distilled = weight_updates(reports, GLOBAL, version)
+            if distilled:
+                out.append(Message("weights", averaged_body(distilled, GLOBAL, version, self.method.merge_weights,
+                                                            self.models.trained_from(GLOBAL, version))))
         tables = [(e.body["classes"], e.body["counts"], e.body["logits"]) for r in reports for e in r.all("logits")]
         if tables:
             counts, logits = merge_tables(tables, self.spec.num_classes, **robust_rule(self.cfg))
@@ -61,8 +76,12 @@ class CFLHKDEdge(EdgePart):
         signals = {r.sender: e.body["arrays"]["v"] for r in reports for e in r.all("arrays") if e.body["name"] == SIGNAL}
         if signals:
             out.append(Message("arrays", {"name": SIGNALS, "version": plan.round, "arrays": signals}))
-        acc, n = weighted_accuracy([r.get("done").body["info"] for r in reports if r.get("done") is not None])
+        infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
+        acc, n = weighted_accuracy(infos)
         self.info = {"accuracy": acc, "eval_samples": n} if n else {}
+        global_acc, global_n = weighted_accuracy(global_scores(infos))
+        if global_n:
+            self.info.update(global_accuracy=global_acc, global_eval_samples=global_n)
         return out
 
     def round_info(self) -> dict[str, Any]:
