@@ -6,6 +6,14 @@ Rows by default: CFLHKD, clustered FL without distillation (`kd=false`), and one
 (`clustering=false,kd=false`: FedAvg, scored the same way on each device's held-out data).
 Devices come in `--groups` planted groups (contiguous blocks; `--group-skew rotate` turns group
 g's images by g quarter turns, `labels` permutes its labels).
+
+The global model is reported too: on every group's held-out data with that group's labels
+where the devices hold it (the two-way hierarchy, `global_teacher=model` or `distill_global`;
+the global-model row, whose devices train it), and on the test split (meaningful with
+`rotate`, whose groups share one labelling; not with `labels`). The paper's ablation:
+`--variant two-way=cflhkd:global_teacher=model,distill_global=true --variant
+no-global-teacher=cflhkd:global_teacher=model,lambda_g=0,distill_global=true --variant
+no-upward=cflhkd:global_teacher=model`.
 """
 
 from __future__ import annotations
@@ -40,6 +48,16 @@ def _personalised(row: dict[str, Any]) -> list[float | None]:
     return [r.get("personalised_accuracy") for r in row.get("per_round", [])]
 
 
+def _global_on_groups(row: dict[str, Any]) -> float | None:
+    """The global model's final accuracy on the groups' held-out data with their own labels:
+    measured by the devices in the two-way form; the global-model row's devices hold nothing else."""
+    last = (row.get("per_round") or [{}])[-1]
+    if "global_personal_accuracy" in last:
+        return last["global_personal_accuracy"]
+    one_model = str((row.get("overrides") or {}).get("clustering", "")).lower() == "false"
+    return row.get("personalised_final") if one_model else None
+
+
 def _summarise(row: dict[str, Any]) -> None:
     from splitedge.methods.cflhkd.clustering import adjusted_rand
 
@@ -47,6 +65,7 @@ def _summarise(row: dict[str, Any]) -> None:
     finite = [a for a in acc if a is not None and a == a]
     row["personalised_final"] = acc[-1] if acc else None
     row["personalised_best"] = max(finite) if finite else None
+    row["global_on_groups_final"] = _global_on_groups(row)
     last = (row.get("per_round") or [{}])[-1]
     row["cluster_accuracy"] = last.get("cluster_accuracy")
     assignment, truth = last.get("assignment"), row.get("planted_groups")
@@ -82,17 +101,21 @@ def _cell(value: Any) -> Any:
 def markdown(results: dict[str, Any]) -> str:
     ok = [r for r in results["runs"] if "error" not in r]
     rows = [(r["method"], r["split"], _cell(r.get("personalised_final")), _cell(r.get("personalised_best")),
+             _cell(r.get("global_on_groups_final")), _cell(r.get("final_accuracy")),
              _cell(r.get("ari")), r.get("clusters") or "-",
              r.get("rounds_to_target") or "never", round(r["device_payload_per_device_per_round"]),
              ", ".join(f"{e} {_cell(a)}" for e, a in sorted((r.get("cluster_accuracy") or {}).items())))
             for r in ok]
     groups = next((r.get("planted_groups") for r in ok if r.get("planted_groups")), None)
     out = ["## Planted groups, clusters and accuracy on the devices' own data\n",
-           table(["method", "split", "held-out acc (final)", "best", "ARI", "clusters",
+           table(["method", "split", "held-out acc (final)", "best", "global model on groups (final)",
+                  "global model on test split (final)", "ARI", "clusters",
                   f"round reaching {REFERENCE}'s final", "device B/device/round (up+down)", "per edge (final)"], rows),
            "",
            "held-out acc: each device's model of its cluster (or the global model) on the device's own held-out "
-           "share, weighted by its size. ARI: adjusted Rand index of the cloud's clusters against the planted "
+           "share, weighted by its size. Global model on groups: the cloud's global model on every device's "
+           "held-out share with its group's labels (where the devices hold it: the two-way hierarchy, and the "
+           "global-model row); on the test split: meaningful when the groups share one labelling (rotate). ARI: adjusted Rand index of the cloud's clusters against the planted "
            "groups. Per edge: after clustering, one cluster per edge."]
     if groups:
         out.append(f"\nPlanted groups: {groups}")

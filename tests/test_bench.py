@@ -525,3 +525,21 @@ def test_every_variant_of_a_matrix_plan_is_a_valid_run(plan: str) -> None:
         _, method, overrides = parse_variant(text)
         if method != "central":
             build_run_config(method, info, None, 0, overrides)
+
+
+def test_bench_cluster_reports_the_global_model_on_the_groups_where_devices_hold_it() -> None:
+    """The two-way hierarchy's devices score the global model on their groups' held-out data; the
+    global-model row's devices train nothing else; a one-way CFLHKD row has no such figure."""
+    from splitedge.bench import cluster
+
+    def row(method: str, overrides: dict, last: dict) -> dict:
+        return {"method": method, "split": "IID", "overrides": overrides, "final_accuracy": 0.8,
+                "device_payload_per_device_per_round": 1.0, "planted_groups": {"d0": 0, "d1": 1},
+                "per_round": [{"personalised_accuracy": 0.5}, {"personalised_accuracy": 0.7, **last}]}
+
+    results = {"runs": [row("cflhkd", {}, {}), row("global-model", {"clustering": "false", "kd": "false"}, {}),
+                        row("two-way", {"global_teacher": "model"}, {"global_personal_accuracy": 0.6})]}
+    cluster.refresh(results)
+    assert [r["global_on_groups_final"] for r in results["runs"]] == [None, 0.7, 0.6]
+    text = cluster.markdown(results)
+    assert "| global model on groups (final) |" in text and "| two-way | IID | 0.7 | 0.7 | 0.6 | 0.8 |" in text
