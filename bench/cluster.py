@@ -98,9 +98,15 @@ def _cell(value: Any) -> Any:
     return "-" if value is None or value != value else round(float(value), 4)
 
 
+def _plateau(row: dict[str, Any]) -> str:
+    own = row.get("own")
+    return "-" if not own else (f"yes (r{own['plateau_round']})" if own["plateaued"] else "no")
+
+
 def markdown(results: dict[str, Any]) -> str:
     ok = [r for r in results["runs"] if "error" not in r]
-    rows = [(r["method"], r["split"], _cell(r.get("personalised_final")), _cell(r.get("personalised_best")),
+    rows = [(r["method"], r["split"], len(r.get("per_round") or []), _plateau(r),
+             _cell(r.get("personalised_final")), _cell(r.get("personalised_best")),
              _cell(r.get("global_on_groups_final")), _cell(r.get("final_accuracy")),
              _cell(r.get("ari")), r.get("clusters") or "-",
              r.get("rounds_to_target") or "never", round(r["device_payload_per_device_per_round"]),
@@ -108,10 +114,12 @@ def markdown(results: dict[str, Any]) -> str:
             for r in ok]
     groups = next((r.get("planted_groups") for r in ok if r.get("planted_groups")), None)
     out = ["## Planted groups, clusters and accuracy on the devices' own data\n",
-           table(["method", "split", "held-out acc (final)", "best", "global model on groups (final)",
+           table(["method", "split", "rounds", "plateaued", "held-out acc (final)", "best",
+                  "global model on groups (final)",
                   "global model on test split (final)", "ARI", "clusters",
                   f"round reaching {REFERENCE}'s final", "device B/device/round (up+down)", "per edge (final)"], rows),
            "",
+           "plateaued: the global model's accuracy on the test split by the accuracy suite's rule (bench/plateau.py). "
            "held-out acc: each device's model of its cluster (or the global model) on the device's own held-out "
            "share, weighted by its size. Global model on groups: the cloud's global model on every device's "
            "held-out share with its group's labels (where the devices hold it: the two-way hierarchy, and the "
