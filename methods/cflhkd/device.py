@@ -138,8 +138,9 @@ class CFLHKDDevice(PersonalHead, DevicePart):
 
     def distil_upward(self, gen: torch.Generator) -> dict[str, Any]:
         """The paper's cluster-to-global flow: the copy of the global model this device received
-        learns, for `local_epochs`, its freshly trained cluster model's soft outputs on its data
-        (methods/cflhkd/method.py, upward_terms); the update goes up as the `global` part."""
+        trains for `local_epochs` on its data, taught by its freshly trained cluster model's soft
+        outputs beside the cross-entropy (methods/cflhkd/method.py, upward_terms); the result goes
+        up as the `global` part."""
         model = self.global_model
         opt = sgd(model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
 
