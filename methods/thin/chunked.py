@@ -91,7 +91,7 @@ class ChunkedStep:
         """Set every layer's `grads` for the gradient `grad_out` of the reduced output."""
         n = len(x)
         sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # BatchNorm leaf -> (dgamma, dbeta) of the batch
-        counts = {}
+        counts: dict[int, int] = {}  # BatchNorm leaf -> values per channel in the batch
         targets = list(reversed(self.norms)) + [-1]  # -1: the input
         for t, target in enumerate(targets):
             above = targets[t - 1] if t else len(self.leaves)  # this pass's weights: leaves (target, above)
