@@ -199,7 +199,7 @@ def command_line(args: argparse.Namespace) -> list[str]:
     too, where sys.argv is the test runner's)."""
     out = ["bench", args.suite]
     for key, value in vars(args).items():
-        if key in ("suite", "command", "module", "verbose") or value in (None, False, (), []):
+        if key in ("suite", "command", "module", "verbose") or value is None or value is False or value in ((), []):
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:
