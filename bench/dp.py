@@ -12,7 +12,10 @@ except the update clip, see below):
 - clips (`clip_rule`): the median L2 norm, over the test split the cloud holds, of the W_c
   features H-SFP takes moments of (`dp_clip`) and of the classifier inputs
   (`features_and_logits`, `dp_head_clip`), of the run's initial model (its seed) in eval mode on
-  normalised images;
+  normalised images; `dp_bn_clip` likewise the largest over BatchNorm layers of the median norm
+  of each image's input moments to the layer (methods/privacy/norm_stats.py), so BatchNorm
+  statistics are released too (`--set dp_bn_clip=0` sends them back as received, as before);
+  a clip given with --set is used as given;
 - releases: a dry run of the same plan (method, settings, rounds, seed) with sigma 1e-6; its
   last record's `dp_releases_total` (what a device releases does not depend on sigma);
 - `dp_update_clip`: the median L2 norm, before clipping, of the first weight update each device
@@ -129,7 +132,7 @@ def clip_rule(s: DPSettings, method: str, seed: int) -> dict[str, float]:
     from splitedge.cloud.options import build_run_config
     from splitedge.methods.data.datasets import load_dataset
     from splitedge.methods.data.preprocess import batches, to_input
-    from splitedge.methods.torch_utils import build_split
+    from splitedge.methods.torch_utils import build_split, norm_input_moments
     from splitedge.models import pre_activation
 
     _, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=seed)
@@ -143,7 +146,17 @@ def clip_rule(s: DPSettings, method: str, seed: int) -> dict[str, float]:
             x = torch.from_numpy(to_input(test[0][sl], spec.mean, spec.std))
             wc_out.append(wc(x).flatten(1).numpy())
             head_in.append(model.features_and_logits(x)[0].numpy())
-    return {"dp_clip": median_norm(np.concatenate(wc_out)), "dp_head_clip": median_norm(np.concatenate(head_in))}
+    # dp_bn_clip: each BatchNorm layer's per-image input moments (as the devices release them) of
+    # the part a device sends (H-SFP: W_c; else the model): the largest of the layers' medians
+    sent = model.wc if method.startswith("hsfp") else model
+    layout, vectors = norm_input_moments(sent, (torch.from_numpy(to_input(test[0][sl], spec.mean, spec.std))
+                                                for sl in batches(len(test[1]), 256)))
+    moments, at, bn = np.concatenate(vectors), 0, 0.0
+    for _, channels in layout:
+        bn = max(bn, median_norm(moments[:, at:at + 2 * channels]))
+        at += 2 * channels
+    return {"dp_clip": median_norm(np.concatenate(wc_out)), "dp_head_clip": median_norm(np.concatenate(head_in)),
+            **({"dp_bn_clip": bn} if layout else {})}
 
 
 def update_norm(weights: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray]) -> float:
@@ -312,8 +325,8 @@ def run(s: DPSettings, progress: Progress | None = None) -> tuple[dict[str, Any]
     clips = {(m, sd): clip_rule(s, m, sd) for m in s.methods for sd in s.seeds}
     config["clips"] = {f"{m} seed {sd}": c for (m, sd), c in clips.items()}
     first: list[Task] = [{"kind": "dry", "method": m, "seed": sd, "epsilon": None,
-                          "plan": {"clips": clips[m, sd] if m.startswith("hsfp") else
-                                   {"dp_head_clip": clips[m, sd]["dp_head_clip"]}}}
+                          "plan": {"clips": {k: v for k, v in clips[m, sd].items()
+                                             if (m.startswith("hsfp") or k != "dp_clip") and k not in s.settings}}}
                          for m in s.methods for sd in s.seeds]
     first += [{"kind": "none", "method": m, "seed": sd, "epsilon": None} for m in s.methods for sd in s.seeds]
     first += [{"kind": "lower", "method": "fedavg", "seed": sd, "epsilon": None} for sd in s.seeds]
@@ -409,15 +422,19 @@ def markdown(results: dict[str, Any]) -> str:
     if plans:
         out += ["## How each DP run was set\n",
                 table(["method", "seed", "releases", "dp_clip (W_c features)", "dp_head_clip (classifier inputs)",
-                       "dp_update_clip", "update clip from", *[f"sigma at epsilon {e:g}" for e in epsilons]],
+                       "dp_bn_clip (BatchNorm inputs)", "dp_update_clip", "update clip from",
+                       *[f"sigma at epsilon {e:g}" for e in epsilons]],
                       [(r["method"], r["seed"], r["releases"], _num(r["plan"]["clips"].get("dp_clip")),
-                        _num(r["plan"]["clips"].get("dp_head_clip")), *_update_clip(r, runs),
+                        _num(r["plan"]["clips"].get("dp_head_clip")), _num(r["plan"]["clips"].get("dp_bn_clip")),
+                        *_update_clip(r, runs),
                         *[_num(next((d["sigma"] for d in ok if d["kind"] == "dp" and d["method"] == r["method"]
                                      and d["seed"] == r["seed"] and d["epsilon"] == e), None)) for e in epsilons])
                        for r in plans]),
                 "\nClips: the median L2 norm over the test split (held by the cloud) of the run's initial model "
                 "(its seed) in eval mode on normalised images: W_c features as H-SFP takes their moments "
-                "(dp_clip, H-SFP only), classifier inputs (dp_head_clip). Releases: the dry run's last "
+                "(dp_clip, H-SFP only), classifier inputs (dp_head_clip), each image's input moments to a BatchNorm "
+                "layer, the largest of the layers' medians (dp_bn_clip; '-': sent back as received, no release). "
+                "Releases: the dry run's last "
                 "dp_releases_total. Update clip: the median L2 norm, before clipping, of the first weight update "
                 "each device sent in the dry run, a clean run in effect (this one number is read off the devices' "
                 "data and not accounted for), unless stated. sigma: accountant.sigma_for_epsilon(epsilon, "

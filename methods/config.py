@@ -59,6 +59,9 @@ class MethodConfig:
     `dp_clip` (W_c features: moments) or `dp_head_clip` (classifier inputs: head statistics)
     plus Gaussian noise of `dp_sigma` times their sensitivity; weight updates are clipped to
     `dp_update_clip` and noised likewise. The cloud reports epsilon at `dp_delta` over the run.
+    `dp_bn_clip` > 0 also releases, with every weight update, the BatchNorm statistics of the
+    model the device received (each image's per-channel input moments clipped to that L2 norm;
+    methods/privacy/norm_stats.py); at 0 a DP device sends them back as received.
 
     secagg: "full" or "plus" sends H-SFP's moments and every head-statistics record to the edge
     only inside a secure sum over the round's devices (runtime/secure_sum.py); needs robust
@@ -83,6 +86,7 @@ class MethodConfig:
     dp_clip: float = 0.0
     dp_head_clip: float = 0.0
     dp_update_clip: float = 0.0
+    dp_bn_clip: float = 0.0
     dp_delta: float = 1e-5
     secagg: str = flag("off", "secure aggregation: an edge learns only the sum of its devices' statistics (full: "
                               "every pair masks; plus: SecAgg+, log n neighbours each)",
@@ -99,10 +103,11 @@ class MethodConfig:
                              f"and {self.calib_dtype!r}")
         if self.robust not in ROBUST_MERGES:
             raise ValueError(f"robust must be one of {', '.join(ROBUST_MERGES)}, got {self.robust!r}")
-        if self.dp_sigma < 0 or min(self.dp_clip, self.dp_head_clip, self.dp_update_clip) < 0 \
+        if self.dp_sigma < 0 or min(self.dp_clip, self.dp_head_clip, self.dp_update_clip, self.dp_bn_clip) < 0 \
                 or not 0 < self.dp_delta < 1:
             raise ValueError(f"dp_sigma and the dp clips must be >= 0 and dp_delta in (0, 1), got {self.dp_sigma}, "
-                             f"{self.dp_clip}/{self.dp_head_clip}/{self.dp_update_clip} and {self.dp_delta}")
+                             f"{self.dp_clip}/{self.dp_head_clip}/{self.dp_update_clip}/{self.dp_bn_clip} and "
+                             f"{self.dp_delta}")
         if self.dp_sigma > 0 and self.calibrate != "none" and not self.dp_head_clip > 0:
             raise ValueError("dp_sigma with calibrate needs dp_head_clip > 0: the L2 norm each image's classifier "
                              "input is clipped to in the head statistics (docs/privacy.md)")

@@ -7,7 +7,8 @@ model on images; keeping these few lines in one place keeps the three strategies
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Protocol
+import itertools
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 import numpy as np
 import torch
@@ -138,3 +139,70 @@ def device_optimizer(params: Iterable[nn.Parameter], cfg: Any) -> Any:
     if getattr(cfg, "optimizer", "sgd") == "adamw":
         return torch.optim.AdamW(params, lr=cfg.device_lr, weight_decay=cfg.weight_decay)
     return sgd(params, cfg.device_lr, cfg.momentum, cfg.weight_decay)
+
+
+def norm_input_moments(model: nn.Module, inputs: Iterable[torch.Tensor],
+                       only: str | None = None) -> tuple[list[tuple[str, int]], list[np.ndarray]]:
+    """Each image's per-channel input moments to every BatchNorm layer a forward of `model` runs,
+    in eval mode (each image's alone: normalised with the statistics the model holds): the layout
+    [(name, channels)] in module order and, per batch of `inputs`, vectors [N, 2 sum C] of
+    [mean over positions of x, of x^2] per layer (methods/privacy/norm_stats.py releases them)."""
+    norms = {name: m for name, m in model.named_modules()
+             if isinstance(m, nn.modules.batchnorm._BatchNorm) and only in (None, name)}
+    taken: dict[str, torch.Tensor] = {}
+
+    def tapper(name: str) -> Callable[..., None]:
+        def tap(_m: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            x = args[0].double()
+            dims = tuple(range(2, x.dim()))
+            taken[name] = torch.cat([x.mean(dims), (x * x).mean(dims)] if dims else [x, x * x], dim=1)
+        return tap
+
+    hooks = [m.register_forward_pre_hook(tapper(name)) for name, m in norms.items()]
+    was_training, out, layout = model.training, [], None
+    try:
+        model.eval()
+        with torch.inference_mode():
+            for x in inputs:
+                taken.clear()
+                model(x)
+                if layout is None:  # the layers this forward runs (a model's unused heads are not)
+                    layout = [(name, int(m.num_features)) for name, m in norms.items() if name in taken]
+                out.append(torch.cat([taken[name] for name, _ in layout], dim=1).numpy())
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return layout or [], out
+
+
+def private_norms(part: Any, model: nn.Module, inputs: Callable[[], Iterable[torch.Tensor]]) -> dict[str, np.ndarray]:
+    """With DP and `dp_bn_clip` > 0: the private release of `model`'s BatchNorm statistics over
+    the device's `inputs()` (the model it received: call before training it), for
+    release.private_weights to send in place of the received ones. Else nothing (no pass).
+
+    Layer by layer in forward order, on a copy of the model holding the statistics released so
+    far: each layer's input is then normalised upstream as the served model will normalise it,
+    not by the statistics of an earlier model (which, scaled wrongly, left a model at chance for
+    a round). One release in all (norm_stats.sequential_sigma)."""
+    if not (part.cfg.dp_sigma > 0 and part.cfg.dp_bn_clip > 0):
+        return {}
+    import copy
+
+    from splitedge.methods.privacy.release import private_norm_statistics
+
+    work = copy.deepcopy(model)
+    layout, _ = norm_input_moments(work, itertools.islice(inputs(), 1))  # the layers a forward runs
+    return private_norm_statistics(part, layout, lambda name: norm_input_moments(work, inputs(), only=name)[1],
+                                   lambda stats: _set_buffers(work, stats))
+
+
+def _set_buffers(model: nn.Module, values: Mapping[str, np.ndarray]) -> None:
+    state = model.state_dict()  # shares storage with the module's buffers
+    with torch.no_grad():
+        for k, v in values.items():
+            state[k].copy_(torch.from_numpy(np.asarray(v)))
+
+
+def input_batches(x: torch.Tensor, size: int = 256) -> Callable[[], Iterator[torch.Tensor]]:
+    return lambda: (x[i:i + size] for i in range(0, len(x), size))

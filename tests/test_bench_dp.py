@@ -47,6 +47,14 @@ def test_clips_are_the_median_norms_of_the_initial_model_on_the_test_split() -> 
     assert clips["dp_clip"] == pytest.approx(float(np.median(wc.norm(dim=1).numpy())), rel=1e-5)
     assert clips["dp_head_clip"] == pytest.approx(float(np.median(head.norm(dim=1).numpy())), rel=1e-5)
     assert clips["dp_clip"] > clips["dp_head_clip"] > 0
+    first = model.wc.block1.bn  # the first BatchNorm's input moments: one of the layers whose largest median it is
+    seen = []
+    hook = first.register_forward_pre_hook(lambda _m, a: seen.append(a[0].double()))
+    with torch.inference_mode():
+        model.wc(x)
+    hook.remove()
+    moments = torch.cat([seen[0].mean((2, 3)), (seen[0] ** 2).mean((2, 3))], dim=1)
+    assert clips["dp_bn_clip"] >= float(np.median(moments.norm(dim=1).numpy())) * (1 - 1e-5)
 
 
 def test_the_update_tap_records_each_devices_first_update_and_changes_nothing() -> None:
@@ -83,13 +91,15 @@ def test_quick_run_spends_its_target_epsilon_and_reports_every_row(tmp_path: Pat
         assert "error" not in r, r.get("error")
         assert 0 <= r["final_accuracy"] <= 1 and 0 <= r["final_accuracy_calibrated"] <= 1
         assert r["device_up_bytes_per_device"] > 0 and r["rounds"] == (1 if r["kind"] == "lower" else 2)
-    # the plan: 2 weight updates and 1 head release per device (calibrated after the last round only)
+    # the plan: 2 weight updates, each with its BatchNorm statistics, and 1 head release per
+    # device (calibrated after the last round only)
     dry, run = rows["dry"], rows["dp"]
-    assert dry["releases"] == 3 and len(dry["update_norms"]) == 4
+    assert dry["releases"] == 5 and len(dry["update_norms"]) == 4
+    assert run["overrides"]["dp_bn_clip"] == dry["plan"]["clips"]["dp_bn_clip"] > 0
     assert run["plan"]["update_clip"] == pytest.approx(float(np.median(list(dry["update_norms"].values()))))
     assert run["overrides"]["dp_head_clip"] == dry["plan"]["clips"]["dp_head_clip"] > 0
-    assert run["sigma"] == pytest.approx(sigma_for_epsilon(8.0, 3))
-    assert run["releases"] == 3 and run["epsilon_ok"]
+    assert run["sigma"] == pytest.approx(sigma_for_epsilon(8.0, 5))
+    assert run["releases"] == 5 and run["epsilon_ok"]
     assert run["epsilon_reached"] == pytest.approx(8.0, rel=0.01)
     assert rows["none"]["sigma"] is None and rows["none"]["epsilon_reached"] is None
     md = (tmp_path / "dp.md").read_text()

@@ -22,7 +22,8 @@ from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, R
 from splitedge.methods.metrics.evaluate import accuracy
 from splitedge.methods.data.preprocess import batches
 from splitedge.methods.privacy.release import private_means_of, private_weights
-from splitedge.methods.torch_utils import build_split, model_outputs, sgd, shuffled_batches
+from splitedge.methods.torch_utils import (build_split, input_batches, model_outputs, private_norms, sgd,
+                                          shuffled_batches)
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
@@ -114,6 +115,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
             self.info["global_accuracy"] = accuracy(self.global_model, self.x_eval, self.y_eval)
         yield Message("logits", self.mean_logits())
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        norms = private_norms(self, self.model, input_batches(self.x))  # of the model received, before training
         opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
         extra: dict[str, Any] = self.teacher_tensors()
@@ -128,7 +130,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
                                    epochs=self.cfg.local_epochs)
         weights, before = state_to_numpy(self.model), {k: v.numpy() for k, v in start.items()}
         if self.cfg.dp_sigma > 0:  # the update clipped and noised; the signal is computed from what is sent
-            weights = private_weights(self, weights, before)
+            weights = private_weights(self, weights, before, norms)
         yield Message("weights", {"part": MODEL, "version": self.version, "samples": int(len(self.y)),
                                   "weights": weights})
         yield Message("arrays", {"name": SIGNAL, "version": plan.round, "arrays": {"v": self.signal(weights, before)}})

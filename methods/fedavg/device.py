@@ -10,7 +10,8 @@ import torch
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import build_split, local_tensors, model_outputs, sgd, tensor_batches
+from splitedge.methods.torch_utils import (build_split, input_batches, local_tensors, model_outputs, private_norms, sgd,
+                                          tensor_batches)
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.methods.privacy.release import private_weights
 from splitedge.models import load_numpy_state, state_to_numpy
@@ -57,12 +58,13 @@ class FedAvgDevice(DevicePart):
         opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
         start = state_to_numpy(self.model) if self.cfg.dp_sigma > 0 else None
+        norms = private_norms(self, self.model, input_batches(self.x))  # of the model received, before training
         self.losses = train_epochs(self.forward, self.method.loss_terms("device"),
                                    tensor_batches(self.x, self.y, self.cfg.device_batch, gen), opt, [self.model],
                                    epochs=self.cfg.local_epochs)
         weights = state_to_numpy(self.model)
         if start is not None:  # differential privacy: the update clipped and noised (methods/privacy)
-            weights = private_weights(self, weights, start)
+            weights = private_weights(self, weights, start, norms)
         body = {"part": MODEL, "version": self.version, "samples": int(len(self.y)), "weights": weights}
         yield Message("weights", body)
         yield DONE

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.privacy.release import private_weights
 from splitedge.methods.hsfp.device import WC_IN_USE, HSFPDevice
 from splitedge.methods.hsfp.method import AVERAGE, CALIB, WC
@@ -92,9 +93,17 @@ class HSFPOnnxDevice(HSFPDevice):
         if WC in plan.directives.get(AVERAGE, ()):
             weights = self.trainer.weights()
             if self.cfg.dp_sigma > 0:  # the update clipped and noised (methods/privacy)
-                weights = private_weights(self, weights, self.dp_start)
+                from splitedge.methods.thin.norms import private_norms
+
+                norms = private_norms(self, self.trainer.wc, self.dp_start, self.images)  # of the global W_c
+                weights = private_weights(self, weights, self.dp_start, norms)
             yield Message("weights", {"part": WC, "version": self.wc_version, "samples": self.num_samples,
                                       "weights": weights})
+
+    def images(self, size: int = 256) -> Iterator[np.ndarray]:
+        """The local images, normalised a batch at a time, in order."""
+        for i in range(0, len(self.data[1]), size):
+            yield to_input(np.asarray(self.data[0][i:i + size]), self.spec.mean, self.spec.std)
 
     def local_features(self, x: np.ndarray) -> np.ndarray:
         """The trained local copy's outputs (numpy, eval mode), before its final ReLU with

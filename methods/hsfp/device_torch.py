@@ -22,7 +22,7 @@ from splitedge.methods.hsfp.method import AVERAGE, WC
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.contract import Message, NodeContext, RoundPlan
 from splitedge.methods.privacy.release import private_weights
-from splitedge.methods.torch_utils import PlainSGD, retune, sgd
+from splitedge.methods.torch_utils import PlainSGD, private_norms, retune, sgd
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import ClassifierInput, create_split, load_numpy_state, pool, seeded_init, state_to_numpy
 
@@ -117,7 +117,8 @@ class HSFPTorchDevice(HSFPDevice):
         if WC in plan.directives.get(AVERAGE, ()):
             weights = state_to_numpy(self.wc_local)
             if self.cfg.dp_sigma > 0:  # the update from the global W_c, clipped and noised (methods/privacy)
-                weights = private_weights(self, weights, state_to_numpy(self.wc_global))
+                norms = private_norms(self, self.wc_global, self.images)  # of the global W_c, which training left alone
+                weights = private_weights(self, weights, state_to_numpy(self.wc_global), norms)
             body = {"part": WC, "version": self.wc_version, "samples": self.num_samples, "weights": weights}
             yield Message("weights", body)
 
@@ -126,6 +127,11 @@ class HSFPTorchDevice(HSFPDevice):
         views = two_views(batch.x, generator=batch.extra["gen"])
         features = pool(self.wc_local(views))
         return {"features": features, "z": self.head(features), "labels": torch.cat([batch.y, batch.y])}
+
+    def images(self, size: int = 256) -> Iterator[torch.Tensor]:
+        """The local images, normalised a batch at a time, in order."""
+        for i in range(0, len(self._labels), size):
+            yield torch.from_numpy(to_input(self.data[0][i:i + size], self.spec.mean, self.spec.std))
 
     def train_epoch(self) -> float:
         """One epoch of the device's loss terms (SupCon, plus any regulariser); returns the mean loss."""

@@ -17,7 +17,7 @@ numpy only: thin devices release the same way.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from splitedge.methods.checks import STATISTIC_BUFFERS
 from splitedge.methods.moments import ClassMoments
 from splitedge.methods.privacy.dp import (ClippedSums, Second, class_means_from, dp_weights, head_stats_from,
                                          moments_from)
+from splitedge.methods.privacy.norm_stats import Layout, released_norm_statistics, sequential_sigma, with_statistics
 
 Adapter = Callable[[Any], Any]
 
@@ -74,18 +75,39 @@ def private_accumulator(part: Any, clip: float, second: Second, adapter: Adapter
     return lambda dim: PrivateSums(dim, part=part, clip=clip, second=second, adapter=adapter)
 
 
-def private_weights(part: Any, weights: Mapping[str, np.ndarray],
-                    start: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def private_weights(part: Any, weights: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray],
+                    statistics: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """What a device sends instead of `weights` trained from `start`: the update clipped to the
     run's `dp_update_clip` and noised (dp.dp_weights); counted as one release. BatchNorm's
     running statistics are estimates of the device's features, not trained values: they go up
-    as `start` had them (nothing of the device's data in them), never noised into variances
-    below 0, so under DP the model's running statistics are never learned from devices."""
+    as `start` had them (never noised into variances below 0), or as `statistics`, their own
+    private release (private_norm_statistics), has them."""
     part.dp_releases += 1
     trained = [k for k in weights if not k.endswith(STATISTIC_BUFFERS)]
     out = dp_weights({k: weights[k] for k in trained}, {k: start[k] for k in trained},
                      clip=part.cfg.dp_update_clip, sigma=part.cfg.dp_sigma, rng=entropy_rng())
-    return {k: out[k] if k in out else np.array(start[k], copy=True) for k in weights}
+    sent = {k: out[k] if k in out else np.array(start[k], copy=True) for k in weights}
+    return with_statistics(sent, statistics or {})
+
+
+def private_norm_statistics(part: Any, layout: Layout, vectors_of: Callable[[str], Iterable[np.ndarray]],
+                            adopt: Callable[[dict[str, np.ndarray]], None]) -> dict[str, np.ndarray]:
+    """With `dp_bn_clip` > 0, the private release of the BatchNorm statistics of the model the
+    device received: layer by layer in `layout`'s (forward) order, each layer's per-image input
+    moments `vectors_of(name)` (norm_stats.py) taken after `adopt` gave the model the layers
+    released before it. The L releases, each at sigma sqrt(L), cost what one release at sigma
+    does (norm_stats.sequential_sigma): counted as one. Else, or for a model without BatchNorm,
+    nothing: the statistics go up as received. A layer the noisy count dropped keeps its own."""
+    if not layout or not part.cfg.dp_bn_clip > 0:
+        return {}
+    part.dp_releases += 1
+    sigma, out = sequential_sigma(part.cfg.dp_sigma, len(layout)), {}
+    for name, channels in layout:
+        stats = released_norm_statistics(vectors_of(name), [(name, channels)], clip=part.cfg.dp_bn_clip,
+                                         sigma=sigma, rng=entropy_rng())
+        adopt(stats)
+        out.update(stats)
+    return out
 
 
 def _fitted(part: Any, labels: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
