@@ -12,10 +12,10 @@ except the update clip, see below):
 - clips (`clip_rule`): the median L2 norm, over the test split the cloud holds, of the W_c
   features H-SFP takes moments of (`dp_clip`) and of the classifier inputs
   (`features_and_logits`, `dp_head_clip`), of the run's initial model (its seed) in eval mode on
-  normalised images; `dp_bn_clip` likewise the largest over BatchNorm layers of the median norm
-  of each image's input moments to the layer (methods/privacy/norm_stats.py), so BatchNorm
-  statistics are released too (`--set dp_bn_clip=0` sends them back as received, as before);
-  a clip given with --set is used as given;
+  normalised images; with `--set dp_bn_clip=rule`, `dp_bn_clip` likewise: the largest over
+  BatchNorm layers of the median norm of each image's input moments to the layer
+  (methods/privacy/norm_stats.py), so BatchNorm statistics are released too (by default they go
+  back as received, as in a run); a clip given with --set is used as given;
 - releases: a dry run of the same plan (method, settings, rounds, seed) with sigma 1e-6; its
   last record's `dp_releases_total` (what a device releases does not depend on sigma);
 - `dp_update_clip`: the median L2 norm, before clipping, of the first weight update each device
@@ -136,7 +136,7 @@ def clip_rule(s: DPSettings, method: str, seed: int) -> dict[str, float]:
     from splitedge.models import pre_activation
 
     _, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=seed)
-    config = build_run_config(method, info, s.model, seed, {"calibrate": "lda", **s.settings})
+    config = build_run_config(method, info, s.model, seed, {"calibrate": "lda", **stated(s)})
     spec = config.model
     model = build_split(spec).eval()
     wc = pre_activation(model.wc) if getattr(config.method, "pre_relu", False) else model.wc
@@ -157,6 +157,25 @@ def clip_rule(s: DPSettings, method: str, seed: int) -> dict[str, float]:
         at += 2 * channels
     return {"dp_clip": median_norm(np.concatenate(wc_out)), "dp_head_clip": median_norm(np.concatenate(head_in)),
             **({"dp_bn_clip": bn} if layout else {})}
+
+
+RULE = "rule"
+"""`--set dp_bn_clip=rule`: BatchNorm statistics released with the clip the rule sets (off by
+default, as in a run: at epsilon 64 on digits their release doubled the releases and cost the
+calibrated head more than it gave the own head, bench/results/dp-digits-bn)."""
+
+
+def stated(s: DPSettings) -> dict[str, str]:
+    """The --set settings a run takes as given (not those left to the rule)."""
+    return {k: v for k, v in s.settings.items() if v != RULE}
+
+
+def by_rule(s: DPSettings, method: str, clip: str) -> bool:
+    """Whether the rule sets `clip` for `method`'s DP runs: dp_clip for H-SFP, dp_head_clip, and
+    dp_bn_clip when asked for; a clip stated with --set is used as stated."""
+    if clip == "dp_bn_clip":
+        return s.settings.get(clip) == RULE
+    return clip not in s.settings and (method.startswith("hsfp") or clip != "dp_clip")
 
 
 def update_norm(weights: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray]) -> float:
@@ -206,7 +225,7 @@ def epsilon_ok(target: float | None, reached: float | None) -> bool | None:
 def overrides_of(s: DPSettings, task: Task) -> dict[str, Any]:
     """The method settings of `task`: the calibrated head, --set, and its DP settings."""
     kind, plan = task["kind"], task.get("plan") or {}
-    out: dict[str, Any] = {"calibrate": "lda", **s.settings}
+    out: dict[str, Any] = {"calibrate": "lda", **stated(s)}
     if kind == "lower":
         out["local_epochs"] = 0
     if kind in ("dry", "dp"):
@@ -325,8 +344,7 @@ def run(s: DPSettings, progress: Progress | None = None) -> tuple[dict[str, Any]
     clips = {(m, sd): clip_rule(s, m, sd) for m in s.methods for sd in s.seeds}
     config["clips"] = {f"{m} seed {sd}": c for (m, sd), c in clips.items()}
     first: list[Task] = [{"kind": "dry", "method": m, "seed": sd, "epsilon": None,
-                          "plan": {"clips": {k: v for k, v in clips[m, sd].items()
-                                             if (m.startswith("hsfp") or k != "dp_clip") and k not in s.settings}}}
+                          "plan": {"clips": {k: v for k, v in clips[m, sd].items() if by_rule(s, m, k)}}}
                          for m in s.methods for sd in s.seeds]
     first += [{"kind": "none", "method": m, "seed": sd, "epsilon": None} for m in s.methods for sd in s.seeds]
     first += [{"kind": "lower", "method": "fedavg", "seed": sd, "epsilon": None} for sd in s.seeds]

@@ -81,7 +81,7 @@ def test_the_update_tap_records_each_devices_first_update_and_changes_nothing() 
 def test_quick_run_spends_its_target_epsilon_and_reports_every_row(tmp_path: Path) -> None:
     # Execute: fedavg with the calibrated head, 2 rounds, epsilon 8, one seed
     assert main(["bench", "dp", "--quick", "--methods", "fedavg", "--epsilons", "8", "--no-plots",
-                 "--out", str(tmp_path)]) == 0
+                 "--set", "dp_bn_clip=rule", "--out", str(tmp_path)]) == 0
     # Assert: one row per kind, each well formed
     doc = json.loads((tmp_path / "dp.json").read_text())
     assert doc["command"].startswith("splitedge bench dp --quick")
@@ -104,3 +104,13 @@ def test_quick_run_spends_its_target_epsilon_and_reports_every_row(tmp_path: Pat
     assert rows["none"]["sigma"] is None and rows["none"]["epsilon_reached"] is None
     md = (tmp_path / "dp.md").read_text()
     assert "| fedavg (calibrated head) |" in md and "1 of 1 DP runs ended within 1 %" in md
+
+
+def test_the_rule_sets_batchnorm_clips_only_when_asked_and_a_stated_clip_wins() -> None:
+    plain, asked = dp.DPSettings(), dp.DPSettings(settings={"dp_bn_clip": "rule", "dp_head_clip": "0.5"})
+    assert [k for k in ("dp_clip", "dp_head_clip", "dp_bn_clip") if dp.by_rule(plain, "fedavg", k)] == ["dp_head_clip"]
+    assert [k for k in ("dp_clip", "dp_head_clip", "dp_bn_clip") if dp.by_rule(plain, "hsfp-cal", k)] == \
+        ["dp_clip", "dp_head_clip"]
+    assert [k for k in ("dp_clip", "dp_head_clip", "dp_bn_clip") if dp.by_rule(asked, "hsfp-cal", k)] == \
+        ["dp_clip", "dp_bn_clip"]
+    assert dp.stated(asked) == {"dp_head_clip": "0.5"}  # "rule" never reaches a run's config
