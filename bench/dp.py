@@ -161,8 +161,8 @@ def clip_rule(s: DPSettings, method: str, seed: int) -> dict[str, float]:
 
 RULE = "rule"
 """`--set dp_bn_clip=rule`: BatchNorm statistics released with the clip the rule sets (off by
-default, as in a run: at epsilon 64 on digits their release doubled the releases and cost the
-calibrated head more than it gave the own head, bench/results/dp-digits-bn)."""
+default, as in a run: on digits at epsilon 64 and below their release moved neither head beyond
+the seeds' spread, the update noise dominating, and doubled the releases; bench/results/dp-digits-bn)."""
 
 
 def stated(s: DPSettings) -> dict[str, str]:
