@@ -37,6 +37,9 @@ class Plan:
 
 
 FEDCNN_LR = "device_lr=0.01"  # FedAvg on fedcnn diverges at the cnn's 0.05 (bench/results/fedcnn-cifar10)
+SSL_COMMON = ("--dataset", "cifar10", "--data", DATA, "--devices", "10", "--edges", "2",
+              "--max-train", "10000", "--max-test", "2000", "--rounds", "100")
+"""The self-supervised plans' regime: the cnn (SSD) or ViT (FedMAR) encoder, a linear probe."""
 PLANS = {
     "fedcnn-10dev": Plan(
         common=("--dataset", "cifar10", "--data", DATA, "--model", "fedcnn", "--devices", "10", "--edges", "2",
@@ -60,16 +63,12 @@ PLANS = {
               "slow averaging, and tau 0.2 / 2.0 (0.5 is hsfp-cal's), beside the lower bound; fedcnn, Dir(0.3)"),
     # split in two: SSD's rows plateau in well under an hour a seed here, FedMAR's ViT takes hours
     "ssd-paper-forms": Plan(
-        common=("--dataset", "cifar10", "--data", DATA, "--devices", "10", "--edges", "2",
-                "--max-train", "10000", "--max-test", "2000", "--rounds", "100"),
-        splits=("0.1",), seeds=(0, 1),
+        common=SSL_COMMON, splits=("0.1",), seeds=(0, 1),
         variants=("random=ssd:local_epochs=0", "ssd=ssd", "ssd-paper=ssd:form=paper"),
         notes="SSD's DSR and PD as the paper writes them against the authors' code (the default); linear "
               "probe on the test split, Dir(0.1) as in SSD's paper, beside a random encoder's probe"),
     "mar-paper-forms": Plan(
-        common=("--dataset", "cifar10", "--data", DATA, "--devices", "10", "--edges", "2",
-                "--max-train", "10000", "--max-test", "2000", "--rounds", "100"),
-        splits=("0.1",), seeds=(0, 1),
+        common=SSL_COMMON, splits=("0.1",), seeds=(0, 1),
         variants=("random=fedmar:local_epochs=0", "fedmar=fedmar", "fedmar-paper=fedmar:ammd=paper"),
         notes="A-MMD as the FedMAR paper writes it against ours; linear probe on the test split, Dir(0.1), "
               "beside a random ViT encoder's probe"),
