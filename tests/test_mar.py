@@ -74,6 +74,16 @@ def test_fedmar_without_mar_is_plain_mae(mosquitto, tmp_path) -> None:
     assert history[1]["versions"]["zbar"] == 0  # no reference is sent, and none is waited for
 
 
+def test_fedmar_without_local_training_sends_the_random_encoder_s_latents(mosquitto, tmp_path) -> None:
+    """local_epochs=0 is the random-encoder bound of a probe comparison (bench matrix
+    mar-paper-forms): the devices train nothing, yet each round's latents still go up (their
+    mean over one pass of the data) and the model stays the initial one."""
+    history = _fedmar(mosquitto.url, "fedmar-random", tmp_path, devices=2, local_epochs="0")
+    assert [r["latents"] for r in history] == [2, 2], history
+    assert all(r["rejected"] == {"cloud": {}} for r in history)
+    assert np.isfinite(history[-1]["accuracy"])
+
+
 # -- DecMAR on a broker that enforces the peer graph ------------------------------------------
 def _passwords(path: Path, users: list[str]) -> Path:
     for i, user in enumerate(users):

@@ -99,6 +99,10 @@ class MARDevice(DevicePart):
 
         self.losses = train_epochs(self.forward, self.method.loss_terms("device"), epoch, opt, [self.model],
                                    epochs=self.cfg.local_epochs)
+        if not extra["latents"]:  # no epoch (local_epochs=0: the random-encoder bound): one pass, no training
+            with torch.inference_mode():
+                for batch in epoch():
+                    self.forward(batch)
         sums = [s for s, _ in extra["latents"]]
         self.mean_latent = (torch.stack(sums).sum(0) / max(1, sum(n for _, n in extra["latents"]))).numpy()
         self.participations += 1
