@@ -194,12 +194,20 @@ def rerender(module: Any, out_dir: Path, *, plots: bool, suite: str) -> Path:
     return json_path
 
 
+ONLY_OPTIONS = {"matrix": ("out", "plan", "rerender"), "compare": ("inputs", "target", "out", "no_plots")}
+"""Suites that read only these options: their record leaves out the other suites' defaults (a
+matrix's plan holds its data set; `--dataset digits` in its record misled)."""
+
+
 def command_line(args: argparse.Namespace) -> list[str]:
     """The options in effect, rendered back as a command line (works for main(argv) from tests
     too, where sys.argv is the test runner's)."""
     out = ["bench", args.suite]
+    only = ONLY_OPTIONS.get(args.suite)
     for key, value in vars(args).items():
         if key in ("suite", "command", "module", "verbose") or value is None or value is False or value in ((), []):
+            continue
+        if only is not None and key not in only:
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:

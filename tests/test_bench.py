@@ -306,6 +306,9 @@ def test_recorded_command_repeats_append_options_and_joins_lists() -> None:
     zero = command_line(p.parse_args(["device-memory", "--train-chunk", "0"]))  # 0 is a value, not "unset"
     assert "--train-chunk 0" in " ".join(zero) and p.parse_args(zero[1:]).train_chunk == 0
 
+    matrix = command_line(p.parse_args(["matrix", "--plan", "smoke", "--out", "m"]))  # its plan holds the rest
+    assert matrix == ["bench", "matrix", "--out", "m", "--plan", "smoke"], matrix
+
 
 @pytest.mark.slow  # seven processes each importing torch: a minute on two cores
 def test_soak_samples_every_tier_per_window_of_rounds(tmp_path: Path) -> None:
