@@ -42,11 +42,12 @@ class DeviceAgent(Node):
     def __init__(self, transport: Transport, *, run: str, node_id: str, edge: str,
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
-                 min_class_count: int = 1, train_chunk: int = TRAIN_CHUNK) -> None:
+                 min_class_count: int = 1, train_chunk: int = TRAIN_CHUNK, hide_classes: bool = False) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
         self.transport, self.data, self.backend = transport, data, backend
         self.min_class_count = min_class_count  # the owner's floor; the run's applies when it is higher
         self.train_chunk = train_chunk  # samples a thin trainer's W_c step takes at a time (0: whole batches)
+        self.hide_classes = hide_classes  # the hello names no class (for runs with DP: the classes held are private)
         # what the hello names: "torch", "onnx" (a thin device: it reads `@thin` graphs too) or a custom one
         self.backend_name = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
         self.placement = Placement(edge=edge)
@@ -79,7 +80,9 @@ class DeviceAgent(Node):
         """Twice, one message id: on `up/hello`, the latest word on where it is, read only by the
         edges holding it as a member; and addressed to its edge, which joins it by that copy."""
         hello = {"role": "device", "parent": self.edge, "samples": int(len(self.data[1])), "backend": self.backend_name,
-                 "classes": np.unique(self.data[1]).astype(np.int64), "groups": list(self.placement.groups)}
+                 "groups": list(self.placement.groups)}
+        if not self.hide_classes:
+            hello["classes"] = np.unique(self.data[1]).astype(np.int64)
         env = self.send(self.transport, "up", "hello", hello, round_=0, retain=True)
         self.transport.publish(self.topic("up", "hello", self.edge), env, qos=1, retain=True)
 
@@ -202,7 +205,8 @@ class DeviceAgent(Node):
     def _build_part(self, method: Method) -> DevicePart:
         ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement, run=self.run_id,
                           request=self.exchange.request, gather=self.exchange.gather,
-                          min_class_count=self.min_class_count, train_chunk=self.train_chunk)
+                          min_class_count=self.min_class_count, train_chunk=self.train_chunk,
+                          hide_classes=self.hide_classes)
         return method.device_part(ctx, self.data, self.backend)
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:

@@ -257,6 +257,10 @@ class NodeContext:
     min_class_count: int = 1
     """Device: its owner's own minimum count per class (`splitedge device --min-class-count`);
     the stricter of it and the run's `min_class_count` applies."""
+    hide_classes: bool = False
+    """Device: its hello names no class (`splitedge device --hide-classes`): under DP which classes
+    it holds stays as private as its statistics, whose release then keeps every class the noise
+    lets through, held or not (methods/privacy/release.py)."""
     train_chunk: int = TRAIN_CHUNK
     """Device: how many samples a thin (numpy) trainer passes through W_c at a time, exactly as
     the whole batch (methods/thin/chunked.py): memory flat in the batch size for ~2-3 times the
@@ -359,6 +363,13 @@ class DevicePart(Part):
     """What the edge's merge of this part's `moments` weighs alike: "sample" (moments of the union
     of the data) or "device" (FedProto: the mean over devices of their class means), which sets
     their sum form in a secure sum."""
+
+    def announced_classes(self, labels: Any) -> np.ndarray:
+        """The classes this device's hello named: those in `labels`, or every class of the
+        federation when it hides them (NodeContext.hide_classes)."""
+        if self.ctx.hide_classes:
+            return np.arange(self.spec.num_classes, dtype=np.int64)
+        return np.unique(np.asarray(labels)).astype(np.int64)
 
     @property
     def min_class_count(self) -> int:

@@ -41,7 +41,7 @@ def _sha256_matches(body: dict[str, Any]) -> None:
 BUILTIN_KINDS: dict[str, Schema] = {
     "hello": Schema({
         "role": Str(), "parent": Str(), "samples": Int(ge=0), "backend": Str(),
-        "classes": _CLASSES, "members": _IDS.but(optional=True, default=[]),
+        "classes": _CLASSES.but(optional=True), "members": _IDS.but(optional=True, default=[]),
         "groups": List(items=_NAME, max_items=64, optional=True, default=[]),
     }, doc="any -> up (retained); an edge lists its live devices in `members`, a device its `groups`"),
     "status": Schema({

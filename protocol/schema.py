@@ -73,8 +73,10 @@ class Schema:
         return out
 
     def wire(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A validated body as it goes on the wire: each field's wire form (Paged lists paged)."""
-        return {k: self.fields[k].wire(v) if k in self.fields else v for k, v in body.items()}
+        """A validated body as it goes on the wire: each field's wire form (Paged lists paged); an
+        optional field left at a default of None is left out (absent, not nil: a receiver fills it)."""
+        return {k: self.fields[k].wire(v) if k in self.fields else v for k, v in body.items()
+                if not (v is None and k in self.fields and self.fields[k].optional and self.fields[k].default is None)}
 
     def describe(self) -> str:
         parts = [f"`{name}`: {spec.describe()}" for name, spec in self.fields.items()]

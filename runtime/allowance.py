@@ -30,6 +30,7 @@ class Allowance:
 
     @classmethod
     def of_hello(cls, body: Mapping[str, Any]) -> Allowance:
+        """A hello without `classes` (a device that hides them, `--hide-classes`) allows any class."""
         classes = body.get("classes")
         return cls(int(body["samples"]), None if classes is None else frozenset(int(c) for c in np.asarray(classes)))
 

@@ -285,6 +285,12 @@ SIM_CONNECT_TIMEOUT_S = 60.0
 per node on one GIL) while already-started nodes are busy."""
 
 
+def private_run(s: SimSettings) -> bool:
+    """A run with DP (`dp_sigma` > 0): its simulated devices hide their classes from their hello,
+    as `splitedge device --hide-classes` does (the classes held would otherwise go in the clear)."""
+    return float(s.overrides.get("dp_sigma", 0) or 0) > 0
+
+
 class Federation:
     """The edges and devices of a simulated run, each a thread with its own MQTT client; the
     clients (and the cloud's) are driven by one shared ClientLoop."""
@@ -334,7 +340,7 @@ class Federation:
             data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
             agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
                                 edge=home_edge(d, self.s), data=data, backend=backend, seed=self.s.seed,
-                                host=device_host, shared_process=True)
+                                host=device_host, shared_process=True, hide_classes=private_run(self.s))
             self._start(agent)
         return self
 

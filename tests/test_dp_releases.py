@@ -242,3 +242,35 @@ def test_a_thin_device_releases_the_batchnorm_statistics_a_torch_device_does() -
     assert torch_part.dp_releases == thin_part.dp_releases == 1
     for k in by_torch:
         np.testing.assert_allclose(by_thin[k], by_torch[k], rtol=1e-4, atol=1e-5)
+
+
+def test_a_device_that_hides_its_classes_announces_none_and_its_release_keeps_what_the_noise_lets_through() -> None:
+    """Under DP the hello's class list would put the classes held in the clear: with
+    hide_classes the hello names none (the edge then allows any class), and a release keeps
+    every class whose noisy count passes the floor, held or not (post-processing of the release
+    alone); without it, only the classes held."""
+    from splitedge.methods.privacy.release import _fitted
+    from splitedge.protocol.schema import validate_body
+    from splitedge.runtime.allowance import Allowance
+
+    hello = validate_body("hello", {"role": "device", "parent": "e0", "samples": 30, "backend": "onnx"})
+    assert hello.get("classes") is None and Allowance.of_hello(hello).classes is None
+    labels = np.array([0] * 20 + [2] * 10)
+    classes, counts = np.arange(4), np.array([21, 2, 9, 0])  # noise let class 1 through, hid class 3
+    m = create_method("hsfp", default_config("hsfp", ModelSpec(num_classes=4), dp_sigma=1.0, dp_clip=1.0,
+                                             min_class_count=1))
+    kept = {}
+    for hide in (False, True):
+        part = m.device_part(NodeContext("d0", m, np.random.default_rng(0), hide_classes=hide),
+                             (np.zeros((len(labels), 8, 8, 1), np.uint8), labels), "onnx")
+        rows, capped = _fitted(part, labels, classes, counts)
+        kept[hide] = (classes[rows].tolist(), part.withheld)
+        assert capped.sum() <= len(labels)
+    assert kept[False] == ([0, 2], {}), kept
+    assert kept[True] == ([0, 1, 2], {"classes": 1, "samples": 0}), kept  # class 3 announced, hidden by the noise
+
+
+def test_a_simulated_private_run_hides_its_devices_classes() -> None:
+    from splitedge.sim import private_run
+
+    assert private_run(SimSettings(overrides={"dp_sigma": "0.5"})) and not private_run(SimSettings())

@@ -37,11 +37,11 @@ def entropy_rng() -> np.random.Generator:
     return np.random.default_rng(secrets.randbits(128))
 
 
-def fit_to_hello(classes: np.ndarray, counts: np.ndarray, labels: np.ndarray, min_count: int) -> np.ndarray:
-    """Which of a release's (classes, counts) rows may be sent: classes the device holds (its
-    hello names them) whose noisy count reaches the minimum count per class. A bool mask."""
-    held = np.isin(classes, np.unique(np.asarray(labels)))
-    return held & (counts >= min_count)
+def fit_to_hello(classes: np.ndarray, counts: np.ndarray, announced: np.ndarray, min_count: int) -> np.ndarray:
+    """Which of a release's (classes, counts) rows may be sent: classes its hello `announced`
+    (the classes it holds, or every class when it hides them) whose noisy count reaches the
+    minimum count per class. A bool mask."""
+    return np.isin(classes, np.asarray(announced)) & (counts >= min_count)
 
 
 def capped_counts(counts: np.ndarray, samples: int) -> np.ndarray:
@@ -112,11 +112,12 @@ def private_norm_statistics(part: Any, layout: Layout, vectors_of: Callable[[str
 
 def _fitted(part: Any, labels: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(rows kept, their counts capped to the announced samples) of a noisy release. What it
-    left out of the classes the device holds goes into `part.withheld`, as the floor reports it
+    left out of the classes the device's hello announced goes into `part.withheld`, as the floor reports it
     without DP, but from the release alone (post-processing): the classes, and their noisy
     counts where the release kept one (0 for a class the noise itself hid), so an estimate."""
-    rows = fit_to_hello(classes, counts, labels, part.min_class_count)
-    held = set(np.unique(np.asarray(labels)).tolist())
+    announced = part.announced_classes(labels)
+    rows = fit_to_hello(classes, counts, announced, part.min_class_count)
+    held = set(announced.tolist())
     noisy = dict(zip(np.asarray(classes).tolist(), np.asarray(counts).tolist()))
     out = sorted(held - set(np.asarray(classes)[rows].tolist()))
     part.withheld = {"classes": len(out), "samples": int(sum(max(0, int(noisy.get(c, 0))) for c in out))} if out \
