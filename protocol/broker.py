@@ -267,20 +267,25 @@ def serve_forever(port: int = 1883, host: str = "127.0.0.1", on_ready: Callable[
 
     ``host="0.0.0.0"`` exposes the broker to the network; it accepts anonymous clients.
     """
-    broker = start_embedded_broker(port, host)
-    if on_ready is not None:
-        on_ready(broker.url)
     stop = threading.Event()
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    logger.info("broker at %s; press Ctrl-C to stop", broker.url)
+        # SIGINT too: a process started in the background by a shell (`... &`, nohup) inherits it
+        # ignored, and Python then never raises KeyboardInterrupt: the broker outlived every Ctrl-C
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
+        broker = start_embedded_broker(port, host)
+        try:
+            if on_ready is not None:
+                on_ready(broker.url)
+            logger.info("broker at %s; press Ctrl-C to stop", broker.url)
+            while not stop.wait(0.5):
+                pass
+        finally:
+            broker.stop()
     finally:
-        broker.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def read_sys(url: str, pattern: str, *, timeout: float,
