@@ -74,6 +74,11 @@ PLANS = {
         variants=("random=ssd:local_epochs=0", "ssd=ssd", "ssd-paper=ssd:form=paper"),
         notes="SSD's DSR and PD as the paper writes them against the authors' code (the default); linear "
               "probe on the test split, Dir(0.1) as in SSD's paper, beside a random encoder's probe"),
+    "ssd-ablation": Plan(
+        common=SSL_COMMON, splits=("0.1",), seeds=(0, 1),
+        variants=("align-uniform=align-uniform", "ssd-dsr=ssd:pd=false", "ssd=ssd"),
+        notes="SSD's ablation order (align-uniform < + DSR < + DSR + PD) to a plateau; linear probe on the test "
+              "split, Dir(0.1); the random encoder's probe is ssd-paper-forms' row"),
     "mar-paper-forms": Plan(
         common=SSL_COMMON, splits=("0.1",), seeds=(0, 1),
         variants=("random=fedmar:local_epochs=0", "fedmar=fedmar", "fedmar-paper=fedmar:ammd=paper"),
