@@ -43,6 +43,13 @@ FEDCNN_10DEV = ("--dataset", "cifar10", "--data", DATA, "--model", "fedcnn", "--
 SSL_COMMON = ("--dataset", "cifar10", "--data", DATA, "--devices", "10", "--edges", "2",
               "--max-train", "10000", "--max-test", "2000", "--rounds", "100")
 """The self-supervised plans' regime: the cnn (SSD) or ViT (FedMAR) encoder, a linear probe."""
+
+
+def ssl_plan(variants: tuple[str, ...], notes: str) -> Plan:
+    """A self-supervised plan: SSL_COMMON at Dirichlet(0.1) (SSD's paper's skew), two seeds."""
+    return Plan(common=SSL_COMMON, splits=("0.1",), seeds=(0, 1), variants=variants, notes=notes)
+
+
 PLANS = {
     "fedcnn-10dev": Plan(
         common=FEDCNN_10DEV,
@@ -69,18 +76,15 @@ PLANS = {
         notes="H-SFP as the paper writes it (moments of the local W_c every round, no private head), without "
               "slow averaging, and tau 0.2 / 2.0 (0.5 is hsfp-cal's), beside the lower bound; fedcnn, Dir(0.3)"),
     # split in two: SSD's rows plateau in well under an hour a seed here, FedMAR's ViT takes hours
-    "ssd-paper-forms": Plan(
-        common=SSL_COMMON, splits=("0.1",), seeds=(0, 1),
+    "ssd-paper-forms": ssl_plan(
         variants=("random=ssd:local_epochs=0", "ssd=ssd", "ssd-paper=ssd:form=paper"),
         notes="SSD's DSR and PD as the paper writes them against the authors' code (the default); linear "
               "probe on the test split, Dir(0.1) as in SSD's paper, beside a random encoder's probe"),
-    "ssd-ablation": Plan(
-        common=SSL_COMMON, splits=("0.1",), seeds=(0, 1),
+    "ssd-ablation": ssl_plan(
         variants=("align-uniform=align-uniform", "ssd-dsr=ssd:pd=false", "ssd=ssd"),
         notes="SSD's ablation order (align-uniform < + DSR < + DSR + PD) to a plateau; linear probe on the test "
               "split, Dir(0.1); the random encoder's probe is ssd-paper-forms' row"),
-    "mar-paper-forms": Plan(
-        common=SSL_COMMON, splits=("0.1",), seeds=(0, 1),
+    "mar-paper-forms": ssl_plan(
         variants=("random=fedmar:local_epochs=0", "fedmar=fedmar", "fedmar-paper=fedmar:ammd=paper"),
         notes="A-MMD as the FedMAR paper writes it against ours; linear probe on the test split, Dir(0.1), "
               "beside a random ViT encoder's probe"),
