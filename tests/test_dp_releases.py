@@ -268,6 +268,11 @@ def test_a_device_that_hides_its_classes_announces_none_and_its_release_keeps_wh
         assert capped.sum() <= len(labels)
     assert kept[False] == ([0, 2], {}), kept
     assert kept[True] == ([0, 1, 2], {"classes": 1, "samples": 0}), kept  # class 3 announced, hidden by the noise
+    # more classes through the noise than the device has images: the largest noisy counts, one image each
+    few = m.device_part(NodeContext("d1", m, np.random.default_rng(0), hide_classes=True),
+                        (np.zeros((2, 8, 8, 1), np.uint8), np.array([0, 0])), "onnx")
+    rows, capped = _fitted(few, np.array([0, 0]), classes, np.array([3, 7, 7, 5]))
+    assert classes[rows].tolist() == [1, 2] and capped.tolist() == [1, 1]
 
 
 def test_a_simulated_private_run_hides_its_devices_classes() -> None:
