@@ -203,6 +203,10 @@ class DeviceAgent(Node):
             self.host.end_round()
 
     def _build_part(self, method: Method) -> DevicePart:
+        if method.config.dp_sigma > 0 and not self.hide_classes:
+            status.warning("device %s: this run is differentially private, but this device's hello listed the "
+                           "classes it holds in the clear; start it with --hide-classes to keep them private too",
+                           self.node_id)
         ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement, run=self.run_id,
                           request=self.exchange.request, gather=self.exchange.gather,
                           min_class_count=self.min_class_count, train_chunk=self.train_chunk,
