@@ -273,6 +273,8 @@ def test_a_device_that_hides_its_classes_announces_none_and_its_release_keeps_wh
                         (np.zeros((2, 8, 8, 1), np.uint8), np.array([0, 0])), "onnx")
     rows, capped = _fitted(few, np.array([0, 0]), classes, np.array([3, 7, 7, 5]))
     assert classes[rows].tolist() == [1, 2] and capped.tolist() == [1, 1]
+    rows, _ = _fitted(few, np.array([0, 0]), classes, np.array([7, 7, 9, 2]))  # a tie below the largest
+    assert classes[rows].tolist() == [0, 2]
 
 
 def test_a_simulated_private_run_hides_its_devices_classes() -> None:

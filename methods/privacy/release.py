@@ -117,9 +117,9 @@ def _fitted(part: Any, labels: np.ndarray, classes: np.ndarray, counts: np.ndarr
     counts where the release kept one (0 for a class the noise itself hid), so an estimate."""
     announced = part.announced_classes(labels)
     rows = fit_to_hello(classes, counts, announced, part.min_class_count)
-    if rows.sum() > len(labels):  # more classes than images (every class announced, large noise): the largest
-        rows &= counts >= np.sort(counts[rows])[::-1][len(labels) - 1] if len(labels) else False
-        rows[np.flatnonzero(rows)[len(labels):]] = False  # ties
+    kept = np.flatnonzero(rows)
+    if len(kept) > len(labels):  # more classes than images (every class announced, large noise): the largest
+        rows[kept[np.argsort(-counts[kept], kind="stable")[len(labels):]]] = False
     held = set(announced.tolist())
     noisy = dict(zip(np.asarray(classes).tolist(), np.asarray(counts).tolist()))
     out = sorted(held - set(np.asarray(classes)[rows].tolist()))
