@@ -136,7 +136,7 @@ def clip_rule(s: DPSettings, method: str, seed: int) -> dict[str, float]:
     from splitedge.models import pre_activation
 
     _, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=seed)
-    config = build_run_config(method, info, s.model, seed, {"calibrate": "lda", **stated(s)})
+    config = build_run_config(method, info, s.model, seed, {"calibrate": "lda", **stated(s, private=False)})
     spec = config.model
     model = build_split(spec).eval()
     wc = pre_activation(model.wc) if getattr(config.method, "pre_relu", False) else model.wc
@@ -165,9 +165,15 @@ default, as in a run: on digits at epsilon 64 and below their release moved neit
 the seeds' spread, the update noise dominating, and doubled the releases; bench/results/dp-digits-bn)."""
 
 
-def stated(s: DPSettings) -> dict[str, str]:
-    """The --set settings a run takes as given (not those left to the rule)."""
-    return {k: v for k, v in s.settings.items() if v != RULE}
+PRIVATE_ONLY = ("dp_devices",)
+"""--set settings only the runs with DP take (a run without DP refuses them): `--set secagg=plus
+--set dp_devices=5` compares distributed DP against the same federation without DP."""
+
+
+def stated(s: DPSettings, private: bool = True) -> dict[str, str]:
+    """The --set settings a run takes as given (not those left to the rule); `private`: a run
+    with DP, which also takes PRIVATE_ONLY."""
+    return {k: v for k, v in s.settings.items() if v != RULE and (private or k not in PRIVATE_ONLY)}
 
 
 def by_rule(s: DPSettings, method: str, clip: str) -> bool:
@@ -225,7 +231,7 @@ def epsilon_ok(target: float | None, reached: float | None) -> bool | None:
 def overrides_of(s: DPSettings, task: Task) -> dict[str, Any]:
     """The method settings of `task`: the calibrated head, --set, and its DP settings."""
     kind, plan = task["kind"], task.get("plan") or {}
-    out: dict[str, Any] = {"calibrate": "lda", **stated(s)}
+    out: dict[str, Any] = {"calibrate": "lda", **stated(s, private=kind in ("dry", "dp"))}
     if kind == "lower":
         out["local_epochs"] = 0
     if kind in ("dry", "dp"):
@@ -367,7 +373,8 @@ def results_of(s: DPSettings, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     return {"runs": sorted(rows, key=key), "epsilons": list(s.epsilons), "seeds": list(s.seeds),
             "methods": list(s.methods), "split": split_name(s.alpha), "delta": s.delta, "rounds": s.rounds,
-            "until_plateau": s.until_plateau, "devices": s.devices, "dataset": s.dataset}
+            "until_plateau": s.until_plateau, "devices": s.devices, "edges": s.edges, "dataset": s.dataset,
+            "dp_devices": int(s.settings.get("dp_devices", 1)), "secagg": s.settings.get("secagg", "off")}
 
 
 # -- reports ---------------------------------------------------------------------------------------
@@ -405,6 +412,10 @@ def markdown(results: dict[str, Any]) -> str:
     out = [f"{results.get('dataset', '?')}, {results.get('devices', '?')} devices, {results['split']}, "
            f"{results['rounds']} rounds: every DP run all of them, the runs without DP {budget}; epsilon at delta "
            f"{results['delta']:g} over the whole run, of the device that released the most.\n",
+           *([f"Distributed DP: each device adds the noise of sigma / sqrt({results['dp_devices']}) behind "
+              f"secagg {results.get('secagg')}, and an edge sums no fewer than {results['dp_devices']} devices "
+              f"(methods/privacy/distributed.py); {results.get('edges', '?')} edges.\n"]
+             if results.get("dp_devices", 1) > 1 else []),
            f"## Accuracy against epsilon (%, seeds {seeds_text})\n"]
     cols = ["none", *[f"{e:g}" for e in epsilons]]
     body = []

@@ -179,7 +179,7 @@ class DeviceAgent(Node):
 
     def _run(self, plan: RoundPlan) -> None:
         self.round, self.last = plan.round, plan.key
-        self.part.losses = {}
+        self.part.losses, self.part.pending_release = {}, None
         phase, sent_done, started = done_phase(plan.phase), False, time.monotonic()
         try:
             for item in device_work(self.part, plan):
@@ -189,10 +189,13 @@ class DeviceAgent(Node):
                     if plan.phase == "train":
                         self.completed += 1
                 elif item is not DONE and secured(self.part, item):
+                    release = None if item.kind == "weights" else self.part.pending_release  # distributed DP
+                    if release is not None:
+                        self.part.pending_release = None
                     secure_send(item, cfg=self.part.cfg, run=self.run_id, session=self.session, plan=plan,
                                 node_id=self.node_id, edge=self.edge, num_classes=self.part.spec.num_classes,
                                 request=self.exchange.request, publish=self.publish,
-                                moments_per=self.part.moments_per)
+                                moments_per=self.part.moments_per, release=release)
                 elif item is not DONE:
                     self.publish(item)
         finally:  # even a failed round tells the edge not to wait for us

@@ -202,7 +202,7 @@ class EdgeAggregator(Node):
             log.error("edge %s: %s; this edge cannot sum securely", self.node_id, missing)
         elif self.part.cfg.secagg != "off":
             self.secure = SecureSums(self.node_id, plan, self.part.cfg, self.run_id, self.session, set(awaited),
-                                     settled=lambda: set(self.rounds.done))
+                                     settled=lambda: set(self.rounds.done), announced=self._announced_samples)
         if not plan.calibrating:
             self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
@@ -259,15 +259,19 @@ class EdgeAggregator(Node):
         merged = None
         for report, contributors in (self.secure.reports(self.run_id) if self.secure is not None else []):
             env = next(iter(report.messages.values()))[0]
-            held = [self.roster.allowances.get(d) for d in contributors]
-            announced = Allowance(sum(a.samples for a in held if a is not None)) if all(held) else None
-            if not self.accepts(self.part, env, "child", announced=announced):
+            samples = self._announced_samples(contributors)
+            if not self.accepts(self.part, env, "child", announced=None if samples is None else Allowance(samples)):
                 continue
             self.part.on_device_message(env)
             merged = merged or report
             if merged is not report:
                 merged.messages.setdefault(env.kind, []).append(env)
         return [merged] if merged is not None else []
+
+    def _announced_samples(self, devices: tuple[str, ...]) -> int | None:
+        """The samples `devices` announced in their hellos, summed (None when one is unknown)."""
+        held = [self.roster.allowances.get(d) for d in devices]
+        return sum(a.samples for a in held) if all(held) else None
 
     # -- closing a round -------------------------------------------------------------------
     def _maybe_close_round(self) -> None:

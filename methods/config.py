@@ -63,6 +63,10 @@ class MethodConfig:
     model the device received (each image's per-channel input moments clipped to that L2 norm;
     methods/privacy/norm_stats.py); at 0 a DP device sends them back as received.
 
+    dp_devices: N > 1 makes DP distributed (methods/privacy/distributed.py): behind `secagg`,
+    each device adds 1/sqrt(N) of the noise to its raw sums, the edge sees only the sum of at
+    least N devices (it aborts a smaller one), whose noise is then at least one release's.
+
     secagg: "full" or "plus" sends H-SFP's moments and every head-statistics record to the edge
     only inside a secure sum over the round's devices (runtime/secure_sum.py); needs robust
     "none" (a robust merge needs each device's own values).
@@ -88,6 +92,9 @@ class MethodConfig:
     dp_update_clip: float = 0.0
     dp_bn_clip: float = 0.0
     dp_delta: float = 1e-5
+    dp_devices: int = flag(1, "distributed DP: each device adds the noise of dp_sigma / sqrt(N), and an edge sums "
+                              "securely no fewer than N devices (needs secagg; 1: each device's release is "
+                              "private on its own)")
     secagg: str = flag("off", "secure aggregation: an edge learns only the sum of its devices' statistics (full: "
                               "every pair masks; plus: SecAgg+, log n neighbours each)",
                        choices=("off", "full", "plus"))
@@ -111,6 +118,11 @@ class MethodConfig:
         if self.dp_sigma > 0 and self.calibrate != "none" and not self.dp_head_clip > 0:
             raise ValueError("dp_sigma with calibrate needs dp_head_clip > 0: the L2 norm each image's classifier "
                              "input is clipped to in the head statistics (docs/privacy.md)")
+        if self.dp_devices < 1:
+            raise ValueError(f"dp_devices must be >= 1, got {self.dp_devices}")
+        if self.dp_devices > 1 and (self.dp_sigma <= 0 or self.secagg == "off"):
+            raise ValueError(f"dp_devices={self.dp_devices} shares the noise of each release between devices whose "
+                             f"sum only the edge sees: it needs dp_sigma > 0 and secagg full or plus")
         if self.secagg not in ("off", "full", "plus"):
             raise ValueError(f"secagg must be off, full or plus, got {self.secagg!r}")
         if self.secagg != "off" and self.robust != "none":

@@ -349,6 +349,7 @@ class DevicePart(Part):
         self.data, self.backend = data, backend
         self.withheld: dict[str, int] = {}
         self.dp_releases = 0  # differentially private releases this phase (methods/privacy/release.py)
+        self.pending_release: Any = None  # a raw release that may only leave in a secure sum (distributed DP)
 
     private: bool = False
     """Whether everything this part sends from its data has a differentially private form that
@@ -356,6 +357,10 @@ class DevicePart(Part):
     refused before round 1 for a method with any device part that has not."""
     private_clips: tuple[str, ...] = ()
     """The run's clip settings this part's releases need (each must be > 0 with DP on)."""
+    clear_private: str = ""
+    """Why a private release of this part travels outside every secure sum (e.g. CFLHKD's
+    clustering signal), so that it cannot share its noise with other devices and a run with
+    `dp_devices` > 1 is refused; "" when every release can."""
     secure_kinds: tuple[str, ...] = ()
     """Kinds of this part's messages that are sums in disguise (methods/privacy/additive.py),
     which the run's `secagg` sends only inside a secure sum; head statistics always are."""
@@ -626,6 +631,10 @@ class Method:
         if not parts or not all(p.private for p in parts):
             raise ValueError(f"{self.name} has no differentially private form of everything its devices send; "
                              f"dp_sigma covers fedavg, fedprox, hsfp, hsfp-cal, fedproto and cflhkd: leave dp_sigma at 0")
+        clear = sorted({p.clear_private for p in parts if p.clear_private})
+        if self.config.dp_devices > 1 and clear:
+            raise ValueError(f"dp_devices={self.config.dp_devices} needs every private release of {self.name} inside "
+                             f"a secure sum, but {clear[0]}: leave dp_devices at 1")
         unset = sorted({c for p in parts for c in p.private_clips if not getattr(self.config, c) > 0})
         if unset:
             raise ValueError(f"dp_sigma > 0 needs {' and '.join(u + ' > 0' for u in unset)}: the L2 norm each "

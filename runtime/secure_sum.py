@@ -29,15 +29,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from splitedge.methods.calibration import HEAD_STATS
-from splitedge.methods.calibration.stats import cov_form, head_stats_arrays
+from splitedge.methods.calibration.stats import HeadStats, cov_form, head_stats_arrays
 from splitedge.methods.contract import CHILDREN, Message, RoundPlan, RoundReport, device
-from splitedge.methods.moments import WIRE_DTYPES, moments_to_body
-from splitedge.methods.privacy import additive
+from splitedge.methods.moments import WIRE_DTYPES, ClassMoments, moments_to_body
+from splitedge.methods.privacy import additive, distributed
+from splitedge.methods.privacy.dp import SECONDS, NoisySums, class_means_from, head_stats_from, moments_from
 from splitedge.methods.privacy.errors import SecAggError
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.errors import ProtocolError
@@ -97,37 +99,121 @@ def agreement(cfg: Any, run: str, session: str, plan: RoundPlan, edge: str, name
     """What every party of one aggregation agrees on: a session string never used twice (run,
     cloud incarnation and its attempt, round, phase, edge, sum) and SecAgg's or SecAgg+'s graph."""
     label = f"{run}/{session}/{plan.attempt}/{plan.round}/{plan.phase}/{edge}/{name}".encode()
-    return _secagg().SecAggConfig(session=label, neighbours=None if cfg.secagg == "full" else "log")
+    return _secagg().SecAggConfig(session=label, neighbours=None if cfg.secagg == "full" else "log",
+                                  min_survivors=distributed.min_survivors(cfg))
 
 
-def sums_of(msg: Message, num_classes: int,
-            moments_per: str = "sample") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """A device message as the arrays it masks, and what travels beside them in the clear (the
-    kind, its feature space and model versions, its dtype), which every device must share.
-    `moments_per`: the part's (DevicePart.moments_per): "device" sums prototypes."""
+RELEASE_SECONDS = {"moments": ("class",), "prototypes": ("none",), "logits": ("none",), "arrays": ("full", "diag")}
+"""The second-moment form of the raw release each statistics message stands for (distributed DP)."""
+
+
+def meta_of(msg: Message, moments_per: str = "sample", shared_dp: bool = False) -> dict[str, Any]:
+    """What travels beside a device's masked arrays in the clear (the kind, its feature space and
+    model versions, its dtype), which every device of the sum must share."""
     body = msg.body
     if msg.kind == "logits":
-        meta = {"kind": "logits", "versions": dict(body.get("versions", {})),
+        return {"kind": "logits", "versions": dict(body.get("versions", {})),
                 "dtype": np.asarray(body["logits"]).dtype.str}
-        return additive.logits_sums(body, num_classes), meta
     if msg.kind == "weights":
         meta = {"kind": "weights", "part": body["part"], "version": int(body["version"]),
                 "dtypes": {name: np.asarray(a).dtype.str for name, a in body["weights"].items()}}
-        return additive.weights_sums(body), meta
+        return {**meta, "alike": True} if shared_dp else meta
     if msg.kind == "moments":
-        meta = {"kind": "moments", "space": body["space"], "versions": dict(body.get("versions", {})),
+        return {"kind": "moments", "space": body["space"], "versions": dict(body.get("versions", {})),
                 "dtype": np.asarray(body["mean"]).dtype.str, "per": moments_per}
+    mean = np.asarray(body["arrays"]["mean"])
+    return {"kind": "arrays", "name": body["name"], "version": int(body["version"]), "dtype": mean.dtype.str,
+            "cov": cov_form(body["arrays"]["cov"], mean.shape[1])}
+
+
+def sums_of(msg: Message, num_classes: int, moments_per: str = "sample", *, shared_dp: bool = False,
+            release: NoisySums | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A device message as the arrays it masks and their meta_of. `moments_per`: the part's
+    (DevicePart.moments_per): "device" sums prototypes. `shared_dp`: the devices share the DP
+    noise (methods/privacy/distributed.py): weights are summed with each device alike, and a
+    statistics message is replaced by the raw `release` it was made from (SecAggError without
+    one: its post-processed body must not go into the sum)."""
+    body, meta = msg.body, meta_of(msg, moments_per, shared_dp)
+    if msg.kind == "weights":
+        return additive.weights_sums(body, alike=shared_dp), meta
+    if shared_dp:
+        what = "prototypes" if msg.kind == "moments" and moments_per == "device" else msg.kind
+        if release is None or release.second not in RELEASE_SECONDS.get(what, ()):
+            raise SecAggError(f"a {msg.kind} message of a run whose devices share the DP noise has no raw release "
+                              f"to sum in its place: nothing is sent")
+        values, meta["dp"] = distributed.release_sums(release)
+        return values, meta
+    if msg.kind == "logits":
+        return additive.logits_sums(body, num_classes), meta
+    if msg.kind == "moments":
         if moments_per == "device":
             return additive.prototype_sums(body, num_classes), meta
         return additive.moments_sums(body, num_classes), meta
-    mean = np.asarray(body["arrays"]["mean"])
-    meta = {"kind": "arrays", "name": body["name"], "version": int(body["version"]), "dtype": mean.dtype.str,
-            "cov": cov_form(body["arrays"]["cov"], mean.shape[1])}
     return additive.head_stats_sums(body["arrays"], num_classes), meta
 
 
-def body_of(meta: Mapping[str, Any], sums: Mapping[str, np.ndarray]) -> tuple[str, dict[str, Any]] | None:
-    """The (kind, body) the edge's part takes from summed arrays; None when no class is in it."""
+@dataclass(frozen=True)
+class SharedNoise:
+    """What an edge needs to post-process a sum whose devices shared the DP noise
+    (methods/privacy/distributed.py): the run's sigma and dp_devices, the devices in the sum,
+    the run's minimum count per class, the samples its contributors announced (None: unknown),
+    and the clips a release may be of (the run's dp_clip and dp_head_clip)."""
+
+    sigma: float
+    share: int
+    devices: int
+    min_count: int
+    samples: int | None = None
+    clips: tuple[float, ...] = ()
+
+
+Statistics = ClassMoments | HeadStats | tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _private_statistics(meta: Mapping[str, Any], sums: Mapping[str, np.ndarray], noise: SharedNoise) -> Statistics:
+    """A sum of raw releases post-processed as dp.py does one release, then fitted to the run's
+    minimum count and the contributors' samples (distributed.fitted): costs no privacy."""
+    noisy = distributed.sum_release(sums, meta["dp"], sigma=noise.sigma, share=noise.share, devices=noise.devices)
+
+    def fit(classes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return distributed.fitted(classes, counts, noise.min_count, noise.samples)
+
+    if meta["kind"] == "arrays":
+        h = head_stats_from(noisy)
+        rows, counts = fit(h.classes, h.counts)
+        return HeadStats(h.classes[rows], counts, h.mean[rows], h.cov)
+    if meta["kind"] == "moments" and meta.get("per") != "device":
+        m = moments_from(noisy)
+        rows, counts = fit(m.classes, m.counts)
+        return ClassMoments(m.classes[rows], counts, m.mean[rows], m.var[rows])
+    classes, counts, means = class_means_from(noisy)
+    rows, counts = fit(classes, counts)
+    if meta["kind"] == "logits":
+        return classes[rows], counts, means[rows]
+    return ClassMoments(classes[rows], counts, means[rows], np.zeros_like(means[rows]))  # FedProto's prototypes
+
+
+def _statistics(meta: Mapping[str, Any], sums: Mapping[str, np.ndarray], noise: SharedNoise | None) -> Statistics:
+    """The statistics a sum stands for: the union's, or (devices sharing the DP noise) the
+    post-processed sum of their releases."""
+    if "dp" in meta:
+        if noise is None:
+            raise SecAggError("the devices summed raw DP releases, which this run does not expect")
+        return _private_statistics(meta, sums, noise)
+    if noise is not None:
+        raise SecAggError("the devices summed post-processed statistics where their raw DP releases were due")
+    if meta["kind"] == "logits":
+        return additive.logits_of_sums(sums)
+    if meta["kind"] == "moments":
+        return additive.prototypes_of_sums(sums) if meta.get("per") == "device" else additive.moments_of_sums(sums)
+    return additive.head_stats_of_sums(sums)
+
+
+def body_of(meta: Mapping[str, Any], sums: Mapping[str, np.ndarray],
+            noise: SharedNoise | None = None) -> tuple[str, dict[str, Any]] | None:
+    """The (kind, body) the edge's part takes from summed arrays; None when no class is in it.
+    `noise`: the devices shared the DP noise of their statistics (not of weights, which carry
+    their noise in the clear form)."""
     if meta.get("kind") == "weights":
         total, weights = additive.weights_of_sums(sums, meta["dtypes"])
         return "weights", {"part": str(meta["part"]), "version": int(meta["version"]), "samples": total,
@@ -135,22 +221,20 @@ def body_of(meta: Mapping[str, Any], sums: Mapping[str, np.ndarray]) -> tuple[st
     wire = next((name for name, dtype in WIRE_DTYPES.items() if dtype.str == meta.get("dtype")), None)
     if wire is None:
         raise SecAggError(f"the sums are of dtype {meta.get('dtype')!r}, not a wire float")
+    stats = _statistics(meta, sums, noise)
     if meta["kind"] == "logits":
-        classes, counts, logits = additive.logits_of_sums(sums)
+        classes, counts, logits = stats
         if not len(classes):
             return None
         return "logits", {"classes": classes, "counts": counts, "logits": logits.astype(WIRE_DTYPES[wire]),
                           "versions": dict(meta["versions"])}
-    if meta["kind"] == "moments":
-        m = additive.prototypes_of_sums(sums) if meta.get("per") == "device" else additive.moments_of_sums(sums)
-        if not len(m.classes):
-            return None
-        return "moments", moments_to_body(m, dtype=wire, space=str(meta["space"]), versions=dict(meta["versions"]))
-    h = additive.head_stats_of_sums(sums)
-    if not len(h.classes):
+    if not len(stats.classes):
         return None
+    if meta["kind"] == "moments":
+        return "moments", moments_to_body(stats, dtype=wire, space=str(meta["space"]),
+                                          versions=dict(meta["versions"]))
     return "arrays", {"name": str(meta["name"]), "version": int(meta["version"]),
-                      "arrays": head_stats_arrays(h, wire, str(meta["cov"]))}
+                      "arrays": head_stats_arrays(stats, wire, str(meta["cov"]))}
 
 
 # -- a device ---------------------------------------------------------------------------------
@@ -160,11 +244,13 @@ Request = Callable[[Message, str, float], Envelope]
 
 def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPlan, node_id: str, edge: str,
                 num_classes: int, request: Request, publish: Callable[[Message], Any],
-                moments_per: str = "sample") -> None:
+                moments_per: str = "sample", release: NoisySums | None = None) -> None:
     """Run the four exchanges for one device message (`request`: publish and wait for the edge's
-    reply, runtime/exchange.py). TimeoutError or SecAggError fail the device's round."""
+    reply, runtime/exchange.py). `release`: the raw DP release the message was made from, what
+    goes into the sum when the devices share the noise (sums_of). TimeoutError or SecAggError
+    fail the device's round."""
     secagg = _secagg()
-    values, meta = sums_of(msg, num_classes, moments_per)
+    values, meta = sums_of(msg, num_classes, moments_per, shared_dp=distributed.shares_noise(cfg), release=release)
     name = sum_name(msg)
     me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge, name))
     wait = plan.deadline_s
@@ -190,8 +276,10 @@ class SecureSum:
 
     def __init__(self, edge: str, plan: RoundPlan, config: Any, devices: set[str], name: str = "",
                  settled: Callable[[], set[str]] = set, clock: Callable[[], float] = time.monotonic,
-                 keys_until: float | None = None) -> None:
+                 keys_until: float | None = None,
+                 noise: Callable[[tuple[str, ...]], SharedNoise] | None = None) -> None:
         self.edge, self.plan, self.clock, self.settled, self.name = edge, plan, clock, settled, name
+        self.noise = noise  # devices share the DP noise: how to post-process the sum of these devices
         self.keys_until = clock() + plan.deadline_s * KEYS_FRACTION if keys_until is None else keys_until
         secagg = _secagg()
         self.server = secagg.Server(config, devices)
@@ -232,9 +320,17 @@ class SecureSum:
         return self.advance()
 
     def _check_meta(self, meta: Any) -> None:
-        """Every masked input must be of the same kind, space, versions and dtype."""
+        """Every masked input must be of the same kind, space, versions and dtype; when the
+        devices share the DP noise, a statistic must be a raw release (distributed.py)."""
         if not isinstance(meta, Mapping):
             raise SecAggError("the masked input carries no description of what it sums")
+        if meta.get("kind") != "weights" and ("dp" in meta) != (self.noise is not None):
+            raise SecAggError("a raw DP release where this run sums statistics" if "dp" in meta else
+                              "post-processed statistics where this run's devices share the DP noise of raw releases")
+        form = meta.get("dp")
+        if form is not None and (not isinstance(form, Mapping) or form.get("second") not in SECONDS
+                                 or form.get("clip") not in self.noise(()).clips):
+            raise SecAggError(f"a raw DP release of form {form!r}: not a second moment form and one of the run's clips")
         if self.meta is None:
             self.meta = dict(meta)
         elif dict(meta) != self.meta:
@@ -283,7 +379,7 @@ class SecureSum:
         result = self.server.finish()
         self.contributors = result.devices
         try:
-            built = body_of(self.meta or {}, result.sums)
+            built = body_of(self.meta or {}, result.sums, self.noise(result.devices) if self.noise else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise SecAggError(f"the sum does not decode: {exc}") from None
         if built is None:
@@ -318,9 +414,10 @@ class SecureSums:
     may send moments and a W_c copy in one round); created by the first keys of each name."""
 
     def __init__(self, edge: str, plan: RoundPlan, cfg: Any, run: str, session: str, devices: set[str],
-                 settled: Callable[[], set[str]] = set) -> None:
+                 settled: Callable[[], set[str]] = set,
+                 announced: Callable[[tuple[str, ...]], int | None] = lambda devices: None) -> None:
         self.edge, self.plan, self.cfg, self.run, self.session = edge, plan, cfg, run, session
-        self.devices, self.settled = set(devices), settled
+        self.devices, self.settled, self.announced = set(devices), settled, announced
         self.sums: dict[str, SecureSum] = {}
         self.keys_until = time.monotonic() + plan.deadline_s * KEYS_FRACTION  # from the phase's start
 
@@ -332,8 +429,14 @@ class SecureSums:
         if name not in self.sums:
             self.sums[name] = SecureSum(self.edge, self.plan, agreement(self.cfg, self.run, self.session, self.plan,
                                                                        self.edge, name),
-                                        self.devices, name=name, settled=self.settled, keys_until=self.keys_until)
+                                        self.devices, name=name, settled=self.settled, keys_until=self.keys_until,
+                                        noise=self._noise if distributed.shares_noise(self.cfg) else None)
         return self.sums[name].on_message(env)
+
+    def _noise(self, devices: tuple[str, ...]) -> SharedNoise:
+        cfg = self.cfg
+        return SharedNoise(cfg.dp_sigma, int(cfg.dp_devices), len(devices), int(cfg.min_class_count),
+                           self.announced(devices) if devices else None, (float(cfg.dp_clip), float(cfg.dp_head_clip)))
 
     @property
     def busy(self) -> bool:

@@ -114,3 +114,17 @@ def test_the_rule_sets_batchnorm_clips_only_when_asked_and_a_stated_clip_wins() 
     assert [k for k in ("dp_clip", "dp_head_clip", "dp_bn_clip") if dp.by_rule(asked, "hsfp-cal", k)] == \
         ["dp_clip", "dp_bn_clip"]
     assert dp.stated(asked) == {"dp_head_clip": "0.5"}  # "rule" never reaches a run's config
+
+
+def test_distributed_dp_settings_reach_only_the_runs_with_dp() -> None:
+    # `--set secagg=plus --set dp_devices=5`: every run sums securely, only the DP runs (and their
+    # dry run) share the noise; a run without DP would refuse dp_devices
+    s = dp.DPSettings(settings={"secagg": "plus", "dp_devices": "5"})
+    plan = {"clips": {"dp_clip": 1.0, "dp_head_clip": 0.1}, "sigma": 2.0}
+    for kind in ("none", "lower"):
+        out = dp.overrides_of(s, {"kind": kind, "method": "hsfp-cal", "seed": 0})
+        assert out["secagg"] == "plus" and "dp_devices" not in out, kind
+    for kind in ("dry", "dp"):
+        out = dp.overrides_of(s, {"kind": kind, "method": "hsfp-cal", "seed": 0, "plan": plan})
+        assert out["secagg"] == "plus" and out["dp_devices"] == "5", kind
+    assert dp.results_of(s, [])["dp_devices"] == 5

@@ -35,6 +35,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
     # cluster's calibrated head (calibrate=lda), scored on the held-out share.
     state = ("model", "version", "tables", "holdout_rows", "head", "head_version", "global_model", "global_version")
     can_calibrate = True
+    clear_private = "its clustering signal, computed from its noisy update, goes to the cloud device by device"
     secure_kinds = ("logits", "weights")  # its clustering signal is the cloud's to compare, device by device
     private, private_clips = True, ("dp_clip", "dp_update_clip")  # logits; the model (the signal follows from it)
 

@@ -122,10 +122,11 @@ def head_stats_of_sums(sums: Mapping[str, np.ndarray]) -> HeadStats:
     return HeadStats(present.astype(np.int64), counts, mean, cov)
 
 
-def weights_sums(body: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def weights_sums(body: Mapping[str, Any], alike: bool = False) -> dict[str, np.ndarray]:
     """A `weights` body as sums: `samples` n, and n x each array (float64; integer buffers such
-    as BatchNorm's batch counter too), so the sum over devices is FedAvg's numerator."""
-    n = int(body["samples"])
+    as BatchNorm's batch counter too), so the sum over devices is FedAvg's numerator. `alike`:
+    n = 1, every device weighed alike (distributed DP: its noise covers one device's update)."""
+    n = 1 if alike else int(body["samples"])
     out = {"samples": np.array([n], np.int64)}
     for name, arr in body["weights"].items():
         out["w." + name] = np.asarray(arr, np.float64) * n

@@ -188,6 +188,18 @@ def _int_counts(noisy: np.ndarray) -> np.ndarray:
     return np.maximum(np.rint(noisy), 1).astype(np.int64)
 
 
+def capped_counts(counts: np.ndarray, samples: int) -> np.ndarray:
+    """Noisy integer counts (>= 1) scaled down, when their total exceeds the `samples` the hello
+    announced, so that an edge's samples bound holds; each stays >= 1 (needs len <= samples)."""
+    total = int(counts.sum())
+    if total <= samples or not len(counts):
+        return counts
+    scaled = np.maximum(np.floor(counts * (samples / total)), 1).astype(np.int64)
+    while int(scaled.sum()) > samples:  # the floors of 1 may still overshoot: take from the largest
+        scaled[int(np.argmax(scaled))] -= 1
+    return scaled
+
+
 def moments_from(noisy: NoisySums, keep_sd: float = KEEP_SD) -> ClassMoments:
     """ClassMoments of the kept classes: mean S/n, unbiased var (Q - n mu^2)/(n - 1) clipped to
     [0, C^2] (0 when n < 2, as for one sample), integer counts >= 1."""

@@ -11,6 +11,8 @@ After the noise, each release is fitted to what the device's hello already said 
 (which costs no privacy: post-processing of the release and of public facts): only classes the
 hello announced, counts that add up to at most the announced samples, and the run's minimum
 count per class applied to the noisy counts (applied to the true counts it would not be DP).
+With `dp_devices` > 1 a device adds only its share of the noise and its raw release goes into
+the edge's secure sum, which the edge post-processes instead (distributed.py).
 numpy only: thin devices release the same way.
 """
 
@@ -25,8 +27,9 @@ import numpy as np
 from splitedge.methods.calibration.stats import HeadStats
 from splitedge.methods.checks import STATISTIC_BUFFERS
 from splitedge.methods.moments import ClassMoments
-from splitedge.methods.privacy.dp import (ClippedSums, Second, class_means_from, dp_weights, head_stats_from,
-                                         moments_from)
+from splitedge.methods.privacy.distributed import device_sigma, shares_noise
+from splitedge.methods.privacy.dp import (ClippedSums, Second, capped_counts, class_means_from, dp_weights,
+                                         head_stats_from, moments_from)
 from splitedge.methods.privacy.norm_stats import Layout, released_norm_statistics, sequential_sigma, with_statistics
 
 Adapter = Callable[[Any], Any]
@@ -44,18 +47,6 @@ def fit_to_hello(classes: np.ndarray, counts: np.ndarray, announced: np.ndarray,
     return np.isin(classes, np.asarray(announced)) & (counts >= min_count)
 
 
-def capped_counts(counts: np.ndarray, samples: int) -> np.ndarray:
-    """Noisy integer counts (>= 1) scaled down, when their total exceeds the `samples` the hello
-    announced, so that an edge's samples bound holds; each stays >= 1 (needs len <= samples)."""
-    total = int(counts.sum())
-    if total <= samples or not len(counts):
-        return counts
-    scaled = np.maximum(np.floor(counts * (samples / total)), 1).astype(np.int64)
-    while int(scaled.sum()) > samples:  # the floors of 1 may still overshoot: take from the largest
-        scaled[int(np.argmax(scaled))] -= 1
-    return scaled
-
-
 class PrivateSums(ClippedSums):
     """ClippedSums with the `result()` the shared accumulate() asks for: the one noisy release,
     post-processed by `adapter` (dp.moments_from, dp.head_stats_from) and counted on `part`."""
@@ -65,9 +56,16 @@ class PrivateSums(ClippedSums):
         self.part, self.adapter = part, adapter
 
     def result(self) -> Any:
+        """The release, post-processed. When devices share the noise (distributed.py) the raw
+        release is also kept on the part (`pending_release`) for the secure sum, the only way
+        it may leave; nothing fitted from it alone is reported (no `withheld`)."""
         part = self.part
         part.dp_releases += 1
-        return self.adapter(self.release(part.cfg.dp_sigma, entropy_rng()))
+        noisy = self.release(device_sigma(part.cfg), entropy_rng())
+        out = self.adapter(noisy)
+        if shares_noise(part.cfg):
+            part.pending_release, part.withheld = noisy, {}
+        return out
 
 
 def private_accumulator(part: Any, clip: float, second: Second, adapter: Adapter) -> Callable[[int], PrivateSums]:
@@ -78,14 +76,15 @@ def private_accumulator(part: Any, clip: float, second: Second, adapter: Adapter
 def private_weights(part: Any, weights: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray],
                     statistics: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """What a device sends instead of `weights` trained from `start`: the update clipped to the
-    run's `dp_update_clip` and noised (dp.dp_weights); counted as one release. BatchNorm's
+    run's `dp_update_clip` and noised (dp.dp_weights; its share of the noise when devices share
+    it, distributed.py); counted as one release. BatchNorm's
     running statistics are estimates of the device's features, not trained values: they go up
     as `start` had them (never noised into variances below 0), or as `statistics`, their own
     private release (private_norm_statistics), has them."""
     part.dp_releases += 1
     trained = [k for k in weights if not k.endswith(STATISTIC_BUFFERS)]
     out = dp_weights({k: weights[k] for k in trained}, {k: start[k] for k in trained},
-                     clip=part.cfg.dp_update_clip, sigma=part.cfg.dp_sigma, rng=entropy_rng())
+                     clip=part.cfg.dp_update_clip, sigma=device_sigma(part.cfg), rng=entropy_rng())
     sent = {k: out[k] if k in out else np.array(start[k], copy=True) for k in weights}
     return with_statistics(sent, statistics or {})
 

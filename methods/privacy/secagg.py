@@ -56,12 +56,16 @@ class SecAggConfig:
     b"run/round/edge"): never reuse one. ``neighbours``: None for SecAgg (all pairs), an int k or
     "log" (2 * ceil(log2 n)) for SecAgg+. ``threshold``: shares needed to rebuild a secret,
     default floor(k/2) + 1 of a device's k neighbours. ``frac_bits``: fixed-point bits of floats.
+    ``min_survivors``: the fewest inputs the sum may hold (distributed DP: the devices whose noise
+    adds up to one release's, distributed.py); the server refuses to ask for, and every device to
+    reveal, the shares that would unmask a smaller sum.
     """
 
     session: bytes
     neighbours: int | str | None = None
     threshold: int | None = None
     frac_bits: int = fixedpoint.FRAC_BITS
+    min_survivors: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.session, bytes) or not self.session:
@@ -71,6 +75,8 @@ class SecAggConfig:
         degree(self.neighbours, 2)  # validates the value
         if self.threshold is not None and (type(self.threshold) is not int or self.threshold < 1):
             raise SecAggError(f"config: threshold must be a positive int, got {self.threshold!r}")
+        if type(self.min_survivors) is not int or self.min_survivors < 1:
+            raise SecAggError(f"config: min_survivors must be a positive int, got {self.min_survivors!r}")
 
     def plan(self, devices: int) -> tuple[int, int]:
         """(k, t) for a roster of ``devices``: each device's neighbour count and the threshold."""
@@ -239,6 +245,9 @@ class Device:
         if len(survivors) < self._threshold:
             raise SecAggError(f"device {self.id}: refused: {len(survivors)} survivors, fewer than the threshold "
                               f"{self._threshold}")
+        if len(survivors) < self.config.min_survivors:
+            raise SecAggError(f"device {self.id}: refused: {len(survivors)} survivors, fewer than the "
+                              f"{self.config.min_survivors} the sum must hold")
         unknown = (survivors | dropped) & (self._neighbours - set(self._held))
         if unknown:
             raise SecAggError(f"device {self.id}: refused: {sorted(unknown)[:5]} listed although they never sent "
@@ -379,6 +388,9 @@ class Server:
         if len(live) < t:
             raise SecAggError(f"round 2: {len(live)} masked inputs arrived, fewer than the threshold {t}: too few "
                               f"survivors to unmask")
+        if len(live) < self.config.min_survivors:
+            raise SecAggError(f"round 2: {len(live)} masked inputs arrived, fewer than the {self.config.min_survivors} "
+                              f"the sum must hold (min_survivors)")
         for u in sorted(live):
             if len(self._neighbours(u) & live) < t:
                 raise SecAggError(f"round 2: survivor {u} has {len(self._neighbours(u) & live)} surviving neighbours, "
