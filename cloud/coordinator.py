@@ -464,7 +464,8 @@ class CloudCoordinator(Node):
         return {"round": str(record["round"]), "method": self.settings.method,
                 **model_metadata(model=spec.model, dataset=self.settings.dataset, channels=spec.channels,
                                  image_size=spec.image_size, num_classes=spec.num_classes, mean=spec.mean,
-                                 std=spec.std)}
+                                 std=spec.std),
+                **self.part.served_metadata()}
 
     def _save_state(self, finished: bool = False, last_round: int | None = None) -> None:
         """The round's commit point (cloud.resume): what a restarted cloud carries on from. With

@@ -93,6 +93,15 @@ def _not_safetensors(path: Path, size: int) -> str:
     return text
 
 
+def _clip(meta: Mapping[str, str]) -> float | None:
+    if "head_input_clip" not in meta:
+        return None
+    clip = float(meta["head_input_clip"])
+    if not clip > 0 or clip != clip or clip == float("inf"):
+        raise ValueError(f"head_input_clip={meta['head_input_clip']!r} is not a positive number")
+    return clip
+
+
 def model_metadata(*, model: str, dataset: str, channels: int, image_size: int, num_classes: int,
                    mean: tuple[float, ...], std: tuple[float, ...]) -> dict[str, str]:
     """What the cloud writes into a checkpoint so export can rebuild and feed its network
@@ -114,6 +123,8 @@ class ModelInfo:
     num_classes: int | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    head_input_clip: float | None = None
+    """The L2 norm the classifier's input is clipped to (a head calibrated on private statistics)."""
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, str], path: Path) -> "ModelInfo":
@@ -126,7 +137,8 @@ class ModelInfo:
                        model=meta.get("model"), dataset=meta.get("dataset"),
                        input_shape=tuple(int(v) for v in shape) if shape is not None else None,
                        num_classes=int(meta["num_classes"]) if "num_classes" in meta else None,
-                       mean=_floats(meta, "mean"), std=_floats(meta, "std"))
+                       mean=_floats(meta, "mean"), std=_floats(meta, "std"),
+                       head_input_clip=_clip(meta))
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{path}: unreadable metadata ({exc})") from None
 

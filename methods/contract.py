@@ -487,6 +487,11 @@ class CloudPart(Part):
         """The served global model as a flat name -> array map (saved without pickle)."""
         return {}
 
+    def served_metadata(self) -> dict[str, str]:
+        """Strings a checkpoint of the served model carries beside its weights (e.g. the clip a
+        privately calibrated head needs, methods/calibration/serving.py); none by default."""
+        return {}
+
     # -- calibration (methods/calibration): after round r is merged, when the config says so
     def calibration_dim(self) -> int | None:
         """The classifier input's dimension D the devices' head statistics must have, or None

@@ -46,6 +46,31 @@ def head_features(wg: nn.Module, h: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return features, wg[-1](features)
 
 
+class NormClip(nn.Module):
+    """Each row scaled to L2 norm <= `clip` (x min(1, clip / ||x||)): what a head fitted on
+    differentially private statistics of clipped features must see (methods/privacy/dp.py)."""
+
+    def __init__(self, clip: float) -> None:
+        super().__init__()
+        if not clip > 0:
+            raise ValueError(f"clip must be > 0, got {clip}")
+        self.clip = float(clip)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        return x * torch.clamp(self.clip / norms.clamp_min(1e-30), max=1.0)
+
+    def extra_repr(self) -> str:
+        return f"clip={self.clip:g}"
+
+
+def clip_head_input(model: nn.Module, clip: float) -> nn.Module:
+    """`model` (a SplitModel) whose classifier first clips its input to `clip`: the served form of
+    a head fitted on clipped statistics (its weights keep their values; names gain a level)."""
+    model.wg[-1] = nn.Sequential(NormClip(clip), model.wg[-1])
+    return model
+
+
 RELU_COMMUTES = (nn.MaxPool2d, nn.AdaptiveMaxPool2d, nn.Flatten, nn.Identity)
 """Layers a final ReLU may precede and still be moved after: relu(max(x)) = max(relu(x))."""
 

@@ -188,12 +188,17 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     name, split = load_checkpoint(target.path, info, target.model)
+    if target.info.head_input_clip:  # a head calibrated on private statistics sees its input clipped
+        from splitedge.models.split import clip_head_input
+
+        clip_head_input(split, target.info.head_input_clip)
     mean, std = target.info.mean or info.mean, target.info.std or info.std
     x, calib = to_input(test[0], mean, std), to_input(train[0], mean, std)
     rows = export_split(split, x, out, fp16=args.fp16, int8=args.int8, calibration=calib)
     report = {"checkpoint": str(target.path), "method": target.info.method, "round": target.info.round,
               "model": name, "dataset": target.dataset, "input_shape": list(split.in_shape),
-              "mean": list(mean), "std": list(std), "parity_images": int(len(x)),
+              "mean": list(mean), "std": list(std), "head_input_clip": target.info.head_input_clip,
+              "parity_images": int(len(x)),
               "variants": [r.to_dict() for r in rows]}
     (out / "export.json").write_text(json.dumps(report, indent=1))
     print(markdown_table(rows))

@@ -122,6 +122,11 @@ def check_run_settings(s: Any) -> None:
         raise ValueError(f"--groups must be in 0..--devices and --group-skew rotate or labels, got {s.groups} and "
                          f"{s.group_skew!r}")
     s.sampling  # a sampling that makes no sense is one ValueError naming the flag
+    share, smallest = int(s.overrides.get("dp_devices", 1) or 1), s.devices // s.edges
+    if share > smallest:
+        raise ValueError(f"--dp-devices {share}: an edge unmasks no sum of fewer devices, but {s.devices} devices on "
+                         f"{s.edges} edges leave {smallest} on the smallest; lower --dp-devices to at most {smallest} "
+                         f"or use fewer edges")
 
 
 def check_scale_settings(s: SimSettings) -> None:

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from splitedge.methods.calibration import HEAD
+from splitedge.methods.calibration import HEAD, head_input_clip
 from splitedge.methods.calibration.records import check_head
+from splitedge.methods.privacy.dp import clip_rows
 
 
 class PersonalHead:
@@ -50,5 +51,8 @@ class PersonalHead:
         if self.head is None or not len(y):
             return {}
         feats = np.asarray(self.head_features(self.x_eval), dtype=np.float64).reshape(len(y), -1)  # type: ignore
+        clip = head_input_clip(self.cfg)  # type: ignore[attr-defined]
+        if clip > 0:  # the head was fitted on clipped inputs
+            feats = clip_rows(feats, clip)
         predicted = np.argmax(feats @ self.head[0].T + self.head[1], axis=1)
         return {"accuracy": float((predicted == y).mean()), "eval_samples": int(len(y))}

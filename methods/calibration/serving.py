@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from splitedge.methods.calibration import head_input_clip
 from splitedge.methods.calibration.lda import lda_classifier
 from splitedge.methods.calibration.records import merge
 from splitedge.methods.calibration.stats import HeadStats
@@ -24,6 +25,16 @@ from splitedge.models import SplitModel, state_to_numpy
 
 Head = tuple[np.ndarray, np.ndarray]
 """(weight [classes, D], bias [classes]) of a linear classifier."""
+
+
+def clipped(features: Callable[[torch.Tensor], torch.Tensor], clip: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`features` with each row clipped to L2 norm `clip` (0: `features` as they are)."""
+    if not clip > 0:
+        return features
+    from splitedge.models.split import NormClip
+
+    norm = NormClip(clip)
+    return lambda x: norm(features(x).reshape(len(x), -1))
 
 
 def fit_head(sources: Mapping[str, HeadStats], cfg: Any, num_classes: int) -> tuple[Head, int]:
@@ -101,8 +112,16 @@ class CalibratedCloud:
         """The closed-form head of the merged statistics, scored on the test split and served."""
         head, total = fit_head(sources, self.cfg, self.spec.num_classes)  # type: ignore[attr-defined]
         self.calibrated = self.served_with(head)
-        accuracy = head_accuracy(self.head_features(), self.ctx.test, self.spec, head)  # type: ignore[attr-defined]
+        features = clipped(self.head_features(), head_input_clip(self.cfg))  # type: ignore[attr-defined]
+        accuracy = head_accuracy(features, self.ctx.test, self.spec, head)  # type: ignore[attr-defined]
         return {"accuracy_calibrated": accuracy, "calibrated": total}
+
+    def served_metadata(self) -> dict[str, str]:
+        """What a checkpoint of the served model says beside its weights: the clip its head's
+        input needs (`head_input_clip`, which `splitedge export` builds in), when its head was
+        fitted on private statistics."""
+        clip = head_input_clip(self.cfg)  # type: ignore[attr-defined]
+        return {"head_input_clip": repr(clip)} if self.calibrated is not None and clip > 0 else {}
 
     def served_state(self, own: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """What a checkpoint holds: the last calibrated model when there is one, else `own`."""
