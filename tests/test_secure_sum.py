@@ -23,6 +23,7 @@ from splitedge.methods.contract import RoundPlan
 from splitedge.methods.privacy import additive, secagg
 from splitedge.methods.registry import default_config
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.topics import pattern
 from splitedge.runtime.secure_sum import agreement
 from splitedge.sim import SimSettings, run_sim
@@ -117,6 +118,8 @@ def test_fedavg_models_summed_securely_are_the_clear_average(mosquitto, tmp_path
     assert [r["accuracy"] for r in secure] == pytest.approx([r["accuracy"] for r in clear_run], abs=1e-9)
     assert all(r["secagg"] == {e: {"weights.model": {"devices": 3, "dropped": 0}} for e in ("e0", "e1")}
                for r in secure), secure
+    # a survivor whose shares come after the sum was rebuilt from the others' is not refused
+    assert not any(r["rejected"].get(e) for r in secure for e in ("e0", "e1")), [r["rejected"] for r in secure]
 
 
 @pytest.mark.parametrize("method, sums", [("fedproto", ("moments.rep",)), ("cflhkd", ("logits.mean", "weights.model"))])
@@ -203,3 +206,41 @@ def test_devices_that_leave_after_sharing_their_keys_are_unmasked_from_the_other
     for r in records:
         assert r["secagg"]["e0"]["moments.wc"] == {"devices": 4, "dropped": 2}, r
     assert records[-1]["rejected"]["e0"].get("secagg.keys", 0) >= 1, records[-1]["rejected"]
+
+
+def test_a_survivors_late_shares_are_not_refused_but_a_strangers_are() -> None:
+    # an edge's SecureSum with five devices under SecAgg+ (threshold below five): the sum is
+    # rebuilt before the last survivor's shares arrive; those are dropped quietly, while shares
+    # from a device outside the sum are still refused
+    from splitedge.runtime.secure_sum import SecureSum
+
+    ids = [f"d{i}" for i in range(5)]
+    plan = RoundPlan(round=1, method="fedavg", deadline_s=60.0, config={})
+    config = agreement(SimpleNamespace(secagg="plus"), "run", "s", plan, "e0", "moments.wc")
+    edge = SecureSum("e0", plan, config, set(ids), name="moments.wc")
+    devices = {d: secagg.Device(d, config) for d in ids}
+
+    def up(d: str, batch: int, data: dict, **extra) -> list:
+        env = Envelope(kind="secagg", run="run", round=1, sender=d,
+                       body={"stage": ["keys", "shares", "masked", "reveal"][batch], "batch": batch,
+                             "sum": "moments.wc", "data": data, **extra})
+        return edge.on_message(env)
+
+    for d in ids:
+        out = up(d, 0, devices[d].advertise_keys().to_body())
+    roster = secagg.KeyRoster.from_body(out[0].body["data"])
+    for d in ids:
+        out = up(d, 1, devices[d].share_keys(roster).to_body())
+    inbox = {m.to.node: secagg.ShareInbox.from_body(m.body["data"]) for m in out}
+    meta = {"kind": "weights", "part": "model", "version": 1, "dtypes": {"x": "<f4"}}
+    for d in ids:
+        out = up(d, 2, devices[d].masked_input(inbox[d], {"samples": np.array([1]), "w.x": np.ones(3)}).to_body(),
+                 meta=meta)
+    request = secagg.UnmaskRequest.from_body(out[0].body["data"])
+    replies = {d: devices[d].unmask(request).to_body() for d in ids}
+    for d in ids[:-1]:
+        up(d, 3, replies[d])
+    assert edge.result is not None, "the sum is rebuilt from four devices' shares"
+    assert up(ids[-1], 3, replies[ids[-1]]) == []
+    with pytest.raises(ProtocolError, match="closed"):
+        up("d9", 3, replies[ids[-1]])
