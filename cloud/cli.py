@@ -41,18 +41,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every value, before any data is loaded or anything connects."""
-    from splitedge.cloud.options import check_run_arguments, sampling_of
+    from splitedge.cloud.options import check_run_arguments, check_shared_noise, sampling_of
     from splitedge.methods.flags import method_overrides
 
+    overrides = method_overrides(args)
     check_run_arguments(args.method, args.rounds, args.dataset, args.data, args.deadline, args.seed, args.max_train,
-                        args.max_test, method_overrides(args))
-    sampling_of(args)
+                        args.max_test, overrides)
+    sampling = sampling_of(args)
     if args.edges < 1 or args.devices < 1:
         raise ValueError(f"--edges must be >= 1 and --devices >= 1 (rounds wait for that many devices), got "
                          f"{args.edges} and {args.devices}")
     if args.edges > args.devices:
         raise ValueError(f"--edges {args.edges} with --devices {args.devices}: {args.edges - args.devices} edge(s) "
                          f"would have no device and carry nothing; lower --edges or raise --devices")
+    check_shared_noise(overrides, args.devices, args.edges, sampling)
     if not args.join_timeout > 0:
         raise ValueError(f"--join-timeout must be > 0 seconds, got {args.join_timeout}")
     if not args.rejoin_timeout > 0:

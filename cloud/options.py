@@ -49,6 +49,23 @@ def sampling_of(args: argparse.Namespace) -> Any:
     return Sampling(fraction=args.sample_fraction, count=args.sample_count, minimum=args.sample_min, seed=args.seed)
 
 
+def check_shared_noise(overrides: dict[str, Any], devices: int, edges: int, sampling: Any) -> None:
+    """Distributed DP (`dp_devices` t > 1) needs every edge to sum at least t devices each round:
+    one ValueError naming the flag when the topology or client sampling cannot give that."""
+    share = int(overrides.get("dp_devices", 1) or 1)
+    if share <= 1:
+        return
+    smallest = devices // edges  # the smallest edge holds at most the average
+    if share > smallest:
+        raise ValueError(f"--dp-devices {share}: an edge unmasks no sum of fewer devices, but {devices} devices on "
+                         f"{edges} edges leave at most {smallest} on the smallest; lower --dp-devices to at most "
+                         f"{smallest} or use fewer edges")
+    if sampling.active:
+        raise ValueError(f"--dp-devices {share} with client sampling: a round's draw may leave an edge fewer than "
+                         f"{share} devices, whose sums are then never unmasked; drop --sample-fraction / "
+                         f"--sample-count or leave --dp-devices at 1")
+
+
 def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None, deadline_s: float, seed: int,
                         max_train: int | None, max_test: int | None, overrides: dict[str, Any]) -> None:
     """The run's command-line values, checked before any data is loaded: one ValueError naming

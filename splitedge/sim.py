@@ -105,7 +105,7 @@ BACKENDS = ("torch", "onnx")
 def check_run_settings(s: Any) -> None:
     """Every value the command line gives, checked before any data is loaded or node started:
     each mistake is one ValueError naming the flag and what to do."""
-    from splitedge.cloud.options import check_run_arguments
+    from splitedge.cloud.options import check_run_arguments, check_shared_noise
 
     check_run_arguments(s.method, s.rounds, s.dataset, s.data, s.deadline_s, s.seed, s.max_train, s.max_test,
                         s.overrides)
@@ -121,12 +121,7 @@ def check_run_settings(s: Any) -> None:
     if not 0 <= s.groups <= s.devices or s.group_skew not in ("rotate", "labels"):
         raise ValueError(f"--groups must be in 0..--devices and --group-skew rotate or labels, got {s.groups} and "
                          f"{s.group_skew!r}")
-    s.sampling  # a sampling that makes no sense is one ValueError naming the flag
-    share, smallest = int(s.overrides.get("dp_devices", 1) or 1), s.devices // s.edges
-    if share > smallest:
-        raise ValueError(f"--dp-devices {share}: an edge unmasks no sum of fewer devices, but {s.devices} devices on "
-                         f"{s.edges} edges leave {smallest} on the smallest; lower --dp-devices to at most {smallest} "
-                         f"or use fewer edges")
+    check_shared_noise(s.overrides, s.devices, s.edges, s.sampling)  # also: a sampling that makes no sense
 
 
 def check_scale_settings(s: SimSettings) -> None:

@@ -156,6 +156,8 @@ def test_a_run_that_cannot_share_the_noise_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="clustering signal"):
         build_run_config("cflhkd", info, None, 0, {**private, "secagg": "full"})
     build_run_config("hsfp-cal", info, None, 0, {**private, "secagg": "plus"})
+    with pytest.raises(ValueError, match="--dp-devices 2 with client sampling"):  # a draw may leave an edge short
+        SimSettings(devices=8, edges=2, method="hsfp-cal", sample_fraction=0.5, overrides={**private, "secagg": "plus"})
 
 
 def _sim(url: str, run: str, out: Path, share: int, sigma: float = 1.0) -> list[dict]:
