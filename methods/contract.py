@@ -194,6 +194,10 @@ class FederationView:
         return self.placements.get(device_id) or Placement(edge=self.devices.get(device_id, ""))
 
 
+SUM_SUFFIX = "~sum"
+"""The pseudo device an edge's securely summed statistics come from (`<edge>~sum`, runtime/secure_sum.py)."""
+
+
 @dataclass
 class RoundReport:
     """Everything one child sent in a round, in arrival order, grouped by kind."""

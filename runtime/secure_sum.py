@@ -36,7 +36,7 @@ import numpy as np
 
 from splitedge.methods.calibration import HEAD_STATS
 from splitedge.methods.calibration.stats import HeadStats, cov_form, head_stats_arrays
-from splitedge.methods.contract import CHILDREN, Message, RoundPlan, RoundReport, device
+from splitedge.methods.contract import CHILDREN, SUM_SUFFIX, Message, RoundPlan, RoundReport, device
 from splitedge.methods.moments import WIRE_DTYPES, ClassMoments, moments_to_body
 from splitedge.methods.privacy import additive, distributed
 from splitedge.methods.privacy.dp import SECONDS, NoisySums, class_means_from, head_stats_from, moments_from
@@ -58,8 +58,6 @@ STAGE_FRACTION = 0.1
 of the round's deadline; with the keys' half, an edge's sums end within its 0.8 of the deadline."""
 SUMMED = ("moments", "arrays", "weights", "logits")
 """The kinds a secure sum may carry (methods/privacy/additive.py has their sum forms)."""
-SUM_SUFFIX = "~sum"
-"""The pseudo device an edge's summed statistics come from (`<edge>~sum`)."""
 
 
 def _secagg() -> Any:

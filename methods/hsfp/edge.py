@@ -14,7 +14,7 @@ from splitedge.methods.checks import check_space, check_stats, check_version, ch
 from splitedge.methods.hsfp.method import AVERAGE, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import output_moments, sample_batches, with_counts
 from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body, moments_without
-from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan, device
+from splitedge.methods.contract import SUM_SUFFIX, EdgePart, Message, NodeContext, Report, RoundPlan, device
 from splitedge.methods.torch_utils import retune
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import create_split, load_numpy_state, pool, seeded_init, state_to_numpy
@@ -140,6 +140,8 @@ class HSFPEdge(EdgePart):
         self.last_wc_version = plan.version(WC)
         if not steady:
             return []
+        if any(d.endswith(SUM_SUFFIX) and v == plan.version(WC) for d, (v, _) in self.cache.items()):
+            return []  # a secure sum of this W_c's moments stands for its devices: asking again costs a DP release
         missing = sorted(d for d in members if self.cache.get(d, (-1,))[0] != plan.version(WC))
         return [Message("request", {"what": "moments"}, to=device(d)) for d in missing]
 
