@@ -86,22 +86,27 @@ def _moments_message() -> Message:
                                "var": np.zeros((1, 4), np.float32), "space": "wc", "versions": {"wc": 1}})
 
 
+def _shared_keys(ids: list[str], config: secagg.SecAggConfig) -> tuple[dict, secagg.Server, dict]:
+    """Devices and their edge's server through the keys and shares exchanges: (devices, server,
+    each device's inbox)."""
+    devices, server = {d: secagg.Device(d, config) for d in ids}, secagg.Server(config, ids)
+    for d in ids:
+        server.receive_keys(devices[d].advertise_keys())
+    roster = server.roster()
+    for d in ids:
+        server.receive_shares(devices[d].share_keys(roster))
+    return devices, server, server.route_shares()
+
+
 def test_a_secure_sum_of_raw_releases_is_post_processed_at_the_edge() -> None:
     # three devices' raw releases through the real SecAgg protocol; the edge's body is the
     # post-processed sum: classes kept by the summed noisy count, counts capped to the samples
     # announced, the run's minimum count applied
     rng = np.random.default_rng(2)
     ids = ["d0", "d1", "d2"]
-    config = secagg.SecAggConfig(b"run/1/e0/moments.wc", min_survivors=3)
-    devices, server = {d: secagg.Device(d, config) for d in ids}, secagg.Server(config, ids)
     releases = {d: _device_sums(rng, n).release(0.3, rng) for d, n in zip(ids, (40, 25, 60))}
     inputs = {d: sums_of(_moments_message(), 3, shared_dp=True, release=releases[d]) for d in ids}
-    for d in ids:
-        server.receive_keys(devices[d].advertise_keys())
-    roster = server.roster()
-    for d in ids:
-        server.receive_shares(devices[d].share_keys(roster))
-    boxes = server.route_shares()
+    devices, server, boxes = _shared_keys(ids, secagg.SecAggConfig(b"run/1/e0/moments.wc", min_survivors=3))
     for d in ids:
         server.receive_masked(devices[d].masked_input(boxes[d], inputs[d][0]))
     request = server.unmask_request()
@@ -127,14 +132,7 @@ def test_a_sum_of_fewer_devices_than_share_the_noise_is_never_unmasked() -> None
     # t = 4 share the noise; only 3 masked inputs arrive: the edge refuses to ask for the shares,
     # and a device asked by a dishonest edge refuses to reveal them
     ids = [f"d{i}" for i in range(5)]
-    config = secagg.SecAggConfig(b"run/2/e0/moments.wc", min_survivors=4)
-    devices, server = {d: secagg.Device(d, config) for d in ids}, secagg.Server(config, ids)
-    for d in ids:
-        server.receive_keys(devices[d].advertise_keys())
-    roster = server.roster()
-    for d in ids:
-        server.receive_shares(devices[d].share_keys(roster))
-    boxes = server.route_shares()
+    devices, server, boxes = _shared_keys(ids, secagg.SecAggConfig(b"run/2/e0/moments.wc", min_survivors=4))
     for d in ids[:3]:
         server.receive_masked(devices[d].masked_input(boxes[d], {"x": np.ones(2)}))
     with pytest.raises(SecAggError, match="3 masked inputs arrived, fewer than the 4 the sum must hold"):
