@@ -367,7 +367,8 @@ class CloudCoordinator(Node):
 
     def privacy_spent(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """With DP on: the releases of the device that made the most (an upper bound, summed over
-        phases and rounds) and the epsilon at `dp_delta` they spend (methods/privacy/accountant.py)."""
+        phases and rounds) and the epsilon at `dp_delta` they spend (methods/privacy/accountant.py);
+        with distributed DP, the devices whose noise each sum adds up (methods/privacy/distributed.py)."""
         cfg = self.method.config
         if not cfg.dp_sigma > 0:
             return {}
@@ -375,7 +376,10 @@ class CloudCoordinator(Node):
 
         before = int(self.history[-1].get("dp_releases_total", 0)) if self.history else 0
         total = before + int(metrics.get("dp_releases", 0)) + int(metrics.get("calibration_dp_releases", 0))
-        return {"dp_releases_total": total, "dp_epsilon": epsilon(cfg.dp_sigma, total, cfg.dp_delta)}
+        spent = {"dp_releases_total": total, "dp_epsilon": epsilon(cfg.dp_sigma, total, cfg.dp_delta)}
+        if cfg.dp_devices > 1:  # the epsilon holds while each sum holds that many devices whose noise is unknown
+            spent["dp_devices"] = int(cfg.dp_devices)
+        return spent
 
     def run_phase(self, plan: RoundPlan) -> list[Any]:
         """Announce `plan` (a round, its calibration or its evaluation) and collect the edges'
