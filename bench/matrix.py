@@ -84,6 +84,11 @@ PLANS = {
         variants=("align-uniform=align-uniform", "ssd-dsr=ssd:pd=false", "ssd=ssd"),
         notes="SSD's ablation order (align-uniform < + DSR < + DSR + PD) to a plateau; linear probe on the test "
               "split, Dir(0.1); the random encoder's probe is ssd-paper-forms' row"),
+    # a third seed where ssd-ablation's two left its rows within 3 points, in an order they disagree on
+    "ssd-ablation-third": Plan(
+        common=SSL_COMMON, splits=("0.1",), seeds=(2,),
+        variants=("align-uniform=align-uniform", "ssd-dsr=ssd:pd=false", "ssd=ssd"),
+        notes="ssd-ablation's rows in a third seed (its two seeds disagreed on the order, within 3 points)"),
     "mar-paper-forms": ssl_plan(
         variants=("random=fedmar:local_epochs=0", "fedmar=fedmar", "fedmar-paper=fedmar:ammd=paper"),
         notes="A-MMD as the FedMAR paper writes it against ours; linear probe on the test split, Dir(0.1), "
