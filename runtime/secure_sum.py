@@ -26,10 +26,10 @@ one is refused by rule `secagg.<exchange>`, counted, and changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -150,7 +150,7 @@ def sums_of(msg: Message, num_classes: int, moments_per: str = "sample", *, shar
     return additive.head_stats_sums(body["arrays"], num_classes), meta
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class SharedNoise:
     """What an edge needs to post-process a sum whose devices shared the DP noise
     (methods/privacy/distributed.py): the run's sigma and dp_devices, the devices in the sum,
@@ -163,6 +163,12 @@ class SharedNoise:
     min_count: int
     samples: int | None = None
     clips: tuple[float, ...] = ()
+
+    @classmethod
+    def of_run(cls, cfg: Any) -> SharedNoise:
+        """The run's part (`devices` and `samples` are each sum's: SecureSum fills them in)."""
+        return cls(cfg.dp_sigma, int(cfg.dp_devices), 0, int(cfg.min_class_count), None,
+                   (float(cfg.dp_clip), float(cfg.dp_head_clip)))
 
 
 Statistics = ClassMoments | HeadStats | tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -274,10 +280,11 @@ class SecureSum:
 
     def __init__(self, edge: str, plan: RoundPlan, config: Any, devices: set[str], name: str = "",
                  settled: Callable[[], set[str]] = set, clock: Callable[[], float] = time.monotonic,
-                 keys_until: float | None = None,
-                 noise: Callable[[tuple[str, ...]], SharedNoise] | None = None) -> None:
+                 keys_until: float | None = None, noise: SharedNoise | None = None,
+                 announced: Callable[[tuple[str, ...]], int | None] = lambda devices: None) -> None:
         self.edge, self.plan, self.clock, self.settled, self.name = edge, plan, clock, settled, name
-        self.noise = noise  # devices share the DP noise: how to post-process the sum of these devices
+        self.noise = noise  # the run's, when devices share the DP noise (SharedNoise.of_run)
+        self.announced = announced  # the samples devices announced, which the post-processed counts respect
         self.keys_until = clock() + plan.deadline_s * KEYS_FRACTION if keys_until is None else keys_until
         secagg = _secagg()
         self.server = secagg.Server(config, devices)
@@ -329,7 +336,7 @@ class SecureSum:
                               "post-processed statistics where this run's devices share the DP noise of raw releases")
         form = meta.get("dp")
         if form is not None and (not isinstance(form, Mapping) or form.get("second") not in SECONDS
-                                 or form.get("clip") not in self.noise(()).clips):
+                                 or form.get("clip") not in self.noise.clips):
             raise SecAggError(f"a raw DP release of form {form!r}: not a second moment form and one of the run's clips")
         if self.meta is None:
             self.meta = dict(meta)
@@ -378,8 +385,10 @@ class SecureSum:
     def _finish(self) -> list[Message]:
         result = self.server.finish()
         self.contributors = result.devices
+        noise = None if self.noise is None else dataclasses.replace(
+            self.noise, devices=len(result.devices), samples=self.announced(result.devices))
         try:
-            built = body_of(self.meta or {}, result.sums, self.noise(result.devices) if self.noise else None)
+            built = body_of(self.meta or {}, result.sums, noise)
         except (KeyError, TypeError, ValueError) as exc:
             raise SecAggError(f"the sum does not decode: {exc}") from None
         if built is None:
@@ -430,13 +439,9 @@ class SecureSums:
             self.sums[name] = SecureSum(self.edge, self.plan, agreement(self.cfg, self.run, self.session, self.plan,
                                                                        self.edge, name),
                                         self.devices, name=name, settled=self.settled, keys_until=self.keys_until,
-                                        noise=self._noise if distributed.shares_noise(self.cfg) else None)
+                                        noise=SharedNoise.of_run(self.cfg) if distributed.shares_noise(self.cfg)
+                                        else None, announced=self.announced)
         return self.sums[name].on_message(env)
-
-    def _noise(self, devices: tuple[str, ...]) -> SharedNoise:
-        cfg = self.cfg
-        return SharedNoise(cfg.dp_sigma, int(cfg.dp_devices), len(devices), int(cfg.min_class_count),
-                           self.announced(devices) if devices else None, (float(cfg.dp_clip), float(cfg.dp_head_clip)))
 
     @property
     def busy(self) -> bool:

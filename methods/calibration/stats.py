@@ -152,6 +152,14 @@ def cov_form(packed: Any, dim: int) -> str:
     return "diag" if np.shape(packed) == (dim,) and dim > 1 else "full"
 
 
+def symmetric_from_triu(packed: np.ndarray, dim: int) -> np.ndarray:
+    """The symmetric [dim, dim] matrix whose row-major upper triangle is `packed` (float64): how
+    covariances and second moments travel (D(D+1)/2 values)."""
+    full = np.zeros((dim, dim))
+    full[np.triu_indices(dim)] = packed
+    return full + np.triu(full, 1).T
+
+
 def head_stats_from_arrays(arrays: Mapping[str, Any]) -> HeadStats:
     """HeadStats (float64) from a checked record's arrays (either covariance form: a diagonal
     has D values, an upper triangle D(D+1)/2)."""
@@ -161,7 +169,5 @@ def head_stats_from_arrays(arrays: Mapping[str, Any]) -> HeadStats:
     if cov_form(packed, dim) == "diag":
         cov = np.diag(packed)
     else:
-        cov = np.zeros((dim, dim))
-        cov[np.triu_indices(dim)] = packed
-        cov = cov + np.triu(cov, 1).T
+        cov = symmetric_from_triu(packed, dim)
     return HeadStats(np.asarray(arrays["classes"], np.int64), np.asarray(arrays["counts"], np.int64), mean, cov)

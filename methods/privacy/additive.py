@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from splitedge.methods.calibration.stats import HeadStats, cov_form, head_stats_from_arrays
+from splitedge.methods.calibration.stats import HeadStats, cov_form, head_stats_from_arrays, symmetric_from_triu
 from splitedge.methods.moments import ClassMoments, moments_from_body
 
 
@@ -114,10 +114,7 @@ def head_stats_of_sums(sums: Mapping[str, np.ndarray]) -> HeadStats:
     if cov_form(packed, dim) == "diag":
         cov = np.diag(np.maximum(packed - np.diagonal(between), 0.0) / max(int(counts.sum()), 1))
     else:
-        second = np.zeros((dim, dim))
-        second[np.triu_indices(dim)] = packed
-        second = second + np.triu(second, 1).T
-        cov = (second - between) / max(int(counts.sum()), 1)
+        cov = (symmetric_from_triu(packed, dim) - between) / max(int(counts.sum()), 1)
         cov = (cov + cov.T) / 2
     return HeadStats(present.astype(np.int64), counts, mean, cov)
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from splitedge.methods.calibration.stats import symmetric_from_triu
 from splitedge.methods.privacy.dp import SECONDS, NoisySums, capped_counts
 
 
@@ -75,7 +76,8 @@ def sum_release(values: Mapping[str, np.ndarray], form: Mapping[str, Any], *, si
     when the form or the arrays do not fit."""
     second, clip = form.get("second"), float(form.get("clip", 0))
     if second not in SECONDS or not clip > 0 or devices < 1 or share < 1:
-        raise ValueError(f"a distributed DP sum needs a second moment form and clip > 0, got {second!r}, {clip}")
+        raise ValueError(f"a distributed DP sum needs a second moment form, clip > 0 and devices and share >= 1, "
+                         f"got {second!r}, {clip}, {devices} and {share}")
     counts, sums = np.asarray(values["counts"], np.float64), np.asarray(values["sums"], np.float64)
     if counts.ndim != 1 or sums.ndim != 2 or len(sums) != len(counts):
         raise ValueError(f"counts [K] and sums [K, D] expected, got {counts.shape} and {sums.shape}")
@@ -86,9 +88,7 @@ def sum_release(values: Mapping[str, np.ndarray], form: Mapping[str, Any], *, si
             dim = sums.shape[1]
             if sq.shape != (dim * (dim + 1) // 2,):
                 raise ValueError(f"the second moment's upper triangle has {sq.shape}, not ({dim * (dim + 1) // 2},)")
-            full = np.zeros((dim, dim))
-            full[np.triu_indices(dim)] = sq
-            sq = full + np.triu(full, 1).T
+            sq = symmetric_from_triu(sq, dim)
     parts = 2 if second == "none" else 3
     return NoisySums(counts, sums, sq, second, clip, sigma * math.sqrt(parts) * math.sqrt(devices / share))
 

@@ -63,7 +63,7 @@ from typing import Literal
 
 import numpy as np
 
-from splitedge.methods.calibration.stats import HeadStats
+from splitedge.methods.calibration.stats import HeadStats, symmetric_from_triu
 from splitedge.methods.moments import ClassMoments
 
 Second = Literal["none", "class", "diag", "full"]
@@ -155,9 +155,7 @@ class ClippedSums:
         noisy = gaussian_mechanism(self.parts(), sigma, rng)
         sq = noisy[2] if len(noisy) > 2 else None
         if self.second == "full":
-            full = np.zeros((self.dim, self.dim))
-            full[_triu(self.dim)] = sq
-            sq = full + np.triu(full, 1).T
+            sq = symmetric_from_triu(sq, self.dim)
         return NoisySums(noisy[0], noisy[1], sq, self.second, self.clip, sigma * math.sqrt(len(noisy)))
 
 
