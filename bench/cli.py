@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true",
                    help="accuracy, ssl, cluster: keep the runs --out already holds (same settings) and run the rest")
     p.add_argument("--plan", default=None, help="matrix: which plan of bench/matrix.py to run (e.g. fedcnn-10dev)")
+    p.add_argument("--cells", type=_csv, default=(),
+                   help="matrix: only these cells of the plan (e.g. dir0.1-s0,iid-s1), so that cells can run in "
+                        "processes of their own; default every cell")
     p.add_argument("--inputs", type=_csv, default=(),
                    help="compare: folders of accuracy benches (seeds, splits) to put in one table")
     p.add_argument("--rerender", action="store_true",
@@ -194,7 +197,7 @@ def rerender(module: Any, out_dir: Path, *, plots: bool, suite: str) -> Path:
     return json_path
 
 
-ONLY_OPTIONS = {"matrix": ("out", "plan", "rerender"), "compare": ("inputs", "target", "out", "no_plots")}
+ONLY_OPTIONS = {"matrix": ("out", "plan", "cells", "rerender"), "compare": ("inputs", "target", "out", "no_plots")}
 """Suites that read only these options: their record leaves out the other suites' defaults (a
 matrix's plan holds its data set; `--dataset digits` in its record misled)."""
 

@@ -308,6 +308,27 @@ def test_recorded_command_repeats_append_options_and_joins_lists() -> None:
 
     matrix = command_line(p.parse_args(["matrix", "--plan", "smoke", "--out", "m"]))  # its plan holds the rest
     assert matrix == ["bench", "matrix", "--out", "m", "--plan", "smoke"], matrix
+    some = command_line(p.parse_args(["matrix", "--plan", "smoke", "--out", "m", "--cells", "iid-s0"]))
+    assert some[-2:] == ["--cells", "iid-s0"], some
+
+
+def test_a_matrix_runs_the_cells_named_and_refuses_one_its_plan_lacks() -> None:
+    """`--cells` picks cells (in the plan's order) so a plan's cells can run in two processes; a
+    name the plan lacks is one line listing the plan's cells, before anything runs."""
+    import argparse
+
+    from splitedge.bench.cli import add_arguments
+    from splitedge.bench.matrix import MatrixSettings
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    chosen = MatrixSettings.from_args(p.parse_args(["matrix", "--plan", "fedcnn-10dev", "--out", "m",
+                                                    "--cells", "dir0.1-s1,iid-s0"]))
+    assert chosen.cells == [("iid", 0), ("0.1", 1)], chosen.cells
+    every = MatrixSettings.from_args(p.parse_args(["matrix", "--plan", "fedcnn-10dev", "--out", "m"]))
+    assert len(every.cells) == 6
+    with pytest.raises(ValueError, match=r"--cells: dir0.5-s0 not in this plan; its cells are iid-s0, iid-s1"):
+        MatrixSettings.from_args(p.parse_args(["matrix", "--plan", "fedcnn-10dev", "--out", "m", "--cells", "dir0.5-s0"]))
 
 
 @pytest.mark.slow  # seven processes each importing torch: a minute on two cores
@@ -518,7 +539,7 @@ def test_a_run_that_evaluated_no_round_is_an_error_row_not_a_result() -> None:
 
 
 @pytest.mark.parametrize("plan", ["fedcnn-10dev", "fedcnn-10dev-third", "hsfp-paper-fedcnn", "ssd-paper-forms", "ssd-ablation",
-                                  "ssd-ablation-third", "mar-paper-forms"])
+                                  "ssd-ablation-third", "mar-paper-forms", "feddecorr-fedcnn"])
 def test_every_variant_of_a_matrix_plan_is_a_valid_run(plan: str) -> None:
     """A typo in a plan's settings would surface hours into a matrix: each variant's method and
     settings build a run config now."""
