@@ -57,13 +57,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cells", type=_csv, default=(),
                    help="matrix: only these cells of the plan (e.g. dir0.1-s0,iid-s1), so that cells can run in "
                         "processes of their own; default every cell")
+    p.add_argument("--ram", type=_csv, default=(),
+                   help="compare, matrix: folders of `bench ram --methods ...` runs; each row's device peak RSS (a column, "
+                        "and the marker size in the accuracy-against-bytes plot)")
     p.add_argument("--inputs", type=_csv, default=(),
                    help="compare: folders of accuracy benches (seeds, splits) to put in one table")
     p.add_argument("--rerender", action="store_true",
                    help="run nothing: rewrite the markdown (and plots) of the JSON already in --out with this "
                         "checkout's report code")
     g = p.add_argument_group("federation (bandwidth, accuracy, ram)")
-    g.add_argument("--methods", type=_csv, default=(), help="comma-separated; default: every registered method (accuracy with --variant: only the variants)")
+    g.add_argument("--methods", type=_csv, default=(), help="comma-separated; default: every registered method (accuracy with --variant: only the variants; ram: hsfp)")
     g.add_argument("--dataset", default="digits", choices=("digits", "cifar10"), help="data set of the federations")
     g.add_argument("--data", default=None, help="CIFAR-10 archive / folder (see splitedge sim --help)")
     g.add_argument("--model", default=None, help="cnn | fedcnn | resnet18; default by data set")
@@ -197,7 +200,7 @@ def rerender(module: Any, out_dir: Path, *, plots: bool, suite: str) -> Path:
     return json_path
 
 
-ONLY_OPTIONS = {"matrix": ("out", "plan", "cells", "rerender"), "compare": ("inputs", "target", "out", "no_plots")}
+ONLY_OPTIONS = {"matrix": ("out", "plan", "cells", "ram", "rerender"), "compare": ("inputs", "target", "ram", "out", "no_plots")}
 """Suites that read only these options: their record leaves out the other suites' defaults (a
 matrix's plan holds its data set; `--dataset digits` in its record misled)."""
 

@@ -6,7 +6,10 @@ the model's own head and of the calibrated one (and their mean over seeds), whet
 had plateaued (methods/metrics/plateau.py), the rounds run, what a device sent and received per
 round, and over the run until the row's best curve first reached the common target (`--target`,
 default 90 % of the best final accuracy of any federated row), in bytes per device. Rows named
-`upper`/`lower` (or a `central` row) are the bounds. Nothing is run: the JSON is read.
+`upper`/`lower` (or a `central` row) are the bounds. With `--ram A,...` (folders of `splitedge
+bench ram --methods ...`) each row also gets its device's peak RSS, read from the run of its
+method on its backend, shown as a column and as the marker's size in the accuracy-against-bytes
+plot. Nothing is run: the JSON is read.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from splitedge.methods.metrics import plateau
 class CompareSettings:
     inputs: tuple[str, ...]
     target: float | None = None
+    ram: tuple[str, ...] = ()  # folders of `bench ram` runs: each row's device peak RSS
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "CompareSettings":
@@ -36,7 +40,16 @@ class CompareSettings:
         missing = [f for f in inputs if not (Path(f) / "accuracy.json").exists() and not list(Path(f).glob("*.json"))]
         if missing:
             raise ValueError(f"bench compare: no bench JSON in {missing}")
-        return cls(inputs=inputs, target=getattr(a, "target", None))
+        return cls(inputs=inputs, target=getattr(a, "target", None), ram=ram_folders(a))
+
+
+def ram_folders(a: argparse.Namespace) -> tuple[str, ...]:
+    """--ram's folders, each checked to hold a `bench ram` result."""
+    ram = tuple(getattr(a, "ram", ()) or ())
+    no_ram = [f for f in ram if not (Path(f) / "ram.json").exists()]
+    if no_ram:
+        raise ValueError(f"--ram: no ram.json in {no_ram} (folders of `splitedge bench ram` runs)")
+    return ram
 
 
 Settings = CompareSettings
@@ -53,6 +66,30 @@ def _load(folder: str) -> dict[str, Any]:
         refresh(doc["results"], doc["config"])  # columns a run predating them lacks, from its rounds
     return {"folder": folder, "seed": doc["config"].get("seed"), "devices": doc["config"].get("devices"),
             "partial": bool(doc.get("partial")), "runs": [r for r in doc["results"]["runs"] if "error" not in r]}
+
+
+def device_peaks(folders: tuple[str, ...]) -> dict[tuple[str, str], float]:
+    """(method, backend) -> the device's peak MB (max of RSS and VmHWM) over the `bench ram`
+    folders' completed runs; a pair measured twice keeps its larger peak."""
+    out: dict[tuple[str, str], float] = {}
+    for folder in folders:
+        for run_ in json.loads((Path(folder) / "ram.json").read_text())["results"]["runs"]:
+            device = [r for r in run_["rows"] if r["role"] == "device"]
+            if run_.get("completed") and device:
+                key = (run_.get("method", "hsfp"), run_["backend"])
+                out[key] = max(out.get(key, 0.0), device[0]["peak_mb"])
+    return out
+
+
+def device_ram(r: dict[str, Any], peaks: dict[tuple[str, str], float]) -> float | None:
+    """A run's device peak MB: its method's on the backends its devices ran (a mixed federation:
+    the largest), None when one of them was not measured or the run is central."""
+    if r.get("central"):
+        return None
+    method = r.get("base_method") or r["method"]
+    backends = str((r.get("overrides") or {}).get("backends", "torch")).split("+")
+    found = [peaks.get((method, b)) for b in backends]
+    return None if not found or None in found else max(found)  # type: ignore[type-var]
 
 
 def best_curve(r: dict[str, Any]) -> list[Any]:
@@ -78,9 +115,12 @@ def run(s: CompareSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     federated = [max(a for a in best_curve(r)[-1:] if a is not None) for rows in groups.values() for r in rows
                  if not r.get("central") and best_curve(r) and best_curve(r)[-1] is not None]
     target = s.target if s.target is not None else 0.9 * max(federated, default=0.0)
-    rows = [summarise(label, split, rs, target) for (label, split), rs in groups.items()]
-    config = {"inputs": list(s.inputs), "target": target, "partial": [d["folder"] for d in docs if d["partial"]]}
-    return config, {"rows": rows, "target": target}
+    peaks = device_peaks(s.ram)
+    rows = [{**summarise(label, split, rs, target), "device_ram_mb": device_ram(rs[0], peaks) if peaks else None}
+            for (label, split), rs in groups.items()]
+    config = {"inputs": list(s.inputs), "target": target, "ram": list(s.ram),
+              "partial": [d["folder"] for d in docs if d["partial"]]}
+    return config, {"rows": rows, "target": target, "ram": list(s.ram)}
 
 
 def summarise(label: str, split: str, runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
@@ -117,6 +157,7 @@ def _mb(values: list[float]) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
+    ram = any(r.get("device_ram_mb") is not None for r in results["rows"])
     body = []
     for r in results["rows"]:
         hits = [h for h in r["to_target"] if h is not None]
@@ -128,16 +169,25 @@ def markdown(results: dict[str, Any]) -> str:
         body.append((r["method"], r["split"], " / ".join(map(str, r["seeds"])), " / ".join(map(str, r["rounds"])),
                      _seeds(r["own_final"]), _plateau(r["own_plateaued"]), _seeds(r["calibrated_final"]),
                      _plateau(r["calibrated_plateaued"]), round(r["up_per_round"] / 1e3, 1),
-                     round(r["down_per_round"] / 1e3, 1), reach))
+                     round(r["down_per_round"] / 1e3, 1), reach,
+                     *([_ram(r.get("device_ram_mb"))] if ram else [])))
     return "\n".join([
         table(["method", "split", "seeds", "rounds", "own head final %", "plateaued", "calibrated final %",
                "plateaued", "device up KB/round", "device down KB/round",
-               f"round and MB per device to {100 * results['target']:.1f} %"], body),
+               f"round and MB per device to {100 * results['target']:.1f} %", *(["device peak RSS MB"] if ram else [])],
+              body),
         f"\nTarget: {100 * results['target']:.1f} % test accuracy (the row's calibrated curve when it has one). "
         f"plateaued: the best accuracy of the last {plateau.WINDOW} rounds beat the best before by less than "
         f"{100 * plateau.TOLERANCE:g} points, judged from round {plateau.START} ('1 of 2': one seed had, the "
-        f"other had not). Central rows train on every image at once: an upper bound, no bytes.",
+        f"other had not). Central rows train on every image at once: an upper bound, no bytes."
+        + (" Device peak RSS: one device process of the row's method on its backend, measured by `bench ram` "
+           f"({', '.join(results.get('ram') or [])}), not during these runs (their devices share one process)."
+           if ram else ""),
     ])
+
+
+def _ram(mb: float | None) -> str:
+    return "-" if mb is None else f"{mb:.0f}"
 
 
 def points(results: dict[str, Any]) -> list[Series]:
@@ -151,8 +201,18 @@ def points(results: dict[str, Any]) -> list[Series]:
                   (c if c is not None else o) is not None]
         total = (r["up_per_round"] + r["down_per_round"]) * mean(r["rounds"]) / 1e6
         if finals:
-            out.append(Series(r["method"], [100 * mean(finals)], x=[total], split=r["split"]))
+            out.append(Series(r["method"], [100 * mean(finals)], x=[total], split=r["split"],
+                              size=marker_size(r.get("device_ram_mb"))))
     return out
+
+
+RAM_MARKER = 7.0 / 400 ** 0.5
+"""Marker size per sqrt(MB) of device RAM: a torch device (~400-700 MB) draws at 7 to 9 points,
+a thin one (~80 MB) at 3; the area grows with the RAM."""
+
+
+def marker_size(mb: float | None) -> float | None:
+    return None if mb is None else max(2.0, RAM_MARKER * mb ** 0.5)
 
 
 def figure(results: dict[str, Any]) -> Any:
@@ -163,6 +223,10 @@ def figure(results: dict[str, Any]) -> Any:
     ax = fig.axes[0]
     if rows:
         lines(ax, rows, dashed_label="", markersize=7)
+    ram = sorted(r["device_ram_mb"] for r in results["rows"] if not r["central"] and r.get("device_ram_mb") is not None)
+    if ram:
+        ax.set_title(f"marker area: device peak RSS, {ram[0]:.0f} to {ram[-1]:.0f} MB (bench ram)" if ram[0] != ram[-1]
+                     else f"device peak RSS {ram[0]:.0f} MB for every row (bench ram)", fontsize=8)
     ax.set(xlabel="MB per device over the run (up + down)", ylabel="final test accuracy %")
     if any(s.xs[0] > 0 for s in rows):
         ax.set_xscale("log")

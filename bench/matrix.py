@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from splitedge.bench.compare import ram_folders
+
 DATA = "../shared/data/cifar10-jpeg.tar.gz"
 """Relative to the repo's root, where a matrix runs from."""
 RERENDERS_ITSELF = True
@@ -122,6 +124,7 @@ class MatrixSettings:
     out: Path
     rerender: bool = False
     cells: list[tuple[str, int]] = field(default_factory=list)
+    ram: tuple[str, ...] = ()  # bench compare's --ram: folders of `bench ram` runs
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "MatrixSettings":
@@ -130,7 +133,8 @@ class MatrixSettings:
         if a.out is None:
             raise ValueError("bench matrix needs --out (the matrix's folder: one subfolder per cell)")
         return cls(plan=a.plan, out=Path(a.out), rerender=bool(a.rerender),
-                   cells=chosen_cells(PLANS[a.plan], tuple(getattr(a, "cells", ()) or ())))
+                   cells=chosen_cells(PLANS[a.plan], tuple(getattr(a, "cells", ()) or ())),
+                   ram=ram_folders(a))
 
 
 def chosen_cells(plan: Plan, names: tuple[str, ...]) -> list[tuple[str, int]]:
@@ -159,7 +163,7 @@ def run(s: MatrixSettings) -> tuple[dict[str, Any], dict[str, Any]]:
             raise RuntimeError(f"bench matrix: cell {out} failed: {' '.join(argv)}")
     folders = [str(s.out / cell_name(split, seed)) for split, seed in plan.cells()
                if (s.out / cell_name(split, seed) / "accuracy.json").exists()]
-    config, results = compare.run(compare.CompareSettings(inputs=tuple(folders)))
+    config, results = compare.run(compare.CompareSettings(inputs=tuple(folders), ram=s.ram))
     return {**config, "plan": s.plan, "notes": plan.notes,
             "cell_commands": [" ".join(["splitedge", *cell_argv(plan, split, seed, s.out / cell_name(split, seed))])
                               for split, seed in s.cells]}, results

@@ -74,6 +74,7 @@ class Series:
     split: str = ""
     dashed: bool = False  # e.g. the calibrated head, drawn as a dashed line or a hatched bar
     note: str = ""  # a bar's extra words (one-round plots), e.g. the bytes it cost
+    size: float | None = None  # its markers' size in points (None: the plot's), e.g. from device RAM
 
     xs: list[float] = field(init=False)
     ys: list[float] = field(init=False)
@@ -126,7 +127,8 @@ def lines(ax: Any, series: Sequence[Series], *, dashed_label: str, markersize: f
     colours = method_colours(s.method for s in series)
     markers = split_markers(series)
     for s in series:  # a long curve marks every few points only: its split still shows
-        ax.plot(s.xs, s.ys, color=colours[s.method], marker=markers[s.split], markersize=markersize,
+        ax.plot(s.xs, s.ys, color=colours[s.method], marker=markers[s.split],
+                markersize=markersize if s.size is None else s.size,
                 markevery=max(1, len(s.ys) // 10), linestyle=DASHED if s.dashed else "-", linewidth=1.3)
     legend(ax, colours, markers if len(markers) > 1 else {}, dashed_label if any(s.dashed for s in series) else "")
 

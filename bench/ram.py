@@ -1,6 +1,7 @@
 """Peak RSS of each role as its own OS process, during real rounds.
 
-Per device backend (torch; onnx when ``device.onnx_backend`` imports), a private Mosquitto,
+Per method (``--methods``, default H-SFP) and device backend (torch; onnx when
+``device.onnx_backend`` imports and the method has a thin device part), a private Mosquitto,
 one ``splitedge cloud``, one ``splitedge edge`` and one ``splitedge device`` reading an .npz
 shard run a few rounds while :class:`bench.procmem.PeakSampler` watches every pid. The goals
 come from the issues: with CIFAR-10 W_c and 5,000 local images a thin (onnx) device that only
@@ -87,7 +88,8 @@ class RamSettings:
     # a new averaged W_c, so the device's swap (onnx) or reload (torch) and its recomputed
     # moments are part of what is measured, not only the first round's moments.
     ic: int = 1
-    settings: tuple[str, ...] = ()  # more H-SFP settings, KEY=VALUE, passed to the cloud's --set
+    settings: tuple[str, ...] = ()  # more method settings, KEY=VALUE, passed to the cloud's --set
+    methods: tuple[str, ...] = ("hsfp",)  # each measured on every backend it has a device part for
 
     @property
     def device_trains(self) -> bool:
@@ -103,7 +105,25 @@ class RamSettings:
                    timeout_s=300.0 if a.quick else 900.0,
                    device_python=os.path.abspath(a.device_python) if a.device_python else None,
                    device_mem_cap_mb=getattr(a, "device_mem_cap", None), train_chunk=getattr(a, "train_chunk", None),
-                   settings=tuple(getattr(a, "set", None) or ()))
+                   settings=tuple(getattr(a, "set", None) or ()),
+                   methods=tuple(getattr(a, "methods", None) or ()) or ("hsfp",))
+
+
+def runs_on(method: str, backend: str) -> bool:
+    """Whether `method` has a device part for `backend` (a thin device leaves a torch-only run)."""
+    from splitedge.methods.registry import get_method
+
+    parts = get_method(method).parts
+    return "device" in parts or f"device:{backend}" in parts
+
+
+def takes_setting(method: str, name: str) -> bool:
+    """Whether `method`'s config has the setting `name` (H-SFP's --ic is not FedAvg's)."""
+    import dataclasses
+
+    from splitedge.methods.registry import get_method
+
+    return name in {f.name for f in dataclasses.fields(get_method(method).Config)}
 
 
 def onnx_available() -> bool:
@@ -123,14 +143,16 @@ def write_shard(s: RamSettings, path: Path) -> int:
 
 
 def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path,
-                    device_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """One federation (cloud, edge, device) on its own broker; peaks per role. The device runs
-    under ``s.device_python`` with ``device_env`` added to its environment."""
+                    device_env: dict[str, str] | None = None, method: str = "hsfp") -> dict[str, Any]:
+    """One federation of `method` (cloud, edge, device) on its own broker; peaks per role. The
+    device runs under ``s.device_python`` with ``device_env`` added to its environment."""
     from splitedge.protocol.broker import MosquittoBroker
 
     from splitedge.bench.memcap import MemoryCap
 
-    run_id = f"bench-ram-{backend}"
+    run_id = f"bench-ram-{method}-{backend}"
+    tmp = tmp / method
+    tmp.mkdir(exist_ok=True)
     cap = MemoryCap(s.device_mem_cap_mb) if s.device_mem_cap_mb else None
     common = ["--run", run_id]
     data = ["--dataset", s.dataset] + (["--data", s.data] if s.data else []) + (["--model", s.model] if s.model else [])
@@ -146,7 +168,8 @@ def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path,
         procs = {"cloud": spawn_splitedge(["cloud", *url, *common, "--edges", "1", "--devices", str(1 + peer),
                                            "--rounds",
                                            str(s.rounds), "--max-test", str(s.max_test), "--join-timeout", "300",
-                                           "--ic", str(s.ic), *data,
+                                           "--method", method,
+                                           *(["--ic", str(s.ic)] if takes_setting(method, "ic") else []), *data,
                                            *(arg for kv in s.settings for arg in ("--set", kv))],
                                           tmp / f"{backend}-cloud.log")}
         procs["edge"] = spawn_splitedge(["edge", *url, *common, "--id", "e0"], tmp / f"{backend}-edge.log")
@@ -175,7 +198,7 @@ def measure_backend(s: RamSettings, backend: str, shard: Path, tmp: Path,
         row.update(goal(role, backend, row["peak_mb"], s))
         rows.append(row)
     device_log = (tmp / f"{backend}-device.log").read_text(errors="replace")
-    result = {"backend": backend, "rows": rows, "completed": codes.get("cloud") == 0,
+    result = {"method": method, "backend": backend, "rows": rows, "completed": codes.get("cloud") == 0,
               "device_wc_versions_used": device_log.count(WC_IN_USE)}
     if cap is not None:
         result["device_mem_cap"] = {"limit_mb": s.device_mem_cap_mb, "events": cap.events(),
@@ -216,33 +239,41 @@ def run(s: RamSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="bench-ram-") as tmp_name:
         tmp = Path(tmp_name)
         images = write_shard(s, tmp / "shard.npz")
-        for backend in backends:
-            log.info("ram: %s device, %d images, %s (torch %s)", backend, images, device["path"], device["torch"])
-            runs.append(measure_backend(s, backend, tmp / "shard.npz", tmp, device_env))
-    config = {**vars(s), "backends": list(s.backends), "images_written": images, "device": device}
+        for method in s.methods:
+            for backend in backends:
+                if not runs_on(method, backend):
+                    skipped[f"{method} on {backend}"] = f"{method} has no device part for the {backend} backend"
+                    continue
+                log.info("ram: %s, %s device, %d images, %s (torch %s)", method, backend, images, device["path"],
+                         device["torch"])
+                runs.append(measure_backend(s, backend, tmp / "shard.npz", tmp, device_env, method))
+    config = {**vars(s), "backends": list(s.backends), "methods": list(s.methods), "images_written": images,
+              "device": device}
     return config, {"runs": runs, "skipped": skipped, "goals_mb": GOALS_MB, "device": device,
                     "goal_condition": f"{GOAL_DATASET} W_c with {GOAL_IMAGES} local images",
-                    "schedule": f"{s.rounds} H-SFP rounds, W_c averaged every {s.ic} (the device loads each "
-                                "new W_c and recomputes its moments within the measured rounds)"
+                    "schedule": f"{s.rounds} rounds of {', '.join(s.methods)}"
+                                + (f"; H-SFP's W_c averaged every {s.ic} (the device loads each new W_c and "
+                                   "recomputes its moments within the measured rounds)"
+                                   if any(takes_setting(m, "ic") for m in s.methods) else "")
                                 + (f", settings {' '.join(s.settings)}" if s.settings else "")}
 
 
 def markdown(results: dict[str, Any]) -> str:
-    rows = [(r["backend"], r["role"], {True: "yes", False: "no"}.get(r.get("trains")), r["peak_rss_mb"],
+    rows = [(run_.get("method", "hsfp"), r["backend"], r["role"], {True: "yes", False: "no"}.get(r.get("trains")), r["peak_rss_mb"],
              r["vm_hwm_mb"], r["peak_uss_mb"], r.get("cpu_s_per_round"), r["goal_mb"],
              ("yes" if r["within_goal"] else "NO") if r["goal_mb"] else None,
              "yes" if r["goal_applies"] else ("no" if r["goal_mb"] else None), r["exit_code"])
             for run_ in results["runs"] for r in run_["rows"]]
     out = ["## Peak memory per role (MB; psutil RSS every 50 ms, the kernel's VmHWM, USS every ~0.5 s)\n",
-           table(["device backend", "role", "trains W_c", "peak RSS MB", "VmHWM MB", "peak USS MB",
+           table(["method", "device backend", "role", "trains W_c", "peak RSS MB", "VmHWM MB", "peak USS MB",
                   "CPU s / round", "goal MB", "within goal", "goal applies", "exit"], rows),
            "\nCPU s / round: the process's CPU seconds (start-up and imports included) over the rounds run.",
            f"\nGoals (checked against max(peak RSS, VmHWM)) hold for {results['goal_condition']}; on other "
            "settings they are shown for reference. RSS includes shared library pages; USS is this process only."]
     if results.get("schedule"):
         out.append(f"\nMeasured over {results['schedule']}.")
-        out += [f"- {r['backend']} device: {r.get('device_wc_versions_used', 0)} new global W_c put in use"
-                for r in results["runs"]]
+        out += [f"- {r.get('method', 'hsfp')}, {r['backend']} device: {r.get('device_wc_versions_used', 0)} new "
+                "global W_c put in use" for r in results["runs"] if takes_setting(r.get("method", "hsfp"), "ic")]
     for r in results["runs"]:
         if r.get("device_mem_cap"):
             c = r["device_mem_cap"]
@@ -264,7 +295,8 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     labels, values = [], []
     for run_ in results["runs"]:
         for r in run_["rows"]:
-            labels.append(f"{r['role']}\n({r['backend']})")
+            many = len({x.get("method") for x in results["runs"]}) > 1
+            labels.append(f"{r['role']}\n({run_.get('method', 'hsfp') + ', ' if many else ''}{r['backend']})")
             values.append(r["peak_mb"])
     ax.bar(range(len(values)), values)
     ax.set_xticks(range(len(values)), labels, fontsize=7)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from splitedge.bench import ram
-from splitedge.bench.procmem import REPO, spawn_splitedge
+from splitedge.bench.procmem import spawn_splitedge
 from splitedge.bench.report import table
 from splitedge.bench.simrun import bytes_to_target
 from parts import shipped_methods
@@ -93,6 +93,21 @@ def test_ram_quick(tmp_path: Path) -> None:
         assert all(row["peak_mb"] > 0 and row["vm_hwm_mb"] > 0 for row in roles.values())
         assert roles["device"]["goal_mb"] == {"torch": 300, "onnx": 100}[r["backend"]]  # the thin one trains
         assert roles["device"]["trains"] is True and roles["device"]["cpu_s_per_round"] > 0
+
+
+def test_ram_measures_each_method_on_the_backends_it_has_device_parts_for(tmp_path: Path) -> None:
+    """`--methods fedavg`: FedAvg's torch device measured in a FedAvg run; a thin device has no FedAvg
+    part, so that pair is skipped with the reason, not run as a federation waiting for a device
+    that left (hsfp on both backends: test_ram_quick)."""
+    doc = run_bench(tmp_path, "ram", "--no-plots", "--methods", "fedavg", "--backends", "torch,onnx")
+    runs = {(r["method"], r["backend"]): r for r in doc["results"]["runs"]}
+    assert set(runs) == {("fedavg", "torch")}, set(runs)
+    assert runs[("fedavg", "torch")]["completed"], runs[("fedavg", "torch")].get("log_tails")
+    assert "fedavg has no device part for the onnx backend" in doc["results"]["skipped"]["fedavg on onnx"]
+    device = next(row for row in runs[("fedavg", "torch")]["rows"] if row["role"] == "device")
+    assert device["peak_mb"] > 100 and device["exit_code"] == 0  # a torch process
+    md = (tmp_path / "ram.md").read_text()
+    assert "| fedavg | torch | device |" in md and "rounds of fedavg" in md and "W_c averaged" not in md, md
 
 
 def test_ram_spawns_the_device_under_the_given_interpreter_with_its_unit_environment(
@@ -485,6 +500,43 @@ def test_compare_puts_seeds_of_one_row_side_by_side(tmp_path: Path) -> None:
     assert row["seeds"] == [0, 1] and row["calibrated_final"] == [0.6, 0.62]
     assert [h["round"] for h in row["to_target"]] == [3, 3] and row["to_target"][0]["up"] == 150.0  # 300 B / 2
     assert "60.0 / 62.0 (mean 61.0)" in (out / "compare.md").read_text()
+
+
+def test_compare_sizes_each_row_by_its_methods_device_ram(tmp_path: Path) -> None:
+    """--ram: each row gets the device peak of its base method on its backend from `bench ram`
+    runs (a column and the marker size); a row whose method was not measured says '-'."""
+    def run(label: str, method: str, overrides: dict[str, str]) -> dict[str, Any]:
+        return {"method": label, "base_method": method, "overrides": overrides, "split": "IID",
+                "accuracy_per_round": [0.3, 0.4], "per_round": [{"round": 1}, {"round": 2}],
+                "device_up_per_device_per_round": 10.0, "device_down_per_device_per_round": 10.0}
+
+    runs = [run("fedavg", "fedavg", {"calibrate": "lda"}), run("thin", "hsfp-cal", {"backends": "onnx"}),
+            run("mixed", "hsfp-cal", {"backends": "onnx+torch"}), run("proto", "fedproto", {})]
+    (tmp_path / "acc").mkdir()
+    (tmp_path / "acc" / "accuracy.json").write_text(json.dumps(
+        {"suite": "accuracy", "config": {"seed": 0, "devices": 2}, "results": {"runs": runs}}))
+
+    def ram_run(method: str, backend: str, mb: float) -> dict[str, Any]:
+        return {"method": method, "backend": backend, "completed": True,
+                "rows": [{"role": "cloud", "peak_mb": 900.0}, {"role": "device", "peak_mb": mb}]}
+
+    (tmp_path / "ram").mkdir()
+    (tmp_path / "ram" / "ram.json").write_text(json.dumps({"results": {"runs": [
+        ram_run("fedavg", "torch", 430.0), ram_run("hsfp-cal", "onnx", 80.0), ram_run("hsfp-cal", "torch", 440.0)]}}))
+    out = tmp_path / "out"
+    assert main(["bench", "compare", "--inputs", str(tmp_path / "acc"), "--ram", str(tmp_path / "ram"),
+                 "--out", str(out)]) == 0
+    rows = {r["method"]: r for r in json.loads((out / "compare.json").read_text())["results"]["rows"]}
+    assert {k: r["device_ram_mb"] for k, r in rows.items()} == {"fedavg": 430.0, "thin": 80.0, "mixed": 440.0,
+                                                                 "proto": None}
+    md = (out / "compare.md").read_text()
+    assert "device peak RSS MB" in md and "| 430 |" in md and "| 80 |" in md and md.count("| - |") >= 1
+    assert (out / "accuracy-vs-bytes.png").stat().st_size > 0
+    from splitedge.bench.compare import marker_size
+
+    assert marker_size(80.0) < marker_size(430.0)  # type: ignore[operator]
+    assert main(["bench", "compare", "--inputs", str(tmp_path / "acc"), "--ram", str(tmp_path / "acc"),
+                 "--out", str(out)]) == 2  # a folder without ram.json: one line, no run
 
 
 @needs_mosquitto
