@@ -4,8 +4,9 @@
 the same label and split are one row here, one value per seed. For each: the final accuracy of
 the model's own head and of the calibrated one (and their mean over seeds), whether every seed
 had plateaued (methods/metrics/plateau.py), the rounds run, what a device sent and received per
-round, and over the run until the row's best curve first reached the common target (`--target`,
-default 90 % of the best final accuracy of any federated row), in bytes per device. Rows named
+round, and over the run until the row's best curve first reached its split's target (`--target`
+for every split, default 90 % of the best final accuracy of any federated row of that split:
+one target across splits left every Dir(0.1) row at "never"), in bytes per device. Rows named
 `upper`/`lower` (or a `central` row) are the bounds. With `--ram A,...` (folders of `splitedge
 bench ram --methods ...`) each row also gets its device's peak RSS, read from the run of its
 method on its backend, shown as a column and as the marker's size in the accuracy-against-bytes
@@ -92,6 +93,14 @@ def device_ram(r: dict[str, Any], peaks: dict[tuple[str, str], float]) -> float 
     return None if not found or None in found else max(found)  # type: ignore[type-var]
 
 
+def own_models(r: dict[str, Any]) -> bool:
+    """A personalised row (FedProto): each device's own model on its own held-out data, another
+    task than a global model on the test split, so it sets no target and reaches none."""
+    from splitedge.bench.accuracy import personalised
+
+    return personalised(r.get("base_method") or r["method"])
+
+
 def best_curve(r: dict[str, Any]) -> list[Any]:
     """The row's calibrated curve when it has one, else its own."""
     return r.get("accuracy_calibrated_per_round") or r["accuracy_per_round"]
@@ -112,15 +121,23 @@ def run(s: CompareSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     for doc in docs:
         for r in doc["runs"]:
             groups.setdefault((r["method"], r["split"]), []).append({**r, "seed": doc["seed"], "devices": doc["devices"]})
-    federated = [max(a for a in best_curve(r)[-1:] if a is not None) for rows in groups.values() for r in rows
-                 if not r.get("central") and best_curve(r) and best_curve(r)[-1] is not None]
-    target = s.target if s.target is not None else 0.9 * max(federated, default=0.0)
+    targets = {split: s.target if s.target is not None else 0.9 * max(
+        (best_curve(r)[-1] for (_, sp), rows in groups.items() if sp == split for r in rows
+         if not r.get("central") and not own_models(r) and best_curve(r) and best_curve(r)[-1] is not None), default=0.0)
+        for split in dict.fromkeys(sp for _, sp in groups)}
     peaks = device_peaks(s.ram)
-    rows = [{**summarise(label, split, rs, target), "device_ram_mb": device_ram(rs[0], peaks) if peaks else None}
+    rows = [{**summarise(label, split, rs, targets[split]), "device_ram_mb": device_ram(rs[0], peaks) if peaks else None}
             for (label, split), rs in groups.items()]
-    config = {"inputs": list(s.inputs), "target": target, "ram": list(s.ram),
+    config = {"inputs": list(s.inputs), "target": s.target, "ram": list(s.ram),
               "partial": [d["folder"] for d in docs if d["partial"]]}
-    return config, {"rows": rows, "target": target, "ram": list(s.ram)}
+    return config, {"rows": rows, "targets": targets, "ram": list(s.ram)}
+
+
+def split_targets(results: dict[str, Any]) -> dict[str, float]:
+    """Each split's target (a result written before per-split targets holds one for all)."""
+    if "targets" in results:
+        return results["targets"]
+    return {r["split"]: results["target"] for r in results["rows"]}
 
 
 def summarise(label: str, split: str, runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
@@ -128,14 +145,15 @@ def summarise(label: str, split: str, runs: list[dict[str, Any]], target: float)
     own = [plateau.summary(r["accuracy_per_round"]) for r in runs]
     cal = [plateau.summary(r["accuracy_calibrated_per_round"]) if r.get("accuracy_calibrated_per_round") else None
            for r in runs]
-    hits = [to_target(r, target, r["devices"] or 1) for r in runs]
-    return {"method": label, "split": split, "seeds": [r["seed"] for r in runs],
+    hits = [None if own_models(r) else to_target(r, target, r["devices"] or 1) for r in runs]
+    return {"method": label, "split": split, "seeds": [r["seed"] for r in runs], "target": target,
             "rounds": [len(r["accuracy_per_round"]) for r in runs],
             "own_final": [o["final"] for o in own], "own_plateaued": [o["plateaued"] for o in own],
             "calibrated_final": [c and c["final"] for c in cal], "calibrated_plateaued": [c and c["plateaued"] for c in cal],
             "up_per_round": mean(r.get("device_up_per_device_per_round") or 0 for r in runs),
             "down_per_round": mean(r.get("device_down_per_device_per_round") or 0 for r in runs),
             "to_target": hits, "central": any(r.get("central") for r in runs),
+            "personalised": any(own_models(r) for r in runs),
             "wall_seconds": [round(r.get("wall_seconds") or 0) for r in runs]}
 
 
@@ -161,12 +179,12 @@ def markdown(results: dict[str, Any]) -> str:
     body = []
     for r in results["rows"]:
         hits = [h for h in r["to_target"] if h is not None]
-        reach = "-" if r["central"] else ("never" if not hits else
+        reach = "-" if r["central"] or r.get("personalised") else ("never" if not hits else
                                           f"r{round(mean(h['round'] for h in hits))}: {_mb([h['up'] for h in hits])} up, "
                                           f"{_mb([h['down'] for h in hits])} down"
                                           + ("" if len(hits) == len(r["to_target"]) else f" ({len(hits)} of "
                                                                                         f"{len(r['to_target'])} seeds)"))
-        body.append((r["method"], r["split"], " / ".join(map(str, r["seeds"])), " / ".join(map(str, r["rounds"])),
+        body.append((r["method"] + (" (personalised)" if r.get("personalised") else ""), r["split"], " / ".join(map(str, r["seeds"])), " / ".join(map(str, r["rounds"])),
                      _seeds(r["own_final"]), _plateau(r["own_plateaued"]), _seeds(r["calibrated_final"]),
                      _plateau(r["calibrated_plateaued"]), round(r["up_per_round"] / 1e3, 1),
                      round(r["down_per_round"] / 1e3, 1), reach,
@@ -174,12 +192,14 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join([
         table(["method", "split", "seeds", "rounds", "own head final %", "plateaued", "calibrated final %",
                "plateaued", "device up KB/round", "device down KB/round",
-               f"round and MB per device to {100 * results['target']:.1f} %", *(["device peak RSS MB"] if ram else [])],
-              body),
-        f"\nTarget: {100 * results['target']:.1f} % test accuracy (the row's calibrated curve when it has one). "
+               "round and MB per device to the split's target", *(["device peak RSS MB"] if ram else [])], body),
+        "\nTarget: " + ", ".join(f"{split} {100 * t:.1f} %" for split, t in split_targets(results).items())
+        + " test accuracy (90 % of the split's best federated final, unless --target set one; the row's "
+        "calibrated curve when it has one). "
         f"plateaued: the best accuracy of the last {plateau.WINDOW} rounds beat the best before by less than "
         f"{100 * plateau.TOLERANCE:g} points, judged from round {plateau.START} ('1 of 2': one seed had, the "
-        f"other had not). Central rows train on every image at once: an upper bound, no bytes."
+        f"other had not). Central rows train on every image at once: an upper bound, no bytes. (personalised): "
+        "each device's own model on its own held-out data, another task: it sets no target and reaches none."
         + (" Device peak RSS: one device process of the row's method on its backend, measured by `bench ram` "
            f"({', '.join(results.get('ram') or [])}), not during these runs (their devices share one process)."
            if ram else ""),
@@ -201,7 +221,8 @@ def points(results: dict[str, Any]) -> list[Series]:
                   (c if c is not None else o) is not None]
         total = (r["up_per_round"] + r["down_per_round"]) * mean(r["rounds"]) / 1e6
         if finals:
-            out.append(Series(r["method"], [100 * mean(finals)], x=[total], split=r["split"],
+            out.append(Series(r["method"] + (" (personalised)" if r.get("personalised") else ""),
+                              [100 * mean(finals)], x=[total], split=r["split"],
                               size=marker_size(r.get("device_ram_mb"))))
     return out
 

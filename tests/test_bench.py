@@ -512,6 +512,7 @@ def test_compare_sizes_each_row_by_its_methods_device_ram(tmp_path: Path) -> Non
 
     runs = [run("fedavg", "fedavg", {"calibrate": "lda"}), run("thin", "hsfp-cal", {"backends": "onnx"}),
             run("mixed", "hsfp-cal", {"backends": "onnx+torch"}), run("proto", "fedproto", {})]
+    runs[3]["accuracy_per_round"] = [0.5, 0.9]  # personalised: higher, and no target for the others
     (tmp_path / "acc").mkdir()
     (tmp_path / "acc" / "accuracy.json").write_text(json.dumps(
         {"suite": "accuracy", "config": {"seed": 0, "devices": 2}, "results": {"runs": runs}}))
@@ -529,7 +530,10 @@ def test_compare_sizes_each_row_by_its_methods_device_ram(tmp_path: Path) -> Non
     rows = {r["method"]: r for r in json.loads((out / "compare.json").read_text())["results"]["rows"]}
     assert {k: r["device_ram_mb"] for k, r in rows.items()} == {"fedavg": 430.0, "thin": 80.0, "mixed": 440.0,
                                                                  "proto": None}
+    # FedProto's figure is each device's own model on its own data: it sets no target, reaches none
+    assert rows["proto"]["personalised"] and rows["proto"]["to_target"] == [None] and rows["thin"]["to_target"][0]
     md = (out / "compare.md").read_text()
+    assert "| proto (personalised) |" in md and "IID 36.0 %" in md  # 90 % of the best non-personalised 40 %
     assert "device peak RSS MB" in md and "| 430 |" in md and "| 80 |" in md and md.count("| - |") >= 1
     assert (out / "accuracy-vs-bytes.png").stat().st_size > 0
     from splitedge.bench.compare import marker_size
