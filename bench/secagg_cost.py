@@ -96,10 +96,13 @@ def one_row(n: int, mode: str, drop: float, s: SecAggCostSettings) -> dict[str, 
         msg = timed(dev_t["keys"], devices[d].advertise_keys)
         sizes["keys"].append(body_bytes(msg))
         served("keys", lambda: server.receive_keys(msg))
-    roster = served("keys", server.roster)
-    sizes["roster"].append(body_bytes(roster))
+    whole = served("keys", server.roster)
+    # SecAgg+: each device its own roster (every id, its neighbours' keys), as the edge sends it
+    rosters = ({d: whole for d in ids} if server.graph is None or server.graph.complete
+               else {d: served("keys", lambda: server.roster(d)) for d in ids})
+    sizes["roster"] += [body_bytes(r) for r in rosters.values()]
     for d in ids:
-        msg = timed(dev_t["shares"], lambda: devices[d].share_keys(roster))
+        msg = timed(dev_t["shares"], lambda: devices[d].share_keys(rosters[d]))
         sizes["shares"].append(body_bytes(msg))
         served("shares", lambda: server.receive_shares(msg))
     inboxes = served("shares", server.route_shares)
@@ -206,8 +209,9 @@ def markdown(results: dict[str, Any]) -> str:
         table(["mode", "devices", "k", "t", "dropped", *(f"dev r{i}" for i in range(4)), "dev total",
                *(f"edge r{i}" for i in range(4)), "edge total", "edge clear merge", "exact"], times),
         "\n## Bytes per device (msgpack bodies, no envelope; rows without dropout)\n",
-        f"Up: what one device sends per round; down: what the edge sends it (the roster and the request "
-        f"go to every device alike). `plain`: the same input "
+        f"Up: what one device sends per round; down: what the edge sends it (the request goes to every "
+        f"device alike; so does SecAgg's roster of every device's keys, while SecAgg+ sends each device its "
+        f"own: every id, and the keys of the device and its k neighbours). `plain`: the same input "
         f"sent without SecAgg (float32 sums, int64 counts): masking needs 8-byte words, so "
         f"{first['input_elements']} numbers cost {8 * first['input_elements']} bytes.\n",
         table(["mode", "devices", "dropped", "up keys", "up shares", "up masked", "up reveal", "up total",

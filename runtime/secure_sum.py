@@ -7,7 +7,8 @@ It turns them into their sums over every class (methods/privacy/additive.py) and
 exchanges of methods/privacy/secagg.py with its edge, each one `secagg` message up and the
 edge's reply down (matched by `batch`, the exchange's number):
 
-    batch 0  keys    -> roster   (to every device)    the devices whose keys arrived
+    batch 0  keys    -> roster   (to every device)    the devices whose keys arrived (SecAgg+:
+                                                       each device its own, with its neighbours' keys)
     batch 1  shares  -> inbox    (to each device)     the encrypted shares meant for it
     batch 2  masked  -> unmask   (to every device)    who is in the sum, who dropped out
     batch 3  reveal                                    shares to remove the masks
@@ -364,7 +365,11 @@ class SecureSum:
                 return []
             self.opened = self.clock()
             if s.stage == 0:
-                return [self._down(0, s.roster().to_body(), CHILDREN)]
+                whole = s.roster()  # closes round 0: the graph is known from here
+                assert s.graph is not None
+                if s.graph.complete:  # SecAgg: every device needs every key
+                    return [self._down(0, whole.to_body(), CHILDREN)]
+                return [self._down(0, s.roster(d).to_body(), device(d)) for d in s.devices]
             if s.stage == 1:
                 return [self._down(1, box.to_body(), device(d)) for d, box in sorted(s.route_shares().items())]
             return [self._down(2, s.unmask_request().to_body(), CHILDREN)]

@@ -168,8 +168,9 @@ class Device:
         neighbour's pair of shares encrypted for it alone."""
         self._step(1, "share_keys")
         devices = roster.devices
-        if set(roster.s_public) != set(devices):
-            raise SecAggError(f"device {self.id}: the roster's c and s key maps name different devices")
+        if set(roster.s_public) != set(roster.c_public) or not set(roster.c_public) <= set(devices):
+            raise SecAggError(f"device {self.id}: the roster's c and s key maps name different devices or ones "
+                              f"outside its ids")
         if (roster.c_public.get(self.id), roster.s_public.get(self.id)) != (crypto.public_bytes(self._c),
                                                                              crypto.public_bytes(self._s)):
             raise SecAggError(f"device {self.id}: the roster does not hold this device's own keys")
@@ -180,6 +181,9 @@ class Device:
         k, self._threshold = self.config.plan(len(devices))
         self._roster, self._keys = devices, roster
         self._neighbours = Graph(devices, k, self.config.session).of(self.id)
+        lacking = self._neighbours - set(roster.c_public)
+        if lacking:
+            raise SecAggError(f"device {self.id}: the roster lacks the keys of neighbours {sorted(lacking)[:5]}")
         xs = {d: i + 1 for i, d in enumerate(devices)}
         order = sorted(self._neighbours)
         self._b = os.urandom(SECRET_BYTES)
@@ -304,8 +308,9 @@ class Server:
         self._keys[d] = msg
         self._seen_keys |= {msg.c_public, msg.s_public}
 
-    def roster(self) -> KeyRoster:
-        """Close round 0: the roster of every device whose keys arrived, for all of them."""
+    def roster(self, device: str | None = None) -> KeyRoster:
+        """Close round 0: the roster of every device whose keys arrived, for all of them, or
+        `device`'s: every id, the keys of the device and its neighbours only (SecAgg+)."""
         if self.stage == 0:
             self.devices = tuple(sorted(self._keys))
             self.k, self.threshold = self.config.plan(len(self.devices))
@@ -313,7 +318,11 @@ class Server:
             self._x = {d: i + 1 for i, d in enumerate(self.devices)}
             self.stage = 1
         self._expect(1, "roster")
-        return KeyRoster({d: m.c_public for d, m in self._keys.items()}, {d: m.s_public for d, m in self._keys.items()})
+        if device is None:
+            return KeyRoster({d: m.c_public for d, m in self._keys.items()},
+                             {d: m.s_public for d, m in self._keys.items()})
+        keys = {d: self._keys[d] for d in sorted(self._neighbours(self._known(device, "roster")) | {device})}
+        return KeyRoster({d: m.c_public for d, m in keys.items()}, {d: m.s_public for d, m in keys.items()}, self.devices)
 
     # -- round 1 ---------------------------------------------------------------------------------
     def receive_shares(self, msg: EncryptedShares) -> None:
