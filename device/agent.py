@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from splitedge.methods.contract import DONE, TRAIN_CHUNK, DevicePart, Method, NodeContext, Placement, RoundPlan
+from splitedge.methods.contract import (DONE, TRAIN_CHUNK, DevicePart, Method, NodeContext, Placement, RoundPlan,
+                                        coarse_samples)
 from splitedge.methods.data.local import fits_model
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import THIN_BACKEND, parse
@@ -42,12 +43,16 @@ class DeviceAgent(Node):
     def __init__(self, transport: Transport, *, run: str, node_id: str, edge: str,
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
-                 min_class_count: int = 1, train_chunk: int = TRAIN_CHUNK, hide_classes: bool = False) -> None:
+                 min_class_count: int = 1, train_chunk: int = TRAIN_CHUNK, hide_classes: bool = False,
+                 private_reports: bool = False) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
         self.transport, self.data, self.backend = transport, data, backend
         self.min_class_count = min_class_count  # the owner's floor; the run's applies when it is higher
         self.train_chunk = train_chunk  # samples a thin trainer's W_c step takes at a time (0: whole batches)
-        self.hide_classes = hide_classes  # the hello names no class (for runs with DP: the classes held are private)
+        # private reports (runs with DP): the hello names no class and only a power of two at or above the
+        # samples held, and `done` carries neither the samples nor the training losses (coarse_samples)
+        self.private_reports = private_reports
+        self.hide_classes = hide_classes or private_reports  # the hello names no class
         # what the hello names: "torch", "onnx" (a thin device: it reads `@thin` graphs too) or a custom one
         self.backend_name = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
         self.placement = Placement(edge=edge)
@@ -79,7 +84,9 @@ class DeviceAgent(Node):
     def _hello(self) -> None:
         """Twice, one message id: on `up/hello`, the latest word on where it is, read only by the
         edges holding it as a member; and addressed to its edge, which joins it by that copy."""
-        hello = {"role": "device", "parent": self.edge, "samples": int(len(self.data[1])), "backend": self.backend_name,
+        held = int(len(self.data[1]))
+        hello = {"role": "device", "parent": self.edge, "backend": self.backend_name,
+                 "samples": coarse_samples(held) if self.private_reports else held,
                  "groups": list(self.placement.groups)}
         if not self.hide_classes:
             hello["classes"] = np.unique(self.data[1]).astype(np.int64)
@@ -206,22 +213,26 @@ class DeviceAgent(Node):
             self.host.end_round()
 
     def _build_part(self, method: Method) -> DevicePart:
-        if method.config.dp_sigma > 0 and not self.hide_classes:
-            status.warning("device %s: this run is differentially private, but this device's hello listed the "
-                           "classes it holds in the clear; start it with --hide-classes to keep them private too",
-                           self.node_id)
+        if method.config.dp_sigma > 0 and not self.private_reports:
+            status.warning("device %s: this run is differentially private, but this device's hello and round reports "
+                           "carry %s in the clear; start it with --private-reports to keep them private too",
+                           self.node_id, "its samples and losses" if self.hide_classes else
+                           "the classes it holds, its samples and losses")
         ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement, run=self.run_id,
                           request=self.exchange.request, gather=self.exchange.gather,
                           min_class_count=self.min_class_count, train_chunk=self.train_chunk,
-                          hide_classes=self.hide_classes)
+                          hide_classes=self.hide_classes, private_reports=self.private_reports)
         return method.device_part(ctx, self.data, self.backend)
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:
         """The round's info: the part's own for the phase (runtime/phases.py), the samples this
         device holds, what the phase cost it (runtime/cost.py), its losses and what it refused."""
-        info = {**device_info(self.part, plan), "samples": int(len(self.data[1])), "cost": self.cost.round()}
-        if self.part.losses:
+        info = {**device_info(self.part, plan), "cost": self.cost.round()}
+        if not self.private_reports:  # both are functions of the private data, released without noise
+            info["samples"] = int(len(self.data[1]))
+        if self.part.losses and not self.private_reports:
             info["loss"] = dict(self.part.losses)
         if self.refused:
             info["refused"] = dict(self.refused)
         return info
+

@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hide-classes", action="store_true",
                    help="the hello names no class (by default it lists the classes this device holds, in the clear); "
                         "for runs with DP (--dp-sigma), whose releases then keep every class the noise lets through")
+    p.add_argument("--private-reports", action="store_true",
+                   help="for runs with DP: the hello names no class and announces only the power of two at or above "
+                        "this device's samples, and its round reports carry neither its samples nor its losses "
+                        "(by default all of them go in the clear)")
     p.add_argument("--train-chunk", type=int, default=TRAIN_CHUNK, metavar="N",
                    help="a thin device (--backend onnx) trains W_c N samples at a time, with the result of whole "
                         "batches: memory flat in the batch size for 2-3 times the compute (0: whole batches)")
@@ -89,7 +93,8 @@ def run_federated(args: argparse.Namespace, options: dict[str, Any], metrics: me
     transport = _connect(args, args.run, backend, options)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
                         backend=backend, seed=args.seed, min_class_count=args.min_class_count,
-                        train_chunk=args.train_chunk, hide_classes=args.hide_classes)
+                        train_chunk=args.train_chunk, hide_classes=args.hide_classes,
+                        private_reports=args.private_reports)
     agent.logs_fatal = False  # said once, below, as the command's error line
     metrics.attach(agent, [transport])
     status.info("device %s: backend %s, broker %s", args.id, backend, getattr(transport, "url", args.broker))

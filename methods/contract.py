@@ -265,6 +265,10 @@ class NodeContext:
     """Device: its hello names no class (`splitedge device --hide-classes`): under DP which classes
     it holds stays as private as its statistics, whose release then keeps every class the noise
     lets through, held or not (methods/privacy/release.py)."""
+    private_reports: bool = False
+    """Device: its hello and messages name only the power of two at or above its samples
+    (`splitedge device --private-reports`, coarse_samples), so a DP run's edge, cloud and
+    broker do not learn the exact count in the clear."""
     train_chunk: int = TRAIN_CHUNK
     """Device: how many samples a thin (numpy) trainer passes through W_c at a time, exactly as
     the whole batch (methods/thin/chunked.py): memory flat in the batch size for ~2-3 times the
@@ -372,6 +376,11 @@ class DevicePart(Part):
     """What the edge's merge of this part's `moments` weighs alike: "sample" (moments of the union
     of the data) or "device" (FedProto: the mean over devices of their class means), which sets
     their sum form in a secure sum."""
+
+    def reported_samples(self, held: int) -> int:
+        """The samples a message of this device names (a weight's weight in a merge): `held`,
+        or with private reports the power of two at or above it, as its hello announced."""
+        return coarse_samples(held) if self.ctx.private_reports else int(held)
 
     def announced_classes(self, labels: Any) -> np.ndarray:
         """The classes this device's hello named: those in `labels`, or every class of the
@@ -662,3 +671,10 @@ class Method:
         from splitedge.methods.robust import robust_average, robust_rule
 
         return robust_average(parts, reference=reference, **robust_rule(self.config))
+
+
+def coarse_samples(held: int) -> int:
+    """The samples a private device announces: the power of two at or above `held` (0 for none).
+    The edge bounds what the device may count by it, so it must not be below; rounding up
+    leaves the edge and the broker the count's order of magnitude only."""
+    return 0 if held <= 0 else 1 << (int(held) - 1).bit_length()

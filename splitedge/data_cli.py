@@ -222,8 +222,8 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
         present = sum(1 for c in d["class_counts"] if c)
         print(f"{d['id']:<8}{'e' + str(i % args.edges):<7}{d['samples']:>8}  {present}/{n_cls}")
     print(f"wrote {args.out / MANIFEST} and {args.devices} shards; each opened as a device would (onnx and torch)")
-    print(f"Start each device with its shard (copy it there first; --backend torch trains W_c locally "
-          f"and needs torch):")
+    print("Start each device with its shard (copy it there first; --backend torch trains W_c locally "
+          "and needs torch):")
     for i, d in enumerate(manifest["devices"]):
         print(f"  splitedge device --broker {args.broker} --id {d['id']} --edge e{i % args.edges} "
               f"--data {args.out / d['file']} --backend onnx")

@@ -286,8 +286,9 @@ per node on one GIL) while already-started nodes are busy."""
 
 
 def private_run(s: SimSettings) -> bool:
-    """A run with DP (`dp_sigma` > 0): its simulated devices hide their classes from their hello,
-    as `splitedge device --hide-classes` does (the classes held would otherwise go in the clear)."""
+    """A run with DP (`dp_sigma` > 0): its simulated devices keep their hello and round reports
+    private, as `splitedge device --private-reports` does (the classes held, the samples and the
+    losses would otherwise go in the clear)."""
     return float(s.overrides.get("dp_sigma", 0) or 0) > 0
 
 
@@ -340,7 +341,7 @@ class Federation:
             data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
             agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
                                 edge=home_edge(d, self.s), data=data, backend=backend, seed=self.s.seed,
-                                host=device_host, shared_process=True, hide_classes=private_run(self.s))
+                                host=device_host, shared_process=True, private_reports=private_run(self.s))
             self._start(agent)
         return self
 

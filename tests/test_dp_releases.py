@@ -282,18 +282,3 @@ def test_a_simulated_private_run_hides_its_devices_classes() -> None:
 
     assert private_run(SimSettings(overrides={"dp_sigma": "0.5"})) and not private_run(SimSettings())
 
-
-def test_a_device_of_a_private_run_that_listed_its_classes_is_told_how_to_hide_them(caplog) -> None:
-    from types import SimpleNamespace
-
-    from splitedge.device.agent import DeviceAgent
-
-    m = create_method("hsfp", default_config("hsfp", ModelSpec(), dp_sigma=1.0, dp_clip=1.0))
-    for hide in (False, True):
-        me = SimpleNamespace(node_id="d0", rng=np.random.default_rng(0), placement=None, run_id="r", hide_classes=hide,
-                             exchange=SimpleNamespace(request=None, gather=None), min_class_count=1, train_chunk=8,
-                             data=(np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), backend="onnx")
-        caplog.clear()
-        with caplog.at_level("WARNING", logger="splitedge.status"):
-            DeviceAgent._build_part(me, m)
-        assert ("--hide-classes" in caplog.text) == (not hide), caplog.text

@@ -132,7 +132,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         weights, before = state_to_numpy(self.model), {k: v.numpy() for k, v in start.items()}
         if self.cfg.dp_sigma > 0:  # the update clipped and noised; the signal is computed from what is sent
             weights = private_weights(self, weights, before, norms)
-        yield Message("weights", {"part": MODEL, "version": self.version, "samples": int(len(self.y)),
+        yield Message("weights", {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(self.y)),
                                   "weights": weights})
         yield Message("arrays", {"name": SIGNAL, "version": plan.round, "arrays": {"v": self.signal(weights, before)}})
         if two_way and self.cfg.distill_global:
@@ -153,7 +153,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
 
         self.losses.update(train_epochs(lambda b: model_outputs(model, b.x), self.method.upward_terms(),
                                         batches_with_teacher, opt, [model], epochs=self.cfg.local_epochs))
-        return {"part": GLOBAL, "version": self.global_version, "samples": int(len(self.y)),
+        return {"part": GLOBAL, "version": self.global_version, "samples": self.reported_samples(len(self.y)),
                 "weights": state_to_numpy(model)}
 
     def teacher_tensors(self) -> dict[str, Any]:

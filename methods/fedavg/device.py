@@ -65,6 +65,7 @@ class FedAvgDevice(DevicePart):
         weights = state_to_numpy(self.model)
         if start is not None:  # differential privacy: the update clipped and noised (methods/privacy)
             weights = private_weights(self, weights, start, norms)
-        body = {"part": MODEL, "version": self.version, "samples": int(len(self.y)), "weights": weights}
+        body = {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(self.y)),
+                "weights": weights}
         yield Message("weights", body)
         yield DONE

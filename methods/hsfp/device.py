@@ -50,7 +50,8 @@ class HSFPDevice(DevicePart):
 
     @property
     def num_samples(self) -> int:
-        return int(len(self.data[1]))
+        """What its W_c weights count for in the edge's average (reported_samples)."""
+        return self.reported_samples(len(self.data[1]))
 
     def calibrating(self, plan: RoundPlan) -> bool:
         """A calibration phase this backend takes part in: it runs W_e and W_g's trunk too."""

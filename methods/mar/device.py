@@ -116,7 +116,7 @@ class MARDevice(DevicePart):
         return Message("arrays", body) if to is None else Message("arrays", body, to=to, slot=LATENT)
 
     def model_body(self) -> dict[str, Any]:
-        return {"part": MODEL, "version": max(self.version, 0), "samples": int(len(self.data[0])),
+        return {"part": MODEL, "version": max(self.version, 0), "samples": self.reported_samples(len(self.data[0])),
                 "weights": state_to_numpy(self.model)}
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:

@@ -103,7 +103,7 @@ class SplitFedDevice(DevicePart):
         # The loss lives at the edge (its CE, and any regulariser, show in the edge's losses).
         train_epochs(self.forward, self.method.loss_terms("device"), batches, opt, [self.wc],
                      epochs=self.cfg.local_epochs)
-        body = {"part": "wc", "version": self.version, "samples": int(len(self.y)),
+        body = {"part": "wc", "version": self.version, "samples": self.reported_samples(len(self.y)),
                 "weights": state_to_numpy(self.wc)}
         yield Message("weights", body)
         yield DONE

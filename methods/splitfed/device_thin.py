@@ -68,7 +68,8 @@ class SplitFedThinDevice(DevicePart):
             split = self.trainer.train_epoch(self.data[0], self.data[1], self.spec.mean, self.spec.std,
                                              cfg.device_batch, opt, rng, ask)
             self.losses = {"split": split, "total": split}
-        yield Message("weights", {"part": "wc", "version": self.version, "samples": int(len(self.data[1])),
+        yield Message("weights", {"part": "wc", "version": self.version,
+                                  "samples": self.reported_samples(len(self.data[1])),
                                   "weights": self.trainer.weights()})
         yield DONE
 

@@ -97,6 +97,7 @@ class SSLDevice(DevicePart):
 
         self.losses = train_epochs(self.forward, self.method.loss_terms("device"), epoch, opt, [self.net],
                                    epochs=self.cfg.local_epochs)
-        body = {"part": MODEL, "version": self.version, "samples": int(len(x)), "weights": state_to_numpy(self.net)}
+        body = {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(x)),
+                "weights": state_to_numpy(self.net)}
         yield Message("weights", body)
         yield DONE

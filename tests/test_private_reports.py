@@ -1,0 +1,77 @@
+"""A device of a DP run keeps its hello and its reports private (`--private-reports`): the
+broker carries no exact sample count, no class list and no training loss of it, and the run
+goes on as before (the edges bound and weigh it by the power of two it announced)."""
+
+from __future__ import annotations
+
+import math
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from mqtt_capture import Capture
+from splitedge.methods.contract import ModelSpec, coarse_samples
+from splitedge.methods.registry import create_method, default_config
+from splitedge.protocol.codec import decode
+
+
+def test_coarse_samples_is_the_power_of_two_at_or_above() -> None:
+    assert [coarse_samples(n) for n in (0, 1, 2, 3, 4, 5, 144, 256, 257)] == [0, 1, 2, 4, 4, 8, 256, 256, 512]
+
+
+def test_a_device_of_a_private_run_is_told_what_its_reports_still_say(caplog) -> None:
+    from splitedge.device.agent import DeviceAgent
+
+    m = create_method("hsfp", default_config("hsfp", ModelSpec(), dp_sigma=1.0, dp_clip=1.0))
+    said = {}
+    for hide, private in ((False, False), (True, False), (True, True)):
+        me = SimpleNamespace(node_id="d0", rng=np.random.default_rng(0), placement=None, run_id="r", hide_classes=hide,
+                             private_reports=private, exchange=SimpleNamespace(request=None, gather=None),
+                             min_class_count=1, train_chunk=8, data=(np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)),
+                             backend="onnx")
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="splitedge.status"):
+            part = DeviceAgent._build_part(me, m)
+        said[(hide, private)] = caplog.text
+        assert part.reported_samples(5) == (8 if private else 5)
+    assert "the classes it holds, its samples and losses" in said[(False, False)]
+    assert "carry its samples and losses" in said[(True, False)] and "--private-reports" in said[(True, False)]
+    assert said[(True, True)] == ""
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_what_the_broker_carries_of_a_device_with_and_without_private_reports(mosquitto, tmp_path, private) -> None:
+    """FedAvg with local DP, 4 devices of 150 digits each: with private reports every device's
+    hello announces 256 samples and no class, its weights count 256, its `done` has no samples
+    and no losses; the run completes with nothing refused. Without, all of it is exact."""
+    import torch
+
+    from splitedge.sim import SimSettings, run_sim
+
+    torch.set_num_threads(1)
+    run = f"private-{private}"
+    dp = {"dp_sigma": 0.5, "dp_update_clip": 5.0} if private else {}
+    capture = Capture(mosquitto, f"capture-{run}", topic=f"splitedge/{run}/#")
+    try:
+        run_sim(SimSettings(rounds=2, devices=4, edges=2, method="fedavg", broker=mosquitto.url, run=run,
+                            out=tmp_path / run, max_train=600, max_test=200, deadline_s=60.0, overrides=dp))
+        time.sleep(0.3)
+    finally:
+        capture.close()
+    envs = [decode(payload) for topic, payload, *_ in capture.messages if "/device/" in topic]
+    hellos = [e.body for e in envs if e.kind == "hello"]
+    weights = [e.body["samples"] for e in envs if e.kind == "weights"]
+    dones = [e.body["info"] for e in envs if e.kind == "done"]
+    assert hellos and weights and dones
+    assert {h["samples"] for h in hellos} == ({256} if private else {150})
+    assert all((h.get("classes") is None) == private for h in hellos)
+    assert set(weights) == ({256} if private else {150})
+    trained = [i for i in dones if "cost" in i and not i.get("failed")]
+    assert trained and all(("samples" in i) != private and ("loss" in i) != private for i in trained), trained
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2] and math.isfinite(records[-1]["accuracy"])
+    assert not any(r["rejected"].get(e) for r in records for e in ("e0", "e1")), [r["rejected"] for r in records]
