@@ -98,6 +98,11 @@ PLANS = {
         common=SSL_COMMON, splits=("0.1",), seeds=(2,),
         variants=("align-uniform=align-uniform", "ssd-dsr=ssd:pd=false", "ssd=ssd"),
         notes="ssd-ablation's rows in a third seed (its two seeds disagreed on the order, within 3 points)"),
+    # issue 27: SimSiam (the cnn encoder, as SSD's) to a plateau beside the same encoder at random
+    "simsiam-plateau": ssl_plan(
+        variants=("random=simsiam:local_epochs=0", "simsiam=simsiam"),
+        notes="SimSiam to a plateau: its linear probe on the test split against the same encoder at random "
+              "initialisation, Dir(0.1)"),
     "mar-paper-forms": ssl_plan(
         variants=("random=fedmar:local_epochs=0", "fedmar=fedmar", "fedmar-paper=fedmar:ammd=paper"),
         notes="A-MMD as the FedMAR paper writes it against ours; linear probe on the test split, Dir(0.1), "
