@@ -359,6 +359,10 @@ class DevicePart(Part):
         self.dp_releases = 0  # differentially private releases this phase (methods/privacy/release.py)
         self.pending_release: Any = None  # a raw release that may only leave in a secure sum (distributed DP)
 
+    stats_batch: int = 64
+    """Images per forward pass while the part takes its head statistics (inference only): a
+    thin device takes fewer, since onnxruntime's buffers grow with the batch."""
+
     private: bool = False
     """Whether everything this part sends from its data has a differentially private form that
     it takes when the run's `dp_sigma` > 0 (methods/privacy/release.py); a run with DP on is

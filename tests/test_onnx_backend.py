@@ -227,8 +227,12 @@ def test_thin_device_head_statistics_match_torch(splits, model_bytes, images):
     assert not dev.ready(plan)
     dev.on_message(calib_env)
     assert dev.ready(plan) and dev.calib_version == 0
+    calls, through = [], dev.classifier_input
+    dev.classifier_input = lambda x: calls.append(len(x)) or through(x)  # type: ignore[method-assign]
     sent = [m for m in calibration_round(dev, plan) if hasattr(m, "kind")]
     assert [m.kind for m in sent] == ["arrays"] and sent[0].body["name"] == "head_stats"
+    # a few images a call: onnxruntime's unoptimised convolutions buffer in proportion to the batch
+    assert dev.stats_batch == 4 and max(calls) == 4 and sum(calls) == len(images[1])
     got = head_stats_from_arrays(sent[0].body["arrays"])
     with torch.no_grad():
         feats = calib(splits[0].wc(torch.from_numpy(to_input(images[0], (0.5,), (0.25,))))).numpy()

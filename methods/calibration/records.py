@@ -18,13 +18,14 @@ from splitedge.methods.calibration.robust import robust_head_merge
 from splitedge.methods.calibration.stats import (
     HeadStats, HeadStatsAccumulator, check_head_stats, head_stats_arrays, head_stats_from_arrays,
 )
-from splitedge.methods.contract import DONE, Message, RoundPlan
+from splitedge.methods.contract import DONE, DevicePart, Message, RoundPlan
 from splitedge.methods.data.preprocess import accumulate
 from splitedge.methods.privacy.release import private_accumulator, private_head_stats
 from splitedge.protocol.errors import ProtocolError
 
-STATS_BATCH = 64
-"""Images per forward pass while a device accumulates its statistics (inference only)."""
+STATS_BATCH = DevicePart.stats_batch
+"""Images per forward pass while a device accumulates its statistics (inference only); a part
+may take fewer (DevicePart.stats_batch)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def calibration_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:
         spec, data = part.spec, part.calibration_data()
         floor = part.stats_floor(data[1])
         if floor.keep.any():
-            yield record(head_stats(part.classifier_input, data, spec.mean, spec.std, keep=floor.keep), plan, part.cfg)
+            yield record(head_stats(part.classifier_input, data, spec.mean, spec.std, part.stats_batch,
+                                    keep=floor.keep), plan, part.cfg)
     yield DONE
 
 
@@ -86,7 +88,7 @@ def private_record(part: Any, plan: RoundPlan) -> Iterator[Message]:
     to `dp_head_clip`, one noisy release of every class; nothing when no class survives it."""
     spec, data, cfg = part.spec, part.calibration_data(), part.cfg
     private = private_accumulator(part, cfg.dp_head_clip, cfg.calib_cov, private_head_stats(part, data[1]))
-    stats = accumulate(part.classifier_input, data, spec.mean, spec.std, private, STATS_BATCH)
+    stats = accumulate(part.classifier_input, data, spec.mean, spec.std, private, part.stats_batch)
     if len(stats.classes):
         yield record(stats, plan, cfg)
 

@@ -38,6 +38,10 @@ class HSFPOnnxDevice(HSFPDevice):
     # over the moments pass is +150 MB at 256 against 32, +10 MB at 32 against 8 and +1.6 MB
     # at 8 against 4; 4 still takes ~2 s (a batch of 1 takes 6 s for 2.6 MB less).
     moment_batch = 4
+    # The same for head statistics: the calibration graph (W_e and the head's trunk) runs its convolutions
+    # unoptimised (weights patched in), whose im2col buffers grow with the batch: on fedcnn with 1,000
+    # images the device peaked at 148 MB at 64 images a call (bench/results/ram-fedcnn-methods).
+    stats_batch = moment_batch
     # The graphs themselves are no attribute: resume_state adds their bytes (see there).
     state = HSFPDevice.state + ("model_version", "unapplied", "trainer", "trained_version", "dp_start")
     private, private_clips = True, ("dp_clip", "dp_update_clip")
