@@ -642,7 +642,8 @@ class Method:
     def _check_secure(self) -> None:
         """With secagg on, some statistic of every device part must be securely summable."""
         if self.config.calibrate == "none" and not all(p.secure_kinds for p in self._device_parts()):
-            raise ValueError(f"secagg covers H-SFP's moments and W_c, FedAvg's, FedProx's and CFLHKD's models, "
+            raise ValueError(f"secagg covers H-SFP's moments and W_c, the models of FedAvg, FedProx, CFLHKD and the "
+                             f"self-supervised simsiam, align-uniform and ssd, "
                              f"FedProto's prototypes, CFLHKD's logits and head statistics; {self.name}'s devices "
                              f"send none of them (set calibrate=lda for its head "
                              f"statistics, or leave secagg off)")
@@ -652,7 +653,8 @@ class Method:
         parts = self._device_parts()
         if not parts or not all(p.private for p in parts):
             raise ValueError(f"{self.name} has no differentially private form of everything its devices send; "
-                             f"dp_sigma covers fedavg, fedprox, hsfp, hsfp-cal, fedproto and cflhkd: leave dp_sigma at 0")
+                             f"dp_sigma covers fedavg, fedprox, hsfp, hsfp-cal, fedproto, cflhkd, simsiam, align-uniform "
+                             f"and ssd: leave dp_sigma at 0")
         clear = sorted({p.clear_private for p in parts if p.clear_private})
         if self.config.dp_devices > 1 and clear:
             raise ValueError(f"dp_devices={self.config.dp_devices} needs every private release of {self.name} inside "

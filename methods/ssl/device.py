@@ -19,7 +19,8 @@ from splitedge.methods.ssl.method import MODEL
 from splitedge.methods.ssl.model import build_net, normalise, to_unit
 from splitedge.methods.ssl.augment import ssl_views
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import device_optimizer, shuffled_batches
+from splitedge.methods.privacy.release import private_weights
+from splitedge.methods.torch_utils import device_optimizer, private_norms, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
@@ -29,6 +30,10 @@ SCALE_RECORDS = ("ssd_q", "ssd_d")
 
 class SSLDevice(DevicePart):
     state = ("net", "version", "scales")  # the optimiser is made afresh each round
+    # its model is all it sends: under DP the update clipped and noised as FedAvg's (and its
+    # encoder's BatchNorm statistics released with dp_bn_clip), summed like FedAvg's under secagg
+    private, private_clips = True, ("dp_update_clip",)
+    secure_kinds = ("weights",)
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -95,9 +100,14 @@ class SSLDevice(DevicePart):
             for idx in shuffled_batches(len(x), self.cfg.device_batch, gen):
                 yield Batch(to_unit(x[idx.numpy()]), None, {"gen": gen, **self.scales})
 
+        start = state_to_numpy(self.net) if self.cfg.dp_sigma > 0 else None
+        images = lambda: (normalise(to_unit(x[i:i + 256]), self.spec) for i in range(0, len(x), 256))  # noqa: E731
+        norms = private_norms(self, self.net, images)  # of the model received, before training
         self.losses = train_epochs(self.forward, self.method.loss_terms("device"), epoch, opt, [self.net],
                                    epochs=self.cfg.local_epochs)
-        body = {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(x)),
-                "weights": state_to_numpy(self.net)}
+        weights = state_to_numpy(self.net)
+        if start is not None:  # differential privacy: the update clipped and noised (methods/privacy)
+            weights = private_weights(self, weights, start, norms)
+        body = {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(x)), "weights": weights}
         yield Message("weights", body)
         yield DONE
