@@ -628,3 +628,15 @@ def test_bench_cluster_reports_the_global_model_on_the_groups_where_devices_hold
     assert [r["global_on_groups_final"] for r in results["runs"]] == [None, 0.7, 0.6]
     text = cluster.markdown(results)
     assert "| global model on groups (final) |" in text and "| two-way | IID | 2 | - | 0.7 | 0.7 | 0.6 | 0.8 |" in text
+
+
+def test_feddecorr_units_effective_rank_counts_the_directions_features_spread_over() -> None:
+    import torch
+
+    from splitedge.bench.feddecorr_units import effective_rank
+
+    g = torch.Generator().manual_seed(0)
+    spread = torch.randn(4000, 8, generator=g, dtype=torch.float64)
+    assert 7.5 < effective_rank(spread) <= 8.0
+    collapsed = torch.randn(4000, 1, generator=g, dtype=torch.float64) @ torch.randn(1, 8, generator=g, dtype=torch.float64)
+    assert effective_rank(collapsed) < 1.01
