@@ -18,6 +18,7 @@ from splitedge.methods.mar.method import LATENT, MODEL, UPLOAD, ZBAR
 from splitedge.methods.mar.losses import mar_gamma
 from splitedge.methods.ssl.model import normalise, to_unit
 from splitedge.methods.contract import DONE, PEERS, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.privacy.release import private_means_of, private_weights
 from splitedge.methods.torch_utils import device_optimizer, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
@@ -38,6 +39,10 @@ def build_mae(spec: Any, cfg: Any) -> Any:
 class MARDevice(DevicePart):
     # mean_latent is the mean of this round's batches, taken before it is sent
     state = ("model", "version", "zbar", "zbar_version", "participations")
+    # under DP (FedMAR): the model update clipped and noised as FedAvg's, and the mean latent one
+    # noisy release of the images' latents clipped to dp_clip (private_latent)
+    private, private_clips = True, ("dp_update_clip", "dp_clip")
+    clear_private = "FedMAR's mean latents travel device by device (its edge forwards each to the cloud)"
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -119,10 +124,32 @@ class MARDevice(DevicePart):
         return {"part": MODEL, "version": max(self.version, 0), "samples": self.reported_samples(len(self.data[0])),
                 "weights": state_to_numpy(self.model)}
 
+    def private_latent(self) -> np.ndarray | None:
+        """One differentially private release of the mean latent: each image's latent (masked as
+        in training, by the trained model) clipped to `dp_clip`, summed with noise; None when the
+        noisy count falls below the run's floor (the round then sends no latent)."""
+        gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
+        x = self.data[0]
+        rows = []
+        with torch.inference_mode():
+            for i in range(0, len(x), 256):
+                latent = self.model(normalise(to_unit(x[i:i + 256]), self.spec), generator=gen)["latent"]
+                rows.append((latent.double().numpy(), np.zeros(len(latent), dtype=np.int64)))
+        one = np.zeros(len(x), dtype=np.int64)  # every image in one group: the release's class 0
+        classes, _, means = private_means_of(self, rows, one, self.model.dim)
+        kept = [i for i, c in enumerate(classes) if int(c) == 0]
+        return means[kept[0]].astype(np.float32) if kept else None
+
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
+        start = state_to_numpy(self.model) if self.cfg.dp_sigma > 0 else None
         self.train_round()
-        yield Message("weights", self.model_body())
-        yield self.latent_message(plan.round)
+        body = self.model_body()
+        if start is not None:  # differential privacy (methods/privacy): the update and the latent
+            body["weights"] = private_weights(self, body["weights"], start)
+            self.mean_latent = self.private_latent()
+        yield Message("weights", body)
+        if self.mean_latent is not None:
+            yield self.latent_message(plan.round)
         yield DONE
 
 
@@ -137,6 +164,7 @@ class DecMARDevice(MARDevice):
     model to start (a run with no cloud, device/peer_agent.py)."""
 
     state = MARDevice.state + ("missed",)  # info: this round's, read by round_info as it ends
+    private = False  # its model goes to its neighbours, who average it in as it is: no private form yet
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
