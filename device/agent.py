@@ -225,8 +225,9 @@ class DeviceAgent(Node):
         return method.device_part(ctx, self.data, self.backend)
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:
-        """The round's info: the part's own for the phase (runtime/phases.py), the samples this
-        device holds, what the phase cost it (runtime/cost.py), its losses and what it refused."""
+        """The round's info: the part's own for the phase (runtime/phases.py), what the phase cost
+        it (runtime/cost.py), what it refused and, without private reports, the samples it holds
+        and its losses."""
         info = {**device_info(self.part, plan), "cost": self.cost.round()}
         if not self.private_reports:  # both are functions of the private data, released without noise
             info["samples"] = int(len(self.data[1]))
@@ -235,4 +236,3 @@ class DeviceAgent(Node):
         if self.refused:
             info["refused"] = dict(self.refused)
         return info
-
