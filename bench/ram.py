@@ -106,7 +106,16 @@ class RamSettings:
                    device_python=os.path.abspath(a.device_python) if a.device_python else None,
                    device_mem_cap_mb=getattr(a, "device_mem_cap", None), train_chunk=getattr(a, "train_chunk", None),
                    settings=tuple(getattr(a, "set", None) or ()),
-                   methods=tuple(getattr(a, "methods", None) or ()) or ("hsfp",))
+                   methods=known_methods(tuple(getattr(a, "methods", None) or ()) or ("hsfp",)))
+
+
+def known_methods(methods: tuple[str, ...]) -> tuple[str, ...]:
+    """`methods`, each a registered one (ValueError naming the choices, before any work)."""
+    from splitedge.methods.registry import get_method
+
+    for m in methods:
+        get_method(m)
+    return methods
 
 
 def runs_on(method: str, backend: str) -> bool:

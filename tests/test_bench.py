@@ -108,6 +108,8 @@ def test_ram_measures_each_method_on_the_backends_it_has_device_parts_for(tmp_pa
     assert device["peak_mb"] > 100 and device["exit_code"] == 0  # a torch process
     md = (tmp_path / "ram.md").read_text()
     assert "| fedavg | torch | device |" in md and "rounds of fedavg" in md and "W_c averaged" not in md, md
+    assert main(["bench", "ram", "--methods", "fedavg,nope", "--out", str(tmp_path / "bad")]) == 2  # before any work
+    assert not (tmp_path / "bad").exists()
 
 
 def test_ram_spawns_the_device_under_the_given_interpreter_with_its_unit_environment(
