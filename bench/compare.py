@@ -90,7 +90,7 @@ def device_ram(r: dict[str, Any], peaks: dict[tuple[str, str], float]) -> float 
     method = r.get("base_method") or r["method"]
     backends = str((r.get("overrides") or {}).get("backends", "torch")).split("+")
     found = [peaks.get((method, b)) for b in backends]
-    return None if not found or None in found else max(found)  # type: ignore[type-var]
+    return None if None in found else max(found)  # type: ignore[type-var]
 
 
 def own_models(r: dict[str, Any]) -> bool:

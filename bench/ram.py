@@ -122,8 +122,8 @@ def runs_on(method: str, backend: str) -> bool:
     """Whether `method` has a device part for `backend` (a thin device leaves a torch-only run)."""
     from splitedge.methods.registry import get_method
 
-    parts = get_method(method).parts
-    return "device" in parts or f"device:{backend}" in parts
+    backends = get_method(method).device_backends()
+    return backends is None or backend in backends
 
 
 def takes_setting(method: str, name: str) -> bool:
@@ -302,9 +302,9 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     labels, values = [], []
+    many = len({x.get("method") for x in results["runs"]}) > 1
     for run_ in results["runs"]:
         for r in run_["rows"]:
-            many = len({x.get("method") for x in results["runs"]}) > 1
             labels.append(f"{r['role']}\n({run_.get('method', 'hsfp') + ', ' if many else ''}{r['backend']})")
             values.append(r["peak_mb"])
     ax.bar(range(len(values)), values)

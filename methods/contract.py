@@ -591,9 +591,10 @@ class Method:
         module, attr = self.parts[key].split(":")
         return getattr(importlib.import_module(module), attr)
 
-    def device_backends(self) -> list[str] | None:
+    @classmethod
+    def device_backends(cls) -> list[str] | None:
         """The device backends this method's device parts run on; None: any (a generic part)."""
-        return None if "device" in self.parts else sorted(k.split(":", 1)[1] for k in self.parts if k.startswith("device:"))
+        return None if "device" in cls.parts else sorted(k.split(":", 1)[1] for k in cls.parts if k.startswith("device:"))
 
     def device_part(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> DevicePart:
         key = f"device:{backend}" if f"device:{backend}" in self.parts else "device"

@@ -123,7 +123,7 @@ class KeyRoster:
         s = _id_bytes(_field(body, "s", k), f"{k}.s", KEY_BYTES)
         if set(c) != set(s):
             raise SecAggError(f"{k}: the c and s key maps name different devices")
-        ids = None if not isinstance(body, Mapping) or "ids" not in body else _roster_ids(body["ids"], f"{k}.ids")
+        ids = _roster_ids(body["ids"], f"{k}.ids") if "ids" in body else None  # _field checked it is a map
         if ids is not None and not set(c) <= set(ids):
             raise SecAggError(f"{k}: keys of devices not in its ids: {sorted(set(c) - set(ids))[:5]}")
         return cls(c, s, ids)
