@@ -42,6 +42,10 @@ FEDCNN_LR = "device_lr=0.01"  # FedAvg on fedcnn diverges at the cnn's 0.05 (ben
 FEDCNN_10DEV = ("--dataset", "cifar10", "--data", DATA, "--model", "fedcnn", "--devices", "10", "--edges", "2",
                 "--max-train", "10000", "--max-test", "2000", "--rounds", "150")
 """The fedcnn plans' regime: 10 devices with 1,000 images each on 2 edges, a budget of 150 rounds."""
+FEDCNN_200DEV = ("--dataset", "cifar10", "--data", DATA, "--model", "fedcnn", "--devices", "200", "--edges", "10",
+                 "--max-train", "10000", "--max-test", "2000", "--rounds", "150", "--virtual", "20", "--deadline", "1800")
+"""The H-SFP paper's topology (200 devices on 10 edges) with 50 images a device: all 50,000
+images made a round about 2 minutes on this box (bench/results/fedcnn-200dev-round-cost)."""
 SSL_COMMON = ("--dataset", "cifar10", "--data", DATA, "--devices", "10", "--edges", "2",
               "--max-train", "10000", "--max-test", "2000", "--rounds", "100")
 """The self-supervised plans' regime: the cnn (SSD) or ViT (FedMAR) encoder, a linear probe."""
@@ -60,6 +64,15 @@ PLANS = {
                   f"fedavg=fedavg:calibrate=lda,{FEDCNN_LR}", "hsfp=hsfp", "hsfp-cal=hsfp-cal",
                   f"splitfed=splitfed:calibrate=lda,{FEDCNN_LR}", f"fedproto=fedproto:{FEDCNN_LR}"),
         notes="CIFAR-10, fedcnn (620k parameters), 10 devices with 1,000 images each on 2 edges, 2,000 test images"),
+    # issue 27: the H-SFP paper's topology at Dir(0.3), many devices holding few images each
+    "fedcnn-200dev": Plan(
+        common=FEDCNN_200DEV, splits=("0.3",), seeds=(0, 1),
+        variants=(f"lower=fedavg:local_epochs=0,calibrate=lda,{FEDCNN_LR}", f"fedavg=fedavg:calibrate=lda,{FEDCNN_LR}",
+                  "hsfp-cal=hsfp-cal", f"upper=central:{FEDCNN_LR}", "hsfp=hsfp",
+                  f"splitfed=splitfed:calibrate=lda,{FEDCNN_LR}", f"fedproto=fedproto:{FEDCNN_LR}"),
+        jobs=1,
+        notes="CIFAR-10, fedcnn, 200 devices with 50 images each on 10 edges (the H-SFP paper's topology; 10,000 "
+              "of the 50,000 images, so a row fits a working session), 20 devices training at a time, Dir(0.3)"),
     # issue 27: a third seed where two rows of fedcnn-10dev came within 2 points (FedAvg and SplitFed:
     # IID seed 0, Dir(0.1) seed 1's own heads); its own folder, so fedcnn-10dev's comparison stays whole
     "fedcnn-10dev-third": Plan(

@@ -598,7 +598,7 @@ def test_a_run_that_evaluated_no_round_is_an_error_row_not_a_result() -> None:
 
 @pytest.mark.parametrize("plan", ["fedcnn-10dev", "fedcnn-10dev-third", "hsfp-paper-fedcnn", "ssd-paper-forms", "ssd-ablation",
                                   "ssd-ablation-third", "mar-paper-forms", "feddecorr-fedcnn",
-                                  "simsiam-plateau"])
+                                  "simsiam-plateau", "fedcnn-200dev"])
 def test_every_variant_of_a_matrix_plan_is_a_valid_run(plan: str) -> None:
     """A typo in a plan's settings would surface hours into a matrix: each variant's method and
     settings build a run config now."""
