@@ -6,7 +6,10 @@ with the input of an H-SFP statistics message: per-class feature sums and sums o
 per-class counts (int). Each row: SecAgg (all pairs) or SecAgg+ (k = 2 * ceil(log2 n)
 neighbours, threshold floor(k/2) + 1), without dropout and with a fraction of the devices
 dropping after round 1 (their shares are out, their masked input never arrives: the edge
-rebuilds their mask keys, the most expensive recovery).
+rebuilds their mask keys, the most expensive recovery). The `secagg+ signed` rows add what a
+signed federation does (methods/privacy/identity.py): Ed25519 signatures over each device's keys,
+checked by its neighbours and the edge, and the consistency round (r3a) before unmasking, in
+which each device checks a quorum of ceil(2n/3) survivors' signatures.
 
 Times are CPU seconds on this machine, one device after another (a device's figure is what one
 device spends; the edge's is its whole round). Bytes are msgpack bodies (`to_body()` through the
@@ -34,7 +37,8 @@ from splitedge.methods.privacy import additive, fixedpoint
 from splitedge.methods.privacy.secagg import Device, SecAggConfig, Server
 from splitedge.protocol.arrays import ext_default
 
-ROUNDS = ("keys", "shares", "masked", "unmask")
+ROUNDS = ("keys", "shares", "masked", "consistency", "unmask")
+ROUND_NAMES = ("r0", "r1", "r2", "r3a", "r3")
 
 
 @dataclass
@@ -67,6 +71,18 @@ def inputs(rng: np.random.Generator, s: SecAggCostSettings) -> dict[str, np.ndar
             "sumsq": (feats**2 * counts[:, None]).astype(np.float32)}
 
 
+def identities(ids: list[str]) -> dict[str, Any]:
+    """Each node's Ed25519 signer with one keyring of every node's public key (a signed federation)."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from splitedge.methods.privacy.identity import Keyring
+    from splitedge.protocol.signing import KeyRing, Signer
+
+    keys = {d: ed25519.Ed25519PrivateKey.generate() for d in ids}
+    ring = KeyRing({d: k.public_key() for d, k in keys.items()})
+    return {d: Keyring(Signer(k), ring) for d, k in keys.items()}
+
+
 def one_row(n: int, mode: str, drop: float, s: SecAggCostSettings) -> dict[str, Any]:
     """One aggregation of ``n`` devices, timed round by round on both sides."""
     rng = np.random.default_rng(s.seed + n)
@@ -74,11 +90,13 @@ def one_row(n: int, mode: str, drop: float, s: SecAggCostSettings) -> dict[str, 
                        frac_bits=s.frac_bits)
     ids = [f"d{i:04d}" for i in range(n)]
     gone = set(rng.choice(ids, int(round(drop * n)), replace=False)) if drop else set()
-    dev_t = {r: [] for r in ROUNDS}
+    dev_t: dict[str, list[float]] = {r: [] for r in ROUNDS}
     srv_t = dict.fromkeys(ROUNDS, 0.0)
-    sizes: dict[str, list[int]] = {k: [] for k in ("keys", "roster", "shares", "inbox", "masked", "request", "reveal")}
-    server = Server(cfg, ids)
-    devices = {d: Device(d, cfg) for d in ids}
+    sizes: dict[str, list[int]] = {k: [] for k in ("keys", "roster", "shares", "inbox", "masked", "request", "signed",
+                                                   "signatures", "reveal")}
+    who = identities([*ids, "e0"]) if mode.endswith("signed") else {}
+    server = Server(cfg, ids, who.get("e0"))
+    devices = {d: Device(d, cfg, who.get(d)) for d in ids}
 
     def timed(bucket: list[float], fn: Callable[[], Any]) -> Any:
         start = time.perf_counter()
@@ -126,8 +144,16 @@ def one_row(n: int, mode: str, drop: float, s: SecAggCostSettings) -> dict[str, 
     clear_merge_s = time.perf_counter() - start
     request = served("masked", server.unmask_request)
     sizes["request"].append(body_bytes(request))
+    signed = None
+    if who:
+        for d in sorted(server.survivors):
+            msg = timed(dev_t["consistency"], lambda: devices[d].sign_request(request))
+            sizes["signed"].append(body_bytes(msg))
+            served("consistency", lambda: server.receive_signature(msg))
+        signed = served("consistency", server.signed_survivors)
+        sizes["signatures"].append(body_bytes(signed))
     for d in sorted(server.survivors):
-        msg = timed(dev_t["unmask"], lambda: devices[d].unmask(request))
+        msg = timed(dev_t["unmask"], lambda: devices[d].unmask(request, signed))
         sizes["reveal"].append(body_bytes(msg))
         served("unmask", lambda: server.receive_unmask(msg))
     result = served("unmask", server.finish)
@@ -135,9 +161,9 @@ def one_row(n: int, mode: str, drop: float, s: SecAggCostSettings) -> dict[str, 
     return {"mode": mode, "devices": n, "k": server.k, "t": server.threshold, "dropped": len(result.dropped),
             "summed": len(result.devices), "input_elements": sum(a.size for a in x.values()),
             "plain_input_bytes": int(np.mean(plain)), "exact": exact,
-            "device_s": {r: float(np.mean(v)) for r, v in dev_t.items()},
-            "device_max_s": {r: float(np.max(v)) for r, v in dev_t.items()},
-            "server_s": srv_t, "clear_merge_s": clear_merge_s, "bytes": {k: int(np.mean(v)) for k, v in sizes.items()}}
+            "device_s": {r: float(np.mean(v)) if v else 0.0 for r, v in dev_t.items()},
+            "device_max_s": {r: float(np.max(v)) if v else 0.0 for r, v in dev_t.items()},
+            "server_s": srv_t, "clear_merge_s": clear_merge_s, "bytes": {k: int(np.mean(v)) if v else 0 for k, v in sizes.items()}}
 
 
 def sampled_full(n: int, s: SecAggCostSettings) -> dict[str, Any]:
@@ -169,13 +195,13 @@ def sampled_full(n: int, s: SecAggCostSettings) -> dict[str, Any]:
 def run(s: SecAggCostSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     rows = []
     for n in s.counts:
-        for mode in ("secagg", "secagg+"):
+        for mode in ("secagg", "secagg+", "secagg+ signed"):
             if mode == "secagg" and n > s.full_max:
                 rows.append(sampled_full(n, s))
                 print(f"secagg cost: secagg n={n}: rounds 0-1 of {s.sample} devices only, device round 1 "
                       f"{rows[-1]['device_s']['shares']:.3f} s", flush=True)
                 continue
-            for drop in (0.0, s.drop):
+            for drop in (0.0, s.drop) if mode != "secagg+ signed" else (0.0,):
                 rows.append(one_row(n, mode, drop, s))
                 r = rows[-1]
                 print(f"secagg cost: {mode} n={n} drop={r['dropped']}: device "
@@ -189,12 +215,13 @@ def markdown(results: dict[str, Any]) -> str:
     rows = results["rows"]
     first = next((r for r in rows if "input_elements" in r), {"input_elements": 0})
     times = [(r["mode"] + (f" ({r['sampled']} sampled)" if r.get("sampled") else ""), r["devices"], r["k"], r["t"],
-              r["dropped"], *(_ms(r["device_s"][k]) for k in ROUNDS), _ms(_total(r["device_s"], ROUNDS)),
-              *(_ms(r["server_s"][k]) for k in ROUNDS), _ms(_total(r["server_s"], ROUNDS)), _ms(r.get("clear_merge_s")),
+              r["dropped"], *(_ms(r["device_s"].get(k)) for k in ROUNDS), _ms(_total(r["device_s"], ROUNDS)),
+              *(_ms(r["server_s"].get(k)) for k in ROUNDS), _ms(_total(r["server_s"], ROUNDS)),
+              _ms(r.get("clear_merge_s")),
               {True: "yes", False: "NO", None: "-"}[r["exact"]]) for r in rows]
-    up = ("keys", "shares", "masked", "reveal")
+    up = ("keys", "shares", "masked", "signed", "reveal")
     b = [(r["mode"], r["devices"], r["dropped"], *(r["bytes"].get(k) for k in up), _total(r["bytes"], up),
-          *(r["bytes"].get(k) for k in ("roster", "inbox", "request")), r.get("plain_input_bytes"))
+          *(r["bytes"].get(k) for k in ("roster", "inbox", "request", "signatures")), r.get("plain_input_bytes"))
          for r in rows if not r["dropped"]]
     return "\n".join([
         "## Secure aggregation cost per round (milliseconds)\n",
@@ -205,17 +232,19 @@ def markdown(results: dict[str, Any]) -> str:
         f"Full SecAgg runs up to {results.get('full_max', 100)} devices only: its per-device Shamir work "
         "grows as n^2/2; beyond, only rounds 0 and 1 of a few devices are timed (`sampled`), against the "
         "whole roster. `edge clear merge`: the exact merge of the same devices' moments in the clear "
-        "(methods/moments.py), what the edge does without SecAgg.\n",
-        table(["mode", "devices", "k", "t", "dropped", *(f"dev r{i}" for i in range(4)), "dev total",
-               *(f"edge r{i}" for i in range(4)), "edge total", "edge clear merge", "exact"], times),
+        "(methods/moments.py), what the edge does without SecAgg. `signed`: a signed federation's form "
+        "(identity.py): signed keys, and r3a, the consistency round (devices sign the request; each checks "
+        "a quorum of ceil(2n/3) survivors' signatures before r3).\n",
+        table(["mode", "devices", "k", "t", "dropped", *(f"dev {r}" for r in ROUND_NAMES), "dev total",
+               *(f"edge {r}" for r in ROUND_NAMES), "edge total", "edge clear merge", "exact"], times),
         "\n## Bytes per device (msgpack bodies, no envelope; rows without dropout)\n",
         f"Up: what one device sends per round; down: what the edge sends it (the request goes to every "
         f"device alike; so does SecAgg's roster of every device's keys, while SecAgg+ sends each device its "
         f"own: every id, and the keys of the device and its k neighbours). `plain`: the same input "
         f"sent without SecAgg (float32 sums, int64 counts): masking needs 8-byte words, so "
         f"{first['input_elements']} numbers cost {8 * first['input_elements']} bytes.\n",
-        table(["mode", "devices", "dropped", "up keys", "up shares", "up masked", "up reveal", "up total",
-               "down roster", "down inbox", "down request", "plain"], b),
+        table(["mode", "devices", "dropped", "up keys", "up shares", "up masked", "up signed", "up reveal",
+               "up total", "down roster", "down inbox", "down request", "down signatures", "plain"], b),
     ])
 
 
@@ -232,7 +261,7 @@ def _total(values: dict[str, Any], keys: tuple[str, ...]) -> Any:
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for mode in ("secagg", "secagg+"):
+    for mode in ("secagg", "secagg+", "secagg+ signed"):
         for dropped in (False, True):
             rows = [r for r in results["rows"]
                     if r["mode"] == mode and bool(r["dropped"]) == dropped and not r.get("sampled")]
@@ -242,7 +271,8 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
             n = [r["devices"] for r in rows]
             ax1.plot(n, [sum(r["device_s"].values()) for r in rows], marker="o", label=f"device, {tag}")
             ax1.plot(n, [sum(r["server_s"].values()) for r in rows], marker="s", linestyle="--", label=f"edge, {tag}")
-            ax2.plot(n, [sum(r["bytes"][k] for k in ("keys", "shares", "masked", "reveal")) for r in rows],
+            ax2.plot(n, [sum(r["bytes"].get(k) or 0 for k in ("keys", "shares", "masked", "signed", "reveal"))
+                         for r in rows],
                      marker="o", label=tag)
     ax1.set(xscale="log", yscale="log", xlabel="devices per edge", ylabel="seconds per aggregation")
     ax2.set(xscale="log", xlabel="devices per edge", ylabel="bytes sent per device")

@@ -29,7 +29,7 @@ from splitedge.runtime.filters import device_filters
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import Misfit, PartHost
 from splitedge.runtime.phases import device_info, device_work
-from splitedge.runtime.secure_sum import secure_send, secured, unavailable
+from splitedge.runtime.secure_sum import identity_of, secure_send, secured, unavailable
 from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import device_router
 from splitedge.runtime.subscriptions import Subscriptions
@@ -202,7 +202,8 @@ class DeviceAgent(Node):
                     secure_send(item, cfg=self.part.cfg, run=self.run_id, session=self.session, plan=plan,
                                 node_id=self.node_id, edge=self.edge, num_classes=self.part.spec.num_classes,
                                 request=self.exchange.request, publish=self.publish,
-                                moments_per=self.part.moments_per, release=release)
+                                moments_per=self.part.moments_per, release=release,
+                                identity=identity_of(self.transport))
                 elif item is not DONE:
                     self.publish(item)
         finally:  # even a failed round tells the edge not to wait for us

@@ -35,7 +35,7 @@ from splitedge.runtime.phases import edge_close, edge_scores
 from splitedge.runtime.records import edge_done_info
 from splitedge.runtime.rounds import RoundCollector, done_phase
 from splitedge.runtime.faults import crash_point
-from splitedge.runtime.secure_sum import KIND, SecureSums, unavailable
+from splitedge.runtime.secure_sum import KIND, SecureSums, identity_of, unavailable
 from splitedge.runtime.router import edge_router, relay_route, relayed_retained
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.subscriptions import Subscriptions
@@ -202,7 +202,8 @@ class EdgeAggregator(Node):
             log.error("edge %s: %s; this edge cannot sum securely", self.node_id, missing)
         elif self.part.cfg.secagg != "off":
             self.secure = SecureSums(self.node_id, plan, self.part.cfg, self.run_id, self.session, set(awaited),
-                                     settled=lambda: set(self.rounds.done), announced=self._announced_samples)
+                                     settled=lambda: set(self.rounds.done), announced=self._announced_samples,
+                                     identity=identity_of(self.down))
         if not plan.calibrating:
             self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)

@@ -95,11 +95,12 @@ BUILTIN_KINDS: dict[str, Schema] = {
         "what": _NAME,
     }, doc="parent -> one child: resend state the parent lost or never got (e.g. after a restart)"),
     "secagg": Schema({
-        "stage": Str(choices=("keys", "roster", "shares", "inbox", "masked", "unmask", "reveal", "abort")),
-        "batch": Int(ge=0, le=3), "sum": Str(pattern=f"{NAME_PATTERN}[.]{NAME_PATTERN}", max_len=65),
+        "stage": Str(choices=("keys", "roster", "shares", "inbox", "masked", "unmask", "reveal", "signed",
+                              "signatures", "abort")),
+        "batch": Int(ge=0, le=4), "sum": Str(pattern=f"{NAME_PATTERN}[.]{NAME_PATTERN}", max_len=65),
         "data": Data(), "meta": Data(optional=True, default={}), "session": _SESSION,
     }, doc="device <-> its edge: one exchange of secure aggregation (runtime/secure_sum.py); `batch` numbers "
-           "the exchange, `sum` names the aggregation (kind.what), `data` is secagg's message (methods/privacy/messages.py, checked there), `meta` what a "
+           "the exchange (4: the consistency round of signed federations, between 2 and 3), `sum` names the aggregation (kind.what), `data` is secagg's message (methods/privacy/messages.py, checked there), `meta` what a "
            "masked input sums (kind, space, versions, dtype; for moments whether the merge weighs samples or devices) in the clear"),
     "done": Schema({
         "phase": Str(), "info": Data(optional=True, default={}), "session": _SESSION,

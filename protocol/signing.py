@@ -109,6 +109,11 @@ class Signer:
         serialization = _serialization()
         return self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
+    def sign(self, message: bytes) -> bytes:
+        """A raw Ed25519 signature of ``message`` (for protocols that carry their own, under a
+        domain of their own: methods/privacy/identity.py)."""
+        return self._key.sign(message)
+
     def next_seq(self) -> int:
         """Strictly increasing, and never below the wall clock in microseconds, so a restarted
         process continues above whatever its previous incarnation signed."""

@@ -11,11 +11,17 @@ edge's reply down (matched by `batch`, the exchange's number):
                                                        each device its own, with its neighbours' keys)
     batch 1  shares  -> inbox    (to each device)     the encrypted shares meant for it
     batch 2  masked  -> unmask   (to every device)    who is in the sum, who dropped out
+   (batch 4  signed  -> signatures (to every device)  signed federations: the consistency round)
     batch 3  reveal                                    shares to remove the masks
+
+In a signed federation (nodes with --sign-key and --verify-keys) every secure sum is the
+authenticated form (methods/privacy/identity.py): keys signed and checked, and the consistency
+round (batch 4) before anyone reveals, so an edge that deviates from the protocol cannot swap a
+device's keys or unmask one device's input alone. Its edge must be signed too.
 
 The edge closes each exchange when every device of the round has answered (or finished its
 round without it), or at the latest: the keys half the round's deadline after the phase began
-(devices may still be training), each later exchange a tenth of it. A device that misses one
+(devices may still be training), the later exchanges three tenths of it between them. A device that misses one
 is a dropout, which the shares of the others cover. It then hands its part one message of the
 summed statistics from a pseudo device `<edge>~sum`, checked like a device's against the
 contributors' announced samples. If too few devices remain it aborts (every waiting device
@@ -48,15 +54,18 @@ from splitedge.protocol.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 KIND = "secagg"
-UP = ("keys", "shares", "masked", "reveal")
-DOWN = ("roster", "inbox", "unmask")
+UP = ("keys", "shares", "masked", "reveal", "signed")
+DOWN = {0: "roster", 1: "inbox", 2: "unmask", 4: "signatures"}
+CONSISTENCY = 4
+"""The batch of the consistency round (signed federations), between `unmask` and `reveal`."""
 ABORT = "abort"
 KEYS_FRACTION = 0.5
 """The first exchange (keys) waits for devices still training, up to this share of the round's
 deadline from the phase's start; every device that has not finished its round is waited for."""
-STAGE_FRACTION = 0.1
-"""Each later exchange (answered at once, nothing is computed between) waits at most this share
-of the round's deadline; with the keys' half, an edge's sums end within its 0.8 of the deadline."""
+STAGES_FRACTION = 0.3
+"""The later exchanges (answered at once, nothing is computed between) share at most this part
+of the round's deadline equally (a tenth each, three quarters of that with the consistency
+round); with the keys' half, an edge's sums end within its 0.8 of the deadline."""
 SUMMED = ("moments", "arrays", "weights", "logits")
 """The kinds a secure sum may carry (methods/privacy/additive.py has their sum forms)."""
 
@@ -92,6 +101,15 @@ def sum_name(msg: Message) -> str:
     what = msg.body.get("space") if msg.kind == "moments" else msg.body.get("part") if msg.kind == "weights" \
         else "mean" if msg.kind == "logits" else msg.body.get("name")
     return f"{msg.kind}.{what}"
+
+
+def identity_of(transport: Any) -> Any:
+    """The node's identity for secure sums (None: an unsigned federation)."""
+    if getattr(transport, "signer", None) is None:
+        return None
+    from splitedge.methods.privacy.identity import of_transport
+
+    return of_transport(transport)
 
 
 def agreement(cfg: Any, run: str, session: str, plan: RoundPlan, edge: str, name: str) -> Any:
@@ -249,15 +267,15 @@ Request = Callable[[Message, str, float], Envelope]
 
 def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPlan, node_id: str, edge: str,
                 num_classes: int, request: Request, publish: Callable[[Message], Any],
-                moments_per: str = "sample", release: NoisySums | None = None) -> None:
+                moments_per: str = "sample", release: NoisySums | None = None, identity: Any = None) -> None:
     """Run the four exchanges for one device message (`request`: publish and wait for the edge's
-    reply, runtime/exchange.py). `release`: the raw DP release the message was made from, what
-    goes into the sum when the devices share the noise (sums_of). TimeoutError or SecAggError
-    fail the device's round."""
+    reply, runtime/exchange.py); five with an `identity` (identity_of). `release`: the raw DP
+    release the message was made from, what goes into the sum when the devices share the noise
+    (sums_of). TimeoutError or SecAggError fail the device's round."""
     secagg = _secagg()
     values, meta = sums_of(msg, num_classes, moments_per, shared_dp=distributed.shares_noise(cfg), release=release)
     name = sum_name(msg)
-    me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge, name))
+    me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge, name), identity)
     wait = plan.deadline_s
 
     def exchange(batch: int, data: dict[str, Any], extra: Mapping[str, Any] | None = None) -> Any:
@@ -270,7 +288,9 @@ def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPl
     roster = secagg.KeyRoster.from_body(exchange(0, me.advertise_keys().to_body()))
     inbox = secagg.ShareInbox.from_body(exchange(1, me.share_keys(roster).to_body()))
     request_ = secagg.UnmaskRequest.from_body(exchange(2, me.masked_input(inbox, values).to_body(), {"meta": meta}))
-    publish(Message(KIND, {"stage": UP[3], "batch": 3, "sum": name, "data": me.unmask(request_).to_body()}))
+    signed = None if identity is None else \
+        secagg.SignedSurvivors.from_body(exchange(CONSISTENCY, me.sign_request(request_).to_body()))
+    publish(Message(KIND, {"stage": UP[3], "batch": 3, "sum": name, "data": me.unmask(request_, signed).to_body()}))
 
 
 # -- an edge ----------------------------------------------------------------------------------
@@ -282,16 +302,19 @@ class SecureSum:
     def __init__(self, edge: str, plan: RoundPlan, config: Any, devices: set[str], name: str = "",
                  settled: Callable[[], set[str]] = set, clock: Callable[[], float] = time.monotonic,
                  keys_until: float | None = None, noise: SharedNoise | None = None,
-                 announced: Callable[[tuple[str, ...]], int | None] = lambda devices: None) -> None:
+                 announced: Callable[[tuple[str, ...]], int | None] = lambda devices: None,
+                 identity: Any = None) -> None:
         self.edge, self.plan, self.clock, self.settled, self.name = edge, plan, clock, settled, name
         self.noise = noise  # the run's, when devices share the DP noise (SharedNoise.of_run)
         self.announced = announced  # the samples devices announced, which the post-processed counts respect
         self.keys_until = clock() + plan.deadline_s * KEYS_FRACTION if keys_until is None else keys_until
         secagg = _secagg()
-        self.server = secagg.Server(config, devices)
-        self.up_types = (secagg.AdvertiseKeys, secagg.EncryptedShares, secagg.MaskedInput, secagg.UnmaskShares)
+        self.server = secagg.Server(config, devices, identity)
+        self.up_types = (secagg.AdvertiseKeys, secagg.EncryptedShares, secagg.MaskedInput, secagg.UnmaskShares,
+                         secagg.ConsistencySignature)
+        self.receive = ("receive_keys", "receive_shares", "receive_masked", "receive_unmask", "receive_signature")
         self.devices = set(devices)
-        self.stage_s = plan.deadline_s * STAGE_FRACTION
+        self.stage_s = plan.deadline_s * STAGES_FRACTION / (3 if identity is None else 4)
         self.opened = clock()
         self.meta: dict[str, Any] | None = None
         self.result: tuple[str, dict[str, Any]] | None = None  # (kind, body) of the summed message
@@ -313,8 +336,10 @@ class SecureSum:
             self.started, self.opened = True, self.clock()
         if batch == 3 and self.result is not None and env.sender in self.server.survivors:
             return []  # a survivor's shares after the sum was rebuilt from the others': expected, not refused
-        if not self.busy or batch != self.server.stage or body["stage"] != UP[batch]:
-            raise ProtocolError(f"secagg.{body['stage']}", f"{body['stage']} while exchange {self.server.stage} "
+        if batch == CONSISTENCY and self.server.signers and env.sender in self.server.survivors:
+            return []  # a survivor's signature after the quorum was forwarded: late, not wrong
+        if not self.busy or batch != self.open_batch or body["stage"] != UP[batch]:
+            raise ProtocolError(f"secagg.{body['stage']}", f"{body['stage']} while exchange {self.open_batch} "
                                                            f"is open" if self.busy else "the secure sum is closed")
         try:
             msg = self.up_types[batch].from_body(body["data"])
@@ -322,10 +347,15 @@ class SecureSum:
                 raise SecAggError(f"a message of {msg.device} sent by {env.sender}")
             if batch == 2:
                 self._check_meta(body.get("meta"))
-            getattr(self.server, ("receive_keys", "receive_shares", "receive_masked", "receive_unmask")[batch])(msg)
+            getattr(self.server, self.receive[batch])(msg)
         except (SecAggError, ValueError, KeyError, TypeError) as exc:
             raise ProtocolError(f"secagg.{UP[batch]}", str(exc)) from None
         return self.advance()
+
+    @property
+    def open_batch(self) -> int:
+        """The exchange whose messages the edge takes now (the consistency round inside stage 3)."""
+        return CONSISTENCY if self.server.signing else self.server.stage
 
     def _check_meta(self, meta: Any) -> None:
         """Every masked input must be of the same kind, space, versions and dtype; when the
@@ -357,6 +387,11 @@ class SecureSum:
         """Close the open exchange when everyone answered (or `force`) and send what follows."""
         s = self.server
         try:
+            if s.signing:
+                if s.waiting_for() - self.settled() and not force:
+                    return []
+                self.opened = self.clock()
+                return [self._down(CONSISTENCY, s.signed_survivors().to_body(), CHILDREN)]
             if s.stage == 3:
                 if s.missing():
                     return [] if not force else self._abort(f"too few shares: {', '.join(s.missing()[:3])}")
@@ -383,7 +418,7 @@ class SecureSum:
         self.failed = reason
         log.warning("edge %s: secure sum of round %d (%s) aborted: %s", self.edge, self.plan.round, self.plan.phase,
                     reason)
-        batch = min(self.server.stage, 2)
+        batch = CONSISTENCY if self.server.signing else min(self.server.stage, 2)
         return [Message(KIND, {"stage": ABORT, "batch": batch, "sum": self.name, "data": {"reason": reason[:200]}},
                         to=CHILDREN)]
 
@@ -429,8 +464,10 @@ class SecureSums:
 
     def __init__(self, edge: str, plan: RoundPlan, cfg: Any, run: str, session: str, devices: set[str],
                  settled: Callable[[], set[str]] = set,
-                 announced: Callable[[tuple[str, ...]], int | None] = lambda devices: None) -> None:
+                 announced: Callable[[tuple[str, ...]], int | None] = lambda devices: None,
+                 identity: Any = None) -> None:
         self.edge, self.plan, self.cfg, self.run, self.session = edge, plan, cfg, run, session
+        self.identity = identity  # the edge's (identity_of its transport to the devices): signed sums
         self.devices, self.settled, self.announced = set(devices), settled, announced
         self.sums: dict[str, SecureSum] = {}
         self.keys_until = time.monotonic() + plan.deadline_s * KEYS_FRACTION  # from the phase's start
@@ -445,7 +482,7 @@ class SecureSums:
                                                                        self.edge, name),
                                         self.devices, name=name, settled=self.settled, keys_until=self.keys_until,
                                         noise=SharedNoise.of_run(self.cfg) if distributed.shares_noise(self.cfg)
-                                        else None, announced=self.announced)
+                                        else None, announced=self.announced, identity=self.identity)
         return self.sums[name].on_message(env)
 
     @property

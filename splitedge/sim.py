@@ -69,6 +69,7 @@ class SimSettings:
     sample_min: int = 1
     until_plateau: bool = False  # stop before `rounds` once the accuracy has plateaued
     listed_only: bool = False  # edges admit only these devices, each bounded by its shard (edge --manifest)
+    sign: bool = False  # every node signs and verifies (keys derived from the run id: splitedge/sim_keys.py)
 
     @property
     def sampling(self) -> Any:
@@ -305,6 +306,11 @@ class Federation:
         self.nodes: list[Any] = []
         self.threads: list[threading.Thread] = []
         self.loop: Any = None
+        self.keys: Any = None
+        if s.sign:
+            from splitedge.sim_keys import SimKeys
+
+            self.keys = SimKeys(run, s.edges, s.devices)
 
     def connect(self, tier: str, node_id: str) -> Any:
         from splitedge.runtime.session import connect
@@ -313,8 +319,9 @@ class Federation:
         if tier != "cloud" and (self.tree is not None or self.s.site_brokers):  # each site on its own broker
             site = node_id if tier == "edge" else home_edge(int(node_id[1:]), self.s)
             url = self.tree.site_url(site) if self.tree is not None else self.s.site_brokers[site]
+        signing = self.keys.options(node_id) if self.keys is not None else {}
         transport = connect(url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S,
-                            loop=self.loop)
+                            loop=self.loop, **signing)
         self.node_transports[tier].setdefault(node_id, []).append(transport)
         return transport
 

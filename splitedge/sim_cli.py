@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated device backends (torch, onnx), assigned to devices round-robin")
     p.add_argument("--groups", type=int, default=0,
                    help="planted device groups for clustered methods (contiguous blocks of devices); 0: none")
+    p.add_argument("--sign", action="store_true",
+                   help="every node signs and verifies its messages, as with `splitedge keys generate` (keys derived "
+                        "from the run id: this measures signing and runs secure sums in their signed form, it protects "
+                        "nothing)")
     p.add_argument("--group-skew", choices=("rotate", "labels"), default="rotate",
                    help="what sets a planted group apart: its images turned by g quarter turns, or permuted labels")
     add_run_arguments(p)
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                     spawn_workers=not args.remote_workers, run=args.run, broker_tree=args.broker_tree,
                     split=args.split, join_timeout_s=args.join_timeout, sample_fraction=args.sample_fraction,
                     sample_count=args.sample_count, sample_min=args.sample_min, until_plateau=args.until_plateau,
-                    listed_only=args.listed_only)
+                    listed_only=args.listed_only, sign=args.sign)
     if s.worker is not None:
         from splitedge.sim import run_worker
 

@@ -401,8 +401,15 @@ def test_bench_suite_quick_runs_exact(tmp_path):
                  "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "secagg.json").read_text())
     rows = doc["results"]["rows"]
-    assert {(r["mode"], r["devices"]) for r in rows} == {(m, n) for m in ("secagg", "secagg+") for n in (5, 12)}
+    assert {(r["mode"], r["devices"]) for r in rows} == {(m, n) for m in ("secagg", "secagg+", "secagg+ signed")
+                                                         for n in (5, 12)}
     assert all(r["exact"] and r["bytes"]["masked"] > 0 for r in rows)
+    signed = [r for r in rows if r["mode"] == "secagg+ signed"]
+    # 64-byte signatures: on the keys (up), the statement (up) and a quorum of them (down)
+    assert all(r["bytes"]["signed"] > 64 and 64 * 2 * r["devices"] / 3 < r["bytes"]["signatures"] < 70 * r["devices"]
+               for r in signed)
+    assert all(r["bytes"]["keys"] > 64 + next(u for u in rows if u["mode"] == "secagg+" and u["devices"] == r["devices"]
+                                              and not u["dropped"])["bytes"]["keys"] for r in signed)
     assert (tmp_path / "secagg.md").read_text().splitlines()[2].startswith("- command: `splitedge bench secagg")
 
 

@@ -31,13 +31,13 @@ from splitedge.sim import SimSettings, run_sim
 
 
 def _sim(url: str, run: str, out: Path, *, secure: str, method: str = "hsfp-cal", devices: int = 4, edges: int = 2,
-         deadline: float = 60.0) -> list[dict]:
+         deadline: float = 60.0, sign: bool = False) -> list[dict]:
     torch.set_num_threads(1)
     overrides = {"secagg": secure} if secure != "off" else {}
     if method.startswith("hsfp"):
         overrides["ic"] = 2  # W_c copies go up (inside a sum of their own) in round 2
     s = SimSettings(rounds=3, devices=devices, edges=edges, broker=url, run=run, out=out, method=method,
-                    backends=("torch", "onnx") if method.startswith("hsfp") else ("torch",), max_train=600, max_test=300, deadline_s=deadline, overrides=overrides)
+                    backends=("torch", "onnx") if method.startswith("hsfp") else ("torch",), max_train=600, max_test=300, deadline_s=deadline, overrides=overrides, sign=sign)
     run_sim(s)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -112,6 +112,25 @@ def test_a_secure_run_is_the_clear_run(mosquitto, clear, tmp_path, secure: str) 
         assert r["calibration_secagg"] == {e: {"arrays.head_stats": two} for e in ("e0", "e1")}, r
         assert not any(r["rejected"].get(e) for e in ("e0", "e1")), r["rejected"]
     assert "secagg" not in clear[0]
+
+
+def test_a_signed_federations_secure_sums_take_the_signed_form_and_are_the_clear_run(mosquitto, clear, tmp_path,
+                                                                                     monkeypatch) -> None:
+    # every node signs (sim --sign): devices sign their keys and the consistency statement, check
+    # their neighbours' keys and a quorum of signatures before revealing; the sums are unchanged
+    from splitedge.methods.privacy import secagg as module
+
+    signed: list[str] = []
+    sign = module.Device.sign_request
+    monkeypatch.setattr(module.Device, "sign_request", lambda self, request: signed.append(self.id) or sign(self, request))
+    records = _sim(mosquitto.url, "sa-signed", tmp_path / "signed", secure="plus", sign=True)
+    for key in ("accuracy", "accuracy_calibrated", "calibrated"):
+        assert [r[key] for r in records] == pytest.approx([r[key] for r in clear], abs=1e-9), key
+    assert all(r["calibration_secagg"] == {e: {"arrays.head_stats": {"devices": 2, "dropped": 0}} for e in ("e0", "e1")}
+               for r in records), records
+    assert not any(r["rejected"].get(e) for r in records for e in ("e0", "e1")), [r["rejected"] for r in records]
+    # each round: one statement per device for its statistics and one for its head statistics
+    assert sorted(set(signed)) == ["d0", "d1", "d2", "d3"] and len(signed) == 3 * 4 * 2, signed
 
 
 def test_fedavg_models_summed_securely_are_the_clear_average(mosquitto, tmp_path) -> None:

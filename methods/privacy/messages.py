@@ -15,6 +15,9 @@ Rounds and directions (kinds are suggestions for the wiring)::
        edge -> device   ShareInbox      secagg_inbox
     2  device -> edge   MaskedInput     secagg_masked
        edge -> devices  UnmaskRequest   secagg_unmask
+   (3a, signed federations: the consistency round of identity.py)
+       device -> edge   ConsistencySignature  secagg_signed
+       edge -> devices  SignedSurvivors       secagg_signatures
     3  device -> edge   UnmaskShares    secagg_reveal
 """
 
@@ -27,6 +30,7 @@ import numpy as np
 
 from .crypto import KEY_BYTES
 from .errors import SecAggError
+from .identity import SIGNATURE_BYTES
 
 MAX_ID_LEN = 128
 
@@ -69,24 +73,32 @@ def _device_set(value: Any, what: str) -> np.ndarray:
     return arr
 
 
+def _signature(body: Mapping[str, Any], what: str) -> bytes | None:
+    """The optional `sig` of a body (signed federations, identity.py)."""
+    return _bytes(body["sig"], f"{what}.sig", SIGNATURE_BYTES) if "sig" in body else None
+
+
 @dataclass(frozen=True)
 class AdvertiseKeys:
     """Round 0, device -> edge: the public halves of the device's two fresh X25519 key pairs,
-    c (encrypts the shares sent to it) and s (agrees its pairwise masks)."""
+    c (encrypts the shares sent to it) and s (agrees its pairwise masks); in a signed federation
+    with the device's long-term signature over both (identity.keys_digest)."""
 
     KIND: ClassVar[str] = "secagg_keys"
     device: str
     c_public: bytes
     s_public: bytes
+    signature: bytes | None = None
 
     def to_body(self) -> dict[str, Any]:
-        return {"device": self.device, "c": self.c_public, "s": self.s_public}
+        body = {"device": self.device, "c": self.c_public, "s": self.s_public}
+        return body if self.signature is None else {**body, "sig": self.signature}
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> AdvertiseKeys:
         k = cls.KIND
         return cls(check_id(_field(body, "device", k), k), _bytes(_field(body, "c", k), f"{k}.c", KEY_BYTES),
-                   _bytes(_field(body, "s", k), f"{k}.s", KEY_BYTES))
+                   _bytes(_field(body, "s", k), f"{k}.s", KEY_BYTES), _signature(body, k))
 
 
 @dataclass(frozen=True)
@@ -99,12 +111,14 @@ class KeyRoster:
     SecAgg's complete graph needs. A device's roster (``ids`` given, SecAgg+): every id with its
     x-coordinate, but the keys of the device and its neighbours only; at 1,000 devices that is
     about 10 kB for each device instead of 80 kB (a device derives its neighbours from the ids
-    and the session, so it can check that the keys it got are theirs)."""
+    and the session, so it can check that the keys it got are theirs). In a signed federation
+    ``signatures`` holds each listed device's signature over its keys, which devices check."""
 
     KIND: ClassVar[str] = "secagg_roster"
     c_public: Mapping[str, bytes]
     s_public: Mapping[str, bytes]
     ids: tuple[str, ...] | None = None
+    signatures: Mapping[str, bytes] | None = None
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -114,6 +128,8 @@ class KeyRoster:
         body: dict[str, Any] = {"c": dict(self.c_public), "s": dict(self.s_public)}
         if self.ids is not None:
             body["ids"] = {d: i + 1 for i, d in enumerate(self.ids)}
+        if self.signatures is not None:
+            body["sig"] = dict(self.signatures)
         return body
 
     @classmethod
@@ -126,7 +142,10 @@ class KeyRoster:
         ids = _roster_ids(body["ids"], f"{k}.ids") if "ids" in body else None  # _field checked it is a map
         if ids is not None and not set(c) <= set(ids):
             raise SecAggError(f"{k}: keys of devices not in its ids: {sorted(set(c) - set(ids))[:5]}")
-        return cls(c, s, ids)
+        sigs = _id_bytes(body["sig"], f"{k}.sig", SIGNATURE_BYTES) if "sig" in body else None
+        if sigs is not None and set(sigs) != set(c):
+            raise SecAggError(f"{k}: the signatures and the keys name different devices")
+        return cls(c, s, ids, sigs)
 
 
 def _roster_ids(value: Any, what: str) -> tuple[str, ...]:
@@ -232,6 +251,41 @@ class UnmaskRequest:
         k = cls.KIND
         return cls(_device_set(_field(body, "survivors", k), f"{k}.survivors"),
                    _device_set(_field(body, "dropped", k), f"{k}.dropped"))
+
+
+@dataclass(frozen=True)
+class ConsistencySignature:
+    """Round 3a (signed federations), device -> edge: the device's signature over the
+    UnmaskRequest it got (identity.consistency_digest)."""
+
+    KIND: ClassVar[str] = "secagg_signed"
+    device: str
+    signature: bytes
+
+    def to_body(self) -> dict[str, Any]:
+        return {"device": self.device, "sig": self.signature}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ConsistencySignature:
+        k = cls.KIND
+        return cls(check_id(_field(body, "device", k), k), _bytes(_field(body, "sig", k), f"{k}.sig", SIGNATURE_BYTES))
+
+
+@dataclass(frozen=True)
+class SignedSurvivors:
+    """Edge -> surviving devices after round 3a: the survivors' signatures over the request, a
+    quorum of which a device checks before it reveals anything."""
+
+    KIND: ClassVar[str] = "secagg_signatures"
+    signatures: Mapping[str, bytes]
+
+    def to_body(self) -> dict[str, Any]:
+        return {"sig": dict(self.signatures)}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> SignedSurvivors:
+        k = cls.KIND
+        return cls(_id_bytes(_field(body, "sig", k), f"{k}.sig", SIGNATURE_BYTES))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,12 @@ dataclasses of messages.py and calls one method per message.
     round 2  Device.masked_input(inbox, x)   -> Server.receive_masked() ; Server.unmask_request()
     round 3  Device.unmask(request)          -> Server.receive_unmask() ; Server.finish()
 
+In a signed federation (an ``identity`` on both sides, identity.py) round 0's keys are signed
+and checked, and a consistency round comes before round 3:
+
+    round 3a Device.sign_request(request)    -> Server.receive_signature() ; Server.signed_survivors()
+    round 3  Device.unmask(request, signed)
+
 Device u sends  y_u = enc(x_u) + PRG(b_u) + sum_{v in N(u) and U2} sign(u, v) PRG(s_uv)  mod 2^64,
 sign +1 towards larger ids and -1 towards smaller ones, so each pairwise mask cancels in a sum
 over both ends (N(u): u's neighbours; U2: the devices whose shares went out in round 1). The
@@ -20,8 +26,10 @@ rebuilt from t shares). No device reveals both shares of one peer, so the
 edge never holds both masks of anyone. Keys are fresh per Device object: one object, one round.
 
 Threat model: an honest-but-curious edge plus fewer than t colluding devices learn nothing but
-the sum. Bonawitz et al.'s extra consistency round against an actively malicious edge (devices
-sign and compare the survivor set) is not here: the edge must send one UnmaskRequest to all.
+the sum. Without identities the edge must also follow the protocol (send every device the same
+roster and UnmaskRequest); with them (Bonawitz et al.'s signed keys and consistency round) an
+edge that deviates cannot swap keys, and cannot get both shares of one device unless 2q - n of
+the n devices sign two conflicting requests (q: the quorum, ceil(2n/3) by default).
 """
 
 from __future__ import annotations
@@ -32,11 +40,12 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from . import crypto, fixedpoint, shamir
+from . import crypto, fixedpoint, identity, shamir
 from .errors import SecAggError
 from .graph import Graph, default_threshold, degree
-from .messages import (AdvertiseKeys, EncryptedShares, KeyRoster, MaskedInput, ShareInbox, UnmaskRequest,
-                       UnmaskShares, check_id)
+from .identity import Identity
+from .messages import (AdvertiseKeys, ConsistencySignature, EncryptedShares, KeyRoster, MaskedInput, ShareInbox,
+                       SignedSurvivors, UnmaskRequest, UnmaskShares, check_id)
 
 SECRET_BYTES = 32
 SHARE_BYTES = shamir.share_len(SECRET_BYTES)
@@ -45,7 +54,8 @@ CIPHERTEXT_BYTES = crypto.NONCE_BYTES + 2 * SHARE_BYTES + crypto.TAG_BYTES
 """nonce + the shares of b_u and of s_u's private key + GCM tag (124 bytes)."""
 
 __all__ = ["SecAggConfig", "SecAggResult", "Device", "Server", "SecAggError", "AdvertiseKeys", "KeyRoster",
-           "EncryptedShares", "ShareInbox", "MaskedInput", "UnmaskRequest", "UnmaskShares"]
+           "EncryptedShares", "ShareInbox", "MaskedInput", "UnmaskRequest", "ConsistencySignature",
+           "SignedSurvivors", "UnmaskShares"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +68,8 @@ class SecAggConfig:
     default floor(k/2) + 1 of a device's k neighbours. ``frac_bits``: fixed-point bits of floats.
     ``min_survivors``: the fewest inputs the sum may hold (distributed DP: the devices whose noise
     adds up to one release's, distributed.py); the server refuses to ask for, and every device to
-    reveal, the shares that would unmask a smaller sum.
+    reveal, the shares that would unmask a smaller sum. ``quorum``: in a signed federation, the
+    share of the roster whose signatures a consistency statement needs (identity.py).
     """
 
     session: bytes
@@ -66,6 +77,7 @@ class SecAggConfig:
     threshold: int | None = None
     frac_bits: int = fixedpoint.FRAC_BITS
     min_survivors: int = 1
+    quorum: float = identity.DEFAULT_QUORUM
 
     def __post_init__(self) -> None:
         if not isinstance(self.session, bytes) or not self.session:
@@ -77,6 +89,7 @@ class SecAggConfig:
             raise SecAggError(f"config: threshold must be a positive int, got {self.threshold!r}")
         if type(self.min_survivors) is not int or self.min_survivors < 1:
             raise SecAggError(f"config: min_survivors must be a positive int, got {self.min_survivors!r}")
+        identity.check_fraction(self.quorum)
 
     def plan(self, devices: int) -> tuple[int, int]:
         """(k, t) for a roster of ``devices``: each device's neighbour count and the threshold."""
@@ -134,11 +147,14 @@ def _sign_towards(u: str, v: str) -> int:
 
 
 class Device:
-    """One device's side of one aggregation; call the four rounds in order, each once."""
+    """One device's side of one aggregation; call the four rounds in order, each once (five with
+    an ``identity``: sign_request between masked_input and unmask)."""
 
-    def __init__(self, device_id: str, config: SecAggConfig) -> None:
+    def __init__(self, device_id: str, config: SecAggConfig, identity: Identity | None = None) -> None:
         self.id = check_id(device_id, "device")
         self.config = config
+        self.identity = identity
+        self._signed_digest = b""  # the consistency statement this device signed
         self._c: Any = None  # X25519 private keys, fresh in advertise_keys
         self._s: Any = None
         self._stage = 0
@@ -161,7 +177,10 @@ class Device:
         self._step(0, "advertise_keys")
         self._c, self._s = crypto.new_private_key(), crypto.new_private_key()
         self._stage = 1
-        return AdvertiseKeys(self.id, crypto.public_bytes(self._c), crypto.public_bytes(self._s))
+        c, s = crypto.public_bytes(self._c), crypto.public_bytes(self._s)
+        signature = None if self.identity is None else self.identity.sign(
+            identity.keys_digest(self.config.session, self.id, c, s))
+        return AdvertiseKeys(self.id, c, s, signature)
 
     def share_keys(self, roster: KeyRoster) -> EncryptedShares:
         """Round 1: draw b_u, Shamir-share b_u and s_u's private key among the neighbours, each
@@ -184,6 +203,8 @@ class Device:
         lacking = self._neighbours - set(roster.c_public)
         if lacking:
             raise SecAggError(f"device {self.id}: the roster lacks the keys of neighbours {sorted(lacking)[:5]}")
+        if self.identity is not None:
+            self._check_key_signatures(roster)
         xs = {d: i + 1 for i, d in enumerate(devices)}
         order = sorted(self._neighbours)
         self._b = os.urandom(SECRET_BYTES)
@@ -196,6 +217,19 @@ class Device:
             out[v] = crypto.seal(key, b_shares[xs[v]] + s_shares[xs[v]], crypto.share_aad(session, self.id, v))
         self._stage = 2
         return EncryptedShares(self.id, out)
+
+    def _check_key_signatures(self, roster: KeyRoster) -> None:
+        """Every neighbour's keys signed by that neighbour's long-term key: no key of the edge's."""
+        assert self.identity is not None
+        sigs = roster.signatures
+        if sigs is None:
+            raise SecAggError(f"device {self.id}: the roster's keys are unsigned, and this device is in a signed "
+                              f"federation (its edge needs --sign-key and --verify-keys)")
+        identity.require_known(self.identity, sorted(self._neighbours), f"device {self.id}")
+        for v in sorted(self._neighbours):
+            digest = identity.keys_digest(self.config.session, v, roster.c_public[v], roster.s_public[v])
+            if v not in sigs or not self.identity.verify(v, sigs[v], digest):
+                raise SecAggError(f"device {self.id}: the keys given for {v} are not signed by {v}: refused")
 
     def masked_input(self, inbox: ShareInbox, values: Mapping[str, np.ndarray]) -> MaskedInput:
         """Round 2: open the neighbours' shares, then send the inputs encoded in fixed point plus the
@@ -235,10 +269,45 @@ class Device:
         self._held, self._stage = held, 3
         return MaskedInput(self.id, layout.unflatten(masked), scale)
 
-    def unmask(self, request: UnmaskRequest) -> UnmaskShares:
+    def sign_request(self, request: UnmaskRequest) -> ConsistencySignature:
+        """Round 3a (with an identity): this device's signature over the request it got, once it
+        passes the checks unmask makes; a device signs one request only."""
+        self._step(3, "sign_request")
+        if self.identity is None:
+            raise SecAggError(f"device {self.id}: sign_request needs an identity (a signed federation)")
+        self._check_request(request)
+        self._signed_digest = identity.consistency_digest(self.config.session, self._roster, request.survivors,
+                                                          request.dropped)
+        self._stage = 4
+        return ConsistencySignature(self.id, self.identity.sign(self._signed_digest))
+
+    def unmask(self, request: UnmaskRequest, signed: SignedSurvivors | None = None) -> UnmaskShares:
         """Round 3: shares of b_v for surviving neighbours, of s_v's key for dropped ones; refuses a
-        request that would reveal both of one peer or that contradicts what this device saw."""
-        self._step(3, "unmask")
+        request that would reveal both of one peer or that contradicts what this device saw, and
+        (with an identity) one that is not the request it signed, signed by a quorum of survivors."""
+        self._step(3 if self.identity is None else 4, "unmask")
+        survivors, dropped = self._check_request(request)
+        if self.identity is not None:
+            self._check_quorum(request, survivors, signed)
+        self._stage = 5
+        return UnmaskShares(self.id, {v: b for v, (b, _) in self._held.items() if v in survivors},
+                            {v: s for v, (_, s) in self._held.items() if v in dropped})
+
+    def _check_quorum(self, request: UnmaskRequest, survivors: frozenset[str], signed: SignedSurvivors | None) -> None:
+        assert self.identity is not None
+        digest = identity.consistency_digest(self.config.session, self._roster, request.survivors, request.dropped)
+        if digest != self._signed_digest:
+            raise SecAggError(f"device {self.id}: refused: asked to unmask for another request than the one it signed")
+        need = identity.quorum(len(self._roster), self.config.quorum, self._threshold)
+        sigs = {} if signed is None else signed.signatures
+        valid = [v for v, sig in sorted(sigs.items())
+                 if v in survivors and self.identity.knows(v) and self.identity.verify(v, sig, digest)]
+        if len(valid) < need:
+            raise SecAggError(f"device {self.id}: refused: {len(valid)} valid survivor signatures on the request "
+                              f"({len(sigs)} given), fewer than the quorum {need} of the roster's {len(self._roster)}")
+
+    def _check_request(self, request: UnmaskRequest) -> tuple[frozenset[str], frozenset[str]]:
+        """(survivors, dropped) of a request this device may answer; SecAggError (refused) otherwise."""
         survivors, dropped = request.ids(self._roster)
         both = survivors & dropped
         if both:
@@ -260,18 +329,20 @@ class Device:
         if unlisted:
             raise SecAggError(f"device {self.id}: refused: neighbours {sorted(unlisted)[:5]} sent shares but are "
                               f"neither survivors nor dropped")
-        self._stage = 4
-        return UnmaskShares(self.id, {v: b for v, (b, _) in self._held.items() if v in survivors},
-                            {v: s for v, (_, s) in self._held.items() if v in dropped})
+        return survivors, dropped
 
 
 class Server:
     """The edge's side of one aggregation. ``receive_*`` take one message each (SecAggError on a
     bad one, which leaves the state unchanged); ``roster``, ``route_shares``, ``unmask_request``
-    and ``finish`` close a round with the messages that arrived by then."""
+    and ``finish`` close a round with the messages that arrived by then. With an ``identity``
+    (a signed federation) it takes signed keys only, and round 3 opens with the consistency
+    round: ``receive_signature`` from survivors, closed by ``signed_survivors``."""
 
-    def __init__(self, config: SecAggConfig, devices: Iterable[str] | None = None) -> None:
+    def __init__(self, config: SecAggConfig, devices: Iterable[str] | None = None,
+                 identity: Identity | None = None) -> None:
         self.config = config
+        self.identity = identity
         self.allowed = None if devices is None else frozenset(devices)
         self.stage = 0
         self._keys: dict[str, AdvertiseKeys] = {}
@@ -291,6 +362,10 @@ class Server:
         self._s_shares: dict[str, dict[int, bytes]] = {}
         self._responders: set[str] = set()
         self._x: dict[str, int] = {}
+        self.signing = False  # round 3a open: collecting survivors' signatures
+        self._consistency: dict[str, bytes] = {}
+        self._request_digest = b""
+        self.signers: frozenset[str] = frozenset()  # U4: signed the request (signed federations)
 
     # -- round 0 ---------------------------------------------------------------------------------
     def receive_keys(self, msg: AdvertiseKeys) -> None:
@@ -305,6 +380,12 @@ class Server:
                 raise SecAggError(f"keys from {d}: the {name} key must be {crypto.KEY_BYTES} bytes")
         if msg.c_public == msg.s_public or {msg.c_public, msg.s_public} & self._seen_keys:
             raise SecAggError(f"keys from {d}: a public key repeats (its own other key or another device's)")
+        if self.identity is not None:
+            identity.require_known(self.identity, [d], f"keys from {d}")
+            digest = identity.keys_digest(self.config.session, d, msg.c_public, msg.s_public)
+            if msg.signature is None or not self.identity.verify(d, msg.signature, digest):
+                raise SecAggError(f"keys from {d}: {'unsigned' if msg.signature is None else 'a bad signature'}, "
+                                  f"in a signed federation")
         self._keys[d] = msg
         self._seen_keys |= {msg.c_public, msg.s_public}
 
@@ -318,11 +399,11 @@ class Server:
             self._x = {d: i + 1 for i, d in enumerate(self.devices)}
             self.stage = 1
         self._expect(1, "roster")
-        if device is None:
-            return KeyRoster({d: m.c_public for d, m in self._keys.items()},
-                             {d: m.s_public for d, m in self._keys.items()})
-        keys = {d: self._keys[d] for d in sorted(self._neighbours(self._known(device, "roster")) | {device})}
-        return KeyRoster({d: m.c_public for d, m in keys.items()}, {d: m.s_public for d, m in keys.items()}, self.devices)
+        keys = self._keys if device is None else \
+            {d: self._keys[d] for d in sorted(self._neighbours(self._known(device, "roster")) | {device})}
+        sigs = None if self.identity is None else {d: m.signature for d, m in keys.items()}
+        return KeyRoster({d: m.c_public for d, m in keys.items()}, {d: m.s_public for d, m in keys.items()},
+                         None if device is None else self.devices, sigs)
 
     # -- round 1 ---------------------------------------------------------------------------------
     def receive_shares(self, msg: EncryptedShares) -> None:
@@ -410,9 +491,48 @@ class Server:
             if holders and len(holders) < t:
                 raise SecAggError(f"round 2: dropped {v} has {len(holders)} surviving neighbours, fewer than the "
                                   f"threshold {t}: its pairwise masks could not be removed")
+        if self.identity is not None and len(live) < self._quorum():
+            raise SecAggError(f"round 2: {len(live)} masked inputs arrived, fewer than the consistency quorum "
+                              f"{self._quorum()} of the roster's {len(self.devices)}")
         self.survivors, self.dropped, self.stage = live, dropped, 3
-        return UnmaskRequest(np.array([d in live for d in self.devices], dtype=bool),
-                             np.array([d in dropped for d in self.devices], dtype=bool))
+        request = UnmaskRequest(np.array([d in live for d in self.devices], dtype=bool),
+                                np.array([d in dropped for d in self.devices], dtype=bool))
+        if self.identity is not None:
+            self.signing = True
+            self._request_digest = identity.consistency_digest(self.config.session, self.devices, request.survivors,
+                                                               request.dropped)
+        return request
+
+    # -- round 3a (signed federations) -----------------------------------------------------------
+    def _quorum(self) -> int:
+        return identity.quorum(len(self.devices), self.config.quorum, self.threshold)
+
+    def receive_signature(self, msg: ConsistencySignature) -> None:
+        """A survivor's signature over the request (checked here too, so one bad signature does
+        not reach the others)."""
+        self._expect(3, "consistency signature")
+        d = self._known(msg.device, "consistency signature")
+        if not self.signing or self.identity is None:
+            raise SecAggError(f"consistency signature from {d}: no consistency round is open")
+        if d not in self.survivors:
+            raise SecAggError(f"consistency signature from {d}: not a survivor")
+        if d in self._consistency:
+            raise SecAggError(f"consistency signature from {d}: duplicate")
+        if not self.identity.verify(d, msg.signature, self._request_digest):
+            raise SecAggError(f"consistency signature from {d}: does not verify over this round's request")
+        self._consistency[d] = msg.signature
+
+    def signed_survivors(self) -> SignedSurvivors:
+        """Close round 3a: a quorum of signatures (all were checked here; more would only cost each
+        device bytes and checks) for every survivor to check; SecAggError below the quorum."""
+        self._expect(3, "signed_survivors")
+        if not self.signing:
+            raise SecAggError("signed_survivors: no consistency round is open")
+        if len(self._consistency) < self._quorum():
+            raise SecAggError(f"round 3a: {len(self._consistency)} survivors signed the request, fewer than the "
+                              f"quorum {self._quorum()} of the roster's {len(self.devices)}")
+        self.signing, self.signers = False, frozenset(self._consistency)
+        return SignedSurvivors(dict(sorted(self._consistency.items())[:self._quorum()]))
 
     # -- round 3 ---------------------------------------------------------------------------------
     def receive_unmask(self, msg: UnmaskShares) -> None:
@@ -420,6 +540,10 @@ class Server:
         d = self._known(msg.device, "unmask shares")
         if d not in self.survivors:
             raise SecAggError(f"unmask shares from {d}: not a survivor, it was not asked")
+        if self.signing:
+            raise SecAggError(f"unmask shares from {d}: the consistency round is still open")
+        if self.identity is not None and d not in self.signers:
+            raise SecAggError(f"unmask shares from {d}: it did not sign the request")
         if d in self._responders:
             raise SecAggError(f"unmask shares from {d}: duplicate")
         both = set(msg.b_shares) & set(msg.s_shares)
@@ -442,8 +566,8 @@ class Server:
 
     def missing(self) -> list[str]:
         """What ``finish`` still lacks: secrets with fewer than t shares (empty: it can finish)."""
-        if self.stage != 3:
-            return [f"round {self.stage} is open"]
+        if self.stage != 3 or self.signing:
+            return [f"round {self.stage}{'a' if self.signing else ''} is open"]
         t = self.threshold
         out = [f"b_{u}: {len(self._b_shares.get(u, {}))}/{t} shares" for u in sorted(self.survivors)
                if len(self._b_shares.get(u, {})) < t]
@@ -495,7 +619,8 @@ class Server:
         if self.stage == 2:
             return self.shared - self._masked
         if self.stage == 3:
-            return self.survivors - self._responders
+            return self.survivors - set(self._consistency) if self.signing else \
+                (self.signers if self.identity is not None else self.survivors) - self._responders
         return frozenset()
 
     # -- helpers ---------------------------------------------------------------------------------
