@@ -184,3 +184,51 @@ def test_the_two_way_hierarchy_has_no_private_form_yet_and_says_so() -> None:
         CFLHKDConfig(**private)  # the one-way form has both
     with pytest.raises(ValueError, match="global_teacher must be table or model"):
         CFLHKDConfig(global_teacher="cloud")
+
+
+@pytest.mark.parametrize("signal, names", [("updates", ["wg.2.weight", "wg.2.bias"]),
+                                           ("stem", ["wc.0.weight", "wc.0.bias"]),
+                                           ("model", ["wc.0.weight", "wc.0.bias", "wc.3.weight", "wg.0.weight",
+                                                      "wg.2.weight", "wg.2.bias"])])
+def test_each_clustering_signal_is_the_update_of_its_layers(signal: str, names: list[str]) -> None:
+    # the classifier's update (label skew), the first layer's (image skew such as rotation) or the
+    # whole model's; integer buffers (a BatchNorm's batch counter) never enter a signal
+    from types import SimpleNamespace
+
+    from splitedge.methods.cflhkd.device import CFLHKDDevice
+
+    rng = np.random.default_rng(0)
+    shapes = {"wc.0.weight": (4, 3, 3, 3), "wc.0.bias": (4,), "wc.1.num_batches_tracked": (), "wc.3.weight": (8, 4),
+              "wg.0.weight": (6, 8), "wg.2.weight": (3, 6), "wg.2.bias": (3,)}
+    start = {k: (np.array(5) if not s else rng.normal(size=s).astype(np.float32)) for k, s in shapes.items()}
+    after = {k: (v + 1 if v.dtype.kind == "i" else v + rng.normal(size=v.shape).astype(np.float32))
+             for k, v in start.items()}
+    part = SimpleNamespace(cfg=SimpleNamespace(signal=signal),
+                           model=SimpleNamespace(wg=torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(),
+                                                                        torch.nn.Linear(6, 3))))
+    got = CFLHKDDevice.signal(part, after, start)  # type: ignore[arg-type]
+    want = np.concatenate([(after[k] - start[k]).ravel() for k in names])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    part.cfg.signal, part.label_counts = "labels", np.array([3.0, 1.0, 0.0])
+    np.testing.assert_allclose(CFLHKDDevice.signal(part, after, start), [0.75, 0.25, 0.0])
+
+
+def test_the_layout_signal_turns_with_the_images_and_has_no_private_form() -> None:
+    # an identity first layer: the signal is each 2 x 2 cell's mean pixel over the images, so
+    # turning every image a half turn turns the 4 x 4 grid a half turn
+    from splitedge.methods.cflhkd.config import CFLHKDConfig
+    from splitedge.methods.cflhkd.layout import layout_signal
+
+    conv = torch.nn.Conv2d(1, 1, 1, bias=False)
+    torch.nn.init.ones_(conv.weight)
+    model = torch.nn.Sequential(conv, torch.nn.Flatten())
+    x = torch.rand(6, 1, 8, 8)
+    grid = layout_signal(model, x).reshape(4, 4)
+    np.testing.assert_allclose(grid, x.reshape(6, 4, 2, 4, 2).mean(dim=(0, 2, 4)).numpy(), rtol=1e-5)
+    turned = layout_signal(model, torch.rot90(x, 2, dims=(2, 3))).reshape(4, 4)
+    np.testing.assert_allclose(turned, np.rot90(grid, 2), rtol=1e-5)
+    assert not np.allclose(turned, grid)
+    with pytest.raises(ValueError, match="signal=layout .* no DP form"):
+        CFLHKDConfig(signal="layout", dp_sigma=1.0, dp_clip=1.0, dp_update_clip=1.0)
+    with pytest.raises(ValueError, match="signal must be one of updates, stem, model, labels, layout"):
+        CFLHKDConfig(signal="pixels")

@@ -112,7 +112,7 @@ class CFLHKDCloud(FedAvgCloud):
         live = {d: v for d, v in self.signals.items() if d in self.ctx.view.devices}
         kw = {"n_clusters": min(self.cfg.clusters, len(live))} if self.cfg.clusters else \
             {"distance_threshold": self.cfg.distance_threshold}
-        assignment = cluster_devices(live, max_clusters=len(edges), center=self.cfg.signal == "updates", **kw)
+        assignment = cluster_devices(live, max_clusters=len(edges), center=self.cfg.signal != "labels", **kw)
         if len(set(assignment.values())) < 2 and self.phase == WARMUP:  # no structure (yet): one global model
             log.info("cloud: the %d devices form one cluster after round %d; staying with the global model",
                      len(assignment), round_)

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from splitedge.methods.fedavg.config import FedAvgConfig
 
 
+SIGNALS = ("updates", "stem", "model", "labels", "layout")
+"""What the cloud may cluster devices by: model updates (of the classifier, the first layer or the
+whole model, each centred over the devices), label histograms, or where the first layer fires in
+the device's images (layout.py)."""
+
 @dataclass(frozen=True)
 class CFLHKDConfig(FedAvgConfig):
     """FedAvg's device settings, the clustering, and the hierarchical distillation."""
@@ -16,7 +21,8 @@ class CFLHKDConfig(FedAvgConfig):
     warmup_rounds: int = 1
     clusters: int = 0  # 0: chosen by distance_threshold (and at most the number of edges)
     distance_threshold: float = 0.5  # cosine distance at which clusters stop merging
-    signal: str = "updates"  # what devices are clustered by: "updates" (classifier update) or "labels"
+    signal: str = "updates"  # what devices are clustered by: "updates" (the classifier's update), "stem" (the
+    # first layer's update), "model" (the whole model's update), "labels" (label histogram) or "layout"
     recluster_every: int = 0  # re-cluster every R rounds (0: never)
     drift_threshold: float = 0.0  # re-cluster when a device's signal is this far from its cluster (0: off)
     # hierarchical knowledge distillation on class-wise mean logits
@@ -47,8 +53,11 @@ class CFLHKDConfig(FedAvgConfig):
         if self.two_way and (self.dp_sigma > 0 or self.secagg != "off"):
             raise ValueError("global_teacher=model and distill_global have no private or secure form yet (the global "
                              "model a device distils into is a second update): run them without dp_sigma and secagg")
-        if self.signal not in ("updates", "labels"):
-            raise ValueError(f"signal must be updates or labels, got {self.signal!r}")
+        if self.signal not in SIGNALS:
+            raise ValueError(f"signal must be one of {', '.join(SIGNALS)}, got {self.signal!r}")
+        if self.signal == "layout" and self.dp_sigma > 0:
+            raise ValueError("signal=layout is a statistic of the device's images with no DP form: with dp_sigma, "
+                             "cluster by updates, stem, model or labels")
         if self.warmup_rounds < 1 or self.clusters < 0 or self.recluster_every < 0:
             raise ValueError("warmup_rounds must be >= 1, clusters and recluster_every >= 0")
         if not 0 < self.distance_threshold <= 2 or self.drift_threshold < 0:

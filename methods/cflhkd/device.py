@@ -16,6 +16,7 @@ import torch
 from splitedge.methods.calibration.personal import PersonalHead
 from splitedge.methods.checks import check_stats, check_weights, weight_specs
 from splitedge.methods.cflhkd.distill import teachers
+from splitedge.methods.cflhkd.layout import layout_signal
 from splitedge.methods.cflhkd.method import GLOBAL, MODEL, SIGNAL, TEACHERS
 from splitedge.methods.fedproto.device import held_out_tensors, holdout_split
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
@@ -116,6 +117,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
             self.info["global_accuracy"] = accuracy(self.global_model, self.x_eval, self.y_eval)
         yield Message("logits", self.mean_logits())
         start = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        layout = layout_signal(self.model, self.x) if self.cfg.signal == "layout" else None  # of the model received
         norms = private_norms(self, self.model, input_batches(self.x))  # of the model received, before training
         opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
@@ -134,7 +136,8 @@ class CFLHKDDevice(PersonalHead, DevicePart):
             weights = private_weights(self, weights, before, norms)
         yield Message("weights", {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(self.y)),
                                   "weights": weights})
-        yield Message("arrays", {"name": SIGNAL, "version": plan.round, "arrays": {"v": self.signal(weights, before)}})
+        yield Message("arrays", {"name": SIGNAL, "version": plan.round,
+                                 "arrays": {"v": layout if layout is not None else self.signal(weights, before)}})
         if two_way and self.cfg.distill_global:
             yield Message("weights", self.distil_upward(gen))
         yield DONE
@@ -195,15 +198,22 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         return body
 
     def signal(self, weights: dict[str, np.ndarray], start: dict[str, np.ndarray]) -> np.ndarray:
-        """What the cloud clusters devices by: the update of the classifier this round in the
-        `weights` sent (cosine similarity of updates, METHODS.md), or the device's label
-        histogram as its logits message counted it. Both come from what the device already sent,
-        so under DP the signal costs no privacy of its own."""
+        """What the cloud clusters devices by: this round's update in the `weights` sent (cosine
+        similarity of updates, METHODS.md) of the classifier (`updates`: skews of the labels),
+        of the first layer (`stem`: skews of the images, e.g. rotation) or of the whole model,
+        or the device's label histogram as its logits message counted it. All come from what
+        the device already sent, so under DP the signal costs no privacy of its own (`layout`,
+        a statistic of its own, is computed in run_round: layout.py)."""
         if self.cfg.signal == "labels":
             return self.label_counts / max(float(self.label_counts.sum()), 1.0)
-        classifier = f"wg.{list(self.model.wg.named_children())[-1][0]}."  # the head's last layer
-        names = [k for k in weights if k.startswith(classifier) and np.issubdtype(weights[k].dtype, np.floating)]
-        return np.concatenate([(weights[k] - start[k]).ravel() for k in names]).astype(np.float32)
+        floats = [k for k in weights if np.issubdtype(weights[k].dtype, np.floating)]
+        if self.cfg.signal == "updates":
+            classifier = f"wg.{list(self.model.wg.named_children())[-1][0]}."  # the head's last layer
+            floats = [k for k in floats if k.startswith(classifier)]
+        elif self.cfg.signal == "stem":
+            first = next(k for k in floats if k.endswith("weight"))  # the first layer's, in the model's order
+            floats = [k for k in floats if k.rsplit(".", 1)[0] == first.rsplit(".", 1)[0]]
+        return np.concatenate([(weights[k] - start[k]).ravel() for k in floats]).astype(np.float32)
 
     def round_info(self) -> dict[str, Any]:
         return dict(self.info)
