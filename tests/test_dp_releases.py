@@ -62,7 +62,7 @@ def test_a_private_update_is_clipped_noised_and_counted() -> None:
 
 
 @pytest.mark.parametrize("method, settings, message", [
-    ("scaffold", {"dp_sigma": 1.0, "dp_update_clip": 1.0}, "no differentially private form"),
+    ("scaffold", {"dp_sigma": 1.0}, "dp_update_clip > 0"),
     ("splitfed", {"dp_sigma": 1.0, "dp_update_clip": 1.0}, "no differentially private form"),
     ("fedproto", {"dp_sigma": 1.0}, "dp_clip > 0"),
     ("cflhkd", {"dp_sigma": 1.0, "dp_clip": 1.0}, "dp_update_clip > 0"),
@@ -94,11 +94,13 @@ def test_a_private_federation_counts_its_releases_and_reports_epsilon(mosquitto,
 
 
 @pytest.mark.parametrize("method, per_round, extra", [("fedproto", 1, {}), ("cflhkd", 2, {}),
-                                                     ("cflhkd", 3, {"dp_bn_clip": 50.0})])
-def test_fedproto_and_cflhkd_release_privately(mosquitto, tmp_path, method: str, per_round: int, extra: dict) -> None:
+                                                     ("cflhkd", 3, {"dp_bn_clip": 50.0}), ("scaffold", 1, {})])
+def test_fedproto_cflhkd_and_scaffold_release_privately(mosquitto, tmp_path, method: str, per_round: int,
+                                                        extra: dict) -> None:
     # FedProto: its prototypes, one release a round; CFLHKD: its mean logits and its model update
     # (the clustering signal is computed from the noised update, so it costs nothing more), and
-    # with dp_bn_clip the model's BatchNorm statistics
+    # with dp_bn_clip the model's BatchNorm statistics; SCAFFOLD: its model update (its control
+    # variate follows from the noised model it sent)
     records = _sim(mosquitto.url, f"dp-{method}", tmp_path / method, method, 1.0, **extra)
     assert [r["dp_releases_total"] for r in records] == [per_round * r["round"] for r in records], records
     for r in records:

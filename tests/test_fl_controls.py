@@ -97,6 +97,30 @@ def test_scaffold_option_two_control_update_after_k_steps() -> None:
     assert sent[1].body["samples"] == 1  # one device, so the merges take the plain mean over devices
 
 
+@pytest.mark.parametrize("private_reports, steps", [(False, 3), (True, 4)])
+def test_scaffold_under_dp_derives_its_control_update_from_the_noised_model_it_sent(private_reports: bool,
+                                                                                    steps: int) -> None:
+    # Prepare: as above, with DP; with private reports the device reports 16 samples (the power
+    # of two at or above its 12), so K is counted as 16 / 4 = 4 steps, not the 3 it took
+    import dataclasses
+
+    dev = _device("scaffold", device_batch=4, dp_sigma=1.0, dp_update_clip=1.0)
+    dev.ctx = dataclasses.replace(dev.ctx, private_reports=private_reports)
+    dev.version, dev.c_version = 0, 0
+    dev.c_global = {n: np.full(a.shape, 0.01, np.float32) for n, a in dev.c_global.items()}
+    x = {n: a.copy() for n, a in state_to_numpy(dev.model).items()}
+    # Execute
+    sent = list(dev.run_round(plan_for(1, versions={"model": 0, "c": 0})))
+    # Assert: the model sent is noised (not the trained one), dc follows from it: post-processing,
+    # one release counted
+    y_sent, y_trained = sent[0].body["weights"], state_to_numpy(dev.model)
+    assert dev.dp_releases == 1 and dev.steps == 3 and sent[0].body["samples"] == (16 if private_reports else 12)
+    first = next(iter(y_sent))
+    assert not np.allclose(y_sent[first], y_trained[first])
+    for name, dc in sent[1].body["weights"].items():
+        np.testing.assert_allclose(dc, -0.01 + (x[name] - y_sent[name]) / (steps * 0.1), rtol=1e-4, atol=1e-5)
+
+
 def test_scaffold_server_update_of_model_and_control_variate() -> None:
     # Prepare: a cloud of a federation of 4 devices; two edges report 3 devices' dc between them
     ctx = ctx_for("scaffold", "cloud", server_lr=0.5, test=_data(5))

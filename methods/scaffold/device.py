@@ -5,10 +5,17 @@ Option II: c_i+ = c_i - c + (x - y) / (K lr) after K steps from x to y. The devi
 is the project's SGD with momentum b (FedAvg's settings, so every baseline trains alike); K
 steps of momentum SGD move about 1/(1 - b) times as far as plain SGD's, so lr here is the
 effective lr / (1 - b) (b = 0: the paper's formula exactly).
+
+With DP (dp_sigma > 0) the model update is clipped and noised as FedAvg's, and the control
+variate is computed from the model that was sent, y the noised one: dc = -c - (y - x) / (K lr)
+is then post-processing of a release, costing no privacy of its own. K is counted from the
+samples the device reports (with private reports the power of two above what it holds), so
+dc's scale says no more about its data than its hello does.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator
 
 import numpy as np
@@ -28,8 +35,8 @@ def parameter_map(model: torch.nn.Module) -> dict[str, np.ndarray]:
 
 class ScaffoldDevice(FedAvgDevice):
     state = FedAvgDevice.state + ("c_local", "c_global", "c_version")
-    private = False  # its control-variate changes have no private form yet
-    secure_kinds = ()  # nor a secure sum tested with them
+    private, private_clips = True, ("dp_update_clip",)  # the model; dc follows from what was sent
+    secure_kinds = ()  # no secure sum tested with its control variates
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -68,21 +75,31 @@ class ScaffoldDevice(FedAvgDevice):
         start = parameter_map(self.model)
         self.correction = [torch.from_numpy(self.c_global[n] - self.c_local[n]) for n in start]
         self.steps = 0
+        sent: dict[str, np.ndarray] = {}
         try:
             for item in super().run_round(plan):
+                if isinstance(item, Message) and item.kind == "weights":
+                    sent = item.body["weights"]  # y: under DP the clipped, noised model
                 if item is DONE and self.steps:
-                    yield self._control_update(start)
+                    yield self._control_update(start, {n: np.asarray(sent[n], np.float32) for n in start})
                 yield item
         finally:
             self.correction = None
 
-    def _control_update(self, start: dict[str, np.ndarray]) -> Message:
-        """c_i+ = c_i - c + (x - y) / (K lr_eff); sends dc = c_i+ - c_i (counted as one device)."""
+    def _steps(self) -> int:
+        """K: the steps taken, or under DP the steps the reported samples make (never fewer)."""
+        if not self.cfg.dp_sigma > 0:
+            return self.steps
+        batches = math.ceil(self.reported_samples(len(self.y)) / self.cfg.device_batch)
+        return max(self.steps, self.cfg.local_epochs * batches)
+
+    def _control_update(self, start: dict[str, np.ndarray], end: dict[str, np.ndarray]) -> Message:
+        """c_i+ = c_i - c + (x - y) / (K lr_eff), y the model sent; sends dc = c_i+ - c_i (counted as one device)."""
         lr = self.cfg.device_lr / (1.0 - self.cfg.momentum)
-        end = parameter_map(self.model)
+        steps = self._steps()
         dc = {}
         for n, x in start.items():
-            new = self.c_local[n] - self.c_global[n] + (x - end[n]) / (self.steps * lr)
+            new = self.c_local[n] - self.c_global[n] + (x - end[n]) / (steps * lr)
             dc[n] = (new - self.c_local[n]).astype(np.float32)
             self.c_local[n] = new.astype(np.float32)
         return Message("weights", {"part": DC, "version": self.version, "samples": 1, "weights": dc})
