@@ -655,7 +655,7 @@ class Method:
         if not parts or not all(p.private for p in parts):
             raise ValueError(f"{self.name} has no differentially private form of everything its devices send; "
                              f"dp_sigma covers fedavg (and fedadam, fedyogi, fedavgm), fedprox, scaffold, hsfp, hsfp-cal, "
-                             f"fedproto, cflhkd, simsiam, align-uniform, ssd and fedmar: leave dp_sigma at 0")
+                             f"fedproto, cflhkd, simsiam, align-uniform, ssd, fedmar and decmar: leave dp_sigma at 0")
         clear = sorted({p.clear_private for p in parts if p.clear_private})
         if self.config.dp_devices > 1 and clear:
             raise ValueError(f"dp_devices={self.config.dp_devices} needs every private release of {self.name} inside "

@@ -205,3 +205,42 @@ def test_mar_parts_refuse_what_does_not_fit_the_federation() -> None:
     with pytest.raises(ProtocolError):
         cloud.check(wire("arrays", {"name": "latents", "version": 1,
                                     "arrays": {"d0": np.zeros(dim + 1, np.float32)}}, "e0"), "child")
+
+
+def test_decmar_releases_privately_and_averages_its_own_release(mosquitto, tmp_path, monkeypatch) -> None:
+    # under DP each device releases its model update and its mean latent (two releases a round)
+    # and averages its neighbours' releases with its own release (the very map it sent), never
+    # with the model it trained: what it starts the next round from is a function of releases
+    from collections import defaultdict
+
+    from splitedge.methods.mar import device as mar_device
+    from splitedge.methods.registry import get_method
+
+    sent: dict[int, list] = defaultdict(list)
+    first_merged: dict[int, list] = defaultdict(list)
+    run_round, merge = mar_device.DecMARDevice.run_round, get_method("decmar").merge_weights
+
+    def spy_round(self, plan):
+        for item in run_round(self, plan):
+            if getattr(item, "kind", "") == "weights" and item.slot == "model":
+                sent[threading.get_ident()].append(item.body["weights"])
+            yield item
+
+    def spy_merge(self, parts, reference=None):
+        if threading.get_ident() in sent:  # a device's own averaging (edges and the cloud merge too)
+            first_merged[threading.get_ident()].append(parts[0][0])
+        return merge(self, parts, reference)
+
+    monkeypatch.setattr(mar_device.DecMARDevice, "run_round", spy_round)
+    monkeypatch.setattr(get_method("decmar"), "merge_weights", spy_merge)
+    torch.set_num_threads(1)
+    out = tmp_path / "decmar-dp"
+    private = {"dp_sigma": "1e-6", "dp_update_clip": "1000", "dp_clip": "1000", "graph": "ring"}
+    run_sim(SimSettings(rounds=2, devices=4, edges=2, method="decmar", broker=mosquitto.url, run="decmar-dp", out=out,
+                        deadline_s=120.0, max_train=800, overrides={**SMALL, **private}))
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["dp_releases_total"] for r in records] == [2, 4], records
+    assert all(r["dp_epsilon"] > 0 for r in records), records
+    assert not any(v for r in records for v in r["rejected"].values()), [r["rejected"] for r in records]
+    assert sum(len(v) for v in sent.values()) == 8 and set(sent) == set(first_merged)
+    assert all(a is b for t in sent for a, b in zip(sent[t], first_merged[t], strict=True)), "averaged the trained model"

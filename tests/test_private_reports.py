@@ -107,8 +107,8 @@ def test_a_self_supervised_run_releases_its_models_privately_inside_a_secure_sum
 def test_fedmar_releases_its_model_and_mean_latent_privately(mosquitto, tmp_path) -> None:
     """FedMAR under DP: two releases a round per device (the model update, the mean latent over
     its images' clipped latents), every device's latent reaches the cloud at negligible noise,
-    the run completes with nothing refused; DecMAR, whose neighbours average its model as it is,
-    is refused before round 1, as is FedMAR with the noise shared (its latents travel one by one)."""
+    the run completes with nothing refused; FedMAR (and DecMAR) with the noise shared is refused
+    before round 1 (their latents travel one by one)."""
     import json
 
     import torch
@@ -127,8 +127,8 @@ def test_fedmar_releases_its_model_and_mean_latent_privately(mosquitto, tmp_path
     assert all(r["dp_epsilon"] > 0 and r["latents"] == 4 for r in records), records
     assert not any(r["rejected"].get(e) for r in records for e in ("e0", "e1")), [r["rejected"] for r in records]
     info = load_dataset("digits", max_train=10, max_test=10)[2]
-    with pytest.raises(ValueError, match="no differentially private form"):
-        build_run_config("decmar", info, None, 0, private)
+    with pytest.raises(ValueError, match="DecMAR's models and mean latents go to each neighbour"):
+        build_run_config("decmar", info, None, 0, {**private, "dp_devices": 2, "secagg": "full"})
     with pytest.raises(ValueError, match="mean latents travel device by device"):
         build_run_config("fedmar", info, None, 0, {**private, "secagg": "full", "calibrate": "lda", "dp_head_clip": 1.0,
                                                    "dp_devices": 2})

@@ -161,10 +161,16 @@ class DecMARDevice(MARDevice):
     """Trains, sends its model and mean latent to its neighbours, waits (bounded) for theirs,
     averages itself with them; z_bar for the next round is the mean of their mean latents.
     Every device builds the same initial model from the run's seed, so it needs nobody's
-    model to start (a run with no cloud, device/peer_agent.py)."""
+    model to start (a run with no cloud, device/peer_agent.py).
+
+    Under DP it releases as FedMAR does (its model update clipped and noised, its mean latent
+    one noisy release), and averages its neighbours' releases with its own release, not with
+    the model it trained: the model each round starts from is then a function of releases
+    only (the seeded initial model first), so every update is clipped against a start that
+    reveals nothing more, and the rounds compose as the accountant counts them."""
 
     state = MARDevice.state + ("missed",)  # info: this round's, read by round_info as it ends
-    private = False  # its model goes to its neighbours, who average it in as it is: no private form yet
+    clear_private = "DecMAR's models and mean latents go to each neighbour as they are (no secure sum)"
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -172,17 +178,24 @@ class DecMARDevice(MARDevice):
         self.missed: set[str] = set()  # neighbours not heard last round
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
+        start = state_to_numpy(self.model) if self.cfg.dp_sigma > 0 else None
         self.train_round()
-        yield Message("weights", self.model_body(), to=PEERS, slot=MODEL)
-        yield self.latent_message(plan.round, to=PEERS)
-        models, latents = self.hear_neighbours(min(self.cfg.gather_timeout_s, plan.deadline_s / 2))
         own = self.model_body()
+        if start is not None:  # differential privacy: the update and the latent, as FedMAR's
+            own["weights"] = private_weights(self, own["weights"], start)
+            self.mean_latent = self.private_latent()
+        yield Message("weights", own, to=PEERS, slot=MODEL)
+        if self.mean_latent is not None:  # under DP, None when the noisy count fell below the floor
+            yield self.latent_message(plan.round, to=PEERS)
+        models, latents = self.hear_neighbours(min(self.cfg.gather_timeout_s, plan.deadline_s / 2))
         parts = [(own["weights"], 1)] + [(env.body["weights"], 1) for env in models.values()]
-        load_numpy_state(self.model, self.method.merge_weights(parts))  # self and neighbours, equally
-        means = [self.mean_latent] + [np.asarray(e.body["arrays"]["z"]) for e in latents.values()
-                                      if e.body["name"] == LATENT]
-        stacked = np.stack(means)  # the paper's reference is the latents themselves, ours their mean
-        self.zbar = torch.from_numpy((stacked if self.cfg.ammd == "paper" else stacked.mean(axis=0)).astype(np.float32))
+        load_numpy_state(self.model, self.method.merge_weights(parts))  # self (as sent) and neighbours, equally
+        means = ([] if self.mean_latent is None else [self.mean_latent]) + \
+            [np.asarray(e.body["arrays"]["z"]) for e in latents.values() if e.body["name"] == LATENT]
+        if means:  # none only under DP, when no release of this round passed the floor: keep the last
+            stacked = np.stack(means)  # the paper's reference is the latents themselves, ours their mean
+            self.zbar = torch.from_numpy((stacked if self.cfg.ammd == "paper" else stacked.mean(axis=0))
+                                         .astype(np.float32))
         self.version = plan.round
         self.info = {"neighbours_heard": len(models), "neighbours_missed": sorted(self.missed)}
         if plan.directives.get(UPLOAD):  # the cloud evaluates the consensus of the devices' models
