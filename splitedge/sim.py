@@ -268,6 +268,8 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
             summary = summarise(history, fed, config, s, time.monotonic() - started, info, workers=workers)
             if tree is not None:
                 summary["brokers"] = tree.counters()  # bytes and messages through each broker
+            if s.sign:
+                summary["signed"] = True  # every frame signed and verified (its bytes include the trailers)
         (s.out / "summary.json").write_text(dumps(summary, indent=1))
         from splitedge.plots import plot_run
         from splitedge.runtime.outputs import plot_spectra_per_round

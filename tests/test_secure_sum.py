@@ -124,6 +124,7 @@ def test_a_signed_federations_secure_sums_take_the_signed_form_and_are_the_clear
     sign = module.Device.sign_request
     monkeypatch.setattr(module.Device, "sign_request", lambda self, request: signed.append(self.id) or sign(self, request))
     records = _sim(mosquitto.url, "sa-signed", tmp_path / "signed", secure="plus", sign=True)
+    assert json.loads((tmp_path / "signed" / "summary.json").read_text())["signed"] is True
     for key in ("accuracy", "accuracy_calibrated", "calibrated"):
         assert [r[key] for r in records] == pytest.approx([r[key] for r in clear], abs=1e-9), key
     assert all(r["calibration_secagg"] == {e: {"arrays.head_stats": {"devices": 2, "dropped": 0}} for e in ("e0", "e1")}

@@ -12,7 +12,12 @@ Gaussian mechanism"; here continuous Gaussians encoded in fixed point):
 One image changes one device's contribution, hence the sum, by at most Delta (per-class
 statistics: the release's sensitivity; weights: 2 x dp_update_clip, each device weighed alike),
 so the sum is a Gaussian mechanism with multiplier sigma sqrt(m / t) >= sigma: the accountant's
-epsilon for sigma holds against the edge, the cloud and the broker. It holds as long as at least
+epsilon for sigma holds against the edge, the cloud and the broker. (Up to the fixed-point
+rounding: the edge sees the sum of each device's rounded noisy values, not the rounding of the
+noisy sum. Kairouz et al. make this exact by rounding the data first and adding discrete
+Gaussian noise on the integer grid, at the price of sqrt(d) grid steps of sensitivity; here a
+step is 2^-24 against a clip of order 1, so the difference is of order sqrt(d) 2^-24 relative
+(4e-6 for 10 x 512 values), well below what the accountant rounds, but it is not proven here.) It holds as long as at least
 t devices whose noise the observer does not know are in the sum: the edge aborts a sum of fewer
 (secagg.py `min_survivors`, which every device checks too before it reveals a share), and t
 counts honest devices, so with c devices colluding with the edge choose t <= m - c.
