@@ -23,7 +23,7 @@ from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
 from splitedge.bench.central import CENTRAL, central_run
 from splitedge.bench.plotstyle import Series, draw, new_figure
 from splitedge.bench.report import Progress, table, save_figure
-from splitedge.bench.simrun import (FederationSettings, bytes_to_target, device_bytes, parse_variant,
+from splitedge.bench.simrun import (FederationSettings, bytes_to_target, device_bytes, parse_sets, parse_variant,
                                     run_on_mosquitto, slim_rounds)
 from splitedge.runtime.cost import summed
 
@@ -72,7 +72,8 @@ class AccuracySettings(FederationSettings):
                    max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None),
                    variants=variants, groups=getattr(a, "groups", None) or 0,
                    group_skew=getattr(a, "group_skew", None) or "rotate", deadline_s=getattr(a, "deadline", None),
-                   virtual=virtual, jobs=jobs_of(a), until_plateau=bool(getattr(a, "until_plateau", False)))
+                   virtual=virtual, jobs=jobs_of(a), until_plateau=bool(getattr(a, "until_plateau", False)),
+                   overrides=parse_sets(getattr(a, "set", None) or []))
 
     def sim(self, method: str, alpha: float | None, run: str, overrides: dict[str, Any] | None = None) -> Any:
         sim = super().sim(method, alpha, run, overrides)
@@ -80,13 +81,14 @@ class AccuracySettings(FederationSettings):
 
     def entries(self) -> list[tuple[str, str, dict[str, str]]]:
         """(row label, registered method, overrides): the methods, then the variants. Variants
-        without --methods run alone (they name what to compare)."""
+        without --methods run alone (they name what to compare). Every row carries the --set
+        settings all rows share (a variant's own win), so a row's record says what it ran with."""
         methods = selected_methods(self.methods) if self.methods or not self.variants else []
-        out = [(m, m, {}) for m in methods]
+        out = [(m, m, dict(self.overrides)) for m in methods]
         for name, (method, overrides) in self.variants.items():
             if method != CENTRAL:
                 selected_methods((method,))  # an unknown method fails before any run
-            out.append((name, method, overrides))
+            out.append((name, method, {**self.overrides, **overrides}))
         return out
 
 

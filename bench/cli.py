@@ -97,8 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--images", type=int, default=None, help="images on the measured device")
     g.add_argument("--backends", type=_csv, default=("torch", "onnx"), help="device backends to measure")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="ram: H-SFP setting for the measured federation; poison: a method setting every row "
-                        "shares (repeatable), e.g. device_batch=32, robust_clip_k=1")
+                   help="ram: H-SFP setting for the measured federation; accuracy, cluster, poison, dp: a method "
+                        "setting every row shares (a variant's own win; repeatable), e.g. device_batch=32, "
+                        "robust_clip_k=1, signal=layout")
     g.add_argument("--train-chunk", type=int, default=None, metavar="N",
                    help="ram, device-memory: the thin device's --train-chunk (default the device's, 8; 0: whole batches)")
     g.add_argument("--device-mem-cap", type=float, default=None, metavar="MB",

@@ -48,7 +48,7 @@ import numpy as np
 from splitedge.bench.accuracy import jobs_of, parse_splits, split_name
 from splitedge.bench.plotstyle import Series, lines, method_colour, new_figure
 from splitedge.bench.report import Progress, save_figure, table
-from splitedge.bench.simrun import FederationSettings, run_on_mosquitto
+from splitedge.bench.simrun import FederationSettings, parse_sets, run_on_mosquitto
 from splitedge.methods.metrics import plateau
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class DPSettings(FederationSettings):
             alpha = splits[0]
         else:
             alpha = 0.3 if a.alpha is None else a.alpha
-        sets = dict(item.split("=", 1) for item in a.set)
+        sets = parse_sets(a.set)
         if "dp_sigma" in sets or "dp_delta" in sets:
             raise ValueError("--set dp_sigma / dp_delta: the dp suite sets them (sigma from --epsilons, delta 1e-5)")
         return cls(methods=methods, epsilons=epsilons, seeds=seeds, alpha=alpha, settings=sets,

@@ -20,7 +20,7 @@ from typing import Any
 from splitedge.bench.plotstyle import Series, draw, new_figure
 from splitedge.bench.report import Progress, save_figure, table
 from splitedge.bench.rogues import ATTACKS
-from splitedge.bench.simrun import FederationSettings, run_on_mosquitto
+from splitedge.bench.simrun import FederationSettings, parse_sets, run_on_mosquitto
 from splitedge.methods.moments import ROBUST_MERGES
 
 
@@ -43,7 +43,7 @@ class PoisonSettings(FederationSettings):
         attack = a.attack or "scale-weights"
         if attack not in ATTACKS:
             raise ValueError(f"--attack {attack!r}: pick one of {', '.join(ATTACKS)}")
-        sets = dict(item.split("=", 1) for item in a.set)
+        sets = parse_sets(a.set)
         seeds = tuple(int(v) for v in a.seeds) or (a.seed, a.seed + 1)
         return cls(method=(a.methods or ("fedavg",))[0], attack=attack, rules=rules, seeds=seeds,
                    dataset=a.dataset, data=a.data, model=a.model, devices=a.devices or 8, edges=a.edges or 2,

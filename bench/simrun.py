@@ -63,6 +63,18 @@ class FederationSettings:
                            until_plateau=self.until_plateau, **sim_keys)
 
 
+def parse_sets(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """--set KEY=VALUE items as a map (values stay strings, typed by the method's config); a
+    ValueError naming the item for one without '='."""
+    out = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
     """'hsfp-ic2=hsfp:ic=2,ie=2' -> ('hsfp-ic2', 'hsfp', {'ic': '2', 'ie': '2'}).
 

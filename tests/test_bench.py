@@ -411,6 +411,25 @@ def test_accuracy_variants_alone_run_only_the_variants() -> None:
     assert "hsfp" in [e[0] for e in plain.entries()] and "a" not in [e[0] for e in plain.entries()]
 
 
+def test_a_shared_set_reaches_every_row_and_its_record_and_a_variant_overrides_it() -> None:
+    # bench accuracy / cluster used to ignore --set silently (a CFLHKD run with --set signal=layout
+    # clustered by the default signal)
+    from splitedge.bench.cluster import ClusterSettings
+    from splitedge.bench.cli import add_arguments
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    s = ClusterSettings.from_args(p.parse_args(["cluster", "--set", "signal=layout", "--variant",
+                                                "upd=cflhkd:signal=updates"]))
+    rows = {label: overrides for label, _, overrides in s.entries()}
+    assert rows["cflhkd"] == {"signal": "layout"} and rows["clustered-fl"] == {"signal": "layout", "kd": "false"}
+    assert rows["upd"] == {"signal": "updates"}
+    assert s.sim("cflhkd", None, "r", rows["cflhkd"]).overrides == {"signal": "layout"}
+    with pytest.raises(ValueError, match="--set expects KEY=VALUE, got 'signal'"):
+        ClusterSettings.from_args(p.parse_args(["cluster", "--set", "signal"]))
+
+
 def test_accuracy_virtual_devices_reach_the_sim() -> None:
     from splitedge.bench.accuracy import AccuracySettings
     from splitedge.bench.cli import add_arguments
