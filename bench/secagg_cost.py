@@ -39,6 +39,8 @@ from splitedge.protocol.arrays import ext_default
 
 ROUNDS = ("keys", "shares", "masked", "consistency", "unmask")
 ROUND_NAMES = ("r0", "r1", "r2", "r3a", "r3")
+MODES = ("secagg", "secagg+", "secagg+ signed")
+SIGNED = MODES[2]
 
 
 @dataclass
@@ -94,7 +96,7 @@ def one_row(n: int, mode: str, drop: float, s: SecAggCostSettings) -> dict[str, 
     srv_t = dict.fromkeys(ROUNDS, 0.0)
     sizes: dict[str, list[int]] = {k: [] for k in ("keys", "roster", "shares", "inbox", "masked", "request", "signed",
                                                    "signatures", "reveal")}
-    who = identities([*ids, "e0"]) if mode.endswith("signed") else {}
+    who = identities([*ids, "e0"]) if mode == SIGNED else {}
     server = Server(cfg, ids, who.get("e0"))
     devices = {d: Device(d, cfg, who.get(d)) for d in ids}
 
@@ -195,13 +197,13 @@ def sampled_full(n: int, s: SecAggCostSettings) -> dict[str, Any]:
 def run(s: SecAggCostSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     rows = []
     for n in s.counts:
-        for mode in ("secagg", "secagg+", "secagg+ signed"):
+        for mode in MODES:
             if mode == "secagg" and n > s.full_max:
                 rows.append(sampled_full(n, s))
                 print(f"secagg cost: secagg n={n}: rounds 0-1 of {s.sample} devices only, device round 1 "
                       f"{rows[-1]['device_s']['shares']:.3f} s", flush=True)
                 continue
-            for drop in (0.0, s.drop) if mode != "secagg+ signed" else (0.0,):
+            for drop in (0.0, s.drop) if mode != SIGNED else (0.0,):
                 rows.append(one_row(n, mode, drop, s))
                 r = rows[-1]
                 print(f"secagg cost: {mode} n={n} drop={r['dropped']}: device "
@@ -261,7 +263,7 @@ def _total(values: dict[str, Any], keys: tuple[str, ...]) -> Any:
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for mode in ("secagg", "secagg+", "secagg+ signed"):
+    for mode in MODES:
         for dropped in (False, True):
             rows = [r for r in results["rows"]
                     if r["mode"] == mode and bool(r["dropped"]) == dropped and not r.get("sampled")]

@@ -63,14 +63,14 @@ class FederationSettings:
                            until_plateau=self.until_plateau, **sim_keys)
 
 
-def parse_sets(items: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """--set KEY=VALUE items as a map (values stay strings, typed by the method's config); a
-    ValueError naming the item for one without '='."""
+def parse_sets(items: list[str] | tuple[str, ...], where: str = "--set expects") -> dict[str, str]:
+    """KEY=VALUE items (--set, a variant's settings) as a map (values stay strings, typed by the
+    method's config); a ValueError naming the item for one without '='."""
     out = {}
     for item in items or ():
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+            raise ValueError(f"{where} KEY=VALUE, got {item!r}")
         out[key.strip()] = value.strip()
     return out
 
@@ -85,13 +85,8 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
     method, _, settings = rest.partition(":")
     if not sep or not name.strip() or not method.strip():
         raise ValueError(f"--variant expects NAME=METHOD[:KEY=VALUE,...], got {text!r}")
-    overrides = {}
-    for item in filter(None, (i.strip() for i in settings.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise ValueError(f"--variant {name}: expected KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = value.strip()
-    return name.strip(), method.strip(), overrides
+    items = [i for i in (i.strip() for i in settings.split(",")) if i]
+    return name.strip(), method.strip(), parse_sets(items, f"--variant {name}: expected")
 
 
 def run_on_mosquitto(settings: Any, *, check_sys: bool = True,

@@ -104,7 +104,8 @@ def sum_name(msg: Message) -> str:
 
 
 def identity_of(transport: Any) -> Any:
-    """The node's identity for secure sums (None: an unsigned federation)."""
+    """The node's identity for secure sums (None: an unsigned federation). identity.py needs
+    `cryptography`, imported only when the node signs (a thin device may lack it)."""
     if getattr(transport, "signer", None) is None:
         return None
     from splitedge.methods.privacy.identity import of_transport

@@ -9,23 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives.asymmetric import ed25519
-
 from splitedge.methods.privacy import crypto, fixedpoint, identity, shamir
 from splitedge.methods.privacy.secagg import (
     SECRET_BYTES, AdvertiseKeys, ConsistencySignature, Device, KeyRoster, SecAggConfig, SecAggError, Server,
     SignedSurvivors, UnmaskRequest, UnmaskShares, _sign_towards,
 )
-from splitedge.protocol.signing import KeyRing, Signer
+from splitedge.bench.secagg_cost import identities  # each node's signer, one keyring of every node's key
 
 from test_secagg import make_inputs, wire
-
-
-def identities(ids: list[str]) -> dict[str, identity.Keyring]:
-    """Each node's signer and one keyring holding every node's public key (a signed federation)."""
-    keys = {d: ed25519.Ed25519PrivateKey.generate() for d in ids}
-    ring = KeyRing({d: k.public_key() for d, k in keys.items()})
-    return {d: identity.Keyring(Signer(k), ring) for d, k in keys.items()}
 
 
 class Signed:

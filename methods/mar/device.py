@@ -140,14 +140,20 @@ class MARDevice(DevicePart):
         kept = [i for i, c in enumerate(classes) if int(c) == 0]
         return means[kept[0]].astype(np.float32) if kept else None
 
-    def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
+    def released_round(self) -> dict[str, Any]:
+        """Train this round; the model body to send and `mean_latent` set, both private under DP
+        (methods/privacy): the update clipped and noised, the latent one noisy release (None
+        when its noisy count fell below the floor)."""
         start = state_to_numpy(self.model) if self.cfg.dp_sigma > 0 else None
         self.train_round()
         body = self.model_body()
-        if start is not None:  # differential privacy (methods/privacy): the update and the latent
+        if start is not None:
             body["weights"] = private_weights(self, body["weights"], start)
             self.mean_latent = self.private_latent()
-        yield Message("weights", body)
+        return body
+
+    def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
+        yield Message("weights", self.released_round())
         if self.mean_latent is not None:
             yield self.latent_message(plan.round)
         yield DONE
@@ -178,12 +184,7 @@ class DecMARDevice(MARDevice):
         self.missed: set[str] = set()  # neighbours not heard last round
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
-        start = state_to_numpy(self.model) if self.cfg.dp_sigma > 0 else None
-        self.train_round()
-        own = self.model_body()
-        if start is not None:  # differential privacy: the update and the latent, as FedMAR's
-            own["weights"] = private_weights(self, own["weights"], start)
-            self.mean_latent = self.private_latent()
+        own = self.released_round()
         yield Message("weights", own, to=PEERS, slot=MODEL)
         if self.mean_latent is not None:  # under DP, None when the noisy count fell below the floor
             yield self.latent_message(plan.round, to=PEERS)
