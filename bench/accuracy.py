@@ -24,7 +24,7 @@ from splitedge.bench.central import CENTRAL, central_run
 from splitedge.bench.plotstyle import Series, draw, new_figure
 from splitedge.bench.report import Progress, table, save_figure
 from splitedge.bench.simrun import (FederationSettings, bytes_to_target, device_bytes, parse_sets, parse_variant,
-                                    run_on_mosquitto, slim_rounds)
+                                    run_on_mosquitto, sim_folder, slim_rounds)
 from splitedge.runtime.cost import summed
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,8 @@ class AccuracySettings(FederationSettings):
     variants: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
     jobs: int = 1  # runs at a time, each in a process of its own
     deadline_s: float | None = None  # None: the sim's default (a large model on all 50,000 images needs more)
+    keep_in: Path | None = None  # the bench's --out: each run keeps its sim there until it finishes (resumable)
+    resume_sims: bool = False  # --resume: a run whose sim was kept carries it on (else it starts afresh)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> AccuracySettings:
@@ -95,7 +97,8 @@ class AccuracySettings(FederationSettings):
 def one_run(s: AccuracySettings, label: str, method: str, overrides: dict[str, str],
             alpha: float | None) -> dict[str, Any]:
     sim = s.sim(method, alpha, run=f"bench-acc-{method}", overrides=overrides)
-    res = run_on_mosquitto(sim, check_sys=False)
+    res = run_on_mosquitto(sim, check_sys=False, keep=sim_folder(s.keep_in, label, split_name(alpha)),
+                           resume=s.resume_sims)
     summary, rounds = res["summary"], max(1, len(res["per_round"]))
     if not any(a is not None and math.isfinite(a) for a in summary["accuracy_per_round"]):
         # an error row, rerun by --resume: stored as a result it looked like data (a fedproto run

@@ -144,6 +144,8 @@ def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str
     if args.rerender and not getattr(module, "RERENDERS_ITSELF", False):
         return rerender(module, out_dir, plots=not args.no_plots, suite=name)
     settings = module.Settings.from_args(args)
+    if hasattr(settings, "keep_in"):  # its runs keep their sims under --out until each finishes (--resume)
+        settings.keep_in, settings.resume_sims = out_dir, bool(args.resume)
     started = time.monotonic()
     kwargs = {}
     if "previous" in inspect.signature(module.run).parameters and args.resume:

@@ -8,13 +8,16 @@ bytes-to-target-accuracy) and, optionally, Mosquitto's own byte count as a witne
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from splitedge.bench.sysbytes import SysMonitor, agreement, capture_transports, tier_totals
+from splitedge.runtime.outputs import dumps
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +92,35 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
     return name.strip(), method.strip(), parse_sets(items, f"--variant {name}: expected")
 
 
+SIMS_DIR = "sims"
+"""Under a bench's --out: the sim folder of each run not yet finished (`run_on_mosquitto(keep=)`)."""
+BENCH_ROUNDS = "bench-rounds.jsonl"  # in a kept sim folder: the bench's record of each finished round
+
+
+def sim_folder(out: Path | None, *names: Any) -> Path | None:
+    """Where a bench run keeps its sim (None: a temporary folder, nothing to resume)."""
+    if out is None:
+        return None
+    return Path(out) / SIMS_DIR / "-".join(str(n).replace("/", "_").replace(" ", "") for n in names)
+
+
 def run_on_mosquitto(settings: Any, *, check_sys: bool = True,
-                     attach: Callable[[str, str], Any] | None = None) -> dict[str, Any]:
+                     attach: Callable[[str, str], Any] | None = None, keep: Path | None = None,
+                     resume: bool = True) -> dict[str, Any]:
     """Run ``splitedge.sim.run_sim(settings)`` on a fresh Mosquitto; `attach(url, run)`, if
     given, starts a peer of the run's own on that broker (a rogue device, bench/rogues.py) before
     the federation, and its `close()` is called after.
 
+    With `keep`, the sim runs resumable in that folder (splitedge/sim_resume.py), the bench's
+    record of each round beside it: a bench killed in the middle of a run (hours on `fedcnn`)
+    and started again carries that run on from its last finished round, on a new broker. The
+    folder goes once the run has finished (its results are the bench's JSON). Without `resume`,
+    a sim found there is replaced.
+
     Returns ``{"summary", "per_round", "tiers", "sys"}``: the sim summary, per round the
     accuracy, round seconds and cumulative bytes by tier, the final bytes by tier (payload,
-    packet, wire) and the $SYS cross-check (None when ``check_sys`` is False).
+    packet, wire) and the $SYS cross-check (None when ``check_sys`` is False; a resumed run's
+    broker saw only the part after the restart, so keep it off with `keep`).
     """
     from splitedge.protocol.broker import MosquittoBroker
     from splitedge.sim import run_sim
@@ -106,20 +129,38 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True,
         monitor = SysMonitor(broker.url) if check_sys else None
         try:
             before = monitor.next_value(after=0.0) if monitor else 0
-            s = dataclasses.replace(settings, broker=broker.url, out=Path(tmp))
+            resumable = keep is not None
+            folder = Path(keep) if resumable else Path(tmp)
+            resuming = resumable and resume and (folder / "sim.state").exists()
+            s = dataclasses.replace(settings, broker=broker.url, out=folder, resumable=resumable,
+                                    overwrite=resumable and not resuming)
             per_round: list[dict[str, Any]] = []
+            rounds_file = folder / BENCH_ROUNDS
+            if resumable and not resuming:
+                rounds_file.unlink(missing_ok=True)
+
+            def on_resume(run: str, last: int) -> None:  # the rounds the resumed run finished before
+                per_round.extend(r for r in read_rounds(rounds_file) if int(r["round"]) <= last)
+                rounds_file.write_text("".join(json.dumps(r) + "\n" for r in per_round))
+                log.info("bench: %s resumes after round %d (%s)", run, last, folder)
+
             peer = None if attach is None else attach(broker.url, s.run)
             with capture_transports() as opened:
                 def on_round(record: dict[str, Any]) -> None:
                     kept = {k: v for k, v in record.items() if k != "bytes"}  # the cloud's own counters
                     per_round.append({**kept, "accuracy": record.get("accuracy"), "bytes": tier_totals(opened)})
                     slim_rounds(per_round)
+                    if resumable:  # before the sim's snapshot of this round (its callback comes after)
+                        with open(rounds_file, "a") as fh:
+                            fh.write(dumps(per_round[-1]) + "\n")
 
                 try:
-                    summary = run_sim(s, on_round=on_round)
+                    summary = run_sim(s, on_round=on_round, on_resume=on_resume)
                 finally:
                     if peer is not None:
                         peer.close()
+            if resumable:
+                shutil.rmtree(folder, ignore_errors=True)
             if not opened:
                 raise RuntimeError("no transport was opened through runtime.session.connect; the byte tap saw nothing")
             time.sleep(SETTLE_S)
@@ -130,6 +171,17 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True,
             if monitor:
                 monitor.close()
     return {"summary": summary, "per_round": per_round, "tiers": tier_totals(opened), "sys": sys_check}
+
+
+def read_rounds(path: Path) -> list[dict[str, Any]]:
+    """The bench's round records of a kept sim (a line cut short by a kill is left out)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
 
 
 def device_bytes(tiers: dict[str, dict[str, int]], field: str = "payload") -> int:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from splitedge.methods.contract import (DONE, TRAIN_CHUNK, DevicePart, Method, NodeContext, Placement, RoundPlan,
                                         coarse_samples)
+from splitedge.methods import snapshot
 from splitedge.methods.data.local import fits_model
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import THIN_BACKEND, parse
@@ -68,6 +69,23 @@ class DeviceAgent(Node):
     @property
     def edge(self) -> str:
         return self.placement.edge
+
+    @property
+    def idle(self) -> bool:
+        return super().idle and not self.exchange.deferred
+
+    # -- state (runtime/statefile.py: a resumed sim puts every device back) -----------------
+    def own_state(self) -> dict[str, Any]:
+        """Beside the part: the last round worked on, where the device is placed, and the
+        messages its host keeps for a parked part (they arrived after its round)."""
+        return {"last": list(self.last), "placement": snapshot.to_plain(self.placement),
+                "held": snapshot.to_plain(self.host.kept) if hasattr(self.host, "kept") else []}
+
+    def restore_own(self, state: Mapping[str, Any]) -> None:
+        self.last = tuple(int(v) for v in state["last"])
+        self.placement = snapshot.from_plain(state["placement"])
+        if hasattr(self.host, "kept"):
+            self.host.kept = [tuple(e) for e in snapshot.from_plain(state["held"])]
 
     # -- wiring ----------------------------------------------------------------------------
     def _sync_subscriptions(self, fresh: bool = False) -> None:

@@ -77,6 +77,13 @@ class EdgeAggregator(Node):
         return self.roster.samples
 
 
+    # -- state (runtime/statefile.py) -----------------------------------------------------
+    def own_state(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_body() if self.plan is not None else None}
+
+    def restore_own(self, state: Mapping[str, Any]) -> None:
+        self.plan = RoundPlan.from_body(self.round, state["plan"]) if state.get("plan") is not None else None
+
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
         statefile.resume(self.state_file, self)

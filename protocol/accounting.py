@@ -123,6 +123,25 @@ class ByteCounters:
             per_type = self._control_packets[direction]
             per_type[packet_type] = per_type.get(packet_type, 0) + packet_bytes
 
+    def state(self) -> dict[str, Any]:
+        """Everything counted so far (`carry_on` adds it to another connection's counters)."""
+        with self._lock:
+            return copy.deepcopy({"data": self._data, "control_packets": self._control_packets})
+
+    def carry_on(self, saved: dict[str, Any]) -> None:
+        """Add what an earlier connection of the same node counted (`state`): a resumed sim's
+        byte counts cover the whole run, not only the part after the restart."""
+        with self._lock:
+            for direction in DIRECTIONS:
+                for kind, row in saved["data"][direction].items():
+                    into = self._data[direction].setdefault(kind, {"messages": 0, "payload": 0, "packet": 0})
+                    for name in into:
+                        into[name] += int(row.get(name, 0))
+                self._data["control"][direction] += int(saved["data"]["control"][direction])
+                per_type = self._control_packets[direction]
+                for packet_type, n in saved["control_packets"][direction].items():
+                    per_type[packet_type] = per_type.get(packet_type, 0) + int(n)
+
     def snapshot(self) -> dict[str, Any]:
         """A deep copy: ``{"out": {kind: {messages, payload, packet}}, "in": {...}, "control": {"out", "in"}}``."""
         with self._lock:

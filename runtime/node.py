@@ -61,6 +61,7 @@ class Node:
         self.round = 0
         self.completed = 0  # training phases an edge or device finished in this process (runtime/metrics_http.py)
         self.errors = 0  # events whose handling raised; logged, counted, the loop goes on
+        self.busy = False  # handling an event now (a sim's round snapshot waits for every node to be idle)
         self.session = ""  # the cloud's run incarnation, learnt from the round announcement
         self.inbound = NodeInbound(f"{tier} {node_id}", lambda: self.session)
         self.gate: Any = None  # what head statistics must fit while a calibration phase is open
@@ -101,12 +102,20 @@ class Node:
         """Handle one inbox event; an exception is logged and counted, never kills the runtime."""
         if event is None:
             return
+        self.busy = True
         try:
             self.handle(*event)
         except Exception:
             self.errors += 1
             log.exception("%s %s: handling %s from %s failed", self.tier, self.node_id, event[1].kind,
                           event[1].sender)
+        finally:
+            self.busy = False
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing being handled (a sim's round snapshot waits for this)."""
+        return not self.busy and self.inbox.empty()
 
     def stop(self) -> None:
         self.stopped.set()

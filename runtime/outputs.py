@@ -21,7 +21,7 @@ from splitedge.methods.snapshot import write_atomic
 
 log = logging.getLogger(__name__)
 
-RUN_FILES = ("metrics.jsonl", "summary.json", "model.safetensors", "resume.state")
+RUN_FILES = ("metrics.jsonl", "summary.json", "model.safetensors", "resume.state", "sim.state")
 RESUME_FILE = "resume.state"  # cloud.resume.STATE_FILE
 LOCK = ".splitedge.lock"
 
@@ -57,11 +57,13 @@ def _alive(pid: int) -> bool:
 class RunFolder:
     """Claim `path` for one run: refuse a previous run's files unless `overwrite`, and a folder
     another live process is writing into. Use as a context manager; the lock goes at exit.
-    With `resumable`, a folder holding a cloud's resume state is kept as it is (`resuming`):
-    the caller carries that run on."""
+    With `resumable`, a folder holding a cloud's resume state (a sim's: `resume_file`) is kept as
+    it is (`resuming`): the caller carries that run on."""
 
-    def __init__(self, path: Path, *, overwrite: bool = False, resumable: bool = False) -> None:
+    def __init__(self, path: Path, *, overwrite: bool = False, resumable: bool = False,
+                 resume_file: str = RESUME_FILE) -> None:
         self.path, self.overwrite, self.resumable = Path(path), overwrite, resumable
+        self.resume_file = resume_file  # what a resumable run carries on from (a sim's: sim.state)
         self.lock = self.path / LOCK
         self.created = False
         self.resuming = False
@@ -74,7 +76,7 @@ class RunFolder:
         self._take_lock()
         try:
             previous = [f for f in RUN_FILES if (self.path / f).exists()]
-            self.resuming = self.resumable and not self.overwrite and RESUME_FILE in previous
+            self.resuming = self.resumable and not self.overwrite and self.resume_file in previous
             if self.resuming:
                 return self
             if previous and not self.overwrite:

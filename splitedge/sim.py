@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from splitedge.runtime.outputs import RunFolder, dumps
+from splitedge.sim_resume import SIM_STATE, Snapshots, carry_on, cloud_state, put_back
+from splitedge.sim_resume import load as load_sim_state
 
 log = logging.getLogger(__name__)
 status_log = logging.getLogger("splitedge.status")
@@ -70,6 +72,7 @@ class SimSettings:
     until_plateau: bool = False  # stop before `rounds` once the accuracy has plateaued
     listed_only: bool = False  # edges admit only these devices, each bounded by its shard (edge --manifest)
     sign: bool = False  # every node signs and verifies (keys derived from the run id: splitedge/sim_keys.py)
+    resumable: bool = False  # every node's state in out/sim.state after each round; a rerun carries on (sim_resume.py)
 
     @property
     def sampling(self) -> Any:
@@ -138,6 +141,9 @@ def check_scale_settings(s: SimSettings) -> None:
             raise ValueError("--broker-tree starts its own brokers on this machine, each device on its edge's site "
                              "broker: drop --broker and --remote-workers, and methods that move devices between "
                              "edges (cflhkd, hsfp --set assign=...)")
+    if s.resumable and (s.workers or s.worker or s.broker_tree):
+        raise ValueError("--resumable keeps every node's state from this process: drop --workers, --worker and "
+                         "--broker-tree (their devices or brokers live elsewhere)")
     if s.workers < 0 or s.workers > s.devices:
         raise ValueError(f"--workers must be in 0..--devices ({s.devices}), got {s.workers}")
     if s.worker is None:
@@ -223,9 +229,11 @@ def brokers(s: SimSettings, run: str) -> Iterator[tuple[str, Any]]:
             yield broker.url, None
 
 
-def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> dict[str, Any]:
+def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None,
+            on_resume: Callable[[str, int], None] | None = None) -> dict[str, Any]:
     """Run the federation; writes metrics.jsonl, summary.json and plot.png into s.out. As a
-    worker (`s.worker`), run this process's share of the devices instead (run_worker)."""
+    worker (`s.worker`), run this process's share of the devices instead (run_worker). A
+    resumable sim carrying on an earlier one calls `on_resume(run, round)` first."""
     if s.worker is not None:
         return run_worker(s)
     import torch
@@ -243,29 +251,46 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
     from splitedge.protocol.mqtt_loop import ensure_fd_limit
 
     ensure_fd_limit(s.devices + s.edges + 1)  # one socket per node; a limit too low is one RuntimeError now
-    with RunFolder(s.out, overwrite=s.overwrite):  # claimed before any work, released at the end
+    # claimed before any work, released at the end; a resumable sim's folder with a sim.state is carried on
+    with RunFolder(s.out, overwrite=s.overwrite, resumable=s.resumable, resume_file=SIM_STATE) as folder:
         train, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
         config = build_run_config(s.method, info, s.model, s.seed, s.overrides)
+        saved = resumed_state(s, config) if folder.resuming else None
+        if saved and on_resume:
+            on_resume(saved.run, saved.round)
         shards = partition(train[1], s)
-        run = s.run or f"sim-{uuid.uuid4().hex[:8]}"  # unique: two sims may share a broker
-        with brokers(s, run) as (url, tree), Federation(url, run, s, train, shards, tree) as fed, \
+        run = saved.run if saved else s.run or f"sim-{uuid.uuid4().hex[:8]}"  # unique: two sims may share a broker
+        wall_before = saved.wall_seconds if saved else 0.0
+        with brokers(s, run) as (url, tree), Federation(url, run, s, train, shards, tree, saved) as fed, \
                 WorkerPool(s, url, run, tree) as workers:
             per_device = fed.per_device_bytes(on_round)
+            after_round = per_device.record
+            if s.resumable:
+                per_device.rows = [tuple(row) for row in saved.device_bytes_rows] if saved else []
+                after_round = chained(per_device.record, Snapshots(fed, s.out, per_device, started,
+                                                                   wall_before).after_round)
             settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
                                      min_edges=s.edges, min_devices=s.devices, join_timeout_s=s.join_timeout,
                                      out_dir=s.out, seed=s.seed, sampling=s.sampling,
                                      until_plateau=s.until_plateau, dataset=s.dataset,
-                                     on_round=per_device.record)
-            cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test, host=fed.hosts()[0])
+                                     on_round=after_round)
+            cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test, host=fed.hosts()[0],
+                                     resume_from=cloud_state(saved) if saved else None)
+            if saved:
+                fed.resume_cloud(cloud)
             try:
                 history = cloud.run()
             except KeyboardInterrupt:  # what finished is kept, and marked as such
-                summary = summarise(cloud.history, fed, config, s, time.monotonic() - started, info, "interrupted")
+                summary = summarise(cloud.history, fed, config, s, wall_before + time.monotonic() - started, info,
+                                    "interrupted")
                 (s.out / "summary.json").write_text(dumps(summary, indent=1))
                 raise
             fed.wait_stopped(timeout=30)
             workers.wait(timeout=60)
-            summary = summarise(history, fed, config, s, time.monotonic() - started, info, workers=workers)
+            summary = summarise(history, fed, config, s, wall_before + time.monotonic() - started, info,
+                                workers=workers)
+            if saved:
+                summary["resumed_after_round"] = saved.round
             if tree is not None:
                 summary["brokers"] = tree.counters()  # bytes and messages through each broker
             if s.sign:
@@ -281,6 +306,28 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None) -> d
                  device_bytes=None if s.workers else per_device.rows)  # workers count their devices at exit only
         plot_spectra_per_round(history, s.out / "spectrum.png", title=f"{s.method} on {s.dataset}")
     return summary
+
+
+def resumed_state(s: SimSettings, config: Any) -> Any:
+    """The saved sim to carry on (sim_resume.py): its run id, method, settings and seed must be
+    this command's, and it must not have finished; one ValueError naming what differs."""
+    from splitedge.cloud.resume import check_same_run
+
+    saved = load_sim_state(s.out)
+    if s.run and s.run != saved.run:
+        raise ValueError(f"--out {s.out} holds sim run {saved.run!r} stopped after round {saved.round}; --run {s.run} "
+                         f"differs: drop --run (or give {saved.run}) to resume, or pass --overwrite to start afresh")
+    check_same_run(cloud_state(saved), out=s.out, run=saved.run, method=s.method, config=config.to_wire(),
+                   seed=s.seed, rounds=s.rounds)
+    status_log.info("sim: resuming run %s after round %d (%s)", saved.run, saved.round, Path(s.out) / SIM_STATE)
+    return saved
+
+
+def chained(*callbacks: Callable[[dict], None]) -> Callable[[dict], None]:
+    def each(record: dict) -> None:
+        for callback in callbacks:
+            callback(record)
+    return each
 
 
 SIM_CONNECT_TIMEOUT_S = 60.0
@@ -300,8 +347,9 @@ class Federation:
     clients (and the cloud's) are driven by one shared ClientLoop."""
 
     def __init__(self, url: str, run: str, s: SimSettings, train: tuple[np.ndarray, np.ndarray],
-                 shards: list[np.ndarray], tree: Any = None) -> None:
+                 shards: list[np.ndarray], tree: Any = None, saved: Any = None) -> None:
         self.url, self.run, self.s, self.train, self.shards = url, run, s, train, shards
+        self.saved = saved  # a resumed sim's SimState: each node is put back as it was before it starts
         self.tree = tree  # a BrokerTree: each edge and its devices on their site broker
         # tier -> node id -> its transports (two for an edge bridging its site broker and the cloud's)
         self.node_transports: dict[str, dict[str, list[Any]]] = {"device": {}, "edge": {}, "cloud": {}}
@@ -340,18 +388,28 @@ class Federation:
         self.loop = ClientLoop(name=f"sim-{self.run}")
         _, edge_host, device_host = self.hosts()
         listed = self.manifest() if self.s.listed_only else None
-        for e in range(self.s.edges if self.s.worker is None else 0):  # a worker runs devices only
-            edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed,
-                                  host=edge_host, shared_process=True, listed=listed)
-            self._start(edge)
-        for d in worker_devices(self.s):
-            idx = self.shards[d]
-            backend = self.s.backends[d % len(self.s.backends)]
-            data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
-            agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
-                                edge=home_edge(d, self.s), data=data, backend=backend, seed=self.s.seed,
-                                host=device_host, shared_process=True, private_reports=private_run(self.s))
-            self._start(agent)
+
+        def edges() -> None:
+            for e in range(self.s.edges if self.s.worker is None else 0):  # a worker runs devices only
+                edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed,
+                                      host=edge_host, shared_process=True, listed=listed)
+                self._start(edge)
+
+        def devices() -> None:
+            for d in worker_devices(self.s):
+                idx = self.shards[d]
+                backend = self.s.backends[d % len(self.s.backends)]
+                data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
+                agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
+                                    edge=home_edge(d, self.s), data=data, backend=backend, seed=self.s.seed,
+                                    host=device_host, shared_process=True, private_reports=private_run(self.s))
+                self._start(agent)
+
+        # a resumed sim's edges come back as a restarted edge does: their devices' hellos are
+        # there already (retained), and each takes them all before its part hears of a member
+        # (one by one, a part would drop the state it holds of the members not yet back)
+        for start in ((devices, edges) if self.saved is not None else (edges, devices)):
+            start()
         return self
 
     def manifest(self) -> dict[str, Any]:
@@ -380,9 +438,21 @@ class Federation:
         return (PartHost, functools.partial(SlottedHost, slots=edge_slots),
                 functools.partial(ParkingHost, slots=device_slots, park_dtype=self.s.park_dtype))
 
+    def resume_cloud(self, cloud: Any) -> None:
+        """The resumed cloud's connection counts on; no retained downlink of its earlier
+        incarnation is left on the broker (every node is put back from the saved state instead)."""
+        from splitedge.protocol.topics import pattern
+        from splitedge.runtime.session import clear_retained
+
+        carry_on(self.saved, "cloud", cloud, self.node_transports["cloud"]["cloud"])
+        clear_retained(cloud.transport, pattern(self.run, "cloud", cloud.node_id, "down", "#"))
+
     def _start(self, node: Any) -> None:
+        if self.saved is not None:
+            put_back(self.saved, node)
+            carry_on(self.saved, node.tier, node, self.node_transports[node.tier][node.node_id])
         node.quiet_warn_s = None  # hundreds of nodes start one by one here, and no ACL hides a run
-        if hasattr(node, "members_quiet_s"):
+        if hasattr(node, "members_quiet_s") and self.saved is None:
             node.members_quiet_s = 0.0  # the edges start before any device: no retained hello to wait for
         node.start()
         thread = threading.Thread(target=node.run_forever, name=node.node_id, daemon=True)

@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder for metrics.jsonl, summary.json, model.safetensors, plots (default: a new "
                         "runs/<method>-<date>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in --out")
+    p.add_argument("--resumable", action="store_true",
+                   help="after every round, keep every node's state in --out (sim.state); the same command run "
+                        "again on that --out after a kill carries the run on from its last finished round")
     p.add_argument("--listed-only", action="store_true",
                    help="edges admit only this sim's own devices, each bounded by its shard's samples and class "
                         "counts (what `splitedge edge --manifest` does with a `data split` manifest)")
@@ -74,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                     spawn_workers=not args.remote_workers, run=args.run, broker_tree=args.broker_tree,
                     split=args.split, join_timeout_s=args.join_timeout, sample_fraction=args.sample_fraction,
                     sample_count=args.sample_count, sample_min=args.sample_min, until_plateau=args.until_plateau,
-                    listed_only=args.listed_only, sign=args.sign)
+                    listed_only=args.listed_only, sign=args.sign,
+                    resumable=args.resumable)
     if s.worker is not None:
         from splitedge.sim import run_worker
 
@@ -85,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("splitedge.status").setLevel(logging.WARNING)
     print(f"splitedge sim: {s.method} on {s.dataset}, {s.devices} devices, {s.edges} edges, "
           f"{s.rounds} rounds, {'IID' if s.alpha is None else f'Dirichlet({s.alpha})'}, into {s.out}", flush=True)
-    summary = run_sim(s, on_round=_progress(s.rounds))
+    summary = run_sim(s, on_round=_progress(s.rounds), on_resume=lambda run, r: print(
+        f"splitedge sim: resuming run {run} after round {r} ({s.out}/sim.state)", flush=True))
     print(json.dumps({k: summary[k] for k in ("final_accuracy", "final_accuracy_calibrated", "wall_seconds",
                                               "device_up_bytes_per_device_per_round") if k in summary}))
     print(f"wrote {s.out}/metrics.jsonl, summary.json, plot.png")

@@ -48,6 +48,18 @@ class ParkingHost(PartHost):
         super().reset()
         self.parked, self.kept = None, []
 
+    def state(self) -> dict[str, Any]:
+        """Parked, the part's state is its bytes as they are (a resumed sim parks it again)."""
+        if self.parked is None:
+            return super().state()
+        return {"method": self.key[0], "config": self.key[1], "parked": self.parked}
+
+    def restore(self, state: Any) -> None:
+        if "parked" not in state:
+            super().restore(state)
+            return
+        self.part, self.key, self.parked = None, (state["method"], dict(state["config"])), state["parked"]
+
     def begin_round(self) -> bool:
         """Wait for a slot (False when stopped meanwhile), then take the part back."""
         while not self.held_slot:
