@@ -26,6 +26,7 @@ from typing import Any
 from splitedge.bench import accuracy
 from splitedge.bench.plotstyle import Series, draw, new_figure
 from splitedge.bench.report import Progress, save_figure, table
+from splitedge.methods.metrics import plateau
 
 DEFAULT_VARIANTS = ("clustered-fl=cflhkd:kd=false", "global-model=cflhkd:clustering=false,kd=false")
 REFERENCE = "clustered-fl"
@@ -65,6 +66,7 @@ def _summarise(row: dict[str, Any]) -> None:
     finite = [a for a in acc if a is not None and a == a]
     row["personalised_final"] = acc[-1] if acc else None
     row["personalised_best"] = max(finite) if finite else None
+    row["held_out"] = plateau.summary(acc) if finite else None  # the figure this suite judges a row by
     row["global_on_groups_final"] = _global_on_groups(row)
     last = (row.get("per_round") or [{}])[-1]
     row["cluster_accuracy"] = last.get("cluster_accuracy")
@@ -99,8 +101,10 @@ def _cell(value: Any) -> Any:
 
 
 def _plateau(row: dict[str, Any]) -> str:
-    own = row.get("own")
-    return "-" if not own else (f"yes (r{own['plateau_round']})" if own["plateaued"] else "no")
+    """Whether the held-out curve (and the global model's on the test split) had plateaued."""
+    def status(curve: dict[str, Any] | None) -> str:
+        return "-" if not curve else (f"yes (r{curve['plateau_round']})" if curve["plateaued"] else "no")
+    return f"{status(row.get('held_out'))} / {status(row.get('own'))}"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -114,12 +118,14 @@ def markdown(results: dict[str, Any]) -> str:
             for r in ok]
     groups = next((r.get("planted_groups") for r in ok if r.get("planted_groups")), None)
     out = ["## Planted groups, clusters and accuracy on the devices' own data\n",
-           table(["method", "split", "rounds", "plateaued", "held-out acc (final)", "best",
+           table(["method", "split", "rounds", "plateaued (held-out / test split)", "held-out acc (final)", "best",
                   "global model on groups (final)",
                   "global model on test split (final)", "ARI", "clusters",
                   f"round reaching {REFERENCE}'s final", "device B/device/round (up+down)", "per edge (final)"], rows),
            "",
-           "plateaued: the global model's accuracy on the test split by the accuracy suite's rule (bench/plateau.py). "
+           "plateaued: by the accuracy suite's rule (methods/metrics/plateau.py), the held-out curve, then the "
+           "global model's on the test split; --until-plateau stops a run once both have (before, once the test "
+           "split's had, whatever the held-out one did). "
            "held-out acc: each device's model of its cluster (or the global model) on the device's own held-out "
            "share, weighted by its size. Global model on groups: the cloud's global model on every device's "
            "held-out share with its group's labels (where the devices hold it: the two-way hierarchy, and the "

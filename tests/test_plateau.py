@@ -34,6 +34,11 @@ def test_a_run_has_plateaued_when_each_of_its_curves_has() -> None:
     climbing = [{"accuracy": 0.5, "accuracy_calibrated": 0.01 * r} for r in range(25)]
     assert not plateaued(climbing)  # its calibrated head still climbs
     assert not plateaued([{"accuracy": None} for _ in range(30)])  # measured nothing: goes on to its budget
+    # a clustered method's global model flat on the test split, its cluster models still climbing on
+    # the devices' own data: not plateaued (CFLHKD used to stop here)
+    clusters = [{"accuracy": 0.4, "personalised_accuracy": 0.3 + 0.01 * r} for r in range(25)]
+    assert not plateaued(clusters)
+    assert plateaued([{"accuracy": 0.4, "personalised_accuracy": 0.5} for _ in range(25)])
 
 
 def test_the_cloud_stops_a_run_at_its_plateau(tmp_path) -> None:

@@ -43,12 +43,21 @@ def summary(curve: Sequence[Any], **rule: Any) -> dict[str, Any]:
             "plateaued": at is not None, "plateau_round": at}
 
 
+CURVES = ("accuracy", "accuracy_calibrated", "personalised_accuracy")
+"""What a run's records may measure: its own accuracy, its calibrated head's, and (clustered and
+personalised methods: CFLHKD) each device's model on its own held-out data, the figure those
+methods are judged by. Before, CFLHKD stopped when its global model on the test split stopped
+climbing, whatever its cluster models did."""
+
+
 def curves(history: Sequence[dict[str, Any]]) -> list[list[Any]]:
-    """A run's curves from its metrics records: its own accuracy and, when it calibrates, the
-    calibrated one."""
-    own = [h.get("accuracy") for h in history]
-    calibrated = [h.get("accuracy_calibrated") for h in history]
-    return [own, calibrated] if any(a is not None for a in calibrated) else [own]
+    """A run's curves from its metrics records: its own accuracy and those of CURVES it measures."""
+    out = [[h.get("accuracy") for h in history]]
+    for key in CURVES[1:]:
+        curve = [h.get(key) for h in history]
+        if any(a is not None for a in curve):
+            out.append(curve)
+    return out
 
 
 def plateaued(history: Sequence[dict[str, Any]], **rule: Any) -> bool:
