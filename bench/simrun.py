@@ -161,6 +161,8 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True,
                         peer.close()
             if resumable:
                 shutil.rmtree(folder, ignore_errors=True)
+                if folder.parent.name == SIMS_DIR and not any(folder.parent.iterdir()):
+                    folder.parent.rmdir()  # no run of the bench left unfinished
             if not opened:
                 raise RuntimeError("no transport was opened through runtime.session.connect; the byte tap saw nothing")
             time.sleep(SETTLE_S)
