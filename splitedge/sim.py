@@ -266,7 +266,10 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None,
             per_device = fed.per_device_bytes(on_round)
             after_round = per_device.record
             if s.resumable:
-                per_device.rows = [tuple(row) for row in saved.device_bytes_rows] if saved else []
+                if saved:  # the rounds before, and the counts they end at (carried on by every connection)
+                    per_device.rows = [tuple(row) for row in saved.device_bytes_rows]
+                    tier = fed.bytes_by_tier()["device"]
+                    per_device.last = (tier["out_payload"], tier["in_payload"])
                 after_round = chained(per_device.record, Snapshots(fed, s.out, per_device, started,
                                                                    wall_before).after_round)
             settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
