@@ -648,7 +648,7 @@ def test_bench_cluster_reports_the_global_model_on_the_groups_where_devices_hold
     cluster.refresh(results)
     assert [r["global_on_groups_final"] for r in results["runs"]] == [None, 0.7, 0.6]
     text = cluster.markdown(results)
-    assert "| global model on groups (final) |" in text and "| two-way | IID | 2 | - | 0.7 | 0.7 | 0.6 | 0.8 |" in text
+    assert "| global model on groups (final) |" in text and "| two-way | IID | 2 | no / - | 0.7 | 0.7 | 0.6 | 0.8 |" in text
 
 
 def test_feddecorr_units_effective_rank_counts_the_directions_features_spread_over() -> None:
