@@ -141,7 +141,7 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True,
 
             def on_resume(run: str, last: int) -> None:  # the rounds the resumed run finished before
                 per_round.extend(r for r in read_rounds(rounds_file) if int(r["round"]) <= last)
-                rounds_file.write_text("".join(json.dumps(r) + "\n" for r in per_round))
+                rounds_file.write_text("".join(dumps(r) + "\n" for r in per_round))
                 log.info("bench: %s resumes after round %d (%s)", run, last, folder)
 
             peer = None if attach is None else attach(broker.url, s.run)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,7 @@ class CloudState:
 
 
 def save(out: Path, state: CloudState) -> None:
-    data = {f.name: getattr(state, f.name) for f in fields(state)}  # not asdict: no deep copy of the models
-    snapshot.write_sealed(Path(out) / STATE_FILE, data)
+    snapshot.write_sealed(Path(out) / STATE_FILE, snapshot.fields_of(state))
 
 
 def load(out: Path) -> CloudState | None:

@@ -310,6 +310,12 @@ def unseal(data: bytes, path: Path) -> bytes:
     return payload
 
 
+def fields_of(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields as a map, the values as they are: `dataclasses.asdict` deep-copies
+    every model and array a state holds before it is written."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
 def write_sealed(path: Path, state: Any) -> None:
     """`state` written atomically with its checksum (read back by `read_sealed`)."""
     write_atomic(path, seal(dumps(state)))

@@ -270,8 +270,8 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None,
                     per_device.rows = [tuple(row) for row in saved.device_bytes_rows]
                     tier = fed.bytes_by_tier()["device"]
                     per_device.last = (tier["out_payload"], tier["in_payload"])
-                after_round = chained(per_device.record, Snapshots(fed, s.out, per_device, started,
-                                                                   wall_before).after_round)
+                snapshots = Snapshots(fed, s.out, per_device, started, wall_before)
+                after_round = chained(per_device.record, snapshots.after_round)
             settings = CloudSettings(method=s.method, rounds=s.rounds, config=config, deadline_s=s.deadline_s,
                                      min_edges=s.edges, min_devices=s.devices, join_timeout_s=s.join_timeout,
                                      out_dir=s.out, seed=s.seed, sampling=s.sampling,
@@ -279,6 +279,8 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None,
                                      on_round=after_round)
             cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test, host=fed.hosts()[0],
                                      resume_from=cloud_state(saved) if saved else None)
+            if s.resumable:
+                snapshots.cloud = cloud
             if saved:
                 fed.resume_cloud(cloud)
             try:
@@ -375,7 +377,10 @@ class Federation:
         signing = self.keys.options(node_id) if self.keys is not None else {}
         transport = connect(url, run=self.run, tier=tier, node_id=node_id, connect_timeout=SIM_CONNECT_TIMEOUT_S,
                             loop=self.loop, **signing)
-        self.node_transports[tier].setdefault(node_id, []).append(transport)
+        mine = self.node_transports[tier].setdefault(node_id, [])
+        if self.saved is not None:  # a resumed sim's counts cover the whole run
+            carry_on(self.saved, tier, node_id, len(mine), transport)
+        mine.append(transport)
         return transport
 
     @property
@@ -442,18 +447,16 @@ class Federation:
                 functools.partial(ParkingHost, slots=device_slots, park_dtype=self.s.park_dtype))
 
     def resume_cloud(self, cloud: Any) -> None:
-        """The resumed cloud's connection counts on; no retained downlink of its earlier
-        incarnation is left on the broker (every node is put back from the saved state instead)."""
+        """No retained downlink of the resumed cloud's earlier incarnation is left on the broker
+        (every node is put back from the saved state instead)."""
         from splitedge.protocol.topics import pattern
         from splitedge.runtime.session import clear_retained
 
-        carry_on(self.saved, "cloud", cloud, self.node_transports["cloud"]["cloud"])
         clear_retained(cloud.transport, pattern(self.run, "cloud", cloud.node_id, "down", "#"))
 
     def _start(self, node: Any) -> None:
         if self.saved is not None:
             put_back(self.saved, node)
-            carry_on(self.saved, node.tier, node, self.node_transports[node.tier][node.node_id])
         node.quiet_warn_s = None  # hundreds of nodes start one by one here, and no ACL hides a run
         if hasattr(node, "members_quiet_s") and self.saved is None:
             node.members_quiet_s = 0.0  # the edges start before any device: no retained hello to wait for

@@ -87,32 +87,31 @@ def quiet(nodes: Iterable[Any], transports: Iterable[Any], settle_s: float = SET
 
 
 class Snapshots:
-    """The round callback that writes `sim.state` (chained after the sim's own)."""
+    """The round callback that writes `sim.state` (chained after the sim's own); `cloud` is the
+    sim's coordinator, set once it exists (its settings carry this callback)."""
 
     def __init__(self, fed: Any, out: Path, per_device: Any, started: float, wall_before: float = 0.0) -> None:
         self.fed, self.out, self.per_device = fed, Path(out), per_device
         self.started, self.wall_before = started, wall_before
+        self.cloud: Any = None
 
     def after_round(self, record: dict[str, Any]) -> None:
-        from splitedge.cloud import resume
-
         r = int(record["round"])
         nodes = list(self.fed.nodes)
         if not quiet(nodes, [t for ts in self.fed.transports.values() for t in ts]):
             log.warning("sim: the nodes were still busy %.0f s after round %d; no snapshot of it (a resume starts "
                         "after an earlier round)", SETTLE_MAX_S, r)
             return
-        cloud = resume.load(self.out)  # written by the cloud just before this callback: round r, committed
+        cloud = self.cloud.committed  # written by the cloud just before this callback: round r, committed
         if cloud is None or cloud.round != r:
             log.warning("sim: the cloud's state is not at round %d; no snapshot of it", r)
             return
-        state = SimState(run=self.fed.run, round=r, cloud={f.name: getattr(cloud, f.name) for f in
-                                                             dataclasses.fields(cloud)},
+        state = SimState(run=self.fed.run, round=r, cloud=snapshot.fields_of(cloud),
                          nodes={n.node_id: statefile.state_of(n) for n in nodes},
                          counters=counters_of(self.fed),
                          wall_seconds=self.wall_before + time.monotonic() - self.started,
                          device_bytes_rows=[list(row) for row in self.per_device.rows])
-        snapshot.write_sealed(self.out / SIM_STATE, dataclasses.asdict(state))
+        snapshot.write_sealed(self.out / SIM_STATE, snapshot.fields_of(state))
 
 
 def counters_of(fed: Any) -> dict[str, Any]:
@@ -120,17 +119,12 @@ def counters_of(fed: Any) -> dict[str, Any]:
             for tier, by_node in fed.node_transports.items() for node, ts in by_node.items()}
 
 
-def carry_on(saved: SimState, tier: str, node: Any, transports: list[Any]) -> None:
-    """A restored node's connections count on from the saved totals; its cost meter (what it
-    reports per round) does not count them again."""
-    meter = getattr(node, "cost", None)
-    before = meter._totals() if meter is not None else None
-    for transport, counted in zip(transports, saved.counters.get(f"{tier}/{node.node_id}", [])):
-        transport.counters.carry_on(counted)
-    if meter is not None:
-        after = meter._totals()
-        for key in ("bytes_up", "bytes_down"):
-            meter.last[key] += after[key] - before[key]
+def carry_on(saved: SimState, tier: str, node_id: str, index: int, transport: Any) -> None:
+    """A resumed node's connection (its `index`-th) counts on from the saved totals; carried
+    before the node is built, so its cost meter (what it reports per round) starts past them."""
+    counted = saved.counters.get(f"{tier}/{node_id}", [])
+    if index < len(counted):
+        transport.counters.carry_on(counted[index])
 
 
 def put_back(saved: SimState, node: Any) -> None:
