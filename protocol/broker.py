@@ -9,7 +9,9 @@ never touch a system broker.
 amqtt notes (0.12.1): it has no maximum-packet-size setting (payloads are read with
 ``readexactly``), so 8+ MiB messages pass; its default plugins include a per-packet logger
 and an event logger, which we leave out; ``Broker()`` must be created inside the running
-loop (it calls ``asyncio.get_running_loop()``).
+loop (it calls ``asyncio.get_running_loop()``); it gives a subscriber 5 s (not configurable) to
+acknowledge a QoS 1 message it has already written to the socket, and past that logs a warning
+and a traceback for each one (see :class:`LateAcks`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,51 @@ class _SnapshotDict(dict):
         return list(super().keys())
 
 
+class LateAcks(logging.Filter):
+    """Counts, instead of logging, amqtt's complaints about acknowledgements that came late.
+
+    amqtt waits 5 s for a subscriber's PUBACK. In a sim, every node shares the broker's process
+    and cores, and a round fans out megabytes of models, so a busy process acknowledges later
+    than that: amqtt then logs a warning, drops the message from its in-flight table (it was
+    written to the socket in full before the wait, so the subscriber has it) and logs the
+    failed task with a traceback, then warns again when the late PUBACK arrives. A 200-device
+    `fedcnn` round made thousands of such lines. They are counted here, and the broker says
+    how many in one line when it stops.
+    """
+
+    PATTERNS = ("Timeout waiting for PUBACK", "PUBACK waiter with Id", "Received PUBACK for unknown pending")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        text = record.getMessage()
+        late = any(p in text for p in self.PATTERNS) or (
+            isinstance(exc, TimeoutError) and any(p in str(exc) for p in self.PATTERNS))
+        if not late:
+            return True
+        if text.startswith("Timeout waiting for PUBACK"):  # one per late message; its task's failure is the same one
+            with self._lock:
+                self.count += 1
+        return False
+
+
+LATE_ACKS = LateAcks()
+"""Installed on amqtt's loggers by the first embedded broker of a process."""
+_AMQTT_LOGGERS = ("amqtt.mqtt.protocol.handler", "amqtt.broker")
+
+
+def count_late_acks() -> LateAcks:
+    for name in _AMQTT_LOGGERS:
+        log = logging.getLogger(name)
+        if LATE_ACKS not in log.filters:
+            log.addFilter(LATE_ACKS)
+    return LATE_ACKS
+
+
 class EmbeddedBroker:
     """amqtt broker in a daemon thread; a context manager. ``url`` is ``mqtt://host:port``."""
 
@@ -76,10 +123,17 @@ class EmbeddedBroker:
         self._stop_event: asyncio.Event | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._late_before = 0
 
     @property
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
+
+    @property
+    def late_acks(self) -> int:
+        """Messages whose subscriber acknowledged after amqtt's 5 s, since this broker started
+        (counted per process: brokers running at once in one process share the count)."""
+        return LATE_ACKS.count - self._late_before
 
     def config(self) -> dict[str, Any]:
         """amqtt 0.12 config: one TCP listener, anonymous clients, no packet/event loggers."""
@@ -92,6 +146,7 @@ class EmbeddedBroker:
     def start(self, timeout: float = 10.0) -> EmbeddedBroker:
         """Start and wait until the listener accepts connections; a busy port gets one retry."""
         import amqtt.broker  # noqa: F401 - a missing extra raises here, in the caller's thread, by name
+        self._late_before = count_late_acks().count
         chosen = self.port
         for attempt in range(3):
             self.port = chosen or free_port(self.host)
@@ -147,6 +202,10 @@ class EmbeddedBroker:
             logger.warning("embedded broker thread did not stop within %gs", timeout)
         self._thread = None
         logger.info("embedded amqtt broker on port %d stopped", self.port)
+        if self.late_acks:
+            logger.warning("embedded broker: %d messages were acknowledged after amqtt's 5 s limit (a busy "
+                           "process; each was sent in full, and none was resent); for runs this large, "
+                           "Mosquitto carries the load better: --broker mqtt://host:port", self.late_acks)
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import paho.mqtt.client as paho
@@ -271,3 +272,47 @@ def test_closed_transports_release_their_file_descriptors() -> None:
         after = open_fds()
 
     assert before_close - after >= 30, (before_close, after)  # socket + socketpair (3) for each of 10
+
+
+def test_a_late_acknowledgement_on_the_embedded_broker_is_counted_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """amqtt gives a subscriber 5 s to acknowledge a QoS 1 message; a busy sim took longer
+    thousands of times a round, each a warning and a traceback. Here a subscriber holds its
+    PUBACK for 6 s: the message still arrives once, amqtt's lines are counted instead, and the
+    broker says so in one line when it stops."""
+    pytest.importorskip("amqtt")
+    caplog.set_level(logging.DEBUG)
+    got: list[Any] = []
+    arrived = threading.Event()
+    with EmbeddedBroker() as broker:
+        sub = paho.Client(CallbackAPIVersion.VERSION2, client_id="slow-acker", manual_ack=True)
+        sub.on_message = lambda c, u, msg: (got.append(msg), arrived.set())
+        _, host, port, _, _ = parse_url(broker.url)
+        sub.connect(host, port)
+        sub.loop_start()
+        try:
+            subscribed = threading.Event()
+            sub.on_subscribe = lambda *a: subscribed.set()
+            sub.subscribe("late/ack", qos=1)
+            assert subscribed.wait(5)
+            pub = paho.Client(CallbackAPIVersion.VERSION2, client_id="publisher")
+            pub.connect(host, port)
+            pub.loop_start()
+            pub.publish("late/ack", b"x" * 1000, qos=1).wait_for_publish(5)
+            assert arrived.wait(5)
+            time.sleep(6.0)  # past amqtt's 5 s wait for the PUBACK
+            deadline = time.monotonic() + 5
+            while broker.late_acks < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert broker.late_acks == 1
+            sub.ack(got[0].mid, 1)  # the late PUBACK: amqtt no longer knows the message
+            time.sleep(0.5)
+            pub.loop_stop()
+            pub.disconnect()
+        finally:
+            sub.loop_stop()
+            sub.disconnect()
+    assert [m.payload for m in got] == [b"x" * 1000]
+    amqtt_lines = [r for r in caplog.records if r.name.startswith("amqtt") and r.levelno >= logging.WARNING]
+    assert amqtt_lines == [], [r.getMessage() for r in amqtt_lines]
+    said = [r.getMessage() for r in caplog.records if r.name == "splitedge.protocol.broker" and r.levelno == logging.WARNING]
+    assert said and "1 messages were acknowledged after amqtt's 5 s limit" in said[0]
