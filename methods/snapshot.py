@@ -1,7 +1,8 @@
 """A part's state as bytes and back, without pickle: what a restarted cloud or edge resumes from.
 
 A part's declared attributes (`Part.state`) are each kept in a tagged msgpack form: numpy
-arrays (``np.save`` with ``allow_pickle=False``), torch modules and optimisers (their state
+arrays (their dtype, shape and raw bytes; files written before that hold ``np.save``'s form,
+which is still read), torch modules and optimisers (their state
 dicts), tensors, numpy generators (their bit-generator state), tuples, sets, maps with
 non-string keys and this package's own dataclasses (e.g. ClassMoments, Placement). A declared
 value of any other type is an error naming the part and the attribute: nothing is dropped
@@ -24,6 +25,7 @@ import hashlib
 import io
 import logging
 import os
+import struct
 import sys
 import threading
 from pathlib import Path
@@ -34,7 +36,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-_EXT_NDARRAY = 42
+_EXT_NDARRAY = 42  # np.save's .npy bytes: read, no longer written
+_EXT_RAW = 43  # an array's dtype, shape and raw bytes: what is written
 
 
 class SnapshotError(ValueError):
@@ -240,10 +243,41 @@ def cast_floats(state: Any, dtype: str = "f2") -> Any:
 
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        buf = io.BytesIO()
-        np.save(buf, np.asarray(obj, order="C"), allow_pickle=False)  # ascontiguousarray would make 0-d 1-d
-        return msgpack.ExtType(_EXT_NDARRAY, buf.getvalue())
+        return msgpack.ExtType(_EXT_RAW, raw_array(obj))
     raise TypeError(f"cannot keep a {type(obj).__name__} in a state file")
+
+
+def raw_array(a: np.ndarray) -> bytes:
+    """`a` as its dtype string, its shape and its bytes in C order.
+
+    A sim parks and takes back every virtual device's part each round. With np.save's form,
+    each array's header is Python text that np.load parses with ast.literal_eval, under a lock
+    that every device's thread queues on (_NPY_HEADER_LOCK); a `fedcnn` part's 22 arrays took
+    2.5 ms to write and 3 to 6 ms to read, against 1 and 1.3 ms in this form."""
+    if a.dtype.hasobject:
+        raise TypeError("arrays of Python objects cannot be kept in a state file")
+    dtype = a.dtype.str.encode("ascii")
+    head = struct.pack(f"<B{len(dtype)}sB{a.ndim}Q", len(dtype), dtype, a.ndim, *a.shape)
+    return head + np.asarray(a, order="C").tobytes()
+
+
+def _from_raw(data: bytes) -> np.ndarray:
+    try:
+        n = data[0]
+        dtype = np.dtype(data[1:1 + n].decode("ascii"))
+        ndim = data[1 + n]
+        start = 2 + n + 8 * ndim
+        shape = struct.unpack_from(f"<{ndim}Q", data, 2 + n)
+    except (IndexError, TypeError, ValueError, UnicodeDecodeError, struct.error) as exc:
+        raise SnapshotError(f"a state file holds an unreadable array ({exc})") from None
+    if dtype.hasobject:
+        raise SnapshotError("a state file holds an array of Python objects")
+    size = int(np.prod(shape, dtype=np.uint64)) * dtype.itemsize
+    if len(data) - start != size:
+        raise SnapshotError(f"a state file's array of shape {shape} ({dtype}) holds {len(data) - start} bytes, "
+                            f"not {size}")
+    return np.frombuffer(data, dtype=dtype, offset=start, count=size // dtype.itemsize if dtype.itemsize else 0
+                         ).reshape(shape).copy()  # writable, as np.load's were
 
 
 _NPY_HEADER_LOCK = threading.Lock()
@@ -253,6 +287,8 @@ two threads at once ("SystemError: AST constructor recursion depth mismatch", CP
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_RAW:
+        return _from_raw(data)
     if code != _EXT_NDARRAY:
         raise SnapshotError(f"a state file holds an unknown extension {code}")
     with _NPY_HEADER_LOCK:

@@ -134,3 +134,46 @@ def test_a_state_of_another_version_of_the_part_is_refused_naming_the_keys() -> 
         _Holder().restore_state({**saved, "extra": 1})
     with pytest.raises(snapshot.SnapshotError, match="lacks table, which _Holder declares"):
         _Holder().restore_state({k: v for k, v in saved.items() if k != "table"})
+
+
+@pytest.mark.parametrize("array", [
+    np.array(3.5, dtype=np.float32),                   # 0-d
+    np.zeros((0, 3)),                                  # empty
+    np.arange(12, dtype=">i4").reshape(3, 4).T,        # big-endian, not C-contiguous
+    np.array([True, False]), np.array(["ab", "c"]),    # bool, text
+    np.linspace(0, 1, 7, dtype=np.float16),            # a parked part's half floats
+], ids=["0d", "empty", "big-endian-transposed", "bool", "text", "f2"])
+def test_an_array_comes_back_with_its_dtype_shape_and_values_and_writable(array: np.ndarray) -> None:
+    back = snapshot.loads(snapshot.dumps({"a": array}))["a"]
+    assert back.dtype == array.dtype and back.shape == array.shape and back.flags.writeable
+    np.testing.assert_array_equal(back, array)
+
+
+def test_a_state_file_written_in_the_npy_form_is_still_read() -> None:
+    """Files written before arrays were kept as raw bytes hold np.save's form (a cloud's resume
+    state, a sim's sim.state): they load as they did."""
+    import io
+
+    import msgpack
+
+    def old_default(obj: Any) -> Any:
+        buf = io.BytesIO()
+        np.save(buf, obj, allow_pickle=False)
+        return msgpack.ExtType(42, buf.getvalue())
+
+    state = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "n": 4}
+    back = snapshot.loads(msgpack.packb(state, default=old_default, use_bin_type=True))
+    np.testing.assert_array_equal(back["w"], state["w"])
+    assert back["n"] == 4
+
+
+def test_a_truncated_or_object_array_in_a_state_file_is_a_clear_error() -> None:
+    import msgpack
+
+    good = snapshot.raw_array(np.arange(4, dtype=np.int64))
+    for data, said in [(good[:-3], "holds 29 bytes, not 32"), (good[:3], "unreadable array"),
+                       (b"\x02|O\x01" + (2).to_bytes(8, "little"), "array of Python objects")]:
+        with pytest.raises(snapshot.SnapshotError, match=said):
+            snapshot.loads(msgpack.packb({"a": msgpack.ExtType(43, data)}, use_bin_type=True))
+    with pytest.raises(TypeError, match="Python objects"):
+        snapshot.dumps({"a": np.array([object()])})
