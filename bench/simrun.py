@@ -7,6 +7,7 @@ bytes-to-target-accuracy) and, optionally, Mosquitto's own byte count as a witne
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -162,7 +163,8 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True,
             if resumable:
                 shutil.rmtree(folder, ignore_errors=True)
                 if folder.parent.name == SIMS_DIR and not any(folder.parent.iterdir()):
-                    folder.parent.rmdir()  # no run of the bench left unfinished
+                    with contextlib.suppress(OSError):  # a run of another --jobs process may have just made its folder
+                        folder.parent.rmdir()  # no run of the bench left unfinished
             if not opened:
                 raise RuntimeError("no transport was opened through runtime.session.connect; the byte tap saw nothing")
             time.sleep(SETTLE_S)
