@@ -24,6 +24,7 @@ import importlib
 import hashlib
 import io
 import logging
+import math
 import os
 import struct
 import sys
@@ -258,7 +259,7 @@ def raw_array(a: np.ndarray) -> bytes:
         raise TypeError("arrays of Python objects cannot be kept in a state file")
     dtype = a.dtype.str.encode("ascii")
     head = struct.pack(f"<B{len(dtype)}sB{a.ndim}Q", len(dtype), dtype, a.ndim, *a.shape)
-    return head + np.asarray(a, order="C").tobytes()
+    return head + a.tobytes()  # C order whatever a's layout
 
 
 def _from_raw(data: bytes) -> np.ndarray:
@@ -272,12 +273,11 @@ def _from_raw(data: bytes) -> np.ndarray:
         raise SnapshotError(f"a state file holds an unreadable array ({exc})") from None
     if dtype.hasobject:
         raise SnapshotError("a state file holds an array of Python objects")
-    size = int(np.prod(shape, dtype=np.uint64)) * dtype.itemsize
-    if len(data) - start != size:
+    items = math.prod(shape)
+    if len(data) - start != items * dtype.itemsize:
         raise SnapshotError(f"a state file's array of shape {shape} ({dtype}) holds {len(data) - start} bytes, "
-                            f"not {size}")
-    return np.frombuffer(data, dtype=dtype, offset=start, count=size // dtype.itemsize if dtype.itemsize else 0
-                         ).reshape(shape).copy()  # writable, as np.load's were
+                            f"not {items * dtype.itemsize}")
+    return np.frombuffer(data, dtype=dtype, offset=start, count=items).reshape(shape).copy()  # writable, as np.load's
 
 
 _NPY_HEADER_LOCK = threading.Lock()
