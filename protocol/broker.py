@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .children import spawn_tied
+
 logger = logging.getLogger(__name__)
 
 
@@ -256,8 +258,8 @@ class MosquittoBroker:
         conf.write_text(self.config_text())
         log = open(self._dir / "mosquitto.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            self._proc = subprocess.Popen([exe, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL)
+            self._proc = spawn_tied([exe, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)  # ends with us, even after kill -9
         finally:
             log.close()
         deadline = time.monotonic() + timeout

@@ -616,6 +616,8 @@ class WorkerPool:
         import dataclasses
         import sys
 
+        from splitedge.protocol.children import spawn_tied
+
         self.folder.mkdir(parents=True, exist_ok=True)
         for i in range(self.s.workers):
             settings = dataclasses.replace(self.s, broker=self.url, run=self.run, workers=0,
@@ -623,9 +625,8 @@ class WorkerPool:
             spec = self.folder / f"worker-{i}.settings.json"
             spec.write_text(json.dumps(worker_spec(settings)))
             with open(self.folder / f"worker-{i}.log", "w") as log_file:
-                self.procs.append(subprocess.Popen([sys.executable, "-m", "splitedge.sim_worker", str(spec)],
-                                                   stdout=log_file, stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL))
+                self.procs.append(spawn_tied([sys.executable, "-m", "splitedge.sim_worker", str(spec)],
+                                             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         status_log.info("sim: %d worker process(es) started for %d devices", self.s.workers, self.s.devices)
         return self
 

@@ -316,3 +316,41 @@ def test_a_late_acknowledgement_on_the_embedded_broker_is_counted_not_logged(cap
     assert amqtt_lines == [], [r.getMessage() for r in amqtt_lines]
     said = [r.getMessage() for r in caplog.records if r.name == "splitedge.protocol.broker" and r.levelno == logging.WARNING]
     assert said and "1 messages were acknowledged after amqtt's 5 s limit" in said[0]
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+OWNER = """
+import sys, threading, time
+from splitedge.protocol.broker import MosquittoBroker
+brokers = []
+t = threading.Thread(target=lambda: brokers.append(MosquittoBroker().start()))
+t.start(); t.join()  # started from a thread that is gone before the owner is killed
+print(brokers[0].pid, brokers[0].port, flush=True)
+time.sleep(600)
+"""
+
+
+@needs_mosquitto
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_broker_outlives_the_thread_that_started_it_and_ends_with_its_process() -> None:
+    """kill -9 of a bench or sim left its Mosquitto running as an orphan (no finally runs)."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        pid, port = (int(v) for v in owner.stdout.readline().split())  # type: ignore[union-attr]
+        time.sleep(1.0)  # the starting thread has ended: a child tied to it would be gone by now
+        assert alive(pid) and wait_port("127.0.0.1", port, 5)
+        owner.kill()
+        owner.wait(10)
+        assert wait_for(lambda: not alive(pid), 10), f"mosquitto {pid} outlived its killed owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        owner.wait(10)
