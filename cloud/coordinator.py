@@ -89,7 +89,6 @@ class CloudCoordinator(Node):
         self.pending: dict[str, Any] | None = None  # the round merged but not yet written (resume.CloudState)
         self.outbox: list[Message] = []  # what that round published since its merge, committed first
         self.resumed = resume_from
-        self.committed: resume.CloudState | None = None  # the state last written (a resumable sim keeps it too)
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -481,9 +480,8 @@ class CloudCoordinator(Node):
         pending = None if self.pending is None else snapshot.to_plain({
             **self.pending, "outbox": [{"kind": m.kind, "body": m.body, "to": [m.to.role, m.to.node], "slot": m.slot}
                                        for m in self.outbox]})
-        self.committed = resume.CloudState(
+        resume.save(s.out_dir, resume.CloudState(
             run=self.run_id, method=s.method, config=self.method.run_config.to_wire(), seed=s.seed,
             session=self.session, round=self.round if last_round is None else last_round, attempt=self.attempt,
             enough_edges=self.enough_edges, placements=snapshot.to_plain(dict(self.view.placements)),
-            rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending)
-        resume.save(s.out_dir, self.committed)
+            rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending))

@@ -102,7 +102,9 @@ class Snapshots:
             log.warning("sim: the nodes were still busy %.0f s after round %d; no snapshot of it (a resume starts "
                         "after an earlier round)", SETTLE_MAX_S, r)
             return
-        cloud = self.cloud.committed  # written by the cloud just before this callback: round r, committed
+        from splitedge.cloud import resume
+
+        cloud = resume.load(self.cloud.settings.out_dir)  # committed by the cloud just before this callback
         if cloud is None or cloud.round != r:
             log.warning("sim: the cloud's state is not at round %d; no snapshot of it", r)
             return
