@@ -333,13 +333,15 @@ def curves_table(rows: list[dict[str, Any]]) -> list[str]:
         own, cal = r.get("own") or plateau.summary(r["accuracy_per_round"]), r.get("calibrated")
         status = lambda c: "-" if c is None else (f"yes (r{c['plateau_round']})" if c["plateaued"] else "no")  # noqa: E731
         body.append((r["method"], r["split"], len(r["accuracy_per_round"]), _pct(own["final"]), _pct(own["best"]),
-                     own["round_to_90pct_of_final"] or "-", status(own),
-                     _pct(cal and cal["final"]), _pct(cal and cal["best"]), status(cal),
+                     _pct(own.get("last_mean")), own["round_to_90pct_of_final"] or "-", status(own),
+                     _pct(cal and cal["final"]), _pct(cal and cal["best"]), _pct(cal and cal.get("last_mean")),
+                     status(cal),
                      round(r.get("device_up_per_device_per_round", 0)),
                      round(r.get("device_down_per_device_per_round", 0))))
     return ["## Own head and calibrated head, to a plateau\n",
-            table(["method", "split", "rounds", "final %", "best %", "round to 90 % of final", "plateaued",
-                   "calibrated final %", "calibrated best %", "calibrated plateaued", "device up B/round",
+            table(["method", "split", "rounds", "final %", "best %", f"last {plateau.LAST} mean %",
+                   "round to 90 % of final", "plateaued", "calibrated final %", "calibrated best %",
+                   f"calibrated last {plateau.LAST} mean %", "calibrated plateaued", "device up B/round",
                    "device down B/round"], body),
             f"\nplateaued: the best accuracy of the last {plateau.WINDOW} rounds exceeded the best before them by "
             f"less than {100 * plateau.TOLERANCE:g} points, judged from round {plateau.START}; rN: the first round "

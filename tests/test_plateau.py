@@ -26,6 +26,13 @@ def test_gaps_are_skipped_and_the_90pct_round_is_reported() -> None:
     assert summary([None, None])["final"] is None
 
 
+def test_the_last_five_measured_rounds_are_averaged_past_gaps() -> None:
+    curve = [0.1, 0.6, 0.4, None, 0.5, float("nan"), 0.3, 0.7, 0.5]
+    assert abs(summary(curve)["last_mean"] - (0.4 + 0.5 + 0.3 + 0.7 + 0.5) / 5) < 1e-12
+    assert abs(summary([0.2, 0.4])["last_mean"] - 0.3) < 1e-12  # fewer than five: all of them
+    assert summary([None])["last_mean"] is None
+
+
 def test_a_run_has_plateaued_when_each_of_its_curves_has() -> None:
     from splitedge.methods.metrics.plateau import plateaued
 

@@ -3,7 +3,8 @@ the bench's summary of a curve, and the cloud's `--until-plateau` stop.
 
 A run has plateaued when the best accuracy of its last `window` rounds exceeds the best before
 them by less than `tolerance` (0.5 points), judged from round `start` (20) on. Reported beside
-the final and best accuracy: the round at which the run first reached 90 % of its final accuracy.
+the final and best accuracy: the round at which the run first reached 90 % of its final accuracy,
+and the mean of its last `LAST` measured rounds (a noisy curve's final round is one draw of it).
 Curves may have gaps (rounds that measured nothing: None or NaN); those rounds are skipped.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 WINDOW, TOLERANCE, START = 10, 0.005, 20
+LAST = 5
 
 
 def _measured(curve: Sequence[Any]) -> list[tuple[int, float]]:
@@ -31,15 +33,18 @@ def plateau_round(curve: Sequence[Any], *, window: int = WINDOW, tolerance: floa
 
 
 def summary(curve: Sequence[Any], **rule: Any) -> dict[str, Any]:
-    """final, best, the round reaching 90 % of final, and whether (and when) the run plateaued."""
+    """final, best, the mean of the last LAST rounds, the round reaching 90 % of final, and
+    whether (and when) the run plateaued."""
     points = _measured(curve)
     if not points:
-        return {"final": None, "best": None, "round_to_90pct_of_final": None, "plateaued": False,
-                "plateau_round": None}
+        return {"final": None, "best": None, "last_mean": None, "round_to_90pct_of_final": None,
+                "plateaued": False, "plateau_round": None}
+    last = [a for _, a in points[-LAST:]]
     final = points[-1][1]
     reached = next((i for i, a in points if a >= 0.9 * final), None)
     at = plateau_round(curve, **rule)
-    return {"final": final, "best": max(a for _, a in points), "round_to_90pct_of_final": reached,
+    return {"final": final, "best": max(a for _, a in points), "last_mean": sum(last) / len(last),
+            "round_to_90pct_of_final": reached,
             "plateaued": at is not None, "plateau_round": at}
 
 
