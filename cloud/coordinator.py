@@ -89,6 +89,7 @@ class CloudCoordinator(Node):
         self.pending: dict[str, Any] | None = None  # the round merged but not yet written (resume.CloudState)
         self.outbox: list[Message] = []  # what that round published since its merge, committed first
         self.resumed = resume_from
+        self.partial_head_warned = False
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -415,11 +416,25 @@ class CloudCoordinator(Node):
         metrics = {**self.part.calibrate(plan, sources), "calibrated_edges": len(sources),
                    "calibration_versions": dict(plan.versions)}
         metrics.update(phase_privacy(reports, prefix="calibration_"))
+        self._warn_partial_head(metrics)
         heads = self.part.head_messages()
         if heads:
             scores, reports = self.evaluation_phase(plan, heads)
             metrics.update(scores)
         return metrics, reports
+
+    def _warn_partial_head(self, metrics: dict[str, Any]) -> None:
+        """Once a run: a calibrated head that lacks classes is scored but not served (serving.py)."""
+        classes, want = metrics.get("calibrated_classes"), self.method.spec.num_classes
+        if classes is None or classes >= want or self.partial_head_warned:
+            return
+        self.partial_head_warned = True
+        withheld = metrics.get("calibration_withheld") or {}
+        why = (f"the devices withheld {withheld.get('samples', 0)} of their images as classes they hold fewer than "
+               f"min_class_count={self.method.config.min_class_count} of" if withheld else "no device holds them")
+        log.warning("cloud: the calibrated head has %d of %d classes (%s): it is scored, the served model keeps its "
+                    "own head. Give each device more images or lower min_class_count (docs/privacy.md)",
+                    classes, want, why)
 
     def evaluation_phase(self, calibrated: RoundPlan, heads: list[Message]) -> tuple[dict[str, Any], list[Any]]:
         """Devices that hold their own models score the head they were sent on their held-out

@@ -77,6 +77,22 @@ def test_the_served_head_is_the_one_fitted_on_all_training_images(fedavg) -> Non
     np.testing.assert_allclose(served["wg.fc.bias"], bias.astype(np.float32), rtol=1e-4, atol=1e-3)
 
 
+def test_a_head_lacking_classes_is_scored_not_served_and_said_once(tmp_path, caplog) -> None:
+    """Devices that hold fewer than min_class_count images of most classes withhold them: the
+    head fitted on the rest can never predict those classes, so the model keeps its own head."""
+    from safetensors.numpy import load_file
+
+    with caplog.at_level("WARNING", logger="splitedge.cloud.coordinator"):
+        _, rounds = _sim(tmp_path, rounds=2, overrides={"min_class_count": 40})
+    assert all(0 < r["calibrated_classes"] < 10 and r["calibration_withheld"]["samples"] > 0 for r in rounds), rounds
+    assert all(r["accuracy_calibrated"] is not None for r in rounds)  # still measured
+    served = load_file(str(tmp_path / "model.safetensors"))
+    assert served["wg.fc.bias"].min() > -100  # not the fitted head (its absent classes' bias is -1e4)
+    said = [r.getMessage() for r in caplog.records if "calibrated head has" in r.getMessage()]
+    assert len(said) == 1 and f"has {rounds[0]['calibrated_classes']} of 10 classes" in said[0], said
+    assert "min_class_count=40" in said[0]
+
+
 def test_calibration_every_second_round_and_at_the_end(tmp_path) -> None:
     _, rounds = _sim(tmp_path, overrides={"calibrate_every": 2})
     assert [r.get("accuracy_calibrated") is not None for r in rounds] == [False, True, True]

@@ -37,10 +37,11 @@ def clipped(features: Callable[[torch.Tensor], torch.Tensor], clip: float) -> Ca
     return lambda x: norm(features(x).reshape(len(x), -1))
 
 
-def fit_head(sources: Mapping[str, HeadStats], cfg: Any, num_classes: int) -> tuple[Head, int]:
-    """The head fitted on the edges' records merged by the run's rule; and the samples they count."""
+def fit_head(sources: Mapping[str, HeadStats], cfg: Any, num_classes: int) -> tuple[Head, int, int]:
+    """The head fitted on the edges' records merged by the run's rule; the samples they count and
+    the classes they hold (a class no record holds gets a head row that never wins)."""
     stats = merge(sources, cfg)
-    return lda_classifier(stats, num_classes, shrink=cfg.calib_shrink), stats.total
+    return lda_classifier(stats, num_classes, shrink=cfg.calib_shrink), stats.total, len(stats.classes)
 
 
 @torch.no_grad()
@@ -109,12 +110,16 @@ class CalibratedCloud:
         return with_head(self.calibration_model(), head)
 
     def calibrate(self, plan: Any, sources: Mapping[str, HeadStats]) -> dict[str, Any]:
-        """The closed-form head of the merged statistics, scored on the test split and served."""
-        head, total = fit_head(sources, self.cfg, self.spec.num_classes)  # type: ignore[attr-defined]
-        self.calibrated = self.served_with(head)
+        """The closed-form head of the merged statistics, scored on the test split, and served
+        when it holds every class. A head that lacks classes (devices withheld them below the
+        minimum count per class, or nobody holds them) can never predict those: the model keeps
+        its own head (the coordinator says why, once)."""
+        num_classes = self.spec.num_classes  # type: ignore[attr-defined]
+        head, total, classes = fit_head(sources, self.cfg, num_classes)  # type: ignore[attr-defined]
+        self.calibrated = self.served_with(head) if classes == num_classes else None
         features = clipped(self.head_features(), head_input_clip(self.cfg))  # type: ignore[attr-defined]
         accuracy = head_accuracy(features, self.ctx.test, self.spec, head)  # type: ignore[attr-defined]
-        return {"accuracy_calibrated": accuracy, "calibrated": total}
+        return {"accuracy_calibrated": accuracy, "calibrated": total, "calibrated_classes": classes}
 
     def served_metadata(self) -> dict[str, str]:
         """What a checkpoint of the served model says beside its weights: the clip its head's
