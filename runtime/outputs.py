@@ -170,7 +170,18 @@ def save_checkpoint(path: Path, weights: dict[str, np.ndarray], meta: dict[str, 
             return
 
     data = save({k: np.array(v, order="C") for k, v in weights.items()}, metadata=meta)  # keeps 0-d
-    write_atomic(path, data)  # fsynced before the rename: a crash leaves the old checkpoint or the new one
+    write_atomic(path, canonical_safetensors(data))  # fsynced before the rename: a crash leaves the old checkpoint or the new one
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same safetensors file with its JSON header's keys sorted: the library writes its
+    metadata map in hash order, which changes from run to run, so two runs that served the same
+    weights wrote files that differed (a checksum of an exported model said they were not the same).
+    Offsets count from the end of the header, so only the header changes; padded to 8 bytes."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8:8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + data[8 + n:]
 
 
 def plot_spectra_per_round(history: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:

@@ -32,6 +32,7 @@ def test_the_same_seed_gives_the_same_rounds_and_model(tmp_path: Path, method: s
     assert runs[0]["accuracy_per_round"] == runs[1]["accuracy_per_round"]
     a, b = (_served(tmp_path / f"run{i}" / "model.safetensors") for i in range(2))
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "run0" / "model.safetensors").read_bytes() == (tmp_path / "run1" / "model.safetensors").read_bytes()
     # and the seed matters (the check above is not comparing constants)
     other = run_sim(SimSettings(rounds=2, devices=6, edges=3, method=method, alpha=0.5, seed=4,
                                 out=tmp_path / "other"))
