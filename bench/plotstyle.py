@@ -17,8 +17,9 @@ from typing import Any, Iterable, Sequence
 HEADLINE = ("hsfp", "hsfp-cal", "fedavg")
 """The project's own comparison: these take the palette's first (strongest) colours."""
 
-FIXED = {"central": "black"}
-"""Bounds that are not methods keep a colour no method gets."""
+FIXED = {"central": "black", "upper": "black", "lower": "dimgrey"}
+"""Bounds that are not methods keep a colour no method gets: the plans label them `upper`
+(central training) and `lower` (a random network with the calibrated head)."""
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 """One marker shape per split (IID, Dirichlet(0.3), ...) in order of first appearance."""
@@ -47,16 +48,23 @@ def registry_order() -> list[str]:
 
 def method_colours(names: Iterable[str]) -> dict[str, Any]:
     """A colour per label, distinct within `names`. A registered method has the same colour in
-    every plot (its registry slot); the other labels (variants, diagnose stacks), by name, take
-    the slots after the registry's in turn: the same in every plot of one bench run, whose plots
+    every plot (its registry slot), and so does a label that adds a remark in brackets to its
+    name; the bounds `upper` and `lower` have fixed colours; the other labels (variants,
+    diagnose stacks), by name, take the slots after the registry's in turn: the same in every plot of one bench run, whose plots
     show the same rows. Past the palette's 60 colours they repeat."""
     order, colours = registry_order(), palette()
     names = list(dict.fromkeys(names))
-    out = {n: FIXED[n] if n in FIXED else colours[order.index(n) % len(colours)]
-           for n in names if n in FIXED or n in order}
-    others = sorted(n for n in names if n not in out)
-    out.update({n: colours[(len(order) + i) % len(colours)] for i, n in enumerate(others)})
+    out = {n: FIXED[b] if b in FIXED else colours[order.index(b) % len(colours)]
+           for n, b in ((n, base_label(n)) for n in names) if b in FIXED or b in order}
+    others = sorted(dict.fromkeys(base_label(n) for n in names if n not in out))
+    slot = {b: colours[(len(order) + i) % len(colours)] for i, b in enumerate(others)}
+    out.update({n: slot[base_label(n)] for n in names if n not in out})
     return out
+
+
+def base_label(name: str) -> str:
+    """A label without its remark: "fedproto (personalised)" is drawn in fedproto's colour."""
+    return name.split(" (", 1)[0]
 
 
 def method_colour(name: str) -> Any:

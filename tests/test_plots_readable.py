@@ -136,6 +136,18 @@ def test_method_colours_are_fixed_and_distinct() -> None:
         assert to_hex(method_colour(m)) == to_hex(colours[m]) == to_hex(method_colours(["x", m, "y"])[m])
 
 
+def test_a_remark_keeps_the_colour_and_the_bounds_have_their_own() -> None:
+    """The matrix plot labels FedProto "fedproto (personalised)" and the cells' plots "fedproto";
+    the bounds appear beside different variants in each plot: neither may change colour."""
+    assert to_hex(method_colours(["fedproto (personalised)", "a"])["fedproto (personalised)"]) == \
+        to_hex(method_colour("fedproto"))
+    assert to_hex(method_colours(["x (one)", "x (two)", "b"])["x (one)"]) == \
+        to_hex(method_colours(["x (one)", "x (two)", "b"])["x (two)"])
+    for bound in ("upper", "lower"):
+        seen = {to_hex(method_colours([bound, *others])[bound]) for others in ([], ["fedavg", "zz"], ["aa", "b"])}
+        assert len(seen) == 1 and not seen & {to_hex(method_colour(m)) for m in list_methods()}
+
+
 def test_accuracy_plot_legend_names_each_method_once() -> None:
     fig = accuracy.figure({"runs": runs(12)})
     render(fig)
