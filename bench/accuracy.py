@@ -343,9 +343,7 @@ def curves_table(rows: list[dict[str, Any]]) -> list[str]:
                    "round to 90 % of final", "plateaued", "calibrated final %", "calibrated best %",
                    f"calibrated last {plateau.LAST} mean %", "calibrated plateaued", "device up B/round",
                    "device down B/round"], body),
-            f"\nplateaued: the best accuracy of the last {plateau.WINDOW} rounds exceeded the best before them by "
-            f"less than {100 * plateau.TOLERANCE:g} points, judged from round {plateau.START}; rN: the first round "
-            f"it held. Calibrated: the model of the same round with the closed-form head fitted on the devices' "
+            f"\n{plateau.RULE}. Calibrated: the model of the same round with the closed-form head fitted on the devices' "
             f"head statistics (methods/calibration)."]
 
 

@@ -50,7 +50,7 @@ def central_run(s: Any, label: str, overrides: dict[str, str], alpha: float | No
         acc = evaluate(model, test, spec)["accuracy"]
         curve.append(acc)
         per_round.append({"round": epoch, "accuracy": acc, "loss": losses, "bytes": {}})
-        if getattr(s, "until_plateau", False) and plateau_round(curve) == epoch:
+        if getattr(s, "until_plateau", False) and plateau_round(curve) is not None:
             break  # as the federated rows of an --until-plateau bench stop
     return {"method": label, "base_method": CENTRAL, "overrides": overrides, "split": split, "alpha": alpha,
             "final_accuracy": curve[-1], "best_accuracy": max(curve), "accuracy_per_round": curve,

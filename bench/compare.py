@@ -196,9 +196,7 @@ def markdown(results: dict[str, Any]) -> str:
         "\nTarget: " + ", ".join(f"{split} {100 * t:.1f} %" for split, t in split_targets(results).items())
         + " test accuracy (90 % of the split's best federated final, unless --target set one; the row's "
         "calibrated curve when it has one). "
-        f"plateaued: the best accuracy of the last {plateau.WINDOW} rounds beat the best before by less than "
-        f"{100 * plateau.TOLERANCE:g} points, judged from round {plateau.START} ('1 of 2': one seed had, the "
-        f"other had not). Central rows train on every image at once: an upper bound, no bytes. (personalised): "
+        f"{plateau.RULE} ('1 of 2': one seed had, the other had not). Central rows train on every image at once: an upper bound, no bytes. (personalised): "
         "each device's own model on its own held-out data, another task: it sets no target and reaches none."
         + (" Device peak RSS: one device process of the row's method on its backend, measured by `bench ram` "
            f"({', '.join(results.get('ram') or [])}), not during these runs (their devices share one process)."

@@ -442,8 +442,7 @@ def markdown(results: dict[str, Any]) -> str:
                     _num(r.get("epsilon_reached")) + ("" if r.get("epsilon_ok") in (None, True) else " (off target)"),
                     r.get("releases") if r.get("releases") is not None else "-",
                     round(r["device_up_bytes_per_device"] / 1000), round(r["wall_seconds"])) for r in ok]),
-            "\nplateaued: the best accuracy of the last 10 rounds beat the best before by less than 0.5 points, "
-            "from round 20 on (methods/metrics/plateau.py); rN: the first round it held. DP runs calibrate only "
+            f"\n{plateau.RULE}. DP runs calibrate only "
             "after the last round, so they have no calibrated curve to judge. clips only: the dry run that counts "
             "a plan's releases, with every clip of the DP runs but the update clip (placeholder "
             f"{DRY_UPDATE_CLIP:g}, unless stated) and sigma {DRY_SIGMA:g}: what clipping alone does.\n"]

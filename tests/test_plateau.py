@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from splitedge.methods.metrics.plateau import plateau_round, summary
+from splitedge.methods.metrics.plateau import plateau_round, plateaued, summary
 
 
 def test_a_climbing_run_has_not_plateaued_and_a_flat_one_has_from_round_20() -> None:
@@ -11,6 +11,16 @@ def test_a_climbing_run_has_not_plateaued_and_a_flat_one_has_from_round_20() -> 
     flat_after_15 = [min(r, 15) * 0.03 for r in range(1, 41)]
     assert plateau_round(flat_after_15) == 25  # best of 16..25 equals the best of 1..15
     assert plateau_round(flat_after_15, start=30) == 30
+
+
+def test_a_curve_flat_for_a_while_that_climbs_again_has_not_plateaued() -> None:
+    """The rule must hold at the last round: one flat stretch does not count for good."""
+    stalled_then_climbing = [0.3] * 25 + [0.3 + 0.01 * i for i in range(1, 21)]
+    assert plateau_round(stalled_then_climbing[:25]) == 20  # flat by round 20
+    assert plateau_round(stalled_then_climbing) is None and not summary(stalled_then_climbing)["plateaued"]
+    assert not plateaued([{"accuracy": 0.5, "accuracy_calibrated": a} for a in stalled_then_climbing])
+    flat_again = stalled_then_climbing + [0.5] * 12
+    assert plateau_round(flat_again) == 55  # the round from which it stayed flat to the end
 
 
 def test_half_a_point_over_ten_rounds_is_the_threshold() -> None:
