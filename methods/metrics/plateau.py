@@ -5,7 +5,7 @@ A curve is flat at round r when the best accuracy of rounds r-window+1..r exceed
 before them by less than `tolerance` (0.5 points), judged from round `start` (20) on. A run has
 plateaued when every curve it measures is flat at its last round: a curve that was flat for a
 while and then climbed again has not (before, one flat stretch counted for good: a 200-device
-FedAvg run's calibrated head was flat at round 23 and rose 5.6 points more by round 94).
+FedAvg run's calibrated head was flat at round 23 and rose 5.3 points more by round 94).
 Reported beside the final and best accuracy: the round from which the curve stayed flat to the
 end, the round at which it first reached 90 % of its final accuracy, and the mean of its last
 `LAST` measured rounds (a noisy curve's final round is one draw of it). Curves may have gaps
