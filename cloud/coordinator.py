@@ -411,8 +411,12 @@ class CloudCoordinator(Node):
         reports, self.gate = self.run_phase(plan), None
         sources = records_of(reports)
         if not sources:
-            log.warning("cloud: round %d's calibration got no head statistics; the head is not refitted", r)
-            return {"calibrated_edges": 0}, reports
+            privacy = phase_privacy(reports, prefix="calibration_")
+            if privacy.get("calibration_withheld"):  # every image under the floor: said once, with the fix
+                self._warn_partial_head({"calibrated_classes": 0, **privacy})
+            else:
+                log.warning("cloud: round %d's calibration got no head statistics; the head is not refitted", r)
+            return {"calibrated_edges": 0, **privacy}, reports
         metrics = {**self.part.calibrate(plan, sources), "calibrated_edges": len(sources),
                    "calibration_versions": dict(plan.versions)}
         metrics.update(phase_privacy(reports, prefix="calibration_"))
@@ -424,7 +428,8 @@ class CloudCoordinator(Node):
         return metrics, reports
 
     def _warn_partial_head(self, metrics: dict[str, Any]) -> None:
-        """Once a run: a calibrated head that lacks classes is scored but not served (serving.py)."""
+        """Once a run: a calibrated head that lacks classes is scored but not served (serving.py),
+        or (0 classes) there is none, and why."""
         classes, want = metrics.get("calibrated_classes"), self.method.spec.num_classes
         if classes is None or classes >= want or self.partial_head_warned:
             return
@@ -432,9 +437,10 @@ class CloudCoordinator(Node):
         withheld = metrics.get("calibration_withheld") or {}
         why = (f"the devices withheld {withheld.get('samples', 0)} of their images as classes they hold fewer than "
                f"min_class_count={self.method.config.min_class_count} of" if withheld else "no device holds them")
-        log.warning("cloud: the calibrated head has %d of %d classes (%s): it is scored, the served model keeps its "
-                    "own head. Give each device more images or lower min_class_count (docs/privacy.md)",
-                    classes, want, why)
+        what = (f"calibration gets no head statistics ({why}): the head is not refitted" if not classes else
+                f"the calibrated head has {classes} of {want} classes ({why}): it is scored, the served model "
+                f"keeps its own head")
+        log.warning("cloud: %s. Give each device more images or lower min_class_count (docs/privacy.md)", what)
 
     def evaluation_phase(self, calibrated: RoundPlan, heads: list[Message]) -> tuple[dict[str, Any], list[Any]]:
         """Devices that hold their own models score the head they were sent on their held-out

@@ -91,6 +91,12 @@ def test_a_head_lacking_classes_is_scored_not_served_and_said_once(tmp_path, cap
     said = [r.getMessage() for r in caplog.records if "calibrated head has" in r.getMessage()]
     assert len(said) == 1 and f"has {rounds[0]['calibrated_classes']} of 10 classes" in said[0], said
     assert "min_class_count=40" in said[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="splitedge.cloud.coordinator"):  # every image under the floor
+        _, rounds = _sim(tmp_path / "none", rounds=2, overrides={"min_class_count": 10_000})
+    assert all(r["calibrated_edges"] == 0 and r["calibration_withheld"]["samples"] == 600 for r in rounds), rounds
+    said = [r.getMessage() for r in caplog.records if "head statistics" in r.getMessage()]
+    assert len(said) == 1 and "withheld 600 of their images" in said[0] and "min_class_count=10000" in said[0], said
 
 
 def test_calibration_every_second_round_and_at_the_end(tmp_path) -> None:
