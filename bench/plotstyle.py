@@ -47,19 +47,20 @@ def registry_order() -> list[str]:
 
 
 def method_colours(names: Iterable[str]) -> dict[str, Any]:
-    """A colour per label, distinct within `names`. A registered method has the same colour in
-    every plot (its registry slot), and so does a label that adds a remark in brackets to its
-    name; the bounds `upper` and `lower` have fixed colours; the other labels (variants,
-    diagnose stacks), by name, take the slots after the registry's in turn: the same in every plot of one bench run, whose plots
-    show the same rows. Past the palette's 60 colours they repeat."""
+    """A colour per label, distinct within `names` (labels that differ only by a remark in
+    brackets share theirs). A registered method has the same colour in every plot (its registry
+    slot), the bounds `upper` and `lower` fixed ones; the other labels (variants, diagnose
+    stacks), by name, take the slots after the registry's in turn: the same in every plot of one
+    bench run, whose plots show the same rows. Past the palette's 60 colours they repeat."""
     order, colours = registry_order(), palette()
-    names = list(dict.fromkeys(names))
-    out = {n: FIXED[b] if b in FIXED else colours[order.index(b) % len(colours)]
-           for n, b in ((n, base_label(n)) for n in names) if b in FIXED or b in order}
-    others = sorted(dict.fromkeys(base_label(n) for n in names if n not in out))
-    slot = {b: colours[(len(order) + i) % len(colours)] for i, b in enumerate(others)}
-    out.update({n: slot[base_label(n)] for n in names if n not in out})
-    return out
+    base = {n: base_label(n) for n in names}
+    others = sorted({b for b in base.values() if b not in FIXED and b not in order})
+
+    def colour(b: str) -> Any:
+        if b in FIXED:
+            return FIXED[b]
+        return colours[(order.index(b) if b in order else len(order) + others.index(b)) % len(colours)]
+    return {n: colour(b) for n, b in base.items()}
 
 
 def base_label(name: str) -> str:

@@ -409,17 +409,15 @@ class CloudCoordinator(Node):
                                    directives={CALIBRATE: {"dim": int(dim)}}, phase=CALIBRATE)
         self.gate = Gate.of(plan, self.method)
         reports, self.gate = self.run_phase(plan), None
-        sources = records_of(reports)
+        sources, privacy = records_of(reports), phase_privacy(reports, prefix="calibration_")
         if not sources:
-            privacy = phase_privacy(reports, prefix="calibration_")
             if privacy.get("calibration_withheld"):  # every image under the floor: said once, with the fix
                 self._warn_partial_head({"calibrated_classes": 0, **privacy})
             else:
                 log.warning("cloud: round %d's calibration got no head statistics; the head is not refitted", r)
             return {"calibrated_edges": 0, **privacy}, reports
         metrics = {**self.part.calibrate(plan, sources), "calibrated_edges": len(sources),
-                   "calibration_versions": dict(plan.versions)}
-        metrics.update(phase_privacy(reports, prefix="calibration_"))
+                   "calibration_versions": dict(plan.versions), **privacy}
         self._warn_partial_head(metrics)
         heads = self.part.head_messages()
         if heads:

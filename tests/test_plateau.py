@@ -44,8 +44,6 @@ def test_the_last_five_measured_rounds_are_averaged_past_gaps() -> None:
 
 
 def test_a_run_has_plateaued_when_each_of_its_curves_has() -> None:
-    from splitedge.methods.metrics.plateau import plateaued
-
     flat = [{"accuracy": 0.5} for _ in range(25)]
     assert plateaued(flat) and not plateaued(flat[:19])  # judged from round 20
     climbing = [{"accuracy": 0.5, "accuracy_calibrated": 0.01 * r} for r in range(25)]

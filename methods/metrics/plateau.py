@@ -28,30 +28,23 @@ def _measured(curve: Sequence[Any]) -> list[tuple[int, float]]:
     return [(i + 1, float(a)) for i, a in enumerate(curve) if a is not None and a == a]
 
 
-def flat_rounds(curve: Sequence[Any], *, window: int = WINDOW, tolerance: float = TOLERANCE,
-                start: int = START) -> list[int]:
-    """The rounds r >= start at which the curve was flat (rule over rounds r-window+1..r)."""
-    points = _measured(curve)
-    flat = []
-    for r in range(max(start, window + 1), len(curve) + 1):
-        last = [a for i, a in points if r - window < i <= r]
-        before = [a for i, a in points if i <= r - window]
-        if last and before and max(last) - max(before) < tolerance:
-            flat.append(r)
-    return flat
+def _flat_at(points: list[tuple[int, float]], r: int, window: int, tolerance: float) -> bool:
+    """The rule over rounds r-window+1..r of the measured `points`."""
+    last = [a for i, a in points if r - window < i <= r]
+    before = [a for i, a in points if i <= r - window]
+    return bool(last and before and max(last) - max(before) < tolerance)
 
 
-def plateau_round(curve: Sequence[Any], **rule: Any) -> int | None:
+def plateau_round(curve: Sequence[Any], *, window: int = WINDOW, tolerance: float = TOLERANCE,
+                  start: int = START) -> int | None:
     """The first round from which the curve stayed flat to its end, or None when it is not
     flat at its last round (still climbing, or climbing again)."""
-    flat = flat_rounds(curve, **rule)
-    if not flat or flat[-1] != len(curve):
+    points, first = _measured(curve), max(start, window + 1)
+    r = len(curve)
+    if r < first or not _flat_at(points, r, window, tolerance):
         return None
-    r = flat[-1]
-    for earlier in reversed(flat[:-1]):
-        if earlier != r - 1:
-            break
-        r = earlier
+    while r > first and _flat_at(points, r - 1, window, tolerance):
+        r -= 1
     return r
 
 
