@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from parts import ctx_for, env, plan_for, report, shipped_methods
-from splitedge.methods.registry import get_method
 from splitedge.methods.contract import Message
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from splitedge.protocol import (
     DEFAULT_MAX_BYTES, PROTOCOL_VERSION, Envelope, ProtocolError, decode, encode, registered_kinds,
 )
 from splitedge.protocol.arrays import DTYPE_CODES, MAX_NDIM, pack_array, unpack_array
-from splitedge.protocol.examples import example_body, example_envelope, worked_example
+from splitedge.protocol.examples import example_envelope, worked_example
 
 PROTOCOL_MD = Path(__file__).resolve().parents[1] / "PROTOCOL.md"
 NP_DTYPES = {"bool": "?", "u1": "u1", "i1": "i1", "i2": "<i2", "i4": "<i4", "i8": "<i8",

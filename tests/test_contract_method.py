@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-import pytest
 
 from splitedge.methods.config import MethodConfig
 from splitedge.methods.registry import register_method

@@ -24,7 +24,7 @@ from splitedge.protocol import credentials
 from splitedge.protocol.codec import Envelope, encode
 from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.signing import (
-    TRAILER_LEN, KeyRing, Signer, Verifier, generate_key, load_keyring, load_signer, split_trailer,
+    TRAILER_LEN, KeyRing, Signer, Verifier, load_keyring, load_signer, split_trailer,
 )
 from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
 
