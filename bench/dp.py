@@ -4,8 +4,10 @@ Per method (`fedavg` and `hsfp-cal` by default, each with the calibrated head, c
 seed and target epsilon (8, 4, 1 at delta 1e-5, over the whole run), one federation in which
 every device release is private (docs/privacy.md), beside the same method without DP (the upper
 bound) and the lower bound: `fedavg --calibrate lda --set local_epochs=0`, a random network with
-the calibrated head, what a device gets without the federation's training (README). Every run
-goes through its own Mosquitto (bench/simrun.py).
+the calibrated head, what a device gets without the federation's training (README), without DP
+and at each epsilon (its only release is the head statistics: a device that trains nothing sends
+its weights back as received, which costs no release). Every run goes through its own Mosquitto
+(bench/simrun.py).
 
 Each DP run is set before it starts from what the cloud can know (no tuning on devices' data,
 except the update clip, see below):
@@ -66,7 +68,9 @@ DRY_UPDATE_CLIP = 100.0
 EPSILON_RTOL = 0.01
 LOWER = "lower bound"
 KINDS = ("none", "dry", "dp", "lower")
-"""A run's kind: no DP (upper bound), the dry run of a plan, a DP run, the lower bound."""
+"""A run's kind: no DP (upper bound), the dry run of a plan, a DP run, the lower bound without DP.
+A task with "untrained" is the lower bound's network (fedavg, local_epochs 0, one round) in a
+dry or DP run: the lower bound at each epsilon."""
 
 
 @dataclass
@@ -232,7 +236,7 @@ def overrides_of(s: DPSettings, task: Task) -> dict[str, Any]:
     """The method settings of `task`: the calibrated head, --set, and its DP settings."""
     kind, plan = task["kind"], task.get("plan") or {}
     out: dict[str, Any] = {"calibrate": "lda", **stated(s, private=kind in ("dry", "dp"))}
-    if kind == "lower":
+    if untrained(task):
         out["local_epochs"] = 0
     if kind in ("dry", "dp"):
         out.update({"calibrate_every": 0, "dp_delta": s.delta, **plan["clips"],
@@ -241,12 +245,18 @@ def overrides_of(s: DPSettings, task: Task) -> dict[str, Any]:
     return out
 
 
+def untrained(task: Task) -> bool:
+    """The lower bound's network: without DP (kind "lower") or at an epsilon ("untrained")."""
+    return task["kind"] == "lower" or bool(task.get("untrained"))
+
+
 def one_run(s: DPSettings, task: Task) -> dict[str, Any]:
     kind, method, seed = task["kind"], task["method"], task["seed"]
     fed = dataclasses.replace(s, seed=seed, until_plateau=s.until_plateau and kind == "none",
-                              rounds=1 if kind == "lower" else s.rounds)
+                              rounds=1 if untrained(task) else s.rounds)
     overrides = overrides_of(s, task)
-    sim = fed.sim(method, s.alpha, run=f"bench-dp-{method}-{kind}-s{seed}", overrides=overrides)
+    name = "lower" if untrained(task) and kind != "lower" else method
+    sim = fed.sim(method, s.alpha, run=f"bench-dp-{name}-{kind}-s{seed}", overrides=overrides)
     if s.deadline_s is not None:
         sim = dataclasses.replace(sim, deadline_s=s.deadline_s)
     with first_updates() if kind == "dry" else contextlib.nullcontext({}) as updates:
@@ -256,8 +266,8 @@ def one_run(s: DPSettings, task: Task) -> dict[str, Any]:
     own = summary["accuracy_per_round"]
     cal = summary.get("accuracy_calibrated_per_round")
     up = res["tiers"].get("device", {}).get("out_payload", 0) / s.devices
-    row = {"kind": kind, "method": LOWER if kind == "lower" else method, "base_method": method, "seed": seed,
-           "epsilon": task.get("epsilon"), "overrides": overrides,
+    row = {"kind": kind, "method": LOWER if untrained(task) else method, "base_method": method, "seed": seed,
+           "untrained": untrained(task), "epsilon": task.get("epsilon"), "overrides": overrides,
            "sigma": overrides.get("dp_sigma"), "releases": last.get("dp_releases_total"),
            "epsilon_reached": last.get("dp_epsilon"),
            "final_accuracy": summary["final_accuracy"], "best_accuracy": summary["best_accuracy"],
@@ -285,7 +295,7 @@ def guarded_run(s: DPSettings, task: Task) -> dict[str, Any]:
     except Exception as exc:
         log.exception("dp: %s failed", label)
         return {**{k: v for k, v in task.items() if k != "plan"}, "base_method": task["method"],
-                "method": LOWER if task["kind"] == "lower" else task["method"], "error": repr(exc)}
+                "method": LOWER if untrained(task) else task["method"], "error": repr(exc)}
 
 
 def plan_from_dry(s: DPSettings, dry: dict[str, Any]) -> dict[str, Any]:
@@ -316,6 +326,7 @@ def follow_ups(s: DPSettings, row: dict[str, Any]) -> list[Task]:
         log.error("dp: %s", exc)
         return []
     return [{"kind": "dp", "method": row["base_method"], "seed": row["seed"], "epsilon": e,
+             "untrained": bool(row.get("untrained")),
              "plan": {**plan, "sigma": sigma_for(e, plan["releases"], s.delta)}} for e in s.epsilons]
 
 
@@ -347,13 +358,17 @@ def run(s: DPSettings, progress: Progress | None = None) -> tuple[dict[str, Any]
     """Clips per (method, seed), then its dry run and the runs without DP; each dry run's DP runs
     once it has finished. `progress` after every run."""
     config = {**vars(s), "split": split_name(s.alpha), "dry_sigma": DRY_SIGMA, "epsilon_rtol": EPSILON_RTOL}
-    clips = {(m, sd): clip_rule(s, m, sd) for m in s.methods for sd in s.seeds}
+    clips = {(m, sd): clip_rule(s, m, sd) for m in (*s.methods, "fedavg") for sd in s.seeds}
     config["clips"] = {f"{m} seed {sd}": c for (m, sd), c in clips.items()}
-    first: list[Task] = [{"kind": "dry", "method": m, "seed": sd, "epsilon": None,
-                          "plan": {"clips": {k: v for k, v in clips[m, sd].items() if by_rule(s, m, k)}}}
-                         for m in s.methods for sd in s.seeds]
+
+    def dry(method: str, seed: int, **extra: Any) -> Task:
+        return {"kind": "dry", "method": method, "seed": seed, "epsilon": None, **extra,
+                "plan": {"clips": {k: v for k, v in clips[method, seed].items() if by_rule(s, method, k)}}}
+
+    first: list[Task] = [dry(m, sd) for m in s.methods for sd in s.seeds]
     first += [{"kind": "none", "method": m, "seed": sd, "epsilon": None} for m in s.methods for sd in s.seeds]
     first += [{"kind": "lower", "method": "fedavg", "seed": sd, "epsilon": None} for sd in s.seeds]
+    first += [dry("fedavg", sd, untrained=True) for sd in s.seeds]
     rows: list[dict[str, Any]] = []
 
     def finished(row: dict[str, Any]) -> None:
@@ -426,12 +441,14 @@ def markdown(results: dict[str, Any]) -> str:
                             seeds, key) for e in epsilons]
             body.append((f"{method} ({head})", *cells))
     lower = [r for r in ok if r["kind"] == "lower"]
-    body.append((f"{LOWER}: fedavg local_epochs=0 (calibrated head)",
-                 _cell(lower, seeds, "final_accuracy_calibrated"), *["" for _ in epsilons]))
+    body.append((f"{LOWER}: fedavg local_epochs=0 (calibrated head)", _cell(lower, seeds, "final_accuracy_calibrated"),
+                 *[_cell([r for r in ok if r["method"] == LOWER and r["kind"] == "dp" and r["epsilon"] == e], seeds,
+                         "final_accuracy_calibrated") for e in epsilons]))
     out += [table(["method", *[f"epsilon {c}" for c in cols]], body),
             "\nFinal accuracy of the last round; calibrated head: the closed-form head fitted on the devices' "
             "(private, under DP) head statistics after the last round; own head: the model's own classifier. "
-            "none: no DP (the upper bound).\n"]
+            "none: no DP (the upper bound). The lower bound at an epsilon: the random network's head statistics "
+            "released privately (its weights go back as received, no release).\n"]
     out += ["## Every run\n",
             table(["method", "epsilon", "seed", "sigma", "final %", "best %", "calibrated final %",
                    "calibrated best %", "rounds", "plateaued (own / calibrated)", "epsilon reached", "releases",
@@ -497,18 +514,21 @@ def _num(v: Any) -> str:
 
 def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     """Final accuracy (calibrated head solid, own head dashed) against epsilon, a line per method
-    and seed; each method's run without DP as a dotted line, the lower bound in black."""
+    and seed, the lower bound's calibrated head in grey; each method's run without DP as a dotted
+    line, the lower bound's in grey."""
     ok = [r for r in results["runs"] if "error" not in r]
     curves = []
-    for method in results["methods"]:
+    for method in (*results["methods"], LOWER):
+        label = "lower" if method == LOWER else method  # plotstyle's fixed colour of the bound
         for sd in results["seeds"]:
             dp = sorted((r for r in ok if r["kind"] == "dp" and r["method"] == method and r["seed"] == sd),
                         key=lambda r: r["epsilon"])
             if not dp:
                 continue
             xs = [r["epsilon"] for r in dp]
-            curves.append(Series(method, [r.get("final_accuracy_calibrated") for r in dp], x=xs, split=f"seed {sd}"))
-            curves.append(Series(method, [r["final_accuracy"] for r in dp], x=xs, split=f"seed {sd}", dashed=True))
+            curves.append(Series(label, [r.get("final_accuracy_calibrated") for r in dp], x=xs, split=f"seed {sd}"))
+            if method != LOWER:  # a random network's own head is at chance
+                curves.append(Series(label, [r["final_accuracy"] for r in dp], x=xs, split=f"seed {sd}", dashed=True))
     fig = new_figure(curves)
     ax = fig.axes[0]
     if curves:
@@ -517,11 +537,11 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
         if r["kind"] == "none" and r.get("final_accuracy_calibrated") is not None:
             ax.axhline(r["final_accuracy_calibrated"], color=method_colour(r["method"]), linestyle=":", linewidth=1)
         if r["kind"] == "lower" and r.get("final_accuracy_calibrated") is not None:
-            ax.axhline(r["final_accuracy_calibrated"], color="black", linestyle=":", linewidth=1)
+            ax.axhline(r["final_accuracy_calibrated"], color=method_colour("lower"), linestyle=":", linewidth=1)
     ax.set_xscale("log")
     ax.set_xticks(results["epsilons"], [f"{e:g}" for e in results["epsilons"]])
     ax.set(xlabel=f"epsilon at delta {results['delta']:g} (whole run)", ylabel="final test accuracy", ylim=(0, 1),
-           title="dotted: no DP (colour of the method), lower bound (black)")
+           title="dotted: no DP (colour of the method; lower bound grey)")
     return save_figure(fig, out_dir / "dp.png")
 
 

@@ -85,12 +85,13 @@ def test_quick_run_spends_its_target_epsilon_and_reports_every_row(tmp_path: Pat
     # Assert: one row per kind, each well formed
     doc = json.loads((tmp_path / "dp.json").read_text())
     assert doc["command"].startswith("splitedge bench dp --quick")
-    rows = {r["kind"]: r for r in doc["results"]["runs"]}
+    runs = doc["results"]["runs"]
+    rows = {r["kind"]: r for r in runs if r["method"] == "fedavg" or r["kind"] == "lower"}
     assert set(rows) == {"none", "dry", "dp", "lower"}
-    for r in rows.values():
+    for r in runs:
         assert "error" not in r, r.get("error")
         assert 0 <= r["final_accuracy"] <= 1 and 0 <= r["final_accuracy_calibrated"] <= 1
-        assert r["device_up_bytes_per_device"] > 0 and r["rounds"] == (1 if r["kind"] == "lower" else 2)
+        assert r["device_up_bytes_per_device"] > 0 and r["rounds"] == (1 if r["untrained"] else 2)
     # the plan: 2 weight updates, each with its BatchNorm statistics, and 1 head release per
     # device (calibrated after the last round only)
     dry, run = rows["dry"], rows["dp"]
@@ -102,8 +103,18 @@ def test_quick_run_spends_its_target_epsilon_and_reports_every_row(tmp_path: Pat
     assert run["releases"] == 5 and run["epsilon_ok"]
     assert run["epsilon_reached"] == pytest.approx(8.0, rel=0.01)
     assert rows["none"]["sigma"] is None and rows["none"]["epsilon_reached"] is None
+    # the lower bound at epsilon 8: the random network's head statistics are its one release (a
+    # device that trained nothing sends its weights back as received, unnoised and uncounted)
+    private_lower = {r["kind"]: r for r in runs if r["method"] == dp.LOWER and r["kind"] != "lower"}
+    assert set(private_lower) == {"dry", "dp"} and private_lower["dry"]["update_norms"] == {}
+    low = private_lower["dp"]
+    assert low["overrides"]["local_epochs"] == 0 and low["releases"] == 1 and low["epsilon_ok"]
+    assert low["sigma"] == pytest.approx(sigma_for_epsilon(8.0, 1))
+    assert low["final_accuracy"] == pytest.approx(rows["lower"]["final_accuracy"])  # the same untouched network
     md = (tmp_path / "dp.md").read_text()
-    assert "| fedavg (calibrated head) |" in md and "1 of 1 DP runs ended within 1 %" in md
+    assert "| fedavg (calibrated head) |" in md and "2 of 2 DP runs ended within 1 %" in md
+    lower_row = next(line for line in md.splitlines() if line.startswith(f"| {dp.LOWER}: fedavg local_epochs=0"))
+    assert lower_row.split("|")[3].strip() == f"{100 * low['final_accuracy_calibrated']:.1f}"
 
 
 def test_the_rule_sets_batchnorm_clips_only_when_asked_and_a_stated_clip_wins() -> None:

@@ -57,8 +57,11 @@ class FedAvgDevice(DevicePart):
         # A fresh optimiser each round: momentum from the last local model does not fit the new global one.
         opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
-        start = state_to_numpy(self.model) if self.cfg.dp_sigma > 0 else None
-        norms = private_norms(self, self.model, input_batches(self.x))  # of the model received, before training
+        # differential privacy covers what training took from the data; with local_epochs 0 (a
+        # public setting) the weights go back as received, an update of zero that costs no release
+        private = self.cfg.dp_sigma > 0 and self.cfg.local_epochs > 0
+        start = state_to_numpy(self.model) if private else None
+        norms = private_norms(self, self.model, input_batches(self.x)) if private else {}  # of the model received
         self.losses = train_epochs(self.forward, self.method.loss_terms("device"),
                                    tensor_batches(self.x, self.y, self.cfg.device_batch, gen), opt, [self.model],
                                    epochs=self.cfg.local_epochs)
