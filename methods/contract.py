@@ -275,6 +275,12 @@ class NodeContext:
     compute; 0 trains whole batches (`splitedge device --train-chunk`)."""
 
 
+class RoundFailed(ValueError):
+    """A part's round that cannot give what it owes for a reason in the data, not a bug (local
+    training diverged to non-finite weights): the node logs the message in one line, counts it
+    and tells its parent the round failed; the round goes on without this node's part."""
+
+
 class Unsupported(ValueError):
     """A part that cannot be built on this node for this run, ever (e.g. a thin trainer asked to
     train a W_c it has no layers for): the node says why once and leaves (runtime Misfit)."""

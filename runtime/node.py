@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from splitedge.methods.contract import Message
+from splitedge.methods.contract import Message, RoundFailed
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import Transport
@@ -105,6 +105,10 @@ class Node:
         self.busy = True
         try:
             self.handle(*event)
+        except RoundFailed as exc:  # a known failure (e.g. training diverged): its message says it all
+            self.errors += 1
+            log.error("%s %s: handling %s from %s failed: %s", self.tier, self.node_id, event[1].kind,
+                      event[1].sender, exc)
         except Exception:
             self.errors += 1
             log.exception("%s %s: handling %s from %s failed", self.tier, self.node_id, event[1].kind,

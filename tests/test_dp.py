@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -222,3 +223,28 @@ def test_dp_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", _THIN_DP], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_diverged_update_fails_the_round_in_one_logged_line(caplog):
+    """Local training that diverged under DP noise: clip_update refuses the non-finite update
+    with RoundFailed, which a node logs as one line (no traceback) and counts."""
+    from splitedge.methods.contract import RoundFailed
+    from splitedge.protocol.codec import Envelope
+    from splitedge.runtime.node import Node
+
+    start = {"w": np.zeros(4, np.float32)}
+    with pytest.raises(RoundFailed, match="diverged"):
+        dp.clip_update({"w": np.array([1, np.inf, 0, 0], np.float32)}, start, clip=1.0)
+
+    class Diverging(Node):
+        def handle(self, topic_: str, env: Envelope) -> None:
+            dp.dp_weights({"w": np.full(4, np.nan, np.float32)}, start, clip=1.0, sigma=1.0,
+                          rng=np.random.default_rng(0))
+
+    node = Diverging(run="r", tier="device", node_id="d0")
+    with caplog.at_level(logging.ERROR, logger="splitedge.runtime.node"):
+        node.dispatch(("t", Envelope(kind="round", run="r", round=3, sender="e0", body={})))
+    assert node.errors == 1 and not node.busy
+    (record,) = caplog.records
+    assert record.exc_info is None and "device d0: handling round from e0 failed: local training diverged" \
+        in record.getMessage()

@@ -64,6 +64,7 @@ from typing import Literal
 import numpy as np
 
 from splitedge.methods.calibration.stats import HeadStats, symmetric_from_triu
+from splitedge.methods.contract import RoundFailed
 from splitedge.methods.moments import ClassMoments
 
 Second = Literal["none", "class", "diag", "full"]
@@ -289,7 +290,7 @@ def clip_update(weights: Mapping[str, np.ndarray], start: Mapping[str, np.ndarra
     delta = {k: np.asarray(weights[k], np.float64) - np.asarray(start[k], np.float64) for k in _floats(start)}
     norm = math.sqrt(sum(float(np.square(d).sum()) for d in delta.values()))
     if not math.isfinite(norm):
-        raise ValueError("the update is not finite")
+        raise RoundFailed("local training diverged (the update is not finite): nothing is released this round")
     scale = min(1.0, clip / norm) if norm > 0 else 1.0
     return {k: d * scale for k, d in delta.items()}
 
