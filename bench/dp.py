@@ -358,7 +358,7 @@ def run(s: DPSettings, progress: Progress | None = None) -> tuple[dict[str, Any]
     """Clips per (method, seed), then its dry run and the runs without DP; each dry run's DP runs
     once it has finished. `progress` after every run."""
     config = {**vars(s), "split": split_name(s.alpha), "dry_sigma": DRY_SIGMA, "epsilon_rtol": EPSILON_RTOL}
-    clips = {(m, sd): clip_rule(s, m, sd) for m in (*s.methods, "fedavg") for sd in s.seeds}
+    clips = {(m, sd): clip_rule(s, m, sd) for m in dict.fromkeys((*s.methods, "fedavg")) for sd in s.seeds}
     config["clips"] = {f"{m} seed {sd}": c for (m, sd), c in clips.items()}
 
     def dry(method: str, seed: int, **extra: Any) -> Task:
