@@ -22,7 +22,8 @@ import pytest
 from splitedge.protocol.accounting import ByteCounters
 
 CONTROL_KINDS = {"hello", "status", "round"}  # what a restart or a slow round sends again
-SIM = [sys.executable, "-m", "splitedge", "sim", "--resumable", "--rounds", "4", "--devices", "4", "--edges", "2"]
+DEVICES = 4
+SIM = [sys.executable, "-m", "splitedge", "sim", "--resumable", "--rounds", "4", "--devices", str(DEVICES), "--edges", "2"]
 
 
 def sim(out: Path, *args: str, crash: str | None = None) -> subprocess.CompletedProcess:
@@ -60,15 +61,24 @@ def test_a_sim_killed_in_round_3_resumes_after_round_2_and_ends_as_an_undisturbe
     assert accuracy(resumed) == accuracy(straight)
     summary, undisturbed = (json.loads((p / "summary.json").read_text()) for p in (resumed, straight))
     assert summary["resumed_after_round"] == 2 and summary["rounds_done"] == 4
-    # the byte counts cover the whole run (without the saved counts they would hold half of it):
-    # every kind that carries the method's data is the undisturbed run's to the byte; the control
-    # kinds differ by the restart's connects and by timing (a retained round plan is delivered
-    # again to whoever subscribes again, more often on a loaded box)
+    # the byte counts cover the whole run (without the saved counts they would hold half of it;
+    # counted twice, half as much again). What devices send carries the method's data and is the
+    # undisturbed run's to the byte. What they receive is too, but for MQTT's retained messages: a
+    # round plan or a slot's latest model (W_c, the calibration parts) is delivered again to
+    # whoever subscribes again, which timing decides (a CI run under load: one device took a
+    # 39,570-byte weights message a second time); so each kind's count lies between the
+    # undisturbed run's and that plus one delivery a device
     kinds, straight_kinds = summary["device_bytes_by_kind"], undisturbed["device_bytes_by_kind"]
-    for way in ("out", "in"):
-        data = {k: v for k, v in straight_kinds[way].items() if k not in CONTROL_KINDS}
-        assert data and {k: kinds[way].get(k) for k in data} == data, way
-        assert summary["bytes"]["device"][f"{way}_payload"] >= sum(v["payload"] for v in data.values())
+    data = {k: v for k, v in straight_kinds["out"].items() if k not in CONTROL_KINDS}
+    assert data and {k: kinds["out"].get(k) for k in data} == data
+    received = {k: v for k, v in straight_kinds["in"].items() if k not in CONTROL_KINDS}
+    assert received
+    for kind, want in received.items():
+        got = kinds["in"].get(kind, {"messages": 0, "payload": 0})
+        assert want["messages"] <= got["messages"] <= want["messages"] + DEVICES, kind
+        assert want["payload"] <= got["payload"] <= 1.25 * want["payload"], kind
+    for way, kinds_of_way in (("out", data), ("in", received)):
+        assert summary["bytes"]["device"][f"{way}_payload"] >= sum(v["payload"] for v in kinds_of_way.values())
     assert summary["wall_seconds"] > 0
 
 
