@@ -120,6 +120,13 @@ PLANS = {
         variants=("random=fedmar:local_epochs=0", "fedmar=fedmar", "fedmar-paper=fedmar:ammd=paper"),
         notes="A-MMD as the FedMAR paper writes it against ours; linear probe on the test split, Dir(0.1), "
               "beside a random ViT encoder's probe"),
+    # issue 27's MAR claims: MAR against contrastive-style learning under skew (SimSiam on the same
+    # ViT, with MAR's optimiser), and DecMAR against its peer degree (a ring against all-to-all)
+    "mar-claims": ssl_plan(
+        variants=("simsiam-vit=simsiam:encoder=vit,optimizer=adamw,device_lr=0.001,weight_decay=0.05",
+                  "decmar-deg2=decmar:degree=2", "decmar-deg9=decmar:degree=9"),
+        notes="FedMAR's claims: SimSiam on the same ViT (mar-paper-forms holds FedMAR and the random encoder) "
+              "and DecMAR at peer degree 2 and 9 of 10 devices; linear probe on the test split, Dir(0.1)"),
     "smoke": Plan(common=("--rounds", "2", "--max-train", "300", "--max-test", "100"), splits=("iid",), seeds=(0,),
                   variants=("upper=central", "lower=fedavg:local_epochs=0,calibrate=lda", "fedavg=fedavg:calibrate=lda"),
                   jobs=1, notes="digits, a two-round check that the machinery works"),

@@ -13,6 +13,7 @@ import pytest
 
 from splitedge.bench import ram
 from splitedge.bench.procmem import spawn_splitedge
+from splitedge.bench.matrix import PLANS as MATRIX_PLANS
 from splitedge.bench.report import table
 from splitedge.bench.simrun import bytes_to_target
 from parts import shipped_methods
@@ -615,9 +616,7 @@ def test_a_run_that_evaluated_no_round_is_an_error_row_not_a_result() -> None:
     assert "no round of 1 was evaluated" in row["error"], row
 
 
-@pytest.mark.parametrize("plan", ["fedcnn-10dev", "fedcnn-10dev-third", "hsfp-paper-fedcnn", "ssd-paper-forms", "ssd-ablation",
-                                  "ssd-ablation-third", "mar-paper-forms", "feddecorr-fedcnn",
-                                  "simsiam-plateau", "fedcnn-200dev"])
+@pytest.mark.parametrize("plan", sorted(MATRIX_PLANS))
 def test_every_variant_of_a_matrix_plan_is_a_valid_run(plan: str) -> None:
     """A typo in a plan's settings would surface hours into a matrix: each variant's method and
     settings build a run config now."""
