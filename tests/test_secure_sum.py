@@ -31,7 +31,7 @@ from splitedge.sim import SimSettings, run_sim
 
 
 def _sim(url: str, run: str, out: Path, *, secure: str, method: str = "hsfp-cal", devices: int = 4, edges: int = 2,
-         deadline: float = 60.0, sign: bool = False) -> list[dict]:
+         deadline: float = 120.0, sign: bool = False) -> list[dict]:
     torch.set_num_threads(1)
     overrides = {"secagg": secure} if secure != "off" else {}
     if method.startswith("hsfp"):
