@@ -24,7 +24,9 @@ def seeded_init(seed: int) -> Iterator[None]:
     nodes that build models at the same time in one process (a sim's threads) would interleave
     their draws. This holds a lock, seeds a forked RNG and restores the caller's afterwards."""
     with _INIT_LOCK, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        # the CPU generator alone: torch.manual_seed also queues a lazy CUDA seeding, which
+        # formats the caller's stack each time (costly for thousands of virtual devices)
+        torch.random.default_generator.manual_seed(seed)
         yield
 
 
