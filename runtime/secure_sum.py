@@ -43,7 +43,7 @@ import numpy as np
 
 from splitedge.methods.calibration import HEAD_STATS
 from splitedge.methods.calibration.stats import HeadStats, cov_form, head_stats_arrays
-from splitedge.methods.contract import CHILDREN, SUM_SUFFIX, Message, RoundPlan, RoundReport, device
+from splitedge.methods.contract import CHILDREN, SUM_SUFFIX, Message, RoundFailed, RoundPlan, RoundReport, device
 from splitedge.methods.moments import WIRE_DTYPES, ClassMoments, moments_to_body
 from splitedge.methods.privacy import additive, distributed
 from splitedge.methods.privacy.dp import SECONDS, NoisySums, class_means_from, head_stats_from, moments_from
@@ -272,7 +272,20 @@ def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPl
     """Run the four exchanges for one device message (`request`: publish and wait for the edge's
     reply, runtime/exchange.py); five with an `identity` (identity_of). `release`: the raw DP
     release the message was made from, what goes into the sum when the devices share the noise
-    (sums_of). TimeoutError or SecAggError fail the device's round."""
+    (sums_of). An edge's abort, a broken exchange or a reply that never comes fail the device's
+    round with RoundFailed: one logged line that names the sum and the edge, not a traceback."""
+    try:
+        _secure_send(msg, cfg=cfg, run=run, session=session, plan=plan, node_id=node_id, edge=edge,
+                     num_classes=num_classes, request=request, publish=publish, moments_per=moments_per,
+                     release=release, identity=identity)
+    except (SecAggError, TimeoutError) as exc:
+        raise RoundFailed(f"the secure sum of {sum_name(msg)} with edge {edge} failed: "
+                          f"{str(exc) or type(exc).__name__}") from exc
+
+
+def _secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPlan, node_id: str, edge: str,
+                 num_classes: int, request: Request, publish: Callable[[Message], Any],
+                 moments_per: str, release: NoisySums | None, identity: Any) -> None:
     secagg = _secagg()
     values, meta = sums_of(msg, num_classes, moments_per, shared_dp=distributed.shares_noise(cfg), release=release)
     name = sum_name(msg)

@@ -269,3 +269,29 @@ def test_a_survivors_late_shares_are_not_refused_but_a_strangers_are() -> None:
     assert up(ids[-1], 3, replies[ids[-1]]) == []
     with pytest.raises(ProtocolError, match="closed"):
         up("d9", 3, replies[ids[-1]])
+
+
+@pytest.mark.parametrize("reply, reason", [
+    ("abort", "edge e0 aborted the secure sum: too few devices"),
+    ("timeout", "TimeoutError"),
+])
+def test_a_secure_sum_that_breaks_fails_the_devices_round_in_one_line(reply: str, reason: str) -> None:
+    # a device's secure send of its weights: the edge aborts the sum, or never replies; either is
+    # the round's known failure (RoundFailed: the node logs its message, no traceback), naming the sum
+    from splitedge.methods.contract import Message, RoundFailed
+    from splitedge.runtime.secure_sum import ABORT, secure_send
+
+    plan = RoundPlan(round=1, method="fedavg", deadline_s=1.0, config={})
+    msg = Message("weights", {"part": "model", "version": 1, "samples": 3, "weights": {"x": np.ones(3, np.float32)}})
+    published = []
+
+    def request(out: Message, kind: str, wait: float) -> Envelope:
+        if reply == "timeout":
+            raise TimeoutError
+        return Envelope(kind=kind, run="run", round=1, sender="e0",
+                        body={"stage": ABORT, "data": {"reason": "too few devices"}})
+
+    with pytest.raises(RoundFailed, match="the secure sum of weights.model with edge e0 failed") as failed:
+        secure_send(msg, cfg=SimpleNamespace(secagg="plus"), run="run", session="s", plan=plan, node_id="d0",
+                    edge="e0", num_classes=10, request=request, publish=published.append)
+    assert reason in str(failed.value) and published == []
