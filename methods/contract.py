@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig
+from splitedge.methods.errors import RoundFailed  # noqa: F401 - part of the contract (parts raise it)
 from splitedge.methods.privacy.floor import ClassFloor
 
 # -- addresses -------------------------------------------------------------------------------
@@ -273,12 +274,6 @@ class NodeContext:
     """Device: how many samples a thin (numpy) trainer passes through W_c at a time, exactly as
     the whole batch (methods/thin/chunked.py): memory flat in the batch size for ~2-3 times the
     compute; 0 trains whole batches (`splitedge device --train-chunk`)."""
-
-
-class RoundFailed(ValueError):
-    """A part's round that cannot give what it owes for a reason in the data, not a bug (local
-    training diverged to non-finite weights): the node logs the message in one line, counts it
-    and tells its parent the round failed; the round goes on without this node's part."""
 
 
 class Unsupported(ValueError):

@@ -248,3 +248,16 @@ def test_a_diverged_update_fails_the_round_in_one_logged_line(caplog):
     (record,) = caplog.records
     assert record.exc_info is None and "device d0: handling round from e0 failed: local training diverged" \
         in record.getMessage()
+
+
+def test_features_that_diverged_fail_the_round_in_one_line() -> None:
+    """A W_c whose output is not finite (local training diverged) fails the device's round with
+    RoundFailed, in the clear statistics and in the clipped sums a DP release is made from."""
+    from splitedge.methods.contract import RoundFailed
+    from splitedge.methods.moments import MomentAccumulator
+
+    x, y = np.array([[1.0, np.nan], [0.0, 1.0]]), np.array([0, 1])
+    with pytest.raises(RoundFailed, match="not finite"):
+        MomentAccumulator(2).add(x, y)
+    with pytest.raises(RoundFailed, match="not finite"):
+        dp.ClippedSums(2, 2, clip=1.0).add(x, y)
