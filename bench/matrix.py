@@ -120,6 +120,11 @@ PLANS = {
         variants=("random=fedmar:local_epochs=0", "fedmar=fedmar", "fedmar-paper=fedmar:ammd=paper"),
         notes="A-MMD as the FedMAR paper writes it against ours; linear probe on the test split, Dir(0.1), "
               "beside a random ViT encoder's probe"),
+    # a third seed where mar-paper-forms' two left the forms within 2 points (1.1 / 1.4, the same order)
+    "mar-paper-forms-third": Plan(
+        common=SSL_COMMON, splits=("0.1",), seeds=(2,),
+        variants=("random=fedmar:local_epochs=0", "fedmar=fedmar", "fedmar-paper=fedmar:ammd=paper"),
+        notes="mar-paper-forms' rows in a third seed (its two seeds left the forms within 2 points)"),
     # issue 27's MAR claims: MAR against contrastive-style learning under skew (SimSiam on the same
     # ViT, with MAR's optimiser), and DecMAR against its peer degree (a ring against all-to-all)
     "mar-claims": ssl_plan(
