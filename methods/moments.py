@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from splitedge.methods.errors import RoundFailed
+from splitedge.methods.errors import NON_FINITE_FEATURES, RoundFailed
 
 WIRE_DTYPES = {"f2": np.dtype("<f2"), "f4": np.dtype("<f4"), "f8": np.dtype("<f8")}
 
@@ -117,7 +117,7 @@ class MomentAccumulator:
             raise ValueError("labels must be >= 0")
         x = x.astype(np.float64)
         if not np.isfinite(x).all():
-            raise RoundFailed("the features contain NaN or inf (W_c's output is not finite: local training diverged?)")
+            raise RoundFailed(NON_FINITE_FEATURES)
         return x, y.astype(np.int64)
 
     def _merge_one(self, c: int, n_b: int, mean_b: np.ndarray, m2_b: np.ndarray) -> None:

@@ -274,23 +274,7 @@ def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPl
     release the message was made from, what goes into the sum when the devices share the noise
     (sums_of). An edge's abort, a broken exchange or a reply that never comes fail the device's
     round with RoundFailed: one logged line that names the sum and the edge, not a traceback."""
-    try:
-        _secure_send(msg, cfg=cfg, run=run, session=session, plan=plan, node_id=node_id, edge=edge,
-                     num_classes=num_classes, request=request, publish=publish, moments_per=moments_per,
-                     release=release, identity=identity)
-    except (SecAggError, TimeoutError) as exc:
-        raise RoundFailed(f"the secure sum of {sum_name(msg)} with edge {edge} failed: "
-                          f"{str(exc) or type(exc).__name__}") from exc
-
-
-def _secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPlan, node_id: str, edge: str,
-                 num_classes: int, request: Request, publish: Callable[[Message], Any],
-                 moments_per: str, release: NoisySums | None, identity: Any) -> None:
-    secagg = _secagg()
-    values, meta = sums_of(msg, num_classes, moments_per, shared_dp=distributed.shares_noise(cfg), release=release)
-    name = sum_name(msg)
-    me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge, name), identity)
-    wait = plan.deadline_s
+    secagg, name, wait = _secagg(), sum_name(msg), plan.deadline_s
 
     def exchange(batch: int, data: dict[str, Any], extra: Mapping[str, Any] | None = None) -> Any:
         reply = request(Message(KIND, {"stage": UP[batch], "batch": batch, "sum": name, "data": data,
@@ -299,12 +283,18 @@ def _secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundP
             raise SecAggError(f"edge {edge} aborted the secure sum: {reply.body['data'].get('reason', '')}")
         return reply.body["data"]
 
-    roster = secagg.KeyRoster.from_body(exchange(0, me.advertise_keys().to_body()))
-    inbox = secagg.ShareInbox.from_body(exchange(1, me.share_keys(roster).to_body()))
-    request_ = secagg.UnmaskRequest.from_body(exchange(2, me.masked_input(inbox, values).to_body(), {"meta": meta}))
-    signed = None if identity is None else \
-        secagg.SignedSurvivors.from_body(exchange(CONSISTENCY, me.sign_request(request_).to_body()))
-    publish(Message(KIND, {"stage": UP[3], "batch": 3, "sum": name, "data": me.unmask(request_, signed).to_body()}))
+    try:
+        values, meta = sums_of(msg, num_classes, moments_per, shared_dp=distributed.shares_noise(cfg), release=release)
+        me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge, name), identity)
+        roster = secagg.KeyRoster.from_body(exchange(0, me.advertise_keys().to_body()))
+        inbox = secagg.ShareInbox.from_body(exchange(1, me.share_keys(roster).to_body()))
+        request_ = secagg.UnmaskRequest.from_body(exchange(2, me.masked_input(inbox, values).to_body(), {"meta": meta}))
+        signed = None if identity is None else \
+            secagg.SignedSurvivors.from_body(exchange(CONSISTENCY, me.sign_request(request_).to_body()))
+        publish(Message(KIND, {"stage": UP[3], "batch": 3, "sum": name, "data": me.unmask(request_, signed).to_body()}))
+    except (SecAggError, TimeoutError) as exc:
+        raise RoundFailed(f"the secure sum of {name} with edge {edge} failed: {str(exc) or type(exc).__name__}") \
+            from exc
 
 
 # -- an edge ----------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ from typing import Literal
 import numpy as np
 
 from splitedge.methods.calibration.stats import HeadStats, symmetric_from_triu
-from splitedge.methods.errors import RoundFailed
+from splitedge.methods.errors import NON_FINITE_FEATURES, RoundFailed
 from splitedge.methods.moments import ClassMoments
 
 Second = Literal["none", "class", "diag", "full"]
@@ -130,7 +130,7 @@ class ClippedSums:
         if len(y) and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= self.num_classes):
             raise ValueError(f"labels must be integers in 0..{self.num_classes - 1}")
         if not np.isfinite(x).all():
-            raise RoundFailed("the features contain NaN or inf (W_c's output is not finite: local training diverged?)")
+            raise RoundFailed(NON_FINITE_FEATURES)
         x = clip_rows(x, self.clip)
         np.add.at(self.counts, y, 1.0)
         np.add.at(self.sums, y, x)
