@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=None,
                    help="accuracy, ssl, cluster: runs at a time, each in a process of its own (default 1)")
     p.add_argument("--resume", action="store_true",
-                   help="accuracy, ssl, cluster: keep the runs --out already holds (same settings) and run the rest")
+                   help="accuracy, ssl, cluster, dp: keep the runs --out already holds (same settings) and run the rest")
     p.add_argument("--plan", default=None, help="matrix: which plan of bench/matrix.py to run (e.g. fedcnn-10dev)")
     p.add_argument("--cells", type=_csv, default=(),
                    help="matrix: only these cells of the plan (e.g. dir0.1-s0,iid-s1), so that cells can run in "

@@ -354,10 +354,49 @@ def schedule(s: DPSettings, first: list[Task], follow: Callable[[dict[str, Any]]
                 pending |= {pool.submit(guarded_run, s, t) for t in follow(row)}
 
 
-def run(s: DPSettings, progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+RESUME_KEYS = ("dataset", "data", "model", "devices", "edges", "rounds", "max_train", "max_test", "overrides",
+               "virtual", "until_plateau", "split", "delta", "settings", "deadline_s", "dry_sigma")
+"""Settings a resumed dp bench must share with the runs it keeps. Methods, seeds and epsilons may
+differ: a kept run is one of the new bench's tasks, the others run."""
+
+
+def task_key(t: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What names a run, for a task and for its row alike (a row's "method" may be LOWER)."""
+    return (t["kind"], t.get("base_method", t["method"]), t["seed"], t.get("epsilon"), untrained(t))
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal plans, numbers to 1e-9 (a dry run's clips are recomputed from the test split)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9)
+    return a == b
+
+
+def kept_rows(config: dict[str, Any], previous: dict[str, Any] | None) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """With `--resume`: the finished runs of the folder's earlier dp bench, by task_key.
+    ValueError when it measured other settings (mixing them would compare unlike runs)."""
+    if not previous:
+        return {}
+    import json
+
+    theirs = previous.get("config", {})
+    differ = [k for k in RESUME_KEYS
+              if json.dumps(config.get(k), default=str) != json.dumps(theirs.get(k), default=str)]
+    if differ:
+        raise ValueError(f"--resume: the folder's runs were made with other settings ({', '.join(differ)}); use "
+                         f"another --out or the same settings")
+    return {task_key(r): r for r in previous["results"]["runs"] if "error" not in r}
+
+
+def run(s: DPSettings, progress: Progress | None = None,
+        previous: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Clips per (method, seed), then its dry run and the runs without DP; each dry run's DP runs
-    once it has finished. `progress` after every run."""
+    once it has finished. `progress` after every run; `previous` (the folder's JSON, --resume)
+    gives back the runs an earlier bench finished, a kept dry run its DP runs' plan."""
     config = {**vars(s), "split": split_name(s.alpha), "dry_sigma": DRY_SIGMA, "epsilon_rtol": EPSILON_RTOL}
+    kept = kept_rows(config, previous)
     clips = {(m, sd): clip_rule(s, m, sd) for m in dict.fromkeys((*s.methods, "fedavg")) for sd in s.seeds}
     config["clips"] = {f"{m} seed {sd}": c for (m, sd), c in clips.items()}
 
@@ -376,7 +415,23 @@ def run(s: DPSettings, progress: Progress | None = None) -> tuple[dict[str, Any]
         if progress is not None:
             progress(config, results_of(s, rows))
 
-    schedule(s, first, lambda row: follow_ups(s, row), finished)
+    def to_run(tasks: list[Task]) -> list[Task]:
+        """The tasks still to run: one the earlier bench finished with the same plan is finished
+        now, and its follow-ups are taken in turn."""
+        todo = []
+        for t in tasks:
+            row = kept.pop(task_key(t), None)
+            if row is not None and _close(row.get("plan"), t.get("plan")):
+                finished(row)
+                todo += to_run(follow_ups(s, row))
+            else:
+                todo.append(t)
+        return todo
+
+    todo = to_run(first)
+    if rows:
+        log.info("dp: %d runs kept from the earlier bench", len(rows))
+    schedule(s, todo, lambda row: to_run(follow_ups(s, row)), finished)
     return config, results_of(s, rows)
 
 

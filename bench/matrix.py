@@ -84,6 +84,12 @@ PLANS = {
         common=FEDCNN_10DEV, splits=("iid", "0.1"), seeds=(2,),
         variants=(f"fedavg=fedavg:calibrate=lda,{FEDCNN_LR}", f"splitfed=splitfed:calibrate=lda,{FEDCNN_LR}"),
         notes="fedcnn-10dev's FedAvg and SplitFed rows in a third seed, where two seeds left them within 2 points"),
+    # a third seed where fedcnn-200dev's FedAvg and SplitFed came within 2 points (seed 0, calibrated:
+    # 53.3 against 51.9 %); its own folder, so fedcnn-200dev's comparison stays whole
+    "fedcnn-200dev-third": Plan(
+        common=FEDCNN_200DEV, splits=("0.3",), seeds=(2,),
+        variants=(f"fedavg=fedavg:calibrate=lda,{FEDCNN_LR}", f"splitfed=splitfed:calibrate=lda,{FEDCNN_LR}"),
+        notes="fedcnn-200dev's FedAvg and SplitFed rows in a third seed, where seed 0 left them within 2 points"),
     # issue 27's FedDecorr claim (rank and accuracy under skew) in this regime; FedAvg's rows are
     # fedcnn-10dev's (same cells, same settings), so only the regularised arm runs here
     "feddecorr-fedcnn": Plan(

@@ -78,7 +78,7 @@ def test_the_update_tap_records_each_devices_first_update_and_changes_nothing() 
 
 
 @needs_mosquitto
-def test_quick_run_spends_its_target_epsilon_and_reports_every_row(tmp_path: Path) -> None:
+def test_quick_run_spends_its_target_epsilon_reports_every_row_and_resumes(tmp_path: Path, capsys) -> None:
     # Execute: fedavg with the calibrated head, 2 rounds, epsilon 8, one seed
     assert main(["bench", "dp", "--quick", "--methods", "fedavg", "--epsilons", "8", "--no-plots",
                  "--set", "dp_bn_clip=rule", "--out", str(tmp_path)]) == 0
@@ -115,6 +115,29 @@ def test_quick_run_spends_its_target_epsilon_and_reports_every_row(tmp_path: Pat
     assert "| fedavg (calibrated head) |" in md and "2 of 2 DP runs ended within 1 %" in md
     lower_row = next(line for line in md.splitlines() if line.startswith(f"| {dp.LOWER}: fedavg local_epochs=0"))
     assert lower_row.split("|")[3].strip() == f"{100 * low['final_accuracy_calibrated']:.1f}"
+
+    # Execute: --resume with one more epsilon; then with other rounds
+    assert main(["bench", "dp", "--quick", "--methods", "fedavg", "--epsilons", "8,4", "--no-plots",
+                 "--set", "dp_bn_clip=rule", "--out", str(tmp_path), "--resume"]) == 0
+    capsys.readouterr()
+    refused = main(["bench", "dp", "--quick", "--methods", "fedavg", "--epsilons", "8", "--rounds", "3", "--no-plots",
+                    "--set", "dp_bn_clip=rule", "--out", str(tmp_path), "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    # Assert: every finished run kept as it was (the same wall time); only epsilon 4's two DP runs
+    # ran, with the kept dry runs' plans; the other rounds refused, the folder left as it was
+    again = json.loads((tmp_path / "dp.json").read_text())["results"]["runs"]
+    key = dp.task_key
+    before, after = {key(r): r for r in runs}, {key(r): r for r in again}
+    assert set(before) < set(after) and all(after[k] == before[k] for k in before)
+    new = [after[k] for k in set(after) - set(before)]
+    assert sorted((r["kind"], r["method"], r["epsilon"]) for r in new) == [("dp", "fedavg", 4.0), ("dp", dp.LOWER, 4.0)]
+    for r in new:
+        dry_row = before[("dry", "fedavg", r["seed"], None, r["untrained"])]
+        assert r["plan"]["clips"] == dry_row["plan"]["clips"] and r["sigma"] == pytest.approx(
+            sigma_for_epsilon(4.0, dry_row["releases"]))
+    assert refused == 2 and err == ["splitedge bench: error: --resume: the folder's runs were made with other "
+                                    "settings (rounds); use another --out or the same settings"]
+    assert json.loads((tmp_path / "dp.json").read_text())["results"]["runs"] == again
 
 
 def test_the_rule_sets_batchnorm_clips_only_when_asked_and_a_stated_clip_wins() -> None:
