@@ -196,7 +196,7 @@ def test_ssd_paper_forms_against_hand_computations():
     d = torch.tensor([10.0, 1.0])
     want = ((0.6 - 6.0) ** 2 + 0 + (1.0 - 10.0) ** 2 + 0) / 4
     loss = dsr_paper_loss(x, d)
-    assert float(loss) == pytest.approx(want)
+    assert loss.item() == pytest.approx(want)
     loss.backward()  # the target is detached: d/dx mean (x - t)^2 = 2 (x - t) / 4
     assert x.grad.flatten().tolist() == pytest.approx([2 * (0.6 - 6.0) / 4, 0.0, 2 * (1.0 - 10.0) / 4, 0.0])
     # PD: KL(softmax(h) || softmax(z)), the encoder's distribution first, temperature 1
@@ -206,7 +206,7 @@ def test_ssd_paper_forms_against_hand_computations():
     q = [1 / (1 + math.exp(2)), math.exp(2) / (1 + math.exp(2))]
     kl = sum(pi * math.log(pi / qi) for pi, qi in zip(p, q))
     out = pd_paper_loss(h, z)
-    assert float(out) == pytest.approx(kl, rel=1e-6)
+    assert out.item() == pytest.approx(kl, rel=1e-6)
     out.backward()
     assert h.grad.abs().sum() > 0 and z.grad.abs().sum() > 0  # both sides learn, as in the code's form
     with pytest.raises(ValueError, match="d must be"):
