@@ -16,7 +16,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from splitedge.methods.metrics import plateau
 from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
@@ -179,6 +179,15 @@ def guarded_run(s: AccuracySettings, label: str, method: str, overrides: dict[st
                 "error": repr(exc)}
 
 
+def refuse_other_settings(mine: Mapping[str, Any], theirs: Mapping[str, Any], keys: Sequence[str]) -> None:
+    """--resume's check, for every suite that resumes: ValueError naming the `keys` whose values
+    differ (compared as JSON) between this bench and the folder's earlier one."""
+    differ = [k for k in keys if json.dumps(mine.get(k), default=str) != json.dumps(theirs.get(k), default=str)]
+    if differ:
+        raise ValueError(f"--resume: the folder's runs were made with other settings ({', '.join(differ)}); use "
+                         f"another --out or the same settings")
+
+
 def kept_runs(s: AccuracySettings, tasks: list[Task], previous: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
     """With `--resume`: the finished runs of the folder's earlier bench that are tasks of this
     one (same label, split and settings), by task index. ValueError when that bench measured
@@ -188,10 +197,7 @@ def kept_runs(s: AccuracySettings, tasks: list[Task], previous: dict[str, Any] |
     mine = {k: getattr(s, k) for k in RESUME_KEYS}
     defaults = AccuracySettings()
     theirs = {k: previous["config"].get(k, getattr(defaults, k)) for k in RESUME_KEYS}  # older runs lack new keys
-    differ = [k for k in RESUME_KEYS if json.dumps(mine[k], default=str) != json.dumps(theirs[k], default=str)]
-    if differ:
-        raise ValueError(f"--resume: the folder's runs were made with other settings ({', '.join(differ)}); use "
-                         f"another --out or the same settings")
+    refuse_other_settings(mine, theirs, RESUME_KEYS)
     done = {(r["method"], r["split"]): r for r in previous["results"]["runs"] if "error" not in r}
     kept = {}
     for i, (label, _, overrides, alpha) in enumerate(tasks):

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from splitedge.bench.accuracy import jobs_of, parse_splits, split_name
+from splitedge.bench.accuracy import jobs_of, parse_splits, refuse_other_settings, split_name
 from splitedge.bench.plotstyle import Series, lines, method_colour, new_figure
 from splitedge.bench.report import Progress, save_figure, table
 from splitedge.bench.simrun import FederationSettings, parse_sets, run_on_mosquitto
@@ -379,14 +379,7 @@ def kept_rows(config: dict[str, Any], previous: dict[str, Any] | None) -> dict[t
     ValueError when it measured other settings (mixing them would compare unlike runs)."""
     if not previous:
         return {}
-    import json
-
-    theirs = previous.get("config", {})
-    differ = [k for k in RESUME_KEYS
-              if json.dumps(config.get(k), default=str) != json.dumps(theirs.get(k), default=str)]
-    if differ:
-        raise ValueError(f"--resume: the folder's runs were made with other settings ({', '.join(differ)}); use "
-                         f"another --out or the same settings")
+    refuse_other_settings(config, previous.get("config", {}), RESUME_KEYS)
     return {task_key(r): r for r in previous["results"]["runs"] if "error" not in r}
 
 

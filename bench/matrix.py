@@ -46,6 +46,8 @@ FEDCNN_200DEV = ("--dataset", "cifar10", "--data", DATA, "--model", "fedcnn", "-
                  "--max-train", "10000", "--max-test", "2000", "--rounds", "150", "--virtual", "20", "--deadline", "1800")
 """The H-SFP paper's topology (200 devices on 10 edges) with 50 images a device: all 50,000
 images made a round about 2 minutes on this box (bench/results/fedcnn-200dev-round-cost)."""
+THIRD_SEED_ROWS = (f"fedavg=fedavg:calibrate=lda,{FEDCNN_LR}", f"splitfed=splitfed:calibrate=lda,{FEDCNN_LR}")
+"""The fedcnn plans' rows a `-third` plan runs again: FedAvg and SplitFed, the pair that came within 2 points."""
 SSL_COMMON = ("--dataset", "cifar10", "--data", DATA, "--devices", "10", "--edges", "2",
               "--max-train", "10000", "--max-test", "2000", "--rounds", "100")
 """The self-supervised plans' regime: the cnn (SSD) or ViT (FedMAR) encoder, a linear probe."""
@@ -82,13 +84,13 @@ PLANS = {
     # IID seed 0, Dir(0.1) seed 1's own heads); its own folder, so fedcnn-10dev's comparison stays whole
     "fedcnn-10dev-third": Plan(
         common=FEDCNN_10DEV, splits=("iid", "0.1"), seeds=(2,),
-        variants=(f"fedavg=fedavg:calibrate=lda,{FEDCNN_LR}", f"splitfed=splitfed:calibrate=lda,{FEDCNN_LR}"),
+        variants=THIRD_SEED_ROWS,
         notes="fedcnn-10dev's FedAvg and SplitFed rows in a third seed, where two seeds left them within 2 points"),
     # a third seed where fedcnn-200dev's FedAvg and SplitFed came within 2 points (seed 0, calibrated:
     # 53.3 against 51.9 %); its own folder, so fedcnn-200dev's comparison stays whole
     "fedcnn-200dev-third": Plan(
         common=FEDCNN_200DEV, splits=("0.3",), seeds=(2,),
-        variants=(f"fedavg=fedavg:calibrate=lda,{FEDCNN_LR}", f"splitfed=splitfed:calibrate=lda,{FEDCNN_LR}"),
+        variants=THIRD_SEED_ROWS,
         notes="fedcnn-200dev's FedAvg and SplitFed rows in a third seed, where seed 0 left them within 2 points"),
     # issue 27's FedDecorr claim (rank and accuracy under skew) in this regime; FedAvg's rows are
     # fedcnn-10dev's (same cells, same settings), so only the regularised arm runs here
