@@ -111,13 +111,13 @@ PLANS = {
         notes="H-SFP as the paper writes it (moments of the local W_c every round, no private head), without "
               "slow averaging, and tau 0.2 / 2.0 (0.5 is hsfp-cal's), beside the lower bound; fedcnn, Dir(0.3)"),
     # issue 27's mean-only claim (H-SFP's ablation: prototypes without variance) in this regime; the
-    # rows with the variance are fedcnn-10dev's hsfp and hsfp-cal at Dir(0.3) (same cells, same settings)
+    # row with the variance is fedcnn-10dev's hsfp at Dir(0.3) (same cells, same settings)
     "hsfp-mean-only-fedcnn": Plan(
         common=FEDCNN_10DEV, splits=("0.3",), seeds=(0, 1),
-        variants=("hsfp-mean-only=hsfp:mean_only=true", "hsfp-cal-mean-only=hsfp-cal:mean_only=true"),
+        variants=("hsfp-mean-only=hsfp:mean_only=true",),
         jobs=1,
         notes="H-SFP's mean-only ablation (features sampled at each class's mean, no variance) on fedcnn, Dir(0.3), "
-              "to compare with fedcnn-10dev's hsfp and hsfp-cal rows"),
+              "to compare with fedcnn-10dev's hsfp rows"),
     # split in two: SSD's rows plateau in well under an hour a seed here, FedMAR's ViT takes hours
     "ssd-paper-forms": ssl_plan(
         variants=("random=ssd:local_epochs=0", "ssd=ssd", "ssd-paper=ssd:form=paper"),
