@@ -16,7 +16,10 @@ Design choices, and why:
   and only a silent address asks whether the broker runs. No message or log line shows a
   password (``credentials.redact_url``; ``self.url`` has no login at all).
 * The last will (a retained, QoS 1 encoded Envelope, typically ``status: offline``) is set
-  before connecting, so the broker announces a crashed node without any help from it.
+  before connecting, so the broker announces a crashed node without any help from it. It is
+  minted afresh (a new msg_id, a new signature) before every connect (paho's on_pre_connect),
+  and a clean ``close(offline=True)`` says offline in a new message too: a receiver that had a
+  will of this node drops an identical copy as a duplicate, and would keep the node online.
 * Handlers run on paho's network thread (or the loop's). The inbound chain (protocol/inbound.py)
   never raises: bad messages and failing handlers are logged and counted.
 * Byte accounting: PUBLISH sizes come from the MQTT 3.1.1 framing; control packets are
@@ -51,14 +54,13 @@ from splitedge.protocol.accounting import (
     subscribe_packet_bytes,
     unsubscribe_packet_bytes,
 )
-from splitedge.protocol.codec import Envelope, encode
+from splitedge.protocol.codec import Envelope
 from splitedge.protocol.credentials import ENV, PORTS, check_scheme, redact_url
 from splitedge.protocol.credentials import TLS_SCHEMES as CREDENTIAL_TLS_SCHEMES
 from splitedge.protocol.inbound import WIRE_STEPS, Step
 from splitedge.protocol.mqtt_loop import ClientLoop
 from splitedge.protocol.signing import KeyRing, Signer
-from splitedge.protocol.topics import validate_topic_name
-from splitedge.protocol.transport import DEFAULT_MAX_BYTES, Transport, kind_of, wait_for
+from splitedge.protocol.transport import DEFAULT_MAX_BYTES, Transport, wait_for
 
 logger = logging.getLogger(__name__)
 
@@ -201,8 +203,8 @@ class MqttTransport(Transport):
         self.url = f"{scheme}://{self.host}:{self.port}"  # never keep the password in the URL
         self._username = username if username is not None else url_user
         self._password = password if password is not None else url_password
-        # signed now, fired by the broker later: a will has its own replay window (signing.py)
-        self._will = (validate_topic_name(will[0]), self._seal(will[0], encode(will[1]), will=True)) if will else None
+        # signed at each connect, fired by the broker later: a will has its own replay window (signing.py)
+        self._keep_last_word(will)
         self._connected = threading.Event()
         self._connect_error: str | None = None
         self._closed = False
@@ -236,6 +238,7 @@ class MqttTransport(Transport):
             client.will_set(self._will[0], self._will[1], qos=1, retain=True)
         client.reconnect_delay_set(reconnect_min, reconnect_max)  # type: ignore[arg-type]
         client.max_inflight_messages_set(100)
+        client.on_pre_connect = self._on_pre_connect
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_connect_fail = self._on_connect_fail
@@ -305,6 +308,17 @@ class MqttTransport(Transport):
         return f"TCP connects but no CONNACK within {timeout:g}s (TLS/port mismatch?); {UNREACHABLE_HINT}", False
 
     # -- paho callbacks (network thread: must never raise) ------------------------------
+    def _on_pre_connect(self, client: paho.Client, userdata: Any) -> None:
+        """Before every CONNECT (the first and each reconnect): arm a will of its own, so a
+        will that fires after an earlier one fired is not a duplicate to its receivers."""
+        if self._last_word is None:
+            return
+        try:
+            self._will = self._mint_will()
+            client.will_set(self._will[0], self._will[1], qos=1, retain=True)  # type: ignore[index]
+        except Exception:  # keep the will armed before; never break a reconnect
+            logger.exception("%s: re-arming the last will failed", self.client_id)
+
     def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         if reason_code.is_failure:
             self._connect_error = refusal(reason_code, self._username)
@@ -435,15 +449,15 @@ class MqttTransport(Transport):
     def close(self, *, offline: bool = False, timeout: float = 2.0) -> None:
         """Flush, then disconnect cleanly (the broker then discards the will).
 
-        ``offline=True`` first publishes the will message itself, so peers see the node
-        leave even though a clean disconnect suppresses the will.
+        ``offline=True`` first publishes the offline status (the will's envelope with a new
+        msg_id, signed as an ordinary frame), so peers see the node leave even though a clean
+        disconnect suppresses the will, and see it even when a will of this node fired before.
         """
         if self._closed:
             return
-        if offline and self._will and self.connected:
-            topic, payload = self._will
+        if offline and self._last_word is not None and self.connected:
             try:
-                self._publish_bytes(topic, payload, qos=1, retain=True, kind=kind_of(topic), wait=timeout)
+                self._say_offline(wait=timeout)
             except (TimeoutError, ConnectionError) as exc:
                 logger.warning("%s: offline status not confirmed: %s", self.client_id, exc)
         if not self.flush(timeout):

@@ -91,6 +91,8 @@ class Transport(abc.ABC):
         self.duplicates = 0
         self._state_lock = threading.Lock()
         self._births: dict[str, Envelope] = {}
+        self._last_word: tuple[str, Envelope] | None = None  # (topic, the node's offline status)
+        self._will: tuple[str, bytes] | None = None  # the will armed for the current connection
         self.inbound = compose(steps, self, self._route)
 
     # -- outbound -------------------------------------------------------------------------
@@ -112,6 +114,29 @@ class Transport(abc.ABC):
     def _seal(self, topic: str, frame: bytes, *, will: bool = False) -> bytes:
         """The payload for ``frame`` on ``topic``: signed when this node has a key."""
         return frame if self.signer is None else self.signer.seal(topic, frame, will=will)
+
+    # -- the last word: a will armed per connection, a clean exit's offline said fresh -----
+    def _keep_last_word(self, will: tuple[str, Envelope] | None) -> None:
+        """Remember the node's offline word (topic, envelope) and arm the first will from it."""
+        self._last_word = (validate_topic_name(will[0]), will[1]) if will else None
+        self._will = self._mint_will()
+
+    def _mint_will(self) -> tuple[str, bytes] | None:
+        """The offline word as a will payload with a msg_id (and signature) of its own. A will
+        minted once and fired twice (two blips), or published again at a clean exit, would be
+        the same message to every receiver, which drops the repeat as a duplicate: the node
+        would stay online to them for ever. So every connection arms a fresh one."""
+        if self._last_word is None:
+            return None
+        topic, env = self._last_word
+        return topic, self._seal(topic, encode(dataclasses.replace(env, msg_id=new_msg_id())), will=True)
+
+    def _say_offline(self, wait: float | None) -> None:
+        """A clean exit's last word: the offline status, retained, as a new message (not the
+        armed will's bytes, which a receiver may already have had from a will that fired)."""
+        if self._last_word is not None:
+            topic, env = self._last_word
+            self.publish(topic, dataclasses.replace(env, msg_id=new_msg_id()), qos=1, retain=True, wait=wait)
 
     def publish_birth(self, topic: str, env: Envelope) -> None:
         """Publish a retained message (a node's `status: online`) now and again after every
@@ -304,7 +329,7 @@ class LoopbackTransport(Transport):
         super().__init__(role=role, client_id=client_id, max_bytes=max_bytes, signer=signer, keyring=keyring,
                          steps=steps)
         self.bus = bus
-        self._will = (will[0], self._seal(will[0], encode(will[1]), will=True)) if will else None
+        self._keep_last_word(will)  # one connection, so one will
         self._closed = False
         bus.attach(self)
 
@@ -344,11 +369,11 @@ class LoopbackTransport(Transport):
             self.bus.publish(topic, payload, 1, True)
 
     def close(self, *, offline: bool = False) -> None:
-        """Detach cleanly (no will). ``offline=True`` first publishes the will message."""
+        """Detach cleanly (no will). ``offline=True`` first publishes the offline status, a
+        message of its own (not the will's bytes, see ``_mint_will``)."""
         if self._closed:
             return
-        if offline and self._will:
-            topic, payload = self._will
-            self._publish_bytes(topic, payload, qos=1, retain=True, kind=kind_of(topic), wait=None)
+        if offline:
+            self._say_offline(wait=None)
         self._closed = True
         self.bus.detach(self)
