@@ -2,8 +2,8 @@
 
 `splitedge bench device-memory` runs, per backend, one fresh interpreter (``--device-python``
 for the torch device, e.g. a venv with the CPU-only wheel) that records its RSS after: the bare
-interpreter; numpy, msgpack and paho-mqtt; the engine (torch, or onnxruntime for the thin
-device); splitedge's device modules; the H-SFP device part with its models; the local data
+interpreter; numpy, msgpack and paho-mqtt; the engine (torch, or the numpy layers of
+methods/thin for the thin device); splitedge's device modules; the H-SFP device part with its models; the local data
 (``--images`` uint8 images of the data set); then its peak (VmHWM) after one local epoch of the
 device's real training code (``HSFPTorchDevice.train_epoch`` / the thin trainer's). Each
 stage's increment is what it costs; the environment is the device unit's (MALLOC_ARENA_MAX=2).
@@ -36,8 +36,8 @@ if backend == "torch":
     import torch
     torch.set_num_threads(1)
 else:
-    import onnxruntime
-stages.append(("engine (torch)" if backend == "torch" else "engine (onnxruntime)", rss()))
+    import splitedge.methods.thin.graphs
+stages.append(("engine (torch)" if backend == "torch" else "engine (numpy layers)", rss()))
 import splitedge.device.agent
 from splitedge.methods.registry import create_method
 from splitedge.methods.contract import NodeContext

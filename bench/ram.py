@@ -1,7 +1,7 @@
 """Peak RSS of each role as its own OS process, during real rounds.
 
 Per method (``--methods``, default H-SFP) and device backend (torch; onnx when
-``device.onnx_backend`` imports and the method has a thin device part), a private Mosquitto,
+``methods.thin.graphs`` imports and the method has a thin device part), a private Mosquitto,
 one ``splitedge cloud``, one ``splitedge edge`` and one ``splitedge device`` reading an .npz
 shard run a few rounds while :class:`bench.procmem.PeakSampler` watches every pid. The goals
 come from the issues: with CIFAR-10 W_c and 5,000 local images a thin (onnx) device that only
@@ -136,8 +136,8 @@ def takes_setting(method: str, name: str) -> bool:
 
 
 def onnx_available() -> bool:
-    """The onnx backend exists in this checkout (a separate interpreter, so this one stays clean)."""
-    probe = subprocess.run([sys.executable, "-c", "import splitedge.methods.thin.onnx_backend"], capture_output=True)
+    """The thin backend exists in this checkout (a separate interpreter, so this one stays clean)."""
+    probe = subprocess.run([sys.executable, "-c", "import splitedge.methods.thin.graphs"], capture_output=True)
     return probe.returncode == 0
 
 
@@ -241,7 +241,7 @@ def run(s: RamSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     backends = list(s.backends)
     if "onnx" in backends and not onnx_available():
         backends.remove("onnx")
-        skipped["onnx"] = "device.onnx_backend does not import in this checkout"
+        skipped["onnx"] = "methods.thin.graphs does not import in this checkout"
     device_env, env_source = device_environment()
     device = {**interpreter_info(s.device_python or sys.executable), "env": device_env, "env_source": env_source}
     runs = []

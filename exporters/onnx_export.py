@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 OPSET = 17
 INPUT_NAME = "x"
-UNUSED_STATE_KEY = "splitedge.unused_state"  # same key as methods/thin/onnx_backend.py (kept torch-free)
+UNUSED_STATE_KEY = "splitedge.unused_state"  # state entries the graph does not use (BN num_batches_tracked)
 
 
 class ParityError(ValueError):
@@ -153,37 +153,3 @@ def max_abs_diff(model: onnx.ModelProto | bytes, module: nn.Module, x: np.ndarra
     if tol is not None and not diff <= tol.limit(ref):
         raise ParityError(f"onnx vs torch max abs diff {diff:.3g} > {tol.limit(ref):.3g}")
     return diff
-
-
-def export_wc_bytes(split: nn.Module, sample: np.ndarray | None = None, seed: int = 0, *,
-                    pre_relu: bool = False) -> bytes:
-    """W_c of a SplitModel as verified ONNX bytes (what the cloud sends thin devices); with
-    `pre_relu`, W_c without its final ReLU (H-SFP's pre_relu takes moments there).
-
-    Parity is checked on `sample` or, without one, on a few seeded random inputs.
-    """
-    from splitedge.models import pre_activation
-
-    wc = pre_activation(split.wc) if pre_relu else split.wc
-    return export_part_bytes(wc, tuple(split.in_shape), "wc", sample=sample, seed=seed)
-
-
-def export_calib_bytes(split: nn.Module, seed: int = 0) -> bytes:
-    """W_e and W_g's trunk of a SplitModel (models.ClassifierInput, on W_c features) as verified
-    ONNX bytes: what a thin device runs to measure the classifier's input for head calibration."""
-    from splitedge.models import ClassifierInput
-
-    return export_part_bytes(ClassifierInput(split.we, split.wg), tuple(split.wc_shape), "calib", seed=seed)
-
-
-def export_part_bytes(module: nn.Module, in_shape: tuple[int, ...], part: str, *,
-                      sample: np.ndarray | None = None, seed: int = 0) -> bytes:
-    """`module` as ONNX bytes for inputs [batch, *in_shape], checked against torch on `sample`
-    or on a few seeded random inputs."""
-    model = export_module(module, in_shape, part=part)
-    if sample is None:
-        sample = np.random.default_rng(seed).standard_normal((4, *in_shape)).astype(np.float32)
-    data = model.SerializeToString()
-    diff = max_abs_diff(data, module, sample)
-    log.info("exported %s to ONNX: %d bytes, max abs diff %.2g", part, len(data), diff)
-    return data

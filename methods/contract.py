@@ -39,9 +39,6 @@ CHILDREN = To("children")
 """To every child: the cloud's edges, an edge's devices."""
 DEVICES = To("devices")
 """From the cloud, to every device (each edge relays it to its own)."""
-THIN_DEVICES = To("thin")
-"""From the cloud, to every thin device (onnx backend), through its edge: ONNX graphs, which
-torch devices never download."""
 PEERS = To("peers")
 """From a device, to every one of its peer devices (its neighbours)."""
 

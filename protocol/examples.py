@@ -6,7 +6,6 @@ generated from this table, so a new built-in kind without an example fails a tes
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Callable
 
 import numpy as np
@@ -16,7 +15,6 @@ from .codec import Envelope
 __all__ = ["EXAMPLE_MSG_ID", "example_body", "example_envelope", "worked_example", "EXAMPLES"]
 
 EXAMPLE_MSG_ID = "0123456789abcdef0123456789abcdef"
-_MODEL = b"\x08\x07onnx-bytes"
 
 
 def _moments(k: int = 2, d: int = 3, dtype: str = "f4") -> dict[str, Any]:
@@ -52,8 +50,6 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
                        "logits": np.arange(6, dtype="f4").reshape(2, 3)},
     "arrays": lambda: {"name": "directions", "version": 0, "arrays": {"d": np.ones(4, dtype="f4")},
                        "scalars": {"alpha": 10.0}},
-    "onnx_model": lambda: {"part": "wc", "version": 1, "model": _MODEL,
-                           "sha256": hashlib.sha256(_MODEL).hexdigest()},
     "metrics": lambda: {"accuracy": 0.5, "loss": 1.25, "round": 3},
     "request": lambda: {"what": "moments"},
     "secagg": lambda: {"stage": "keys", "batch": 0, "sum": "moments.wc", "data": {"device": "d1", "c": bytes(32), "s": bytes(range(32))}},

@@ -6,12 +6,11 @@ not a process-wide side effect, and re-importing registers the same objects agai
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from .errors import ProtocolError
 from .schema import (
-    ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Bytes, Data, Float, Int, List, Map, Number, Paged, Schema, Str,
+    ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Data, Float, Int, List, Map, Number, Paged, Schema, Str,
     register_kind,
 )
 
@@ -30,12 +29,6 @@ _VERSIONS = Map(values=Int(ge=0), max_entries=64, key_max_len=32)
 # cached moments of an earlier incarnation must be told apart from the current one.
 _SESSION = Str(optional=True, default="", pattern="[0-9a-f]{0,32}")
 _CLASSES = Array(dtypes="i8", shape=("K",), ge=0, unique=True)
-
-
-def _sha256_matches(body: dict[str, Any]) -> None:
-    """The model bytes must hash to the announced digest (catches truncation/corruption)."""
-    if hashlib.sha256(body["model"]).hexdigest() != body["sha256"]:
-        raise ProtocolError("schema.check", "onnx_model: sha256 does not match model bytes")
 
 
 BUILTIN_KINDS: dict[str, Schema] = {
@@ -85,10 +78,6 @@ BUILTIN_KINDS: dict[str, Schema] = {
         "logits": Array(dtypes="f4", shape=("K", "C"), finite=True),
         "versions": _VERSIONS.but(optional=True, default={}), "session": _SESSION,
     }, doc="per-class mean logits (knowledge distillation)"),
-    "onnx_model": Schema({
-        "part": _NAME, "version": _VERSION, "model": Bytes(),
-        "sha256": Str(pattern="[0-9a-f]{64}"), "session": _SESSION,
-    }, checks=(_sha256_matches,), doc="down: a model part as an ONNX graph, for devices without torch"),
     "metrics": Schema({}, extra=Number(), doc="cloud -> up (retained), once per round: its numeric metrics "
                                                "(accuracy, ...) for watchers; no node reads it"),
     "request": Schema({

@@ -23,11 +23,6 @@ TIERS = ("device", "edge", "cloud")
 DIRECTIONS = ("up", "down", "peer")
 ALL_DEVICES = "@all"
 """The `<to>` segment of a message for every device below the publisher (relayed by edges)."""
-THIN_DEVICES = "@thin"
-"""The `<to>` segment of a message for thin devices only (those running the onnx backend):
-ONNX graphs, which a torch device would download only to drop."""
-THIN_BACKEND = "onnx"
-"""The backend a device names in its hello when it reads `@thin` messages."""
 MAX_TOPIC_BYTES = 65535  # MQTT strings carry a 2-byte length
 _FORBIDDEN = ("/", "+", "#", "\x00")
 

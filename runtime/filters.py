@@ -11,18 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from splitedge.methods.contract import Placement
-from splitedge.protocol.topics import ALL_DEVICES, THIN_DEVICES, pattern
+from splitedge.protocol.topics import ALL_DEVICES, pattern
 
 
-def device_filters(run: str, me: str, where: Placement, *, loaded: bool, thin: bool) -> set[str]:
+def device_filters(run: str, me: str, where: Placement, *, loaded: bool) -> set[str]:
     """A device: its edge's downlink (rounds, its own placement, then everything for all
-    devices, for it and its groups, `@thin` when thin) and its peers' peer topics."""
+    devices, for it and its groups) and its peers' peer topics."""
     down = lambda **kw: pattern(run, "edge", where.edge, "down", **kw)  # noqa: E731
     out = {down(kind="round"), down(kind="assign", to=me), pattern(run, "edge", where.edge, "up", "status")}
     if loaded:
         out |= {down(), down(to=me), *(down(to=f"@{g}") for g in where.groups)}
-        if thin:
-            out.add(down(to=THIN_DEVICES))
         for p in where.peers:
             out |= {pattern(run, "device", p, "peer"), pattern(run, "device", p, "peer", to=me)}
     return out

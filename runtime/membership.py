@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.topics import THIN_BACKEND, THIN_DEVICES, pattern
+from splitedge.protocol.topics import pattern
 from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.presence import Presence
 from splitedge.runtime.subscriptions import Subscriptions
@@ -38,8 +38,8 @@ class Members:
         self.presence = Presence()  # which devices are online, and who went offline a moment ago
         self.samples: dict[str, int] = {}  # device -> samples it may count (its hello's, within its entry)
         self.allowances: dict[str, Allowance] = {}  # device -> what it may count in what it sends
-        # device -> the group addresses it reads: "@<g>" per group, and "@thin" on the onnx
-        # backend (the edge reads each from the cloud while a member needs it)
+        # device -> the group addresses it reads: "@<g>" per group (the edge reads each from the
+        # cloud while a member needs it)
         self.addresses: dict[str, set[str]] = {}
         self.joined_by: dict[str, str] = {}  # device -> msg_id of the hello that made it join
         self.refuted: dict[str, str] = {}
@@ -82,8 +82,7 @@ class Members:
             self.drop(dev)
             return "left"
         self.joined_by[dev] = env.msg_id
-        thin = {THIN_DEVICES} if env.body["backend"] == THIN_BACKEND else set()
-        addresses = {f"@{g}" for g in env.body["groups"]} | thin
+        addresses = {f"@{g}" for g in env.body["groups"]}
         if dev in self and self.addresses.get(dev) == addresses:
             return None
         change = "changed" if dev in self else "joined"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from splitedge.methods.contract import To
-from splitedge.protocol.topics import ALL_DEVICES, THIN_DEVICES, Topic
+from splitedge.protocol.topics import ALL_DEVICES, Topic
 from splitedge.protocol.transport import Transport
 
 NAMED = frozenset({"device", "edge", "peer", "group"})
@@ -50,7 +50,7 @@ def device_router(t: Transport) -> Router:
 def edge_router(down: Transport, up: Transport) -> Router:
     """An edge sends up to the cloud, or down to all, one or a group of its devices."""
     return Router("edge", {"up": lambda _: Route(up, "up"), "children": lambda _: Route(down, "down"),
-                           "devices": lambda _: Route(down, "down"), "thin": lambda _: Route(down, "down", THIN_DEVICES),
+                           "devices": lambda _: Route(down, "down"),
                            "device": lambda node: Route(down, "down", node),
                            "group": lambda node: Route(down, "down", f"@{node}")})
 
@@ -58,7 +58,7 @@ def edge_router(down: Transport, up: Transport) -> Router:
 def cloud_router(t: Transport) -> Router:
     """The cloud publishes on its downlink: edges read it, devices get it through their edge."""
     return Router("cloud", {"children": lambda _: Route(t, "down"), "devices": lambda _: Route(t, "down", ALL_DEVICES),
-                            "thin": lambda _: Route(t, "down", THIN_DEVICES), "edge": lambda node: Route(t, "down", node),
+                            "edge": lambda node: Route(t, "down", node),
                             "device": lambda node: Route(t, "down", node),
                             "group": lambda node: Route(t, "down", f"@{node}")})
 
@@ -68,7 +68,7 @@ RETAINED_KINDS = frozenset({"round", "assign"})  # runtime-owned state a late jo
 
 def relay_route(where: Topic, down: Transport, members: Mapping[str, object]) -> Route | None:
     """Where an edge passes on the cloud's message for devices (`where.to`: `@all`, a device,
-    `@<group>`, `@thin`): its own downlink under the same address; None for a device that is
+    `@<group>`): its own downlink under the same address; None for a device that is
     not (or no longer) its member."""
     to = None if where.to == ALL_DEVICES else where.to
     if to is not None and not to.startswith("@") and to not in members:

@@ -132,7 +132,7 @@ class FieldDoc:
 class Route:
     tier: str
     direction: str
-    to: str  # "-", "@all", "@thin", "@<g>", or "<X>" (a node id)
+    to: str  # "-", "@all", "@<g>", or "<X>" (a node id)
     segment: str  # the kind segment: kind or kind-slot
     retained: str  # "yes", "no" or "yes, unless stop with reason"
 
@@ -141,10 +141,10 @@ class Route:
             return to is None
         if to is None:
             return False
-        if self.to in ("@all", "@thin"):  # reserved addresses: exactly themselves
+        if self.to == "@all":  # the reserved address: exactly itself
             return to == self.to
         if self.to.startswith("@<"):
-            return to.startswith("@") and to not in ("@all", "@thin")
+            return to.startswith("@") and to != "@all"
         return self.to.startswith("<") and not to.startswith("@")
 
 

@@ -4,7 +4,7 @@ and the page documents every kind the code registers, with the code's fields.
 
 Two small runs (digits, 2 rounds, 4 devices, 2 edges) cover most kinds: H-SFP with a torch and
 an ONNX device, balanced device-to-edge assignment and slow-scale averaging in round 2 (hello,
-status, round, stop, assign, moments, weights, arrays, onnx_model, request, done), and CFLHKD
+status, round, stop, assign, moments, weights, arrays, request, done), and CFLHKD
 with two planted groups (logits, cluster moves, the teachers slot).
 """
 
@@ -77,11 +77,10 @@ def test_every_captured_message_conforms_to_protocol_md(doc: ProtocolDoc, wire: 
     assert {topic.split("/")[1] for topic, *_ in wire["live"]} == set(RUNS)
     assert all(qos == 1 for *_, qos in wire["live"]), "PROTOCOL.md: every message is QoS 1"
     seen = {e["k"] for e in envelopes}
-    assert seen >= {"hello", "status", "round", "assign", "moments", "weights", "arrays", "logits", "onnx_model",
+    assert seen >= {"hello", "status", "round", "assign", "moments", "weights", "arrays", "logits",
                     "request", "done"}, seen
     segments = {e["topic"].split("/")[5] for e in envelopes}
-    assert {"weights-wc", "weights-we", "onnx_model-wc", "weights-model", "arrays-teachers", "weights-calib",
-            "onnx_model-calib"} <= segments, segments
+    assert {"weights-wc", "weights-we", "weights-model", "arrays-teachers", "weights-calib"} <= segments, segments
     assert any(e["k"] == "round" and e["b"].get("phase") == "calibrate" for e in envelopes)  # calibration phases
     assert any(e["k"] == "arrays" and e["b"]["name"] == "head_stats" for e in envelopes)
 

@@ -2,7 +2,7 @@
 
 Each snippet runs in a fresh interpreter (so other tests' imports cannot mask a leak) and
 must print the heavy modules it found in ``sys.modules``; the list must be empty. Add a
-snippet here for every module that promises to stay torch-free (e.g. the onnx device backend).
+snippet here for every module that promises to stay torch-free (e.g. the thin device backend).
 """
 
 from __future__ import annotations
@@ -28,48 +28,48 @@ out = protocol.decode(protocol.encode(env))
 assert out.body["weights"]["w"].shape == (2, 3)
 """
 
-# The whole `splitedge device --backend onnx` path: CLI, agent, backend and the H-SFP thin part
-# running features and moments on a W_c exported by the parent (path in SPLITEDGE_TEST_ONNX).
+# The whole `splitedge device --backend onnx` path: CLI, agent, and the H-SFP thin part building its
+# W_c from its own install and binding a weight map saved by the parent (SPLITEDGE_TEST_WC, an .npz);
+# no engine that runs a graph (onnxruntime, onnx) is imported.
 _ONNX_DEVICE = """
-import hashlib, os, sys
+import os, sys
 from types import SimpleNamespace
 import numpy as np
-import splitedge.device.cli, splitedge.device.agent, splitedge.methods.data.local, splitedge.methods.thin.onnx_backend, splitedge.methods.hsfp.method
+import splitedge.device.cli, splitedge.device.agent, splitedge.methods.data.local, splitedge.methods.thin.graphs, splitedge.methods.hsfp.method
 from splitedge.methods.registry import create_method
 from splitedge.methods.contract import NodeContext
-data = open(os.environ["SPLITEDGE_TEST_ONNX"], "rb").read()
+with np.load(os.environ["SPLITEDGE_TEST_WC"], allow_pickle=False) as f:
+    weights = {k: f[k] for k in f.files}
 config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": [0.5], "std": [0.25]},
           "method": {}}
 method = create_method("hsfp", config)  # as a round announcement configures it
 rng = np.random.default_rng(0)
 x, y = rng.integers(0, 256, (40, 8, 8, 1), dtype=np.uint8), np.arange(40) % 3  # >= 10 images a class
 dev = method.device_part(NodeContext("d0", method, rng), (x, y), backend="onnx")
-dev.on_message(SimpleNamespace(kind="onnx_model", body={"part": "wc", "version": 0, "model": data,
-                                                        "sha256": hashlib.sha256(data).hexdigest()}))
+dev.on_message(SimpleNamespace(kind="weights", body={"part": "wc", "version": 0, "samples": 0, "weights": weights}))
 assert dev.extractor.features(np.zeros((2, 1, 8, 8), np.float32)).shape == (2, 32, 4, 4)
 assert dev.compute_moments().mean.shape == (3, 512)
-assert "onnx" not in sys.modules  # the device reads the graph with onnxruntime alone
+engines = [m for m in ("onnx", "onnxruntime") if m in sys.modules]
+assert not engines, engines  # the device runs numpy layers of its install, no graph engine
 """
 
 # The thin trainer: the H-SFP thin device trains its W_c copy for a round and sends it up on an
 # averaging round, a SplitFed thin device builds; all with numpy, no torch.
 _THIN_TRAINER = """
-import hashlib, os
+import os
 from types import SimpleNamespace
 import numpy as np
 from splitedge.methods.registry import create_method
 from splitedge.methods.contract import DONE, NodeContext, RoundPlan
-from splitedge.methods.thin.onnx_backend import OnnxExtractor
-data = open(os.environ["SPLITEDGE_TEST_ONNX"], "rb").read()
+with np.load(os.environ["SPLITEDGE_TEST_WC"], allow_pickle=False) as f:
+    start = {k: f[k] for k in f.files}
 config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": [0.5], "std": [0.25]},
           "method": {"device_batch": 8}}
 method = create_method("hsfp", config)
 rng = np.random.default_rng(0)
 x, y = rng.integers(0, 256, (20, 8, 8, 1), dtype=np.uint8), np.arange(20) % 3
 dev = method.device_part(NodeContext("d0", method, rng), (x, y), backend="onnx")
-dev.on_message(SimpleNamespace(kind="onnx_model", body={"part": "wc", "version": 0, "model": data,
-                                                        "sha256": hashlib.sha256(data).hexdigest()}))
-start = OnnxExtractor(data).weights()
+dev.on_message(SimpleNamespace(kind="weights", body={"part": "wc", "version": 0, "samples": 0, "weights": start}))
 plan = RoundPlan(round=1, method="hsfp", deadline_s=60, config=config, versions={"wc": 0, "we": 0},
                  directives={"average": ["wc"]})
 out = [m for m in dev.run_round(plan) if m is not DONE]
@@ -105,16 +105,16 @@ SNIPPETS = {
 
 
 @pytest.fixture(scope="module")
-def onnx_wc_file(tmp_path_factory) -> Path:
-    """A small random W_c exported here, in the parent, where torch may be imported."""
+def wc_weights_file(tmp_path_factory) -> Path:
+    """A small random W_c's weight map saved here, in the parent, where torch may be imported."""
     torch = pytest.importorskip("torch")
-    pytest.importorskip("onnx")
-    from splitedge.exporters.onnx_export import export_wc_bytes
-    from splitedge.models import create_split
+    import numpy as np
+
+    from splitedge.models import create_split, state_to_numpy
 
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("thin") / "wc.onnx"
-    path.write_bytes(export_wc_bytes(create_split("cnn", num_classes=10, in_channels=1, image_size=8)))
+    path = tmp_path_factory.mktemp("thin") / "wc.npz"
+    np.savez(path, **state_to_numpy(create_split("cnn", num_classes=10, in_channels=1, image_size=8).wc))
     return path
 
 
@@ -124,8 +124,8 @@ def test_snippet_does_not_import_torch(name, request):
     report = f"\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
     code = SNIPPETS[name] + report
     env = dict(os.environ)
-    if "SPLITEDGE_TEST_ONNX" in code:
-        env["SPLITEDGE_TEST_ONNX"] = str(request.getfixturevalue("onnx_wc_file"))
+    if "SPLITEDGE_TEST_WC" in code:
+        env["SPLITEDGE_TEST_WC"] = str(request.getfixturevalue("wc_weights_file"))
     # Execute
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, timeout=120, env=env)

@@ -122,7 +122,6 @@ def test_peer_acl_text_for_a_ring() -> None:
     assert rules == ["topic readwrite splitedge/r1/device/d0/#",
                      "topic read splitedge/r1/edge/e0/down/+",
                      "topic read splitedge/r1/edge/e0/down/+/d0",
-                     "topic read splitedge/r1/edge/e0/down/+/@thin",
                      "topic read splitedge/r1/edge/e0/up/status",
                      "topic read splitedge/r1/edge/e0/down/+/@blue",
                      "topic read splitedge/r1/device/d1/peer/+",
@@ -153,7 +152,7 @@ def test_peer_acl_refuses_bad_input() -> None:
         peer_acl("r1\ntopic read #", g)
     with pytest.raises(ValueError, match="'@'"):
         peer_acl("r1", ring(["@x", "d1"]))
-    for reserved in ("all", "thin"):  # '@all' and '@thin' address every / every thin device
+    for reserved in ("all",):  # '@all' addresses every device
         with pytest.raises(ValueError, match="reserved"):
             peer_acl("r1", g, edges={d: "e0" for d in g}, groups={"d0": [reserved]})
 

@@ -21,21 +21,21 @@ def _served(path: Path) -> dict[str, np.ndarray]:
                                               ("hsfp-cal", ("torch", "onnx"))])
 def test_virtual_devices_change_nothing_but_memory(tmp_path: Path, method: str, backends: tuple,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from splitedge.methods.thin.onnx_backend import OnnxExtractor
+    from splitedge.methods.thin.graphs import LocalGraph
     from splitedge.sim import SimSettings, run_sim
 
-    sessions = {"built": 0}  # onnxruntime graphs a run builds (a parked thin device rebuilds its own)
-    build = OnnxExtractor.__init__
+    sessions = {"built": 0}  # local graphs a run builds (a parked thin device rebuilds its own)
+    build = LocalGraph.__init__
 
     def counted(self, *args, **kwargs):
         sessions["built"] += 1
         build(self, *args, **kwargs)
 
-    monkeypatch.setattr(OnnxExtractor, "__init__", counted)
+    monkeypatch.setattr(LocalGraph, "__init__", counted)
 
     # Prepare: W_c averaged at round 2, so a parked device must take a model message it got meanwhile
     # (hsfp-cal: the calibration models a device was sent must survive its parking; thin devices
-    # park too, their graphs kept as ONNX bytes and their sessions rebuilt)
+    # park too, the weights they bound kept as arrays and their graphs rebuilt from the install)
     overrides = {"ic": 2, "ie": 2} if method.startswith("hsfp") else {}
     runs, built = {}, {}
     for virtual in (0, 2):

@@ -7,7 +7,6 @@ evaluated and exported until W_g has trained on moments computed with the new ve
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 from typing import Any, Sequence
 
@@ -24,7 +23,7 @@ from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body
 from splitedge.methods.metrics.evaluate import evaluate
 from splitedge.methods.torch_utils import retune
-from splitedge.methods.contract import CHILDREN, DEVICES, THIN_DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
+from splitedge.methods.contract import CHILDREN, DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
@@ -64,25 +63,8 @@ class HSFPCloud(CalibratedCloud, CloudPart):
         retune(self.opt, lr=self.cfg.cloud_lr)
 
     def initial_messages(self) -> list[Message]:
-        return [self._weights_message(WC, 0, self.model.wc), self._weights_message(WE, 0, self.model.we),
-                *self._onnx_message()]
-
-    def _onnx_message(self) -> list[Message]:
-        """W_c as an ONNX graph for thin devices (later averages reach them as weight maps) and,
-        when the head is calibrated, W_e and W_g's trunk too (their weights come before each
-        calibrating round, part CALIB)."""
-        try:
-            from splitedge.exporters.onnx_export import export_calib_bytes, export_wc_bytes  # needs onnx
-
-            graphs = [(WC, self.wc_version, export_wc_bytes(self.model, pre_relu=self.cfg.pre_relu))]
-            if self.cfg.calibrate != "none":
-                graphs.append((CALIB, 0, export_calib_bytes(self.model)))
-        except (ImportError, ValueError) as exc:
-            log.warning("cloud: no onnx_model for thin devices (%s)", exc)
-            return []
-        return [Message("onnx_model", {"part": part, "version": version, "model": data,
-                                       "sha256": hashlib.sha256(data).hexdigest()}, to=THIN_DEVICES, slot=part)
-                for part, version, data in graphs]
+        """W_c to every device (a thin one binds it to the W_c its own install builds), W_e to the edges."""
+        return [self._weights_message(WC, 0, self.model.wc), self._weights_message(WE, 0, self.model.we)]
 
     def _weights_message(self, part: str, version: int, module: torch.nn.Module, samples: int = 0) -> Message:
         """W_c goes to every device (through its edge), W_e to the edges; the newest stays for late joiners."""

@@ -1,7 +1,7 @@
 """H-SFP device part without torch: moments of the current global W_c, resent on change.
 
-The extractor is whatever runs W_c here (onnxruntime on a thin device). The torch device in
-`device_torch.py` and the thin device in `device_onnx.py` extend this part with local SupCon
+The extractor is whatever runs W_c here (numpy layers of its install on a thin device). The torch device in
+`device_torch.py` and the thin device in `device_thin.py` extend this part with local SupCon
 training of their own W_c copy (torch, or the numpy trainer of methods/thin).
 """
 
@@ -116,7 +116,7 @@ class HSFPDevice(DevicePart):
         yield DONE
 
     def train_round(self, plan: RoundPlan) -> Iterator[Message]:
-        """No local copy here: the torch device and the thin trainer (device_onnx.py) override this."""
+        """No local copy here: the torch device and the thin trainer (device_thin.py) override this."""
         return iter(())
 
     def compute_moments(self, features: Any = None) -> ClassMoments:

@@ -28,7 +28,7 @@ class HSFP(Method):
     Config = HSFPConfig
     parts = {
         "device:torch": "splitedge.methods.hsfp.device_torch:HSFPTorchDevice",
-        "device:onnx": "splitedge.methods.hsfp.device_onnx:HSFPOnnxDevice",
+        "device:onnx": "splitedge.methods.hsfp.device_thin:HSFPThinDevice",
         "device": "splitedge.methods.hsfp.device:HSFPDevice",
         "edge": "splitedge.methods.hsfp.edge:HSFPEdge",
         "cloud": "splitedge.methods.hsfp.cloud:HSFPCloud",
