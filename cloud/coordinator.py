@@ -30,7 +30,7 @@ from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.faults import crash_point
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.records import phase_privacy, round_rejections, wire_metrics
+from splitedge.runtime.records import phase_failures, phase_privacy, round_rejections, wire_metrics
 from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
@@ -344,6 +344,9 @@ class CloudCoordinator(Node):
         """Calibrate the merged round (when due), write its record, checkpoint and commit."""
         r, pending = plan.round, self.pending
         metrics = dict(pending["metrics"])
+        failed = phase_failures(reports)  # devices (and edge merges) whose training phase failed, by reason
+        if failed:
+            metrics["failures"] = failed
         if calibrates(self.method.config, r, self.settings.rounds):
             calibration, reports = self.calibration_phase(plan, reports)  # the edges' latest word on what they refused
             metrics.update(calibration)

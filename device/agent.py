@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from splitedge.protocol.transport import Transport
 from splitedge.runtime.cost import CostMeter
 from splitedge.runtime.exchange import Exchange
 from splitedge.runtime.filters import device_filters
+from splitedge.runtime.guard import OverBudget, RoundGuard
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import Misfit, PartHost
 from splitedge.runtime.phases import device_info, device_work
@@ -45,8 +46,10 @@ class DeviceAgent(Node):
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
                  min_class_count: int = 1, train_chunk: int = TRAIN_CHUNK, hide_classes: bool = False,
-                 private_reports: bool = False) -> None:
+                 private_reports: bool = False, guard: RoundGuard | None = None) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
+        # what a round's compute may take (runtime/guard.py); by default its deadline, no memory ceiling
+        self.guard = guard or RoundGuard(who=f"device {node_id}")
         self.transport, self.data, self.backend = transport, data, backend
         self.min_class_count = min_class_count  # the owner's floor; the run's applies when it is higher
         self.train_chunk = train_chunk  # samples a thin trainer's W_c step takes at a time (0: whole batches)
@@ -205,9 +208,9 @@ class DeviceAgent(Node):
     def _run(self, plan: RoundPlan) -> None:
         self.round, self.last = plan.round, plan.key
         self.part.losses, self.part.pending_release = {}, None
-        phase, sent_done, started = done_phase(plan.phase), False, time.monotonic()
+        phase, sent_done, started, failed = done_phase(plan.phase), False, time.monotonic(), {"failed": True}
         try:
-            for item in device_work(self.part, plan):
+            for item in self._guarded(plan):
                 if item is DONE and not sent_done:
                     self.send(self.transport, "up", "done", {"phase": phase, "info": self.done_info(plan)})
                     sent_done = True
@@ -224,12 +227,24 @@ class DeviceAgent(Node):
                                 identity=identity_of(self.transport))
                 elif item is not DONE:
                     self.publish(item)
+        except OverBudget as exc:  # over its memory ceiling or time budget: the edge counts why
+            failed["reason"] = exc.reason
+            raise
         finally:  # even a failed round tells the edge not to wait for us
             if not sent_done:
-                self.send(self.transport, "up", "done", {"phase": phase, "info": {"failed": True}})
+                self.send(self.transport, "up", "done", {"phase": phase, "info": failed})
             status.info("device %s: round %d%s %s", self.node_id, plan.round, "" if plan.phase == "train" else f" {plan.phase}",
                         f"done in {time.monotonic() - started:.1f} s" if sent_done else "failed (see the log)")
             self.host.end_round()
+
+    def _guarded(self, plan: RoundPlan) -> Iterator[Any]:
+        """The part's work in the plan's phase under the device's round guard (runtime/guard.py):
+        its compute checks it at every batch, and each item is checked before it leaves."""
+        what = f"round {plan.round}" + ("" if plan.phase == "train" else f" {plan.phase}")
+        with self.guard.round(what, plan.deadline_s) as within:
+            for item in device_work(self.part, plan):
+                within.check()
+                yield item
 
     def _build_part(self, method: Method) -> DevicePart:
         if method.config.dp_sigma > 0 and not self.private_reports:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from splitedge.methods.calibration.records import Gate
-from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundPlan
+from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundFailed, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
@@ -28,6 +28,7 @@ from splitedge.runtime import statefile
 from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.cost import CostMeter, device_costs
 from splitedge.runtime.filters import edge_cloud_filters
+from splitedge.runtime.guard import OverBudget, RoundGuard
 from splitedge.runtime.membership import Members
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
@@ -52,8 +53,9 @@ class EdgeAggregator(Node):
     def __init__(self, down: Transport, up: Transport | None = None, *, run: str, node_id: str,
                  cloud: str = "cloud", seed: int = 0, state_dir: Path | None = None,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
-                 listed: Mapping[str, Allowance] | None = None) -> None:
+                 listed: Mapping[str, Allowance] | None = None, guard: RoundGuard | None = None) -> None:
         super().__init__(run=run, tier="edge", node_id=node_id)
+        self.guard = guard or RoundGuard(who=f"edge {node_id}")  # what its merge may take (runtime/guard.py)
         self.down, self.up, self.cloud = down, up or down, cloud
         self.rng = self.seeded_rng(seed)
         self.router = edge_router(self.down, self.up)
@@ -293,12 +295,18 @@ class EdgeAggregator(Node):
         started, plan = time.monotonic(), self.plan
         reports = self.rounds.close() + self._secure_report()
         self.part.losses, extra = {}, {}
+        what = f"round {plan.round}" + ("" if plan.phase == "train" else f" {plan.phase}") + " merge"
         try:
-            with self.host.working():
+            with self.host.working(), self.guard.round(what, plan.deadline_s) as within:
                 messages, extra = edge_close(self.part, plan, reports)  # by phase (runtime/phases.py)
+                within.check()  # over its budget: nothing of it leaves
                 crash_point("edge.aggregated", plan.round)
                 self.publish_all(messages)
                 crash_point("edge.published", plan.round)
+        except RoundFailed as exc:  # over its memory ceiling or time budget (runtime/guard.py): one line
+            self.errors += 1
+            extra = {"merge_failed": exc.reason if isinstance(exc, OverBudget) else "failed"}
+            log.error("edge %s: %s failed: %s", self.node_id, what, exc)
         except Exception:  # the cloud still hears that this edge is done, so the run goes on
             self.errors += 1
             log.exception("edge %s: aggregating round %d (%s) failed", self.node_id, plan.round, plan.phase)
@@ -323,6 +331,8 @@ class EdgeAggregator(Node):
         self.host.end_round()  # after the round's info is read off the part: a host may swap the part out
         statefile.save(self.state_file, self)  # what a restarted edge carries on from
         crash_point("edge.saved", plan.round)
-        status.info("edge %s: round %d%s closed with %d/%d devices in %.1f s", self.node_id, plan.round,
+        failed = info.get("device_failed") or {}  # runtime/records.py: by reason
+        status.info("edge %s: round %d%s closed with %d/%d devices%s in %.1f s", self.node_id, plan.round,
                     "" if plan.phase == "train" else f" {plan.phase}", len(infos), len(self.roster.live),
-                    time.monotonic() - started)
+                    f" ({sum(failed.values())} failed: {', '.join(f'{k} {v}' for k, v in sorted(failed.items()))})"
+                    if failed else "", time.monotonic() - started)

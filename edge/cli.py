@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from splitedge.protocol import credentials
-from splitedge.runtime import metrics_http
+from splitedge.runtime import guard, metrics_http
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the manifest.json of `splitedge data split`: admit only the devices it lists, each "
                         "counting at most its samples and class counts there (default: any device, bounded "
                         "by its own hello)")
+    guard.add_arguments(p, "this edge's merge of a round (its devices' statistics or models, its own training)")
     credentials.add_arguments(p)
     metrics_http.add_arguments(p)
 
@@ -39,6 +40,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     import importlib.util
 
     from splitedge.edge.aggregator import EdgeAggregator
+    from splitedge.runtime.node import status
     from splitedge.runtime.session import check_identity_free, connect
     from splitedge.runtime.allowance import manifest_allowances
     from splitedge.runtime.outputs import write_counters
@@ -46,6 +48,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     if args.state_dir is not None and args.state_dir.exists() and not args.state_dir.is_dir():
         raise ValueError(f"--state-dir {args.state_dir} is a file; give a folder")
     listed = None if args.manifest is None else manifest_allowances(args.manifest)
+    merges = guard.RoundGuard.from_args(args, f"edge {args.id}")
     options = credentials.connect_options(args, args.broker, args.upstream)
     if importlib.util.find_spec("torch") is not None:  # numpy-only methods' edges run without it
         import torch
@@ -56,10 +59,12 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     down = connect(args.broker, run=args.run, tier="edge", node_id=args.id, **options)
     up = connect(args.upstream, run=args.run, tier="edge", node_id=args.id, **options) if args.upstream else down
     edge = EdgeAggregator(down, up, run=args.run, node_id=args.id, cloud=args.cloud, seed=args.seed,
-                          state_dir=args.state_dir, listed=listed)
+                          state_dir=args.state_dir, listed=listed, guard=merges)
     edge.logs_fatal = False  # said once, below, as the command's error line
     metrics.attach(edge, [down, up])
     try:
+        merges.limit_process()  # after torch is in: the merge's ceiling as RLIMIT_DATA
+        status.info("edge %s: merges with %s", args.id, merges.describe())
         edge.start()
         edge.run_forever()
     finally:

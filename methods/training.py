@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splitedge.methods.budget import checkpoint
 from splitedge.methods.losses import feddecorr_loss
 from splitedge.methods.losslog import LossLog
 
@@ -101,6 +102,7 @@ def train_epochs(forward: Callable[[Batch], Outputs], terms: Sequence[LossTerm],
         for _ in range(epochs):
             log = LossLog()
             for batch in make_batches():
+                checkpoint()  # the round's time budget and memory ceiling (runtime/guard.py)
                 train_step(forward, terms, batch, opt, log)
     finally:
         for module in modules:

@@ -22,12 +22,17 @@ from splitedge.methods.losslog import device_losses
 def edge_done_info(part: Part, infos: Sequence[Mapping[str, Any]], *, reported: int, seconds: float, errors: int,
                    refused: Mapping[str, int], trained: bool = True) -> dict[str, Any]:
     """An edge's done info: its part's (of a training phase), its devices' losses and refusals
-    (from their done infos), how many devices reported, its own time, errors and refusals."""
+    (from their done infos), how many devices reported, how many of them failed the phase and
+    why (`device_failed`, e.g. over their memory ceiling or time budget, runtime/guard.py), its
+    own time, errors and refusals."""
     device_refused: collections.Counter[str] = collections.Counter()
     for i in infos:
         device_refused.update(i.get("refused") or {})
     info = {**(part.round_info() if trained else {}), **device_losses(infos), "devices": reported, "device_refused": dict(device_refused),
             "seconds": round(seconds, 3), "errors": errors, "refused": dict(refused)}
+    failed = failed_devices(infos)
+    if failed:
+        info["device_failed"] = failed
     withheld = summed_withheld([i.get("withheld") for i in infos])
     if withheld:
         info["device_withheld"] = withheld  # classes (and images) below the minimum count, summed
@@ -37,6 +42,30 @@ def edge_done_info(part: Part, infos: Sequence[Mapping[str, Any]], *, reported: 
     if part.losses:
         info["loss"] = dict(part.losses)
     return info
+
+
+def failed_devices(infos: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """`{reason: devices}` of the devices whose `done` says their phase failed ("memory" or
+    "time": over their round guard's bound; "other": any other failure), leavers aside."""
+    out: collections.Counter[str] = collections.Counter()
+    for i in infos:
+        if i.get("failed") and not i.get("left"):
+            out[str(i.get("reason") or "other")] += 1
+    return dict(out)
+
+
+def phase_failures(reports: Sequence[Report]) -> dict[str, int]:
+    """A phase's failed devices summed over its edges (`device_failed` of their done infos),
+    with the edges whose own merge failed as `edge_<reason>`: what the cloud records."""
+    out: collections.Counter[str] = collections.Counter()
+    for r in reports:
+        info = _done_info(r)
+        failed = info.get("device_failed")
+        if isinstance(failed, Mapping):
+            out.update({str(k): int(v) for k, v in failed.items() if isinstance(v, int)})
+        if info.get("merge_failed"):
+            out[f"edge_{info['merge_failed']}"] += 1
+    return dict(out)
 
 
 def round_rejections(cloud: Mapping[str, int], reports: Sequence[Report]) -> dict[str, dict[str, int]]:

@@ -6,6 +6,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from splitedge.methods.budget import checkpoint
+
 
 def to_input(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
     """uint8 images [N, H, W, C] -> normalised float32 [N, C, H, W]."""
@@ -32,6 +34,7 @@ def accumulate(features: Any, data: tuple[Any, np.ndarray], mean: Sequence[float
     x, y = data
     acc = None
     for sl in batches(len(y), batch):
+        checkpoint()  # the round's time budget and memory ceiling (runtime/guard.py)
         rows = None if keep is None else np.asarray(keep[sl], dtype=bool)
         if rows is not None and acc is not None and not rows.any():
             continue

@@ -1,0 +1,190 @@
+"""A guarded round (issue 57): a device's owner bounds what a round's compute may take, a memory
+ceiling and a time budget (runtime/guard.py, `splitedge device --max-round-memory-mb
+--round-budget-s`); a round over either fails in one logged line, the device stays up and
+answers the next round, and its edge counts it (`device_failed`, the cloud's `failures`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from splitedge.methods.budget import checkpoint
+from splitedge.methods.errors import RoundFailed
+from splitedge.runtime import guard
+from splitedge.runtime.guard import OverBudget, RoundGuard, allocation_failed
+from splitedge.runtime.records import failed_devices, phase_failures
+
+from federation import Federation
+from parts import ctx_for, method_for, plan_for, report, env
+
+
+def test_a_compute_over_its_time_budget_fails_at_its_next_batch():
+    # Prepare: a guard of 0.2 s; a loop of batches that each take 0.05 s
+    g = RoundGuard(budget_s=0.2, who="device d0")
+    batches = 0
+    # Execute
+    with pytest.raises(OverBudget) as failed:
+        with g.round("round 3", deadline_s=60.0):
+            for _ in range(100):
+                checkpoint()
+                batches += 1
+                time.sleep(0.05)
+    # Check: it stopped soon after the budget, saying what was exceeded and the flag that raises it
+    assert failed.value.reason == "time" and isinstance(failed.value, RoundFailed)
+    assert 4 <= batches < 20
+    assert "round 3 exceeded its time budget of 0.2 s" in str(failed.value) and guard.TIME_FLAG in str(failed.value)
+    checkpoint()  # outside a guarded round: nothing
+
+
+def test_the_default_budget_is_the_rounds_deadline():
+    g = RoundGuard()
+    with g.round("round 1", deadline_s=0.1) as within:
+        within.check()
+        time.sleep(0.15)
+        with pytest.raises(OverBudget, match="time budget of 0.1 s"):
+            checkpoint()
+
+
+def test_a_failed_allocation_fails_the_round_in_one_line():
+    # numpy's MemoryError and torch's allocator RuntimeError both become OverBudget("memory")
+    g = RoundGuard(memory_mb=300, who="device d1", hard=True)
+    for exc in (MemoryError("Unable to allocate 2.00 GiB for an array with shape (268435456,)"),
+                RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 419430400 bytes")):
+        with pytest.raises(OverBudget) as failed:
+            with g.round("round 2", deadline_s=60.0):
+                raise exc
+        text = str(failed.value)
+        assert failed.value.reason == "memory" and "\n" not in text
+        assert "round 2 ran out of memory under its ceiling of 300 MB" in text and guard.MEMORY_FLAG in text
+        assert str(exc)[:20] in text  # what was asked
+        assert failed.value.__cause__ is None and failed.value.__suppress_context__  # no traceback of the round
+    with pytest.raises(RuntimeError, match="a bug"):  # any other error stays what it is
+        with g.round("round 2", deadline_s=60.0):
+            raise RuntimeError("a bug")
+    assert not allocation_failed(ValueError("can't allocate memory"))
+
+
+def test_without_an_rlimit_the_ceiling_bounds_the_resident_memory_per_batch():
+    # a sim's devices share one process: the ceiling is checked against its resident memory
+    held = guard.rss_mb()
+    with pytest.raises(OverBudget, match="holds .* MB, over its memory ceiling of"):
+        with RoundGuard(memory_mb=held / 2).round("round 1", deadline_s=60.0):
+            checkpoint()
+    with RoundGuard(memory_mb=held * 4 + 1024).round("round 1", deadline_s=60.0):
+        checkpoint()
+
+
+def test_flags_and_defaults():
+    p = argparse.ArgumentParser()
+    guard.add_arguments(p, "a round")
+    args = p.parse_args([])
+    g = RoundGuard.from_args(args, "device d0")
+    assert g.memory_mb == pytest.approx(guard.default_memory_mb()) and g.budget_s is None
+    assert 0.5 * guard.default_memory_mb() < g.memory_mb  # three quarters of the machine's RAM
+    assert RoundGuard.from_args(args, "sim", process=False).memory_mb is None  # a sim: none by default
+    g = RoundGuard.from_args(p.parse_args(["--max-round-memory-mb", "0", "--round-budget-s", "12"]), "device d0")
+    assert g.memory_mb is None and g.budget_s == 12
+    with pytest.raises(ValueError, match="--round-budget-s"):
+        RoundGuard.from_args(p.parse_args(["--round-budget-s", "0"]), "device d0")
+    with pytest.raises(ValueError, match="below what this device holds"):
+        RoundGuard(memory_mb=1, who="device d0").limit_process()
+
+
+def test_the_edge_counts_its_failed_devices_by_reason():
+    infos = [{"samples": 10}, {"failed": True, "reason": "memory"}, {"failed": True, "reason": "time"},
+             {"failed": True}, {"failed": True, "left": "a backend the method cannot run"}]
+    assert failed_devices(infos) == {"memory": 1, "time": 1, "other": 1}
+    edges = [report("e0", env("done", {"phase": "round", "info": {"device_failed": {"memory": 1}}}, sender="e0")),
+             report("e1", env("done", {"phase": "round", "info": {"device_failed": {"memory": 2, "time": 1},
+                                                                  "merge_failed": "time"}}, sender="e1"))]
+    assert phase_failures(edges) == {"memory": 3, "time": 1, "edge_time": 1}
+
+
+def measured_round_s() -> float:
+    """One FedAvg device round on digits (a larger shard than the test's devices hold), timed here
+    and now: the machine's load decides the budgets below, not a fixed number of seconds."""
+    from splitedge.methods.data.datasets import load_dataset
+
+    (x, y), _, _ = load_dataset("digits")
+    part = method_for("fedavg").device_part(ctx_for("fedavg"), (x[:800], y[:800]), "torch")
+    part.version = 0
+    started = time.monotonic()
+    list(part.run_round(plan_for(1, "fedavg")))
+    return time.monotonic() - started
+
+
+HOOK = textwrap.dedent('''
+    """Test-only (tests/test_round_guard.py): the first training batch of this device process
+    allocates GUARD_TEST_ALLOC_MB, or overstays the round's time budget (GUARD_TEST_OVERSTAY)."""
+    import os
+    import time
+
+    if os.environ.get("GUARD_TEST_ALLOC_MB") or os.environ.get("GUARD_TEST_OVERSTAY"):
+        import numpy as np
+
+        from splitedge.methods import budget, training
+
+        real, first = training.train_step, [True]
+
+        def train_step(*args, **kwargs):
+            if first[0]:
+                first[0] = False
+                if os.environ.get("GUARD_TEST_ALLOC_MB"):  # beyond the ceiling: the rlimit refuses it
+                    np.empty(int(os.environ["GUARD_TEST_ALLOC_MB"]) * 2**20, dtype=np.uint8)
+                else:  # past the round's time budget, whatever it is
+                    time.sleep(max(0.0, budget._local.check.ends - time.monotonic()) + 0.3)
+            return real(*args, **kwargs)
+
+        training.train_step = train_step
+''')
+
+
+def error_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "ERROR" in line or "Traceback" in line]
+
+
+@pytest.mark.usefixtures("mosquitto_binary")
+def test_a_device_over_its_memory_ceiling_or_time_budget_fails_that_round_and_answers_the_next(tmp_path: Path):
+    """Processes on a real broker: d1 asks for twice its memory ceiling in round 1 (the rlimit
+    refuses it), d2 overstays its time budget in round 1; both fail that round in one line, the
+    edge counts them, and both train round 2."""
+    from splitedge.protocol.broker import MosquittoBroker
+
+    # Prepare: the budget from a round measured now; a ceiling far above what a torch device holds
+    budget_s = max(5.0, 10 * measured_round_s())
+    ceiling_mb = 4096
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(HOOK)
+    with MosquittoBroker() as broker:
+        fed = Federation(tmp_path, broker.url, edges=1, devices=3, rounds=2,
+                         extra=["--method", "fedavg", "--deadline", f"{4 * budget_s + 30:.0f}"],
+                         node_extra={"d1": ["--max-round-memory-mb", str(ceiling_mb)],
+                                     "d2": ["--round-budget-s", f"{budget_s:.1f}"]},
+                         node_env={"d1": {"PYTHONPATH": str(hooks), "GUARD_TEST_ALLOC_MB": str(2 * ceiling_mb)},
+                                   "d2": {"PYTHONPATH": str(hooks), "GUARD_TEST_OVERSTAY": "1"}})
+        try:
+            # Execute
+            fed.wait(timeout=300 + 8 * budget_s)
+            metrics, logs = fed.metrics(), {n: (tmp_path / f"{n}.log").read_text() for n in ("d0", "d1", "d2", "e0")}
+        finally:
+            fed.close()
+    # Check: round 1 lost d1 (memory) and d2 (time), each in one line; round 2 had all three
+    assert [r["round"] for r in metrics] == [1, 2], fed.logs()
+    assert metrics[0].get("failures") == {"memory": 1, "time": 1}, metrics[0]
+    assert "failures" not in metrics[1], metrics[1]
+    (memory,) = error_lines(logs["d1"])
+    assert f"round 1 ran out of memory under its ceiling of {ceiling_mb} MB" in memory, logs["d1"]
+    assert guard.MEMORY_FLAG in memory and "Unable to allocate 8.00 GiB" in memory  # what was asked
+    (late,) = error_lines(logs["d2"])
+    assert f"round 1 exceeded its time budget of {budget_s:.1f} s" in late and guard.TIME_FLAG in late, logs["d2"]
+    for name in ("d1", "d2"):
+        assert "round 1 failed" in logs[name] and "round 2 done in" in logs[name], logs[name]
+    assert not error_lines(logs["d0"]) and "round 2 done in" in logs["d0"]
+    assert "closed with 3/3 devices (2 failed: memory 1, time 1)" in logs["e0"], logs["e0"]
