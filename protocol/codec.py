@@ -5,7 +5,8 @@ On the wire an envelope is a msgpack map with short keys
 arrays anywhere in the body are msgpack ext type 1 (arrays.py).
 
 ``decode`` treats its input as hostile: it checks the size first, bounds every length msgpack
-reads, caps the number of decoded containers/elements, and turns every failure into
+reads, caps the number of decoded containers/elements by what the frame's length pays for
+(limits.element_budget: its work is linear in its bytes), and turns every failure into
 ProtocolError, so a transport can count and drop a bad frame without a try/except zoo.
 ``encode`` checks the same limits (limits.py), so a node never sends what every receiver drops.
 """
@@ -20,7 +21,10 @@ import msgpack
 
 from .arrays import ext_default, ext_hook
 from .errors import ProtocolError
-from .limits import DEFAULT_MAX_BYTES, MAX_ARRAY_LEN, MAX_DEPTH, MAX_ELEMENTS, MAX_STR_BYTES, check_frame
+from .limits import (
+    ARRAY_COST, DEFAULT_MAX_BYTES, MAX_ARRAY_LEN, MAX_DEPTH, MAX_ELEMENTS, MAX_STR_BYTES, check_density, check_frame,
+    element_budget, over_budget,
+)
 from .schema import get_schema, validate_body
 
 __all__ = ["PROTOCOL_VERSION", "DEFAULT_MAX_BYTES", "MAX_ARRAY_LEN", "MAX_DEPTH", "MAX_ELEMENTS", "MAX_STR_BYTES",
@@ -79,7 +83,7 @@ def encode(env: Envelope, *, validate: bool = True, max_bytes: int = DEFAULT_MAX
         body = schema.wire(schema.validate(body, env.kind))
     doc = {"v": env.version, "k": env.kind, "r": env.run, "n": env.round,
            "s": env.sender, "i": env.msg_id, "b": body}
-    check_frame(doc)
+    elements = check_frame(doc)
     try:
         data = msgpack.packb(doc, default=ext_default, use_bin_type=True)
     except ProtocolError:
@@ -88,37 +92,49 @@ def encode(env: Envelope, *, validate: bool = True, max_bytes: int = DEFAULT_MAX
         raise ProtocolError("encode.type", f"cannot encode envelope: {exc}") from exc
     if len(data) > max_bytes:
         raise ProtocolError("frame.too_large", f"{len(data)} bytes > the frame cap of {max_bytes}")
+    check_density(elements, len(data))
     return data
 
 
 class _Budget:
-    """list_hook/object_hook pair counting decoded elements against MAX_ELEMENTS."""
+    """list_hook/object_hook/ext_hook counting decoded elements against the frame's budget
+    (limits.element_budget): a list or map counts its items + 1 once it is built, an array
+    ext value ARRAY_COST before it is decoded; past the budget the frame is refused at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, frame_bytes: int) -> None:
+        self.frame_bytes = frame_bytes
+        self.limit = element_budget(frame_bytes)
         self.used = 0
 
     def _spend(self, n: int) -> None:
-        self.used += n + 1
-        if self.used > MAX_ELEMENTS:
-            raise ProtocolError("frame.too_many_elements", f"more than {MAX_ELEMENTS} elements")
+        self.used += n
+        if self.used > self.limit:
+            raise over_budget(self.used, self.frame_bytes)
 
     def on_list(self, value: list) -> list:
-        self._spend(len(value))
+        self._spend(len(value) + 1)
         return value
 
     def on_map(self, value: dict) -> dict:
-        self._spend(len(value))
+        self._spend(len(value) + 1)
         return value
+
+    def on_ext(self, code: int, payload: bytes) -> Any:
+        self._spend(ARRAY_COST)
+        return ext_hook(code, payload)
 
 
 def _unpack(data: bytes, max_bytes: int) -> Any:
-    """One msgpack object from ``data`` with every length bounded; ProtocolError on anything."""
-    budget = _Budget()
+    """One msgpack object from ``data`` with every length bounded; ProtocolError on anything.
+
+    A map header announcing more entries than the frame's budget is refused at the header, before
+    msgpack sizes a dict for them (``max_map_len`` is the budget)."""
+    budget = _Budget(len(data))
     unpacker = msgpack.Unpacker(
         None, max_buffer_size=max(max_bytes, 1), raw=False, strict_map_key=True,
-        use_list=True, ext_hook=ext_hook, list_hook=budget.on_list, object_hook=budget.on_map,
+        use_list=True, ext_hook=budget.on_ext, list_hook=budget.on_list, object_hook=budget.on_map,
         max_str_len=min(MAX_STR_BYTES, max_bytes), max_bin_len=max_bytes, max_ext_len=max_bytes,
-        max_array_len=MAX_ARRAY_LEN, max_map_len=MAX_ELEMENTS,
+        max_array_len=MAX_ARRAY_LEN, max_map_len=budget.limit,
     )
     try:
         unpacker.feed(data)
@@ -131,6 +147,10 @@ def _unpack(data: bytes, max_bytes: int) -> Any:
         raise ProtocolError("frame.depth", f"msgpack nesting deeper than MAX_DEPTH {MAX_DEPTH}") from exc
     except UnicodeDecodeError as exc:
         raise ProtocolError("frame.utf8", f"invalid UTF-8 in a str: {exc.reason}") from exc
+    except ValueError as exc:
+        if "max_map_len" in str(exc):  # a map header past the budget: refused as the budget refuses
+            raise over_budget(budget.limit + 1, len(data)) from exc
+        raise ProtocolError("frame.invalid", f"malformed msgpack: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - FormatError, ValueError (limits, map keys), ...
         raise ProtocolError("frame.invalid", f"malformed msgpack: {exc}") from exc
     if unpacker.tell() != len(data):
