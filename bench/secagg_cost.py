@@ -73,15 +73,21 @@ def inputs(rng: np.random.Generator, s: SecAggCostSettings) -> dict[str, np.ndar
             "sumsq": (feats**2 * counts[:, None]).astype(np.float32)}
 
 
-def identities(ids: list[str]) -> dict[str, Any]:
-    """Each node's Ed25519 signer with one keyring of every node's public key (a signed federation)."""
+def identities(ids: list[str], roles: dict[str, str] | None = None) -> dict[str, Any]:
+    """Each node's Ed25519 signer with one keyring of every node's public key (a signed
+    federation), each key with its role: `roles`, else "cloud" for cloud, "edge" for e<N>, and
+    "device" for the rest."""
+    import re
+
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
     from splitedge.methods.privacy.identity import Keyring
     from splitedge.protocol.signing import KeyRing, Signer
 
     keys = {d: ed25519.Ed25519PrivateKey.generate() for d in ids}
-    ring = KeyRing({d: k.public_key() for d, k in keys.items()})
+    roles = roles if roles is not None else {
+        d: "cloud" if d == "cloud" else "edge" if re.fullmatch(r"e\d+", d) else "device" for d in ids}
+    ring = KeyRing({d: k.public_key() for d, k in keys.items()}, roles)
     return {d: Keyring(Signer(k), ring) for d, k in keys.items()}
 
 

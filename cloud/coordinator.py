@@ -389,13 +389,29 @@ class CloudCoordinator(Node):
         """Announce `plan` (a round, its calibration or its evaluation) and collect the edges'
         reports until every awaited edge is done or the deadline passes."""
         self.rounds.open(plan.round, plan.deadline_s, self.awaited, phase=plan.phase)
-        self.send(self.transport, "down", "round", plan.to_body(), retain=True)
+        self.send(self.transport, "down", "round", self.with_members(plan).to_body(), retain=True)
         while not (self.rounds.complete(self.awaited) or self.rounds.expired()):
             self.dispatch(self.next_event(0.2))
         reports = self.rounds.close()
         for into, more in zip(self.costs, phase_costs(reports)):
             add_costs(into, more)
         return reports
+
+    def with_members(self, plan: RoundPlan) -> RoundPlan:
+        """With secure sums on, `plan` naming each edge's devices for its secure sums (those the
+        edge lists as live, drawn when sampling), signed with the cloud's key in a signed
+        federation: the edge relays it and cannot choose its devices' rosters
+        (methods/privacy/roster.py)."""
+        cfg = self.method.config
+        if getattr(cfg, "secagg", "off") == "off":
+            return plan
+        from splitedge.methods.privacy import roster
+
+        drawn = set(plan.participants)
+        members = {e: [d for d in self.view.members.get(e, ()) if not drawn or d in drawn] for e in sorted(self.awaited)}
+        signed = roster.directive(self.run_id, plan, cfg.secagg, roster.minimum(cfg), members,
+                                  getattr(self.transport, "signer", None))
+        return dataclasses.replace(plan, directives={**plan.directives, roster.ROSTER: signed})
 
     def calibration_phase(self, trained_plan: RoundPlan, trained: list[Any]) -> tuple[dict[str, Any], list[Any]]:
         """The round's calibration (methods/calibration): its devices (those drawn, when

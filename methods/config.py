@@ -69,7 +69,10 @@ class MethodConfig:
 
     secagg: "full" or "plus" sends H-SFP's moments and every head-statistics record to the edge
     only inside a secure sum over the round's devices (runtime/secure_sum.py); needs robust
-    "none" (a robust merge needs each device's own values).
+    "none" (a robust merge needs each device's own values). The devices of each sum are the ones
+    the cloud names for the edge in its (signed) round plan; a device refuses a roster outside
+    them, one holding a non-device, or one of fewer than `secagg_min_devices` (at least 2; and
+    `dp_devices`), before it sends any share (methods/privacy/roster.py).
     """
 
     feddecorr_beta: float = 0.0
@@ -98,6 +101,8 @@ class MethodConfig:
     secagg: str = flag("off", "secure aggregation: an edge learns only the sum of its devices' statistics (full: "
                               "every pair masks; plus: SecAgg+, log n neighbours each)",
                        choices=("off", "full", "plus"))
+    secagg_min_devices: int = flag(3, "the fewest devices a secure sum may be over: a device refuses a smaller "
+                                      "roster before it sends any share (dp_devices, when larger, applies instead)")
 
     def __post_init__(self) -> None:
         if self.feddecorr_beta < 0:
@@ -125,6 +130,9 @@ class MethodConfig:
                              f"sum only the edge sees: it needs dp_sigma > 0 and secagg full or plus")
         if self.secagg not in ("off", "full", "plus"):
             raise ValueError(f"secagg must be off, full or plus, got {self.secagg!r}")
+        if self.secagg_min_devices < 2:
+            raise ValueError(f"secagg_min_devices must be >= 2 (a secure sum needs a pair), got "
+                             f"{self.secagg_min_devices}")
         if self.secagg != "off" and self.robust != "none":
             raise ValueError(f"secagg={self.secagg} hides each device's statistics from its edge, so a robust merge "
                              f"(robust={self.robust}) has nothing to work on: use one of them")

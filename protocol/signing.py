@@ -128,14 +128,28 @@ class Signer:
         return b"".join((frame, _MARKER, struct.pack("<BQ", flags, seq), signature))
 
 
-class KeyRing:
-    """The public keys a receiver trusts, by node id (the id in a topic names the signer)."""
+ROLES = ("device", "edge", "cloud")
 
-    def __init__(self, keys: dict[str, Any]) -> None:
+
+class KeyRing:
+    """The public keys a receiver trusts, by node id (the id in a topic names the signer), and
+    each key's role when known (``roles``: node id -> "device", "edge" or "cloud"). A secure sum
+    takes only keys of role "device" and a membership signed by a key of role "cloud"
+    (methods/privacy/roster.py): an edge's key cannot pass for a device's."""
+
+    def __init__(self, keys: dict[str, Any], roles: dict[str, str] | None = None) -> None:
         self.keys = dict(keys)
+        self.roles = {n: r for n, r in (roles or {}).items() if n in self.keys}
+        bad = {r for r in self.roles.values() if r not in ROLES}
+        if bad:
+            raise ValueError(f"key roles must be one of {', '.join(ROLES)}, got {sorted(bad)[0]!r}")
 
     def __contains__(self, node_id: str) -> bool:
         return node_id in self.keys
+
+    def role(self, node_id: str) -> str | None:
+        """The role of ``node_id``'s key (None: not given, or no such key)."""
+        return self.roles.get(node_id)
 
     def matches(self, node_id: str, signer: Signer) -> bool:
         """Whether ``signer`` holds the private half of ``node_id``'s public key."""
@@ -250,10 +264,20 @@ def load_public_key(path: Path) -> Any:
 
 
 def load_keyring(folder: Path, flag: str = "--verify-keys") -> KeyRing:
-    """Every ``<node-id>.pub`` in ``folder``; ValueError when there is none or one is bad."""
+    """Every ``<node-id>.pub`` in ``folder``, each with the role its ``<node-id>.role`` names
+    (one word: device, edge or cloud; `splitedge keys generate --role`); ValueError when there
+    is no key or one is bad."""
     if not folder.is_dir():
         raise ValueError(f"{flag} {folder}: no such directory")
     files = sorted(folder.glob("*.pub"))
     if not files:
         raise ValueError(f"{flag} {folder}: no <node-id>.pub files in it")
-    return KeyRing({f.stem: load_public_key(f) for f in files})
+    roles = {}
+    for f in files:
+        role_file = f.with_suffix(".role")
+        if role_file.is_file():
+            role = role_file.read_text().strip()
+            if role not in ROLES:
+                raise ValueError(f"{flag} {role_file}: the role must be one of {', '.join(ROLES)}, got {role!r}")
+            roles[f.stem] = role
+    return KeyRing({f.stem: load_public_key(f) for f in files}, roles)

@@ -29,6 +29,15 @@ hears it) and the round goes on without these statistics: never a wrong sum.
 
 A peer's `secagg` message is validated (messages.py) before it touches the aggregation; a bad
 one is refused by rule `secagg.<exchange>`, counted, and changes nothing.
+
+Who a sum is over is not the edge's choice (methods/privacy/roster.py): the cloud names each
+edge's devices in its round plan (`directives.secagg_members`, signed by the cloud in a signed
+federation), and before it sends any share a device checks that plan's signature, that the
+roster it got is within those devices, holds no edge and (signed) only keys of role device, and
+is at least the run's minimum (`secagg_min_devices`, `dp_devices`); the threshold and quorum
+follow from the membership. A value it revealed into one sum goes into another only over the
+same devices. A refusal fails the device's round in one logged line and is counted
+(`secagg.refused`) with the node's other refusals.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,7 +55,7 @@ from splitedge.methods.calibration import HEAD_STATS
 from splitedge.methods.calibration.stats import HeadStats, cov_form, head_stats_arrays
 from splitedge.methods.contract import CHILDREN, SUM_SUFFIX, Message, RoundFailed, RoundPlan, RoundReport, device
 from splitedge.methods.moments import WIRE_DTYPES, ClassMoments, moments_to_body
-from splitedge.methods.privacy import additive, distributed
+from splitedge.methods.privacy import additive, distributed, roster as rosters
 from splitedge.methods.privacy.dp import SECONDS, NoisySums, class_means_from, head_stats_from, moments_from
 from splitedge.methods.privacy.errors import SecAggError
 from splitedge.protocol.codec import Envelope
@@ -115,10 +125,15 @@ def identity_of(transport: Any) -> Any:
 
 def agreement(cfg: Any, run: str, session: str, plan: RoundPlan, edge: str, name: str) -> Any:
     """What every party of one aggregation agrees on: a session string never used twice (run,
-    cloud incarnation and its attempt, round, phase, edge, sum) and SecAgg's or SecAgg+'s graph."""
+    cloud incarnation and its attempt, round, phase, edge, sum), SecAgg's or SecAgg+'s graph,
+    the devices the cloud named for this edge (the threshold follows from their number) and the
+    fewest a roster may hold (SecAggError: the plan's membership is malformed)."""
     label = f"{run}/{session}/{plan.attempt}/{plan.round}/{plan.phase}/{edge}/{name}".encode()
+    membership = rosters.Membership.of_plan(plan)
+    least = rosters.minimum(cfg) if membership is None else max(rosters.minimum(cfg), membership.least)
     return _secagg().SecAggConfig(session=label, neighbours=None if cfg.secagg == "full" else "log",
-                                  min_survivors=distributed.min_survivors(cfg))
+                                  min_survivors=distributed.min_survivors(cfg), min_devices=least,
+                                  members=() if membership is None else membership.of(edge))
 
 
 RELEASE_SECONDS = {"moments": ("class",), "prototypes": ("none",), "logits": ("none",), "arrays": ("full", "diag")}
@@ -264,6 +279,51 @@ def body_of(meta: Mapping[str, Any], sums: Mapping[str, np.ndarray],
 # -- a device ---------------------------------------------------------------------------------
 
 Request = Callable[[Message, str, float], Envelope]
+REFUSED = "secagg.refused"
+"""The rule a device counts a secure sum it refused under (a roster the edge chose, a resend)."""
+_LEDGERS: "weakref.WeakKeyDictionary[Any, rosters.Contributions]" = weakref.WeakKeyDictionary()
+_LEDGERS_BY_ID: dict[tuple[str, str], rosters.Contributions] = {}
+
+
+def _node_of(request: Request) -> Any:
+    """The device whose exchange `request` is (runtime/exchange.py), or None."""
+    return getattr(getattr(request, "__self__", None), "node", None)
+
+
+def ledger_of(request: Request, run: str, node_id: str) -> rosters.Contributions:
+    """The device's record of what it summed with whom (kept as long as the device lives)."""
+    node = _node_of(request)
+    if node is not None:
+        try:
+            return _LEDGERS.setdefault(node, rosters.Contributions())
+        except TypeError:
+            pass
+    return _LEDGERS_BY_ID.setdefault((run, node_id), rosters.Contributions())
+
+
+def check_plan(plan: RoundPlan, *, cfg: Any, run: str, node_id: str, edge: str,
+               identity: Any = None) -> tuple[tuple[str, ...] | None, int, set[str]]:
+    """(the devices the cloud named for `edge`, None when the plan names none; the fewest a sum
+    may hold; the ids that are not devices) after the checks a device makes before its keys go
+    out: in a signed federation the membership must be there and signed by a key of role cloud;
+    this device must be a member, with at least the minimum, and no edge among them.
+    SecAggError (refused) otherwise."""
+    membership = rosters.Membership.of_plan(plan)
+    least = rosters.minimum(cfg) if membership is None else max(rosters.minimum(cfg), membership.least)
+    if identity is not None:
+        if membership is None:
+            raise SecAggError(f"device {node_id}: refused: the round plan names no devices for the secure sums, and "
+                              f"this device is in a signed federation (the cloud names and signs them)")
+        membership.verify(identity, run, plan)
+    if membership is None:
+        return None, least, {edge}
+    if membership.mode != cfg.secagg:
+        raise SecAggError(f"device {node_id}: refused: the membership is for secagg {membership.mode}, the plan's "
+                          f"config says {cfg.secagg}")
+    not_devices = {edge, *membership.members}
+    members = rosters.check_members(node_id, edge, membership.of(edge), least, identity=identity,
+                                    not_devices=not_devices)
+    return members, least, not_devices
 
 
 def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPlan, node_id: str, edge: str,
@@ -275,6 +335,7 @@ def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPl
     (sums_of). An edge's abort, a broken exchange or a reply that never comes fail the device's
     round with RoundFailed: one logged line that names the sum and the edge, not a traceback."""
     secagg, name, wait = _secagg(), sum_name(msg), plan.deadline_s
+    ledger = ledger_of(request, run, node_id)
 
     def exchange(batch: int, data: dict[str, Any], extra: Mapping[str, Any] | None = None) -> Any:
         reply = request(Message(KIND, {"stage": UP[batch], "batch": batch, "sum": name, "data": data,
@@ -285,16 +346,45 @@ def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPl
 
     try:
         values, meta = sums_of(msg, num_classes, moments_per, shared_dp=distributed.shares_noise(cfg), release=release)
+        try:  # before anything leaves the device
+            members, least, not_devices = check_plan(plan, cfg=cfg, run=run, node_id=node_id, edge=edge,
+                                                     identity=identity)
+            value = rosters.value_digest(name, meta, values)
+            if members is not None:
+                ledger.before_keys(node_id, value, members)
+        except SecAggError as exc:
+            raise _Refused(str(exc)) from None
         me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge, name), identity)
         roster = secagg.KeyRoster.from_body(exchange(0, me.advertise_keys().to_body()))
-        inbox = secagg.ShareInbox.from_body(exchange(1, me.share_keys(roster).to_body()))
+        try:  # the roster the edge sent, before any share leaves the device
+            rosters.check_members(node_id, edge, roster.devices, least, identity=identity, not_devices=not_devices)
+            if members is not None:
+                rosters.check_roster(node_id, roster.devices, members)
+            ledger.before_keys(node_id, value, roster.devices)
+            shares = me.share_keys(roster)
+        except SecAggError as exc:
+            raise _Refused(str(exc)) from None
+        inbox = secagg.ShareInbox.from_body(exchange(1, shares.to_body()))
         request_ = secagg.UnmaskRequest.from_body(exchange(2, me.masked_input(inbox, values).to_body(), {"meta": meta}))
+        try:  # the sum's devices, before this device signs or reveals anything
+            ledger.before_reveal(node_id, value, request_.ids(roster.devices)[0])
+        except SecAggError as exc:
+            raise _Refused(str(exc)) from None
         signed = None if identity is None else \
             secagg.SignedSurvivors.from_body(exchange(CONSISTENCY, me.sign_request(request_).to_body()))
         publish(Message(KIND, {"stage": UP[3], "batch": 3, "sum": name, "data": me.unmask(request_, signed).to_body()}))
+    except _Refused as exc:
+        node = _node_of(request)
+        if node is not None and hasattr(node, "refused"):
+            node.refused[REFUSED] += 1
+        raise RoundFailed(f"refused the secure sum of {name} with edge {edge}: {exc}") from None
     except (SecAggError, TimeoutError) as exc:
         raise RoundFailed(f"the secure sum of {name} with edge {edge} failed: {str(exc) or type(exc).__name__}") \
             from exc
+
+
+class _Refused(Exception):
+    """A secure sum this device refuses to take part in (counted as REFUSED)."""
 
 
 # -- an edge ----------------------------------------------------------------------------------
@@ -472,6 +562,14 @@ class SecureSums:
                  identity: Any = None) -> None:
         self.edge, self.plan, self.cfg, self.run, self.session = edge, plan, cfg, run, session
         self.identity = identity  # the edge's (identity_of its transport to the devices): signed sums
+        try:  # the devices the cloud named for this edge: no other may join its sums
+            membership = rosters.Membership.of_plan(plan)
+        except SecAggError as exc:
+            log.warning("edge %s: round %d's membership is unreadable (%s); its secure sums hold no device", edge,
+                        plan.round, exc)
+            membership = rosters.Membership({}, 0, "", None)
+        if membership is not None:
+            devices = set(devices) & set(membership.of(edge))
         self.devices, self.settled, self.announced = set(devices), settled, announced
         self.sums: dict[str, SecureSum] = {}
         self.keys_until = time.monotonic() + plan.deadline_s * KEYS_FRACTION  # from the phase's start

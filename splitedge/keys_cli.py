@@ -3,7 +3,10 @@
 Writes ``DIR/<node>.key`` (the private key, mode 600: it goes to that node only, as its
 ``--sign-key``) and ``DIR/<node>.pub`` (copied to every node's ``--verify-keys`` folder). The
 files are plain PEM, the same as `openssl genpkey -algorithm ed25519` and `openssl pkey -pubout`
-write, so an operator may make them either way. Existing keys are never replaced: a new key
+write, so an operator may make them either way. With ``--role`` each key also gets
+``DIR/<node>.role`` (device, edge or cloud), copied beside its .pub: a secure sum takes only keys
+of role device, and a membership signed by a key of role cloud (methods/privacy/roster.py), so
+an edge's key cannot pass for a device's. Existing keys are never replaced: a new key
 for a running node would lock it out of every receiver still holding the old one.
 """
 
@@ -22,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = sub.add_parser("generate", allow_abbrev=False, help="write <node>.key and <node>.pub for each node id",
                        description="write DIR/<node>.key (private, mode 600) and DIR/<node>.pub for each node id")
     g.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder for the key files")
+    g.add_argument("--role", choices=("device", "edge", "cloud"), default=None,
+                   help="the role of these nodes' keys, written to <node>.role beside each .pub (secure sums need "
+                        "it: make each role's keys with one call)")
     g.add_argument("nodes", nargs="+", metavar="NODE", help="node ids (device, edge and cloud ids, e.g. cloud e0 d0)")
 
 
@@ -51,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         with os.fdopen(fd, "wb") as f:
             f.write(private)
         (args.out / f"{node}.pub").write_bytes(public)
+        if getattr(args, "role", None):
+            (args.out / f"{node}.role").write_text(args.role + "\n")
         print(f"{node}: {key_path} (private: this node's --sign-key), {args.out / (node + '.pub')}")
     print("copy every .pub into each node's --verify-keys folder; each .key only to its own node")
     return 0

@@ -31,7 +31,8 @@ class SimKeys:
 
         self.run = run
         nodes = ["cloud", *(f"e{e}" for e in range(edges)), *(f"d{d}" for d in range(devices))]
-        self.keyring = KeyRing({n: _private(run, n).public_key() for n in nodes})
+        roles = {n: "cloud" if n == "cloud" else "edge" if n.startswith("e") else "device" for n in nodes}
+        self.keyring = KeyRing({n: _private(run, n).public_key() for n in nodes}, roles)
 
     def options(self, node_id: str) -> dict[str, Any]:
         """The transport options of `node_id`: its signer and the shared keyring."""

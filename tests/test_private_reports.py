@@ -89,7 +89,8 @@ def test_a_self_supervised_run_releases_its_models_privately_inside_a_secure_sum
 
     torch.set_num_threads(1)
     probes = {}
-    for name, extra in (("clear", {}), ("private", {"dp_sigma": 1e-8, "dp_update_clip": 1e3, "secagg": "full"})):
+    for name, extra in (("clear", {}), ("private", {"dp_sigma": 1e-8, "dp_update_clip": 1e3, "secagg": "full",
+                                                 "secagg_min_devices": 2})):
         out = tmp_path / name
         run_sim(SimSettings(rounds=2, devices=4, edges=2, method="simsiam", broker=mosquitto.url, run=f"ssl-{name}",
                             out=out, max_train=400, max_test=200, deadline_s=60.0, overrides=extra))

@@ -33,7 +33,8 @@ from splitedge.sim import SimSettings, run_sim
 def _sim(url: str, run: str, out: Path, *, secure: str, method: str = "hsfp-cal", devices: int = 4, edges: int = 2,
          deadline: float = 120.0, sign: bool = False) -> list[dict]:
     torch.set_num_threads(1)
-    overrides = {"secagg": secure} if secure != "off" else {}
+    # two devices an edge: below the default secagg_min_devices (3), so these runs lower it
+    overrides = {"secagg": secure, "secagg_min_devices": 2} if secure != "off" else {}
     if method.startswith("hsfp"):
         overrides["ic"] = 2  # W_c copies go up (inside a sum of their own) in round 2
     s = SimSettings(rounds=3, devices=devices, edges=edges, broker=url, run=run, out=out, method=method,

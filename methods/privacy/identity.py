@@ -45,6 +45,10 @@ class Identity(Protocol):
 
     def knows(self, node: str) -> bool: ...
 
+    def role(self, node: str) -> str | None: ...
+
+    def nodes(self) -> list[str]: ...
+
 
 class Keyring:
     """An Identity from a node's envelope signer and keyring (protocol/signing.py): the same
@@ -61,6 +65,13 @@ class Keyring:
 
     def knows(self, node: str) -> bool:
         return node in self.keyring
+
+    def role(self, node: str) -> str | None:
+        """The role of `node`'s key ("device", "edge", "cloud"; None: unknown)."""
+        return getattr(self.keyring, "role", lambda n: None)(node)
+
+    def nodes(self) -> list[str]:
+        return sorted(self.keyring.keys)
 
 
 def of_transport(transport: Any) -> Keyring | None:

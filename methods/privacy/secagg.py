@@ -70,6 +70,11 @@ class SecAggConfig:
     adds up to one release's, distributed.py); the server refuses to ask for, and every device to
     reveal, the shares that would unmask a smaller sum. ``quorum``: in a signed federation, the
     share of the roster whose signatures a consistency statement needs (identity.py).
+    ``members``: the devices the cloud named for this sum (roster.py; empty: whoever sends keys):
+    the roster must be within them, and the threshold and quorum follow from their number, not
+    from the roster's, so an edge that leaves devices out of a roster cannot lower either.
+    ``min_devices``: the fewest devices a roster may hold; a device refuses a smaller one before
+    it sends any share, the server before it asks for them.
     """
 
     session: bytes
@@ -78,6 +83,8 @@ class SecAggConfig:
     frac_bits: int = fixedpoint.FRAC_BITS
     min_survivors: int = 1
     quorum: float = identity.DEFAULT_QUORUM
+    members: tuple[str, ...] = ()
+    min_devices: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.session, bytes) or not self.session:
@@ -90,11 +97,25 @@ class SecAggConfig:
         if type(self.min_survivors) is not int or self.min_survivors < 1:
             raise SecAggError(f"config: min_survivors must be a positive int, got {self.min_survivors!r}")
         identity.check_fraction(self.quorum)
+        if type(self.min_devices) is not int or self.min_devices < 2:
+            raise SecAggError(f"config: min_devices must be an int >= 2, got {self.min_devices!r}")
+        if not isinstance(self.members, tuple) or len(set(self.members)) != len(self.members):
+            raise SecAggError("config: members must be a tuple of distinct device ids")
+
+    def base(self, devices: int) -> int:
+        """The number the threshold and quorum are computed from: the members the cloud named
+        (when it named them), never fewer than the roster's ``devices``."""
+        return max(devices, len(self.members))
 
     def plan(self, devices: int) -> tuple[int, int]:
-        """(k, t) for a roster of ``devices``: each device's neighbour count and the threshold."""
+        """(k, t) for a roster of ``devices``: each device's neighbour count and the threshold
+        (of the membership's degree, when the cloud named the members)."""
+        if devices < self.min_devices:
+            raise SecAggError(f"{devices} devices advertised keys, fewer than the {self.min_devices} a secure sum "
+                              f"of this run must hold (secagg_min_devices, dp_devices)")
         k = degree(self.neighbours, devices)
-        t = self.threshold if self.threshold is not None else default_threshold(k)
+        t = self.threshold if self.threshold is not None else default_threshold(degree(self.neighbours,
+                                                                                        self.base(devices)))
         if devices < 2 or t > k:
             fix = (f"needs at least {t + 1} devices" if k == devices - 1 else
                    "raise the neighbour count or lower the threshold")
@@ -187,6 +208,16 @@ class Device:
         neighbour's pair of shares encrypted for it alone."""
         self._step(1, "share_keys")
         devices = roster.devices
+        if self.config.members:
+            strangers = set(devices) - set(self.config.members)
+            if strangers:
+                raise SecAggError(f"device {self.id}: refused: the roster holds {sorted(strangers)[0]} (and "
+                                  f"{len(strangers) - 1} more), not in the membership the cloud named")
+        if self.identity is not None:
+            wrong = [d for d in devices if self.identity.role(d) != "device"]
+            if wrong:
+                raise SecAggError(f"device {self.id}: refused: the roster holds {wrong[0]}, whose key is of role "
+                                  f"{self.identity.role(wrong[0])}, not a device's")
         if set(roster.s_public) != set(roster.c_public) or not set(roster.c_public) <= set(devices):
             raise SecAggError(f"device {self.id}: the roster's c and s key maps name different devices or ones "
                               f"outside its ids")
@@ -298,7 +329,7 @@ class Device:
         digest = identity.consistency_digest(self.config.session, self._roster, request.survivors, request.dropped)
         if digest != self._signed_digest:
             raise SecAggError(f"device {self.id}: refused: asked to unmask for another request than the one it signed")
-        need = identity.quorum(len(self._roster), self.config.quorum, self._threshold)
+        need = identity.quorum(self.config.base(len(self._roster)), self.config.quorum, self._threshold)
         sigs = {} if signed is None else signed.signatures
         valid = [v for v, sig in sorted(sigs.items())
                  if v in survivors and self.identity.knows(v) and self.identity.verify(v, sig, digest)]
@@ -371,7 +402,7 @@ class Server:
     def receive_keys(self, msg: AdvertiseKeys) -> None:
         self._expect(0, "keys")
         d = check_id(msg.device, "keys")
-        if self.allowed is not None and d not in self.allowed:
+        if self.allowed is not None and d not in self.allowed or self.config.members and d not in self.config.members:
             raise SecAggError(f"keys from {d}: not a device of this aggregation")
         if d in self._keys:
             raise SecAggError(f"keys from {d}: duplicate")
@@ -505,7 +536,7 @@ class Server:
 
     # -- round 3a (signed federations) -----------------------------------------------------------
     def _quorum(self) -> int:
-        return identity.quorum(len(self.devices), self.config.quorum, self.threshold)
+        return identity.quorum(self.config.base(len(self.devices)), self.config.quorum, self.threshold)
 
     def receive_signature(self, msg: ConsistencySignature) -> None:
         """A survivor's signature over the request (checked here too, so one bad signature does
