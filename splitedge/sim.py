@@ -73,6 +73,8 @@ class SimSettings:
     listed_only: bool = False  # edges admit only these devices, each bounded by its shard (edge --manifest)
     sign: bool = False  # every node signs and verifies (keys derived from the run id: splitedge/sim_keys.py)
     resumable: bool = False  # every node's state in out/sim.state after each round; a rerun carries on (sim_resume.py)
+    round_memory_mb: float | None = None  # each device's round fails over it: the process's resident memory (runtime/guard.py)
+    round_budget_s: float | None = None  # each device's round fails over it (None: the round's deadline)
 
     @property
     def sampling(self) -> Any:
@@ -392,6 +394,7 @@ class Federation:
         from splitedge.device.agent import DeviceAgent
         from splitedge.edge.aggregator import EdgeAggregator
         from splitedge.protocol.mqtt_loop import ClientLoop
+        from splitedge.runtime.guard import RoundGuard
 
         self.loop = ClientLoop(name=f"sim-{self.run}")
         _, edge_host, device_host = self.hosts()
@@ -408,9 +411,12 @@ class Federation:
                 idx = self.shards[d]
                 backend = self.s.backends[d % len(self.s.backends)]
                 data = plant((self.train[0][idx], self.train[1][idx]), planted_group(d, self.s), self.s)
+                guard = RoundGuard(memory_mb=self.s.round_memory_mb or None, budget_s=self.s.round_budget_s,
+                                   who=f"device d{d}")  # one process: no rlimit, its resident memory per batch
                 agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
                                     edge=home_edge(d, self.s), data=data, backend=backend, seed=self.s.seed,
-                                    host=device_host, shared_process=True, private_reports=private_run(self.s))
+                                    host=device_host, shared_process=True, private_reports=private_run(self.s),
+                                    guard=guard)
                 self._start(agent)
 
         # a resumed sim's edges come back as a restarted edge does: their devices' hellos are

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from splitedge.cloud.options import add_run_arguments
+from splitedge.runtime import guard
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "nothing)")
     p.add_argument("--group-skew", choices=("rotate", "labels"), default="rotate",
                    help="what sets a planted group apart: its images turned by g quarter turns, or permuted labels")
+    guard.add_arguments(p, "each device's round (training, statistics, calibration, evaluation)", process=False)
     add_run_arguments(p)
     p.set_defaults(rounds=10)
 
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from splitedge.methods.flags import method_overrides
     from splitedge.sim import SimSettings, run_sim
 
+    guard.RoundGuard.from_args(args, "sim", process=False)  # a bound that cannot work: one line, before any work
     s = SimSettings(rounds=args.rounds, devices=args.devices, edges=args.edges, method=args.method,
                     dataset=args.dataset, data=args.data, model=args.model, alpha=args.alpha, seed=args.seed,
                     deadline_s=args.deadline, broker=args.broker, out=args.out, overwrite=args.overwrite,
@@ -78,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
                     split=args.split, join_timeout_s=args.join_timeout, sample_fraction=args.sample_fraction,
                     sample_count=args.sample_count, sample_min=args.sample_min, until_plateau=args.until_plateau,
                     listed_only=args.listed_only, sign=args.sign,
-                    resumable=args.resumable)
+                    resumable=args.resumable, round_memory_mb=args.max_round_memory_mb,
+                    round_budget_s=args.round_budget_s)
     if s.worker is not None:
         from splitedge.sim import run_worker
 

@@ -188,3 +188,33 @@ def test_a_device_over_its_memory_ceiling_or_time_budget_fails_that_round_and_an
         assert "round 1 failed" in logs[name] and "round 2 done in" in logs[name], logs[name]
     assert not error_lines(logs["d0"]) and "round 2 done in" in logs["d0"]
     assert "closed with 3/3 devices (2 failed: memory 1, time 1)" in logs["e0"], logs["e0"]
+
+
+def test_a_sim_passes_the_bounds_to_its_devices(tmp_path: Path, monkeypatch):
+    """`splitedge sim --round-budget-s`: its devices share one process (threads named by their
+    ids), each with its own budget; d1 overstays it in round 1 and trains round 2."""
+    from splitedge.methods import budget, training
+    from splitedge.sim import SimSettings, run_sim
+
+    # Prepare: the budget from a round measured now; d1's first batch overstays it
+    budget_s = max(5.0, 10 * measured_round_s())
+    real, first = training.train_step, [True]
+
+    def train_step(*args, **kwargs):
+        import threading
+
+        if first[0] and threading.current_thread().name == "d1":
+            first[0] = False
+            time.sleep(max(0.0, budget._local.check.ends - time.monotonic()) + 0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "train_step", train_step)
+    # Execute
+    run_sim(SimSettings(rounds=2, devices=2, edges=1, method="fedavg", out=tmp_path, round_budget_s=budget_s,
+                        deadline_s=4 * budget_s + 30))
+    # Check: round 1 lost d1 over time, round 2 had both
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[0].get("failures") == {"time": 1} and "failures" not in records[1], records
+    assert set(records[0]["device_costs"]) == {"d0"} and set(records[1]["device_costs"]) == {"d0", "d1"}
