@@ -7,16 +7,26 @@ broker we deploy on edge sites, started on a free port with a throw-away config 
 never touch a system broker.
 
 amqtt notes (0.12.1): it has no maximum-packet-size setting (payloads are read with
-``readexactly``), so 8+ MiB messages pass; its default plugins include a per-packet logger
-and an event logger, which we leave out; ``Broker()`` must be created inside the running
-loop (it calls ``asyncio.get_running_loop()``); it gives a subscriber 5 s (not configurable) to
-acknowledge a QoS 1 message it has already written to the socket, and past that logs a warning
-and a traceback for each one (see :class:`LateAcks`).
+``readexactly``, so a 100 MB PUBLISH was read whole), no deadline for the CONNECT packet (a
+connection that sends nothing was kept for ever), and a connection whose peer went away before
+CONNECT was never closed (3,000 of them stayed in CLOSE_WAIT: a descriptor each, until the
+process ran out). :class:`EmbeddedBroker` adds all three, in front of amqtt (see
+:class:`FloodGuard`): every connection must send its CONNECT within ``connect_timeout`` seconds;
+a packet longer than ``max_packet_size`` (Mosquitto's setting, default the deploy files' value)
+ends its connection when its header arrives, before its body is read; every connection amqtt
+is done with is closed; and at most ``max_connections`` are open at once (default: the
+process's open-file limit less a reserve), a new one evicting the oldest still without CONNECT
+or else being closed at once. Its default plugins include a per-packet logger and an event
+logger, which we leave out; ``Broker()`` must be created inside the running loop (it calls
+``asyncio.get_running_loop()``); it gives a subscriber 5 s (not configurable) to acknowledge a
+QoS 1 message it has already written to the socket, and past that logs a warning and a
+traceback for each one (see :class:`LateAcks`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import shutil
@@ -30,8 +40,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .children import spawn_tied
+from .limits import DEFAULT_MAX_BYTES
 
 logger = logging.getLogger(__name__)
+
+MAX_PACKET_SIZE = DEFAULT_MAX_BYTES + 1024 * 1024
+"""The embedded broker's default max_packet_size, 68157440 bytes: the value of the deploy files'
+(deploy/mosquitto/*.conf), a little above the receivers' 64 MiB frame cap plus topic, MQTT
+header and signature trailer, so the broker never drops a frame a receiver would accept."""
+CONNECT_TIMEOUT_S = 5.0
+"""Seconds a new connection has to deliver its CONNECT (a connection whose bytes have started to
+arrive by then gets as long again, once); then it is closed."""
+FD_RESERVE = 64
+"""Descriptors kept for the process's own files when max_connections is left to the open-file
+limit (a broker that used them all could not accept, and said `Too many open files` each second)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -110,13 +132,285 @@ def count_late_acks() -> LateAcks:
     return LATE_ACKS
 
 
-class EmbeddedBroker:
-    """amqtt broker in a daemon thread; a context manager. ``url`` is ``mqtt://host:port``."""
+class _PacketFraming:
+    """Follows MQTT's framing over the bytes amqtt reads (one type byte, a 1-4 byte remaining
+    length, the body), so a packet's length is known as soon as its header is in: a packet over
+    ``max_size`` bytes in all, or a malformed length, raises :class:`_Refused` before its body
+    is read. amqtt reads a header a byte at a time and a body in reads that end with it; a read
+    that would cross the end of the packet it starts in means amqtt took the packet for another
+    length than its header gave (a CONNECT's fields need not fill it), and is refused before it
+    is made (``check_read``): no read, and so no packet amqtt parses, outgrows one framed packet."""
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", *, sys_interval: int | None = None) -> None:
+    __slots__ = ("max_size", "state", "length", "multiplier", "header", "left", "packets")
+
+    def __init__(self, max_size: int) -> None:
+        self.max_size = max_size
+        self.state = 0  # 0: packet type byte next, 1: remaining-length bytes, 2: body
+        self.length = self.multiplier = self.header = self.left = 0
+        self.packets = 0  # complete packets so far; the first is the CONNECT
+
+    def check_read(self, n: int) -> None:
+        """Refuse a read of ``n`` bytes that would cross the end of the current packet's header or body."""
+        if n == 0 or (self.state == 2 and 0 < n <= self.left) or (self.state != 2 and n == 1):
+            return
+        raise _Refused("malformed", f"a packet whose fields overrun its length (a read of {n} bytes with "
+                                    f"{self.left if self.state == 2 else 1} left in it)")
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self.state == 2:
+                take = min(self.left, n - i)
+                self.left -= take
+                i += take
+                if self.left == 0:
+                    self.state, self.packets = 0, self.packets + 1
+            elif self.state == 0:
+                self.state, self.length, self.multiplier, self.header = 1, 0, 1, 1
+                i += 1
+            else:
+                byte = data[i]
+                i += 1
+                self.header += 1
+                self.length += (byte & 0x7F) * self.multiplier
+                self.multiplier *= 128
+                if byte & 0x80:
+                    if self.header > 4:  # a 5th length byte: MQTT allows four
+                        raise _Refused("malformed", "a remaining length longer than 4 bytes")
+                    continue
+                total = self.header + self.length
+                if total > self.max_size:
+                    raise _Refused("oversize", f"a packet of {total} bytes > max_packet_size {self.max_size}")
+                self.left = self.length
+                if self.left == 0:
+                    self.state, self.packets = 0, self.packets + 1
+                else:
+                    self.state = 2
+
+
+class _Refused(Exception):
+    def __init__(self, why: str, text: str) -> None:
+        super().__init__(text)
+        self.why = why
+
+
+class _Connection:
+    """One accepted TCP connection, as the guard follows it."""
+
+    __slots__ = ("reader", "writer", "framing", "accepted", "timer", "extended", "evicted", "refused", "bytes_in")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_packet_size: int) -> None:
+        self.reader, self.writer = reader, writer
+        self.framing = _PacketFraming(max_packet_size)
+        self.accepted = time.monotonic()
+        self.timer: asyncio.TimerHandle | None = None
+        self.extended = self.evicted = self.refused = False
+        self.bytes_in = 0
+
+    @property
+    def connected(self) -> bool:
+        """Its first packet (the CONNECT) has been read whole."""
+        return self.framing.packets > 0
+
+    def abort(self) -> None:
+        transport = self.writer.transport
+        if not transport.is_closing():
+            transport.abort()
+
+
+class FloodGuard:
+    """What the embedded broker adds in front of amqtt against floods: a CONNECT deadline, a
+    packet-size cap, a connection cap, and closing every connection amqtt is done with.
+
+    Lives on the broker's loop; its counters (``stats()``) are plain ints, read from any thread.
+    A refusal is logged once at WARNING per cause, then at DEBUG, and counted: a flood must not
+    become a flood of log lines (the broker says how many of each when it stops)."""
+
+    def __init__(self, *, max_packet_size: int, connect_timeout: float, max_connections: int | None) -> None:
+        self.max_packet_size = int(max_packet_size)
+        self.connect_timeout = float(connect_timeout)
+        self.max_connections = max_connections
+        self.pending: collections.OrderedDict[_Connection, None] = collections.OrderedDict()  # no CONNECT yet
+        self.open = 0
+        self.peak_open = 0
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._said: set[str] = set()
+
+    def limit(self) -> int:
+        """Connections open at once: the setting, else the soft open-file limit less FD_RESERVE."""
+        if self.max_connections is not None:
+            return self.max_connections
+        try:
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ImportError, OSError, ValueError):  # not on a POSIX system: no limit we can read
+            return 1 << 30
+        return (1 << 30) if soft == resource.RLIM_INFINITY else max(16, soft - FD_RESERVE)
+
+    def stats(self) -> dict[str, int]:
+        """Open connections (and the most at once), those still without CONNECT, and the counts
+        of each refusal: `no_connect` (closed at the CONNECT deadline), `oversize` (a packet over
+        max_packet_size), `malformed` (a bad packet length), `full` (refused at the cap),
+        `evicted` (an idle one closed to make room), `closed` (connections amqtt ended), and
+        `extended` (connections given a second CONNECT deadline: their bytes had started)."""
+        return {"open": self.open, "peak_open": self.peak_open, "pending": len(self.pending), **self.counts}
+
+    def _say(self, why: str, text: str) -> None:
+        self.counts[why] += 1
+        first = why not in self._said
+        self._said.add(why)
+        logger.log(logging.WARNING if first else logging.DEBUG, "embedded broker: %s (%s; counted, further ones are "
+                   "logged at DEBUG)" if first else "embedded broker: %s (%s)", text, why)
+
+    async def serve(self, broker: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    listener_name: str) -> None:
+        """amqtt's handling of one accepted connection, guarded (Broker.stream_connected)."""
+        from amqtt.adapters import StreamWriterAdapter
+
+        conn = _Connection(reader, writer, self.max_packet_size)
+        if not self._admit(conn):
+            return
+        _keepalive(writer)
+        self.open += 1
+        self.peak_open = max(self.peak_open, self.open)
+        self.pending[conn] = None
+        conn.timer = asyncio.get_running_loop().call_later(self.connect_timeout, self._expire, conn)
+        try:
+            await broker._client_connected(listener_name, _guarded_reader(reader, conn, self), StreamWriterAdapter(writer))
+        except Exception as exc:  # noqa: BLE001 - amqtt's own errors end the connection, never the listener
+            logger.debug("embedded broker: a connection ended with %r", exc)
+        finally:
+            if conn.timer is not None:
+                conn.timer.cancel()
+            self.pending.pop(conn, None)
+            self.open -= 1
+            self.counts["closed"] += 1
+            conn.abort()  # amqtt leaves a connection that failed before CONNECT open (CLOSE_WAIT)
+
+    def _admit(self, conn: _Connection) -> bool:
+        """Room for one more connection: under the cap, or by evicting the oldest connection still
+        without CONNECT; else the new one is closed at once."""
+        if self.open < self.limit():
+            return True
+        if self.pending:
+            oldest, _ = self.pending.popitem(last=False)
+            oldest.evicted = True
+            self._say("evicted", f"{self.open} connections open (the limit): closed the oldest one without CONNECT "
+                                 f"({time.monotonic() - oldest.accepted:.1f} s old) to admit a new one")
+            oldest.abort()
+            return True
+        self._say("full", f"{self.open} connections open (the limit): refused a new one")
+        conn.abort()
+        return False
+
+    def _expire(self, conn: _Connection) -> None:
+        """The CONNECT deadline: a connection still without its CONNECT is closed; one whose bytes
+        have started to arrive (a busy loop may not have read them yet) gets one more deadline."""
+        conn.timer = None
+        if conn.connected or conn.writer.transport.is_closing():
+            return
+        if not conn.extended and (conn.bytes_in or len(getattr(conn.reader, "_buffer", b""))):
+            conn.extended = True
+            self.counts["extended"] += 1
+            conn.timer = asyncio.get_running_loop().call_later(self.connect_timeout, self._expire, conn)
+            return
+        self.pending.pop(conn, None)
+        self._say("no_connect", f"closed a connection that sent no CONNECT within {self.connect_timeout:g} s")
+        conn.abort()
+
+    def check(self, conn: _Connection, n: int) -> None:
+        """amqtt is about to read ``n`` bytes on ``conn``: refuse a read past the packet's end."""
+        try:
+            conn.framing.check_read(n)
+        except _Refused as refused:
+            self._refuse(conn, refused)
+
+    def read(self, conn: _Connection, data: bytes) -> None:
+        """Bytes amqtt has just read on ``conn``: follow the framing; refuse an oversized packet."""
+        conn.bytes_in += len(data)
+        was_connected = conn.connected
+        try:
+            conn.framing.feed(data)
+        except _Refused as refused:
+            self._refuse(conn, refused)
+        if conn.connected and not was_connected:
+            self.pending.pop(conn, None)
+            if conn.timer is not None:
+                conn.timer.cancel()
+                conn.timer = None
+
+    def _refuse(self, conn: _Connection, refused: _Refused) -> None:
+        conn.refused = True
+        self._say(refused.why, f"closed a connection that sent {refused}")
+        conn.abort()
+        raise ConnectionResetError(str(refused)) from None
+
+
+def _guarded_reader(reader: asyncio.StreamReader, conn: _Connection, guard: FloodGuard) -> Any:
+    """amqtt's reader adapter over ``reader``, every read shown to the guard first. A refused
+    connection reads as reset (amqtt ends it as it ends a client that went away)."""
+    from amqtt.adapters import StreamReaderAdapter
+
+    class GuardedReader(StreamReaderAdapter):
+        async def read(self, n: int = -1) -> bytes:
+            if conn.refused:  # its next bytes are the refused packet's body: never parsed
+                raise ConnectionResetError("connection refused by the broker")
+            guard.check(conn, n)
+            data = await super().read(n)
+            guard.read(conn, data)
+            return data
+
+    return GuardedReader(reader)
+
+
+def _keepalive(writer: asyncio.StreamWriter) -> None:
+    """TCP keepalive on an accepted socket: a peer that vanished without a FIN (power cut, lost
+    link) is found in about 90 s and its connection closed, even when its MQTT keep-alive is 0."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError:
+        pass
+
+
+class _PreConnectNoise(logging.Filter):
+    """amqtt logs each connection that ends before its CONNECT (an ERROR and a WARNING when the
+    peer closes, more when the guard closes it): a flood of them is counted by the guard instead."""
+
+    PATTERNS = ("No data from ", "Failed to initialize client session", "Can't read first packet as CONNECT")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(p in text for p in self.PATTERNS)
+
+
+PRE_CONNECT_NOISE = _PreConnectNoise()
+
+
+class EmbeddedBroker:
+    """amqtt broker in a daemon thread; a context manager. ``url`` is ``mqtt://host:port``.
+
+    ``max_packet_size`` (bytes, the whole MQTT packet, as Mosquitto's setting), ``connect_timeout``
+    (seconds to the CONNECT) and ``max_connections`` (None: the open-file limit less FD_RESERVE)
+    bound what one peer can take (see :class:`FloodGuard`); ``guard_stats()`` counts what they refused."""
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", *, sys_interval: int | None = None,
+                 max_packet_size: int = MAX_PACKET_SIZE, connect_timeout: float = CONNECT_TIMEOUT_S,
+                 max_connections: int | None = None) -> None:
+        if max_packet_size < 1024 or connect_timeout <= 0 or (max_connections is not None and max_connections < 1):
+            raise ValueError(f"embedded broker limits: max_packet_size {max_packet_size} (>= 1024), connect_timeout "
+                             f"{connect_timeout} (> 0), max_connections {max_connections} (>= 1 or None)")
         self.host = host
         self.port = port
         self.sys_interval = sys_interval
+        self.guard = FloodGuard(max_packet_size=max_packet_size, connect_timeout=connect_timeout,
+                                max_connections=max_connections)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -134,6 +428,10 @@ class EmbeddedBroker:
         (counted per process: brokers running at once in one process share the count)."""
         return LATE_ACKS.count - self._late_before
 
+    def guard_stats(self) -> dict[str, int]:
+        """Open connections and what the flood guard refused, by cause (FloodGuard.stats)."""
+        return self.guard.stats()
+
     def config(self) -> dict[str, Any]:
         """amqtt 0.12 config: one TCP listener, anonymous clients, no packet/event loggers."""
         plugins: dict[str, Any] = {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}}
@@ -146,6 +444,9 @@ class EmbeddedBroker:
         """Start and wait until the listener accepts connections; a busy port gets one retry."""
         import amqtt.broker  # noqa: F401 - a missing extra raises here, in the caller's thread, by name
         self._late_before = count_late_acks().count
+        broker_log = logging.getLogger("amqtt.broker")
+        if PRE_CONNECT_NOISE not in broker_log.filters:
+            broker_log.addFilter(PRE_CONNECT_NOISE)
         chosen = self.port
         for attempt in range(3):
             self.port = chosen or free_port(self.host)
@@ -177,9 +478,16 @@ class EmbeddedBroker:
     async def _serve(self) -> None:
         from amqtt.broker import Broker  # optional dependency, imported only when needed
 
+        guard = self.guard
+
+        class GuardedBroker(Broker):
+            async def stream_connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                       listener_name: str) -> None:
+                await guard.serve(self, reader, writer, listener_name)
+
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
-        broker = Broker(self.config())
+        broker = GuardedBroker(self.config())
         broker._subscriptions = _SnapshotDict(broker._subscriptions)  # see _SnapshotDict
         await broker.start()
         self._ready.set()
@@ -205,6 +513,10 @@ class EmbeddedBroker:
             logger.warning("embedded broker: %d messages were acknowledged after amqtt's 5 s limit (a busy "
                            "process; each was sent in full, and none was resent); for runs this large, "
                            "Mosquitto carries the load better: --broker mqtt://host:port", self.late_acks)
+        refused = {k: v for k, v in self.guard.counts.items() if k not in ("closed", "extended") and v}
+        if refused:
+            logger.warning("embedded broker: closed or refused connections by cause: %s",
+                           ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
@@ -314,16 +626,19 @@ class MosquittoBroker:
         self.stop()
 
 
-def start_embedded_broker(port: int = 1883, host: str = "127.0.0.1") -> EmbeddedBroker:
-    """Start an embedded broker and return it running (caller stops it)."""
-    return EmbeddedBroker(port=port, host=host).start()
+def start_embedded_broker(port: int = 1883, host: str = "127.0.0.1", **limits: Any) -> EmbeddedBroker:
+    """Start an embedded broker and return it running (caller stops it); ``limits`` are
+    EmbeddedBroker's max_packet_size, connect_timeout and max_connections."""
+    return EmbeddedBroker(port=port, host=host, **limits).start()
 
 
-def serve_forever(port: int = 1883, host: str = "127.0.0.1", on_ready: Callable[[str], None] | None = None) -> None:
+def serve_forever(port: int = 1883, host: str = "127.0.0.1", on_ready: Callable[[str], None] | None = None,
+                  **limits: Any) -> None:
     """Blocking entry point for ``splitedge broker``: run until Ctrl-C (or SIGTERM).
     ``on_ready(url)`` is called once the broker listens.
 
-    ``host="0.0.0.0"`` exposes the broker to the network; it accepts anonymous clients.
+    ``host="0.0.0.0"`` exposes the broker to the network; it accepts anonymous clients, each
+    bounded by the broker's limits (EmbeddedBroker; ``limits`` overrides them).
     """
     stop = threading.Event()
     previous = {}
@@ -332,8 +647,11 @@ def serve_forever(port: int = 1883, host: str = "127.0.0.1", on_ready: Callable[
         # ignored, and Python then never raises KeyboardInterrupt: the broker outlived every Ctrl-C
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        broker = start_embedded_broker(port, host)
+        broker = start_embedded_broker(port, host, **limits)
         try:
+            guard = broker.guard
+            logger.info("embedded broker limits: CONNECT within %g s, packets of at most %d bytes, at most %d "
+                        "connections at once", guard.connect_timeout, guard.max_packet_size, guard.limit())
             if on_ready is not None:
                 on_ready(broker.url)
             logger.info("broker at %s; press Ctrl-C to stop", broker.url)
@@ -383,5 +701,5 @@ def read_sys(url: str, pattern: str, *, timeout: float,
         return dict(values)
 
 
-__all__ = ["EmbeddedBroker", "MosquittoBroker", "free_port", "wait_port", "serve_forever",
-           "start_embedded_broker", "read_sys"]
+__all__ = ["EmbeddedBroker", "MosquittoBroker", "FloodGuard", "MAX_PACKET_SIZE", "CONNECT_TIMEOUT_S", "free_port",
+           "wait_port", "serve_forever", "start_embedded_broker", "read_sys"]
