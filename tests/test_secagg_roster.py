@@ -15,6 +15,7 @@ Mosquitto whose edge lies, and read what the devices publish off the broker.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 from pathlib import Path
@@ -65,6 +66,7 @@ class LyingEdge:
 
     def __init__(self, roster: Any) -> None:
         self.roster, self.sent = roster, []
+        self.node = SimpleNamespace(refused=collections.Counter())  # the device whose exchange this is
 
     def request(self, msg: Message, kind: str, wait: float) -> Envelope:
         self.sent.append(msg.body["stage"])
@@ -112,6 +114,7 @@ def test_a_roster_of_the_device_and_its_edge_is_refused_before_any_share() -> No
     edge, published, failed = _attack(_plan({"e0": IDS}), _cfg(), ["e0"])
     assert edge.sent == ["keys"] and published == []  # public keys only: no share, no masked input, no reveal
     assert "refused" in str(failed.value) and "e0" in str(failed.value), failed.value
+    assert edge.node.refused == {"secagg.refused": 1}  # counted with the device's other refusals
 
 
 def test_a_roster_below_the_minimum_is_refused_before_any_share() -> None:
@@ -312,3 +315,45 @@ def test_on_a_real_broker_no_share_leaves_a_device_whose_edge_lies(mosquitto, tm
     assert not [s for s in sent if s[1] != "keys"], sent  # and nothing after them: no share, no masked input
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert "failed" in record["secagg"]["e0"]["weights.model"], record["secagg"]
+
+
+def test_on_a_real_broker_an_edge_that_asks_all_but_one_again_gets_no_second_sum(mosquitto, tmp_path,
+                                                                                   monkeypatch) -> None:
+    # H-SFP, W_c unchanged over rounds 1 and 2 (ic 5): every device sends its W_c moments in round
+    # 1, inside one secure sum over d0..d3. In round 2 the edge asks d0, d1 and d2 (not d3) to
+    # send them again, a legitimate request (`request moments`, for an edge that lost them): a
+    # second sum over the three minus the first would be d3's exact counts and means. Each of
+    # the three refuses before its shares go out, so the edge gets no second sum.
+    import torch
+
+    from mqtt_capture import Capture
+    from splitedge.methods.contract import device as to_device
+    from splitedge.methods.hsfp.edge import HSFPEdge
+    from splitedge.protocol.codec import decode
+    from splitedge.sim import SimSettings, run_sim
+
+    def on_round_open(self, plan, members):
+        if plan.round == 2 and plan.phase == "train":
+            return [Message("request", {"what": "moments"}, to=to_device(d)) for d in sorted(members)[:-1]]
+        return []
+
+    monkeypatch.setattr(HSFPEdge, "on_round_open", on_round_open)
+    torch.set_num_threads(1)
+    run = "lie-resend"
+    capture = Capture(mosquitto, f"capture-{run}", topic=f"splitedge/{run}/device/+/up/secagg")
+    try:
+        run_sim(SimSettings(rounds=2, devices=4, edges=1, method="hsfp", broker=mosquitto.url, run=run,
+                            out=tmp_path, max_train=300, max_test=100, deadline_s=30.0,
+                            overrides={"secagg": "full"}))
+    finally:
+        capture.close()
+    sent = {}
+    for _topic, payload, *_ in capture.messages:
+        env = decode(payload)
+        sent.setdefault(env.round, []).append((env.sender, env.body["sum"], env.body["stage"]))
+    assert {(d, "moments.wc", "reveal") for d in IDS} <= set(sent[1]), sent[1]  # round 1's sum, all four
+    assert {(d, "moments.wc", "keys") for d in IDS[:3]} <= set(sent[2]), sent.get(2)  # the resend reached them
+    assert [s for s in sent[2] if s[1] == "moments.wc" and s[2] != "keys"] == [], sent[2]  # no share, no input
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["secagg"]["e0"]["moments.wc"] == {"devices": 4, "dropped": 0}, records[0]
+    assert "failed" in records[1]["secagg"]["e0"]["moments.wc"], records[1]["secagg"]
