@@ -10,7 +10,7 @@ from pathlib import Path
 
 from splitedge.cloud.options import add_run_arguments
 from splitedge.protocol import credentials
-from splitedge.runtime import metrics_http
+from splitedge.runtime import guard, metrics_http
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says a cloud with this run and id is online")
+    guard.add_arguments(p, "the cloud's evaluation of a round's model on the test split (an evaluation over it is "
+                           "skipped, the round goes on)", untimed=True)
     metrics_http.add_arguments(p)
     add_run_arguments(p)
 
@@ -90,6 +92,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint, resuming: boo
     from splitedge.runtime.outputs import write_counters
 
     options = credentials.connect_options(args, args.broker)
+    evaluations = guard.RoundGuard.from_args(args, "cloud", untimed=True)
     torch.set_num_threads(args.threads)
     if not args.takeover:
         check_identity_free(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
@@ -104,7 +107,10 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint, resuming: boo
                              on_round=_round_printer(args.rounds))
     transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     try:
-        cloud = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id, resume_from=saved)
+        evaluations.limit_process()  # after torch and the test split are in: the ceiling as RLIMIT_DATA
+        log.info("cloud: evaluations with %s", evaluations.describe())
+        cloud = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id, resume_from=saved,
+                                 guard=evaluations)
         metrics.attach(cloud, [transport])
         history = cloud.run()
     finally:

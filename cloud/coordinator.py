@@ -23,11 +23,12 @@ from splitedge.methods.metrics.plateau import plateaued
 from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan, To
 from splitedge.cloud import resume
 from splitedge.exporters.checkpoint import model_metadata
-from splitedge.methods import snapshot
+from splitedge.methods import budget, snapshot
 from splitedge.runtime.outputs import dumps, save_checkpoint
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.faults import crash_point
+from splitedge.runtime.guard import RoundGuard
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.records import phase_failures, phase_privacy, round_rejections, wire_metrics
@@ -66,8 +67,10 @@ class CloudSettings:
 class CloudCoordinator(Node):
     def __init__(self, transport: Transport, settings: CloudSettings, *, run: str,
                  test: tuple[np.ndarray, np.ndarray], node_id: str = "cloud",
-                 resume_from: resume.CloudState | None = None, host: Callable[..., PartHost] = PartHost) -> None:
+                 resume_from: resume.CloudState | None = None, host: Callable[..., PartHost] = PartHost,
+                 guard: RoundGuard | None = None) -> None:
         super().__init__(run=run, tier="cloud", node_id=node_id)
+        self.guard = guard or RoundGuard(who="cloud")  # what an evaluation may take (runtime/guard.py)
         self.session = uuid.uuid4().hex[:16]
         self.attempt = 0  # how many times this session was resumed: nodes redo a round of a higher attempt
         self.transport, self.settings = transport, settings
@@ -310,8 +313,12 @@ class CloudCoordinator(Node):
         self.round, self.costs = r, ({}, {})  # what each device and edge reports its phases cost
         reports = self.run_phase(plan)
         self.part.losses = {}
-        messages, metrics = self.part.aggregate(plan, reports)
+        with budget.evaluations(lambda: self.guard.round(f"round {r}'s evaluation", plan.deadline_s)):
+            messages, metrics = self.part.aggregate(plan, reports)  # an evaluation over its bounds is skipped
         metrics = {**metrics, **phase_privacy(reports)}
+        if self.guard.failures:  # {reason: 1}: this round has no accuracy (methods/metrics/evaluate.py)
+            metrics["evaluation_failed"] = dict(self.guard.failures)
+            self.guard.failures.clear()
         crash_point("cloud.aggregated", r)
         self.pending = {"round": r, "plan": plan.to_body(), "metrics": metrics, "edges": len(reports),
                         "losses": tier_losses(reports, self.part.losses)}

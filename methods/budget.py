@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from typing import ContextManager
 
 _local = threading.local()
 
@@ -36,3 +37,22 @@ def watching(check: Callable[[], None]) -> Iterator[None]:
         yield
     finally:
         _local.check = before
+
+
+@contextlib.contextmanager
+def evaluations(guard: Callable[[], ContextManager[object]]) -> Iterator[None]:
+    """Evaluations of a served model in the block (methods/metrics/evaluate.py) run under `guard()`
+    (the cloud's round guard): one over it is skipped with one logged line, and the merge around
+    it goes on."""
+    before = getattr(_local, "evaluation", None)
+    _local.evaluation = guard
+    try:
+        yield
+    finally:
+        _local.evaluation = before
+
+
+def evaluation_guard() -> ContextManager[object] | None:
+    """The guard an evaluation runs under on this thread now (`evaluations`), or None."""
+    guard = getattr(_local, "evaluation", None)
+    return guard() if guard is not None else None

@@ -32,8 +32,10 @@ and takes the next round; a device's parent gets `done {failed, reason}` and cou
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import logging
+import math
 import resource
 import time
 from collections.abc import Iterator
@@ -96,26 +98,31 @@ def allocation_failed(exc: BaseException) -> bool:
 @dataclass
 class RoundGuard:
     """`memory_mb`: the ceiling (None: none); `budget_s`: the time budget (None: the round's
-    deadline); `who`: the node, for the messages ("device d3"); `hard`: the ceiling is the
+    deadline; inf: none); `who`: the node, for the messages ("device d3"); `hard`: the ceiling is the
     process's RLIMIT_DATA too (`limit_process` set it)."""
 
     memory_mb: float | None = None
     budget_s: float | None = None
     who: str = "node"
     hard: bool = False
+    failures: collections.Counter[str] = field(default_factory=collections.Counter, repr=False)
+    """Rounds that failed over a bound, by reason ("memory", "time"), for its owner to read and clear."""
     _next_rss: float = field(default=0.0, repr=False)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, who: str, *, process: bool = True) -> "RoundGuard":
+    def from_args(cls, args: argparse.Namespace, who: str, *, process: bool = True,
+                  untimed: bool = False) -> "RoundGuard":
         """The guard of a role's command line (`add_arguments`): with `process` (a process of its
-        own, not a sim's) the ceiling defaults to 3/4 of the RAM, set by `limit_process()`."""
+        own, not a sim's) the ceiling defaults to 3/4 of the RAM, set by `limit_process()`; with
+        `untimed` there is no time budget unless the flag gives one (the cloud's evaluation)."""
         memory = args.max_round_memory_mb
         if memory is None:
             memory = default_memory_mb() if process else 0
         if memory < 0 or (args.round_budget_s is not None and args.round_budget_s <= 0):
             raise ValueError(f"{MEMORY_FLAG} must be >= 0 (0: no ceiling) and {TIME_FLAG} > 0, got "
                              f"{args.max_round_memory_mb} and {args.round_budget_s}")
-        return cls(memory_mb=float(memory) or None, budget_s=args.round_budget_s, who=who)
+        budget_s = args.round_budget_s if args.round_budget_s is not None or not untimed else math.inf
+        return cls(memory_mb=float(memory) or None, budget_s=budget_s, who=who)
 
     def limit_process(self) -> None:
         """Set the ceiling as this process's RLIMIT_DATA (a process that is this node alone; after
@@ -138,7 +145,8 @@ class RoundGuard:
         """One phrase for the start-up line."""
         memory = f"memory ceiling {self.memory_mb:.0f} MB" + ("" if self.hard else " (resident, checked per batch)") \
             if self.memory_mb else "no memory ceiling"
-        budget = f"time budget {self.budget_s:g} s" if self.budget_s else "time budget: the round's deadline"
+        budget = "no time budget" if self.budget_s == math.inf else \
+            f"time budget {self.budget_s:g} s" if self.budget_s else "time budget: the round's deadline"
         return f"{memory}, {budget}"
 
     @contextlib.contextmanager
@@ -151,11 +159,13 @@ class RoundGuard:
         try:
             with budget.watching(check):
                 yield check
-        except OverBudget:
+        except OverBudget as exc:
+            self.failures[exc.reason] += 1
             raise
         except (MemoryError, RuntimeError) as exc:
             if not allocation_failed(exc):
                 raise
+            self.failures["memory"] += 1
             said = " ".join(str(exc).split())[:200] or type(exc).__name__
             raise OverBudget(f"{what} ran out of memory under its ceiling of "
                              f"{self._ceiling()} ({said}); raise it with {MEMORY_FLAG}", "memory") from None
@@ -189,9 +199,10 @@ class RoundCheck:
     check = __call__
 
 
-def add_arguments(p: argparse.ArgumentParser, what: str, *, process: bool = True) -> None:
+def add_arguments(p: argparse.ArgumentParser, what: str, *, process: bool = True, untimed: bool = False) -> None:
     """`--max-round-memory-mb` and `--round-budget-s` of a role's command (`what`: what a round's
-    compute is there, e.g. "a round's training and statistics")."""
+    compute is there, e.g. "a round's training and statistics"; `untimed`: no time budget by
+    default)."""
     where = ("the process's data memory (its RLIMIT_DATA: heap and arrays, not shared libraries); default: 3/4 "
              "of this machine's RAM; 0: no ceiling") if process else \
         ("the whole process's resident memory, checked per batch (every node of a sim shares it; no rlimit); "
@@ -201,4 +212,5 @@ def add_arguments(p: argparse.ArgumentParser, what: str, *, process: bool = True
                         f"{where}")
     p.add_argument(TIME_FLAG, type=float, default=None, metavar="S",
                    help=f"time budget of {what}, in seconds: a round over it fails at the next batch (one logged "
-                        f"line) and the next goes on; default: the round's deadline as the cloud announces it")
+                        f"line) and the next goes on; default: " + ("none" if untimed else
+                                                                    "the round's deadline as the cloud announces it"))

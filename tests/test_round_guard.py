@@ -218,3 +218,37 @@ def test_a_sim_passes_the_bounds_to_its_devices(tmp_path: Path, monkeypatch):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records[0].get("failures") == {"time": 1} and "failures" not in records[1], records
     assert set(records[0]["device_costs"]) == {"d0"} and set(records[1]["device_costs"]) == {"d0", "d1"}
+
+
+def test_the_clouds_evaluation_over_its_bounds_is_skipped_in_one_line(caplog):
+    """The cloud guards its evaluation of a round's model (`splitedge cloud --round-budget-s`,
+    none by default; `--max-round-memory-mb`): one over either is skipped with one logged line,
+    the merge goes on and the model is left as it was."""
+    from splitedge.methods import budget
+    from splitedge.methods.data.datasets import load_dataset
+    from splitedge.methods.metrics.evaluate import evaluate
+    from parts import SPEC
+
+    _, test, _ = load_dataset("digits")
+    part = method_for("fedavg").cloud_part(ctx_for("fedavg", test=test))
+    part.model.train()
+    measured = evaluate(part.model, test, SPEC)  # no guard: measured as before
+    assert 0 <= measured["accuracy"] <= 1
+    for bounded in (RoundGuard(budget_s=1e-9, who="cloud"), RoundGuard(memory_mb=1, who="cloud")):
+        caplog.clear()
+        with budget.evaluations(lambda: bounded.round("round 4's evaluation", deadline_s=60.0)):
+            assert evaluate(part.model, test, SPEC) == {}
+        (line,) = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert line.getMessage().startswith("evaluation skipped: round 4's evaluation") and line.exc_info is None
+        assert part.model.training  # its mode restored
+        assert sum(bounded.failures.values()) == 1  # what the coordinator records as evaluation_failed
+    assert evaluate(part.model, test, SPEC) == measured  # outside the block: unguarded again
+
+
+def test_the_cloud_has_no_time_budget_by_default():
+    p = argparse.ArgumentParser()
+    guard.add_arguments(p, "the cloud's evaluation", untimed=True)
+    g = RoundGuard.from_args(p.parse_args([]), "cloud", untimed=True)
+    assert g.budget_s == float("inf") and "no time budget" in g.describe()
+    with g.round("round 1's evaluation", deadline_s=0.0):
+        checkpoint()

@@ -10,8 +10,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from splitedge.methods import budget
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.data.preprocess import batches, to_input
+from splitedge.methods.errors import RoundFailed
 from splitedge.methods.metrics.representation import effective_rank, spectrum
 from splitedge.models import SplitModel
 
@@ -30,21 +32,38 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 51
     return correct / max(1, len(y))
 
 
-@torch.no_grad()
 def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int = 512) -> dict[str, float]:
     """A global model on a uint8 test split: top-1 accuracy, and the effective rank and the
     normalised singular-value spectrum of its penultimate features (how many directions its
     representation uses; methods/metrics/representation.py, methods/metrics/report.py). Normalised a batch at a
-    time, so a float copy of the whole split is never held."""
+    time, so a float copy of the whole split is never held. Under the cloud's round guard
+    (methods/budget.py `evaluations`), an evaluation over its memory ceiling or time budget is
+    skipped in one logged line: nothing measured this round, the merge goes on."""
+    guard = budget.evaluation_guard()
+    if guard is None:
+        return _evaluate(model, test, spec, batch)
+    try:
+        with guard:
+            return _evaluate(model, test, spec, batch)
+    except RoundFailed as exc:
+        log.error("evaluation skipped: %s", exc)
+        return {}
+
+
+@torch.no_grad()
+def _evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int) -> dict[str, float]:
     x, y = test
     was_training = model.training
     model.eval()
     correct, feats = 0, []
-    for sl in batches(len(y), batch):
-        features, logits = model.features_and_logits(torch.from_numpy(to_input(x[sl], spec.mean, spec.std)))
-        correct += int((logits.argmax(1).numpy() == y[sl]).sum())
-        feats.append(features.numpy())
-    model.train(was_training)
+    try:
+        for sl in batches(len(y), batch):
+            budget.checkpoint()  # the round's time budget and memory ceiling (runtime/guard.py)
+            features, logits = model.features_and_logits(torch.from_numpy(to_input(x[sl], spec.mean, spec.std)))
+            correct += int((logits.argmax(1).numpy() == y[sl]).sum())
+            feats.append(features.numpy())
+    finally:
+        model.train(was_training)
     out = {"accuracy": correct / max(1, len(y))}
     if len(y) >= 2:
         out.update(representation_measures(np.concatenate(feats)))
