@@ -4,7 +4,8 @@ A node's runtime bounds what a round's compute may take (runtime/guard.py: a tim
 memory ceiling). It cannot stop a computation from outside without leaving the part half
 updated, so the compute looks in itself: the shared batch loops (methods/training.py
 `train_epochs`, every torch part's training; methods/data/preprocess.py `accumulate`, every
-device's statistics: moments, head statistics, private releases; the thin trainer's epochs) call
+device's statistics: moments, head statistics, private releases; `to_input`, every batch of images loaded, the thin trainer's
+too) call
 `checkpoint()` once a batch, which raises RoundFailed when the round is over its budget and does
 nothing otherwise (nothing at all outside a guarded round: one thread-local lookup). The check
 is per thread, so the virtual devices of a simulation, each on its own thread, keep their own.

@@ -252,3 +252,15 @@ def test_the_cloud_has_no_time_budget_by_default():
     assert g.budget_s == float("inf") and "no time budget" in g.describe()
     with g.round("round 1's evaluation", deadline_s=0.0):
         checkpoint()
+
+
+def test_the_thin_trainer_checks_the_budget_at_every_batch_it_loads():
+    # the thin trainer (methods/thin/trainer.py) loads each batch through to_input, where the check is
+    from splitedge.methods.thin.trainer import load_batch
+    from parts import SPEC
+
+    images = np.zeros((4, 8, 8, 1), dtype=np.uint8)
+    with RoundGuard(budget_s=1e-9).round("round 2", deadline_s=60.0):
+        with pytest.raises(OverBudget, match="round 2 exceeded its time budget"):
+            load_batch(images, np.arange(2), SPEC.mean, SPEC.std)
+    assert load_batch(images, np.arange(2), SPEC.mean, SPEC.std).shape == (2, 1, 8, 8)

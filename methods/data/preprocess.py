@@ -10,7 +10,10 @@ from splitedge.methods.budget import checkpoint
 
 
 def to_input(x: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
-    """uint8 images [N, H, W, C] -> normalised float32 [N, C, H, W]."""
+    """uint8 images [N, H, W, C] -> normalised float32 [N, C, H, W]. Every batch of images a
+    node's compute loads passes here (the thin trainer's too), so it is also where the round's
+    budget is checked (methods/budget.py)."""
+    checkpoint()  # the round's time budget and memory ceiling (runtime/guard.py)
     if x.dtype != np.uint8 or x.ndim != 4:
         raise ValueError(f"expected uint8 images [N,H,W,C], got {x.dtype} {x.shape}")
     m = np.asarray(mean, dtype=np.float32).reshape(1, -1, 1, 1)
