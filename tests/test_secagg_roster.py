@@ -357,3 +357,15 @@ def test_on_a_real_broker_an_edge_that_asks_all_but_one_again_gets_no_second_sum
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["secagg"]["e0"]["moments.wc"] == {"devices": 4, "dropped": 0}, records[0]
     assert "failed" in records[1]["secagg"]["e0"]["moments.wc"], records[1]["secagg"]
+
+
+def test_signed_a_config_the_edge_changed_is_refused_before_the_keys(who) -> None:
+    # the cloud's signature covers the run's config beside the membership: an edge that relays
+    # the plan with the DP noise or the minimum lowered is caught before anything leaves
+    signed = dataclasses.replace(_plan({"e0": IDS}), config={"dp_sigma": 1.0, "secagg_min_devices": 4})
+    signed = _plan({"e0": IDS}, signer=who["cloud"]) if rosters is None else dataclasses.replace(
+        signed, directives={rosters.ROSTER: rosters.directive(RUN, signed, "full", 4, {"e0": IDS}, who["cloud"])})
+    lowered = dataclasses.replace(signed, config={"dp_sigma": 0.0, "secagg_min_devices": 2})
+    edge, published, failed = _attack(lowered, _cfg(secagg_min_devices=2), ["d1", "d2", "d3"], who)
+    assert edge.sent == [] and published == []
+    assert "not signed by the cloud" in str(failed.value), failed.value

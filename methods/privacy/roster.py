@@ -32,6 +32,7 @@ difference checks hold, against an edge that follows the protocol (docs/privacy.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -67,11 +68,29 @@ def decode_members(wire: Any) -> dict[str, tuple[str, ...]]:
     return {e: tuple(sorted(v.split(_SEP))) if v else () for e, v in wire.items()}
 
 
+def config_digest(config: Any) -> str:
+    """The run's config as the plan carries it (a nested map of plain values), hashed in a form
+    that survives the wire (sorted keys; a tuple and a list alike)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, np.ndarray):
+            return {"$array": v.dtype.str, "v": v.tolist()}
+        if isinstance(v, np.generic):
+            return v.item()
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return {"$bytes": bytes(v).hex()}
+        raise TypeError(f"{type(v).__name__} in the run's config")
+
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":"), default=plain,
+                                     allow_nan=True).encode()).hexdigest()
+
+
 def members_digest(run: str, session: str, attempt: int, round_: int, phase: str, mode: str, least: int,
-                   members: Mapping[str, Iterable[str]]) -> bytes:
-    """What the cloud signs: the round it is for, the secure-sum mode, the minimum size and every
-    edge's devices (sorted), length-prefixed under a domain of its own."""
-    parts: list[str] = [run, session, str(int(attempt)), str(int(round_)), phase, mode, str(int(least))]
+                   members: Mapping[str, Iterable[str]], config: str = "") -> bytes:
+    """What the cloud signs: the round it is for, the secure-sum mode, the minimum size, the
+    run's config (its `config_digest`: an edge that relays the plan cannot change a device's
+    settings, its DP noise among them) and every edge's devices (sorted), length-prefixed under a
+    domain of its own."""
+    parts: list[str] = [run, session, str(int(attempt)), str(int(round_)), phase, mode, str(int(least)), config]
     for edge, devices in sorted(members.items()):
         ids = sorted(set(devices))
         parts += [edge, str(len(ids)), *ids]
@@ -85,7 +104,8 @@ def directive(run: str, plan: Any, mode: str, least: int, members: Mapping[str, 
     members = {e: tuple(sorted(set(ds))) for e, ds in members.items()}
     out: dict[str, Any] = {"members": encode_members(members), "min": int(least), "mode": mode}
     if signer is not None:
-        digest = members_digest(run, plan.session, plan.attempt, plan.round, plan.phase, mode, least, members)
+        digest = members_digest(run, plan.session, plan.attempt, plan.round, plan.phase, mode, least, members,
+                                config_digest(plan.config))
         out["sig"] = signer.sign(digest).hex()
     return out
 
@@ -120,8 +140,12 @@ class Membership:
         if self.sig is None:
             raise SecAggError("the round plan's secure-sum membership is unsigned, and this device is in a signed "
                               "federation: its cloud must sign it (--sign-key)")
+        try:
+            config = config_digest(plan.config)
+        except (TypeError, ValueError) as exc:
+            raise SecAggError(f"the round plan's config cannot be checked: {exc}") from None
         digest = members_digest(run, plan.session, plan.attempt, plan.round, plan.phase, self.mode, self.least,
-                                self.members)
+                                self.members, config)
         clouds = [n for n in identity.nodes() if identity.role(n) == CLOUD]
         if not clouds:
             raise SecAggError("this device's keyring holds no key of role cloud, so it cannot check the membership "
@@ -130,7 +154,7 @@ class Membership:
             if identity.verify(cloud, self.sig, digest):
                 return cloud
         raise SecAggError(f"the round plan's secure-sum membership is not signed by the cloud "
-                          f"({', '.join(clouds[:3])}): the edge changed it")
+                          f"({', '.join(clouds[:3])}): the edge changed it, or the run's config beside it")
 
 
 def check_members(me: str, edge: str, devices: Iterable[str], least: int, *, identity: Any = None,
@@ -179,18 +203,26 @@ def value_digest(name: str, meta: Mapping[str, Any], values: Mapping[str, np.nda
     return h.digest()
 
 
+def _set_digest(ids: Iterable[str]) -> bytes:
+    return hashlib.sha256(label(*sorted(ids))).digest()
+
+
 class Contributions:
     """One device's ledger: each value it revealed into a secure sum, and the devices that sum
-    was over. A value goes into a second sum only over the same set."""
+    was over (their digest; the ids themselves for the latest sums, for the early check). A
+    value goes into a second sum only over the same set."""
 
-    MAX = 4096  # values remembered (oldest forgotten first); a round adds a few
+    MAX = 4096  # values remembered (oldest forgotten first): 64 bytes each, a round adds a few
+    KEEP_IDS = 16  # the latest sums whose ids are kept too (a roster may hold thousands)
 
     def __init__(self) -> None:
-        self.sums: dict[bytes, frozenset[str]] = {}
+        self.sums: dict[bytes, tuple[bytes, int]] = {}  # value -> (digest of its sum's devices, their number)
+        self.ids: dict[bytes, frozenset[str]] = {}
 
     def before_keys(self, me: str, value: bytes, members: Iterable[str]) -> None:
-        """Refuse at once a sum whose devices cannot include the earlier sum's."""
-        earlier = self.sums.get(value)
+        """Refuse at once a sum whose devices cannot include the earlier sum's (when its ids are
+        still kept; `before_reveal` decides in any case)."""
+        earlier = self.ids.get(value)
         if earlier is not None and not earlier <= set(members):
             missing = sorted(earlier - set(members))
             raise SecAggError(f"device {me}: refused: this value went into a secure sum over {len(earlier)} devices "
@@ -201,11 +233,13 @@ class Contributions:
         """Record the sum's survivors, or refuse a second sum of the value over another set."""
         now = frozenset(survivors)
         earlier = self.sums.get(value)
-        if earlier is not None and earlier != now:
-            diff = sorted(earlier ^ now)
-            raise SecAggError(f"device {me}: refused: this value went into a secure sum over {len(earlier)} devices "
-                              f"already, and this one is over {len(now)}, differing by {diff[0]} (and "
-                              f"{len(diff) - 1} more): the difference of the two sums would isolate them")
-        self.sums[value] = now
+        if earlier is not None and earlier[0] != _set_digest(now):
+            raise SecAggError(f"device {me}: refused: this value went into a secure sum over {earlier[1]} devices "
+                              f"already, and this one is over another set of {len(now)}: the difference of the two "
+                              f"sums would isolate the devices in one and not the other")
+        self.sums[value] = (_set_digest(now), len(now))
+        self.ids[value] = now
         while len(self.sums) > self.MAX:
             self.sums.pop(next(iter(self.sums)))
+        while len(self.ids) > self.KEEP_IDS:
+            self.ids.pop(next(iter(self.ids)))
