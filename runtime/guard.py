@@ -19,7 +19,7 @@ and takes the next round; a device's parent gets `done {failed, reason}` and cou
   does not count). An allocation beyond it fails inside the round (numpy's MemoryError, torch's
   "can't allocate memory" RuntimeError), which fails the round here, before the part commits
   anything; the memory is freed with the round's frames. By default the ceiling is three
-  quarters of the machine's RAM: far above what any round of the bench needs (a thin device
+  quarters of the machine's RAM (and at least twice what the process holds once started): far above what any round of the bench needs (a thin device
   under 100 MB, a torch device under 2 GB), low enough that a runaway allocation fails the round
   instead of calling the kernel's OOM killer on the whole device.
 - Memory, soft: where no rlimit is set, the process's resident memory is compared with the
@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 
 MEMORY_FLAG, TIME_FLAG = "--max-round-memory-mb", "--round-budget-s"
 RSS_EVERY_S = 0.25  # the soft memory check reads the process's resident memory at most this often
-DEFAULT_RAM_FRACTION = 0.75  # the default ceiling: this share of the machine's RAM
+DEFAULT_RAM_FRACTION = 0.75  # the default ceiling: this share of the machine's RAM,
+DEFAULT_HEADROOM = 2.0  # and at least twice what the process holds once started (torch on a 1 GB board)
 MB = 2**20
 ALLOCATION_FAILED = ("can't allocate memory", "cannot allocate memory", "bad_alloc", "bad allocation",
                      "out of memory")
@@ -105,6 +106,9 @@ class RoundGuard:
     budget_s: float | None = None
     who: str = "node"
     hard: bool = False
+    chosen: bool = True
+    """The ceiling is the owner's (a flag): below what the process holds at start it is refused.
+    The default is raised instead to DEFAULT_HEADROOM times that (a small machine's torch)."""
     failures: collections.Counter[str] = field(default_factory=collections.Counter, repr=False)
     """Rounds that failed over a bound, by reason ("memory", "time"), for its owner to read and clear."""
     _next_rss: float = field(default=0.0, repr=False)
@@ -122,7 +126,8 @@ class RoundGuard:
             raise ValueError(f"{MEMORY_FLAG} must be >= 0 (0: no ceiling) and {TIME_FLAG} > 0, got "
                              f"{args.max_round_memory_mb} and {args.round_budget_s}")
         budget_s = args.round_budget_s if args.round_budget_s is not None or not untimed else math.inf
-        return cls(memory_mb=float(memory) or None, budget_s=budget_s, who=who)
+        return cls(memory_mb=float(memory) or None, budget_s=budget_s, who=who,
+                   chosen=args.max_round_memory_mb is not None)
 
     def limit_process(self) -> None:
         """Set the ceiling as this process's RLIMIT_DATA (a process that is this node alone; after
@@ -131,6 +136,8 @@ class RoundGuard:
         if not self.memory_mb:
             return
         held = data_mb()
+        if held is not None and not self.chosen and held * DEFAULT_HEADROOM > self.memory_mb:
+            self.memory_mb = held * DEFAULT_HEADROOM
         if held is not None and held >= self.memory_mb:
             raise ValueError(f"{MEMORY_FLAG} {self.memory_mb:.0f} is below what this {self.who.split()[0]} holds "
                              f"before any round ({held:.0f} MB of data): give at least {held * 1.5:.0f}")

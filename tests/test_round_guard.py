@@ -264,3 +264,28 @@ def test_the_thin_trainer_checks_the_budget_at_every_batch_it_loads():
         with pytest.raises(OverBudget, match="round 2 exceeded its time budget"):
             load_batch(images, np.arange(2), SPEC.mean, SPEC.std)
     assert load_batch(images, np.arange(2), SPEC.mean, SPEC.std).shape == (2, 1, 8, 8)
+
+
+def test_a_default_ceiling_below_what_the_process_holds_is_raised_an_owners_is_refused():
+    # in a process of its own: the rlimit it sets must not bound the test's
+    import subprocess
+    import sys
+
+    code = textwrap.dedent('''
+        import argparse
+        from splitedge.runtime import guard
+        p = argparse.ArgumentParser()
+        guard.add_arguments(p, "a round")
+        g = guard.RoundGuard.from_args(p.parse_args([]), "device d0")
+        g.memory_mb = 1.0  # a small machine's default, under what the process holds
+        g.limit_process()
+        held = guard.data_mb()
+        assert g.hard and g.memory_mb >= held * 1.5, (g.memory_mb, held)
+        try:
+            guard.RoundGuard.from_args(p.parse_args(["--max-round-memory-mb", "1"]), "device d0").limit_process()
+        except ValueError as exc:
+            print(exc)
+    ''')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--max-round-memory-mb 1 is below what this device holds before any round" in out.stdout
