@@ -14,8 +14,8 @@ process ran out). :class:`EmbeddedBroker` adds all three, in front of amqtt (see
 :class:`FloodGuard`): every connection must send its CONNECT within ``connect_timeout`` seconds;
 a packet longer than ``max_packet_size`` (Mosquitto's setting, default the deploy files' value)
 ends its connection when its header arrives, before its body is read; every connection amqtt
-is done with is closed; and at most ``max_connections`` are open at once (default: the
-process's open-file limit less a reserve), a new one evicting the oldest still without CONNECT
+is done with is closed; and at most ``max_connections`` are open at once (default: half the
+process's open-file limit), a new one evicting the oldest still without CONNECT
 or else being closed at once. Its default plugins include a per-packet logger and an event
 logger, which we leave out; ``Broker()`` must be created inside the running loop (it calls
 ``asyncio.get_running_loop()``); it gives a subscriber 5 s (not configurable) to acknowledge a
@@ -51,9 +51,13 @@ header and signature trailer, so the broker never drops a frame a receiver would
 CONNECT_TIMEOUT_S = 5.0
 """Seconds a new connection has to deliver its CONNECT (a connection whose bytes have started to
 arrive by then gets as long again, once); then it is closed."""
-FD_RESERVE = 64
-"""Descriptors kept for the process's own files when max_connections is left to the open-file
-limit (a broker that used them all could not accept, and said `Too many open files` each second)."""
+CONNECTIONS_PER_FD = 0.5
+"""With max_connections left to the open-file limit, at most this share of the soft limit: a sim's
+clients share the broker's process (a descriptor each), asyncio accepts a burst of connections
+(up to its listen backlog, 100, per wake-up) before the guard sees them, and connections the
+guard closed are released a loop turn later. A broker that used every descriptor could not
+accept, and said `Too many open files` each second (3,000 idle connections at a limit of 1,024
+made amqtt log it 77,000 times)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -237,7 +241,7 @@ class FloodGuard:
         self._said: set[str] = set()
 
     def limit(self) -> int:
-        """Connections open at once: the setting, else the soft open-file limit less FD_RESERVE."""
+        """Connections open at once: the setting, else half the soft open-file limit (CONNECTIONS_PER_FD)."""
         if self.max_connections is not None:
             return self.max_connections
         try:
@@ -246,7 +250,7 @@ class FloodGuard:
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         except (ImportError, OSError, ValueError):  # not on a POSIX system: no limit we can read
             return 1 << 30
-        return (1 << 30) if soft == resource.RLIM_INFINITY else max(16, soft - FD_RESERVE)
+        return (1 << 30) if soft == resource.RLIM_INFINITY else max(16, int(soft * CONNECTIONS_PER_FD))
 
     def stats(self) -> dict[str, int]:
         """Open connections (and the most at once), those still without CONNECT, and the counts
@@ -397,7 +401,7 @@ class EmbeddedBroker:
     """amqtt broker in a daemon thread; a context manager. ``url`` is ``mqtt://host:port``.
 
     ``max_packet_size`` (bytes, the whole MQTT packet, as Mosquitto's setting), ``connect_timeout``
-    (seconds to the CONNECT) and ``max_connections`` (None: the open-file limit less FD_RESERVE)
+    (seconds to the CONNECT) and ``max_connections`` (None: half the soft open-file limit)
     bound what one peer can take (see :class:`FloodGuard`); ``guard_stats()`` counts what they refused."""
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", *, sys_interval: int | None = None,
