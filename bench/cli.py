@@ -33,6 +33,7 @@ SUITES = {
     "secagg": "splitedge.bench.secagg_cost",
     "leak": "splitedge.bench.leak",
     "dp": "splitedge.bench.dp",
+    "floods": "splitedge.bench.floods",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""
