@@ -50,10 +50,12 @@ def sampling_of(args: argparse.Namespace) -> Any:
 
 
 def check_shared_noise(overrides: dict[str, Any], devices: int, edges: int, sampling: Any) -> None:
-    """Distributed DP (`dp_devices` t > 1) needs every edge to sum at least t devices each round:
-    one ValueError naming the flag when the topology or client sampling cannot give that."""
+    """Distributed DP (`dp_devices` t > 1) needs every edge to sum at least t devices each round,
+    and any secure sum (`secagg`) at least `secagg_min_devices`: one ValueError naming the flag
+    when the topology or client sampling cannot give that."""
     share = int(overrides.get("dp_devices", 1) or 1)
     if share <= 1:
+        _check_secure_sums(overrides, devices, edges)
         return
     smallest = devices // edges  # the smallest edge holds at most the average
     if share > smallest:
@@ -64,6 +66,23 @@ def check_shared_noise(overrides: dict[str, Any], devices: int, edges: int, samp
         raise ValueError(f"--dp-devices {share} with client sampling: a round's draw may leave an edge fewer than "
                          f"{share} devices, whose sums are then never unmasked; drop --sample-fraction / "
                          f"--sample-count or leave --dp-devices at 1")
+    _check_secure_sums(overrides, devices, edges)
+
+
+def _check_secure_sums(overrides: dict[str, Any], devices: int, edges: int) -> None:
+    """With `secagg` on, each device refuses a sum of fewer than `secagg_min_devices` (default 3):
+    an edge that cannot hold that many would have every sum refused (methods/privacy/roster.py)."""
+    mode = str(overrides.get("secagg", "off") or "off")
+    if mode == "off":
+        return
+    from splitedge.methods.privacy.roster import MIN_DEVICES
+
+    need = int(overrides.get("secagg_min_devices", MIN_DEVICES) or MIN_DEVICES)
+    smallest = devices // edges
+    if need > smallest:
+        raise ValueError(f"--secagg {mode}: a device takes part in no secure sum of fewer than {need} devices "
+                         f"(--secagg-min-devices), but {devices} devices on {edges} edges leave at most {smallest} on "
+                         f"the smallest; use fewer edges, more devices, or a lower --secagg-min-devices (at least 2)")
 
 
 def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None, deadline_s: float, seed: int,

@@ -369,3 +369,28 @@ def test_signed_a_config_the_edge_changed_is_refused_before_the_keys(who) -> Non
     edge, published, failed = _attack(lowered, _cfg(secagg_min_devices=2), ["d1", "d2", "d3"], who)
     assert edge.sent == [] and published == []
     assert "not signed by the cloud" in str(failed.value), failed.value
+
+
+def test_keys_carry_their_role_from_generation_to_the_keyring(tmp_path: Path) -> None:
+    # `splitedge keys generate --role` writes <node>.role beside each .pub; the keyring a node
+    # loads from its --verify-keys folder knows each key's role, and refuses a role it does not know
+    from splitedge.cli import main
+    from splitedge.protocol.signing import load_keyring
+
+    for role, nodes in (("cloud", ["cloud"]), ("edge", ["e0"]), ("device", ["d0", "d1"])):
+        assert main(["keys", "generate", "--out", str(tmp_path), "--role", role, *nodes]) == 0
+    ring = load_keyring(tmp_path)
+    assert {n: ring.role(n) for n in ("cloud", "e0", "d0", "d1")} == {"cloud": "cloud", "e0": "edge", "d0": "device",
+                                                                        "d1": "device"}
+    (tmp_path / "d1.role").write_text("admin\n")
+    with pytest.raises(ValueError, match="d1.role: the role must be one of device, edge, cloud"):
+        load_keyring(tmp_path)
+
+
+def test_a_sim_whose_edges_cannot_hold_the_minimum_is_refused_in_one_line() -> None:
+    from splitedge.sim import SimSettings
+
+    with pytest.raises(ValueError, match="--secagg full: a device takes part in no secure sum of fewer than 3 devices"):
+        SimSettings(devices=4, edges=2, method="fedavg", overrides={"secagg": "full"})
+    SimSettings(devices=4, edges=2, method="fedavg", overrides={"secagg": "full", "secagg_min_devices": 2})
+    SimSettings(devices=6, edges=2, method="fedavg", overrides={"secagg": "plus"})
