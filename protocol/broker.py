@@ -230,6 +230,8 @@ class FloodGuard:
     A refusal is logged once at WARNING per cause, then at DEBUG, and counted: a flood must not
     become a flood of log lines (the broker says how many of each when it stops)."""
 
+    CAUSES = ("no_connect", "oversize", "malformed", "full", "evicted", "extended", "closed")
+
     def __init__(self, *, max_packet_size: int, connect_timeout: float, max_connections: int | None) -> None:
         self.max_packet_size = int(max_packet_size)
         self.connect_timeout = float(connect_timeout)
@@ -237,7 +239,9 @@ class FloodGuard:
         self.pending: collections.OrderedDict[_Connection, None] = collections.OrderedDict()  # no CONNECT yet
         self.open = 0
         self.peak_open = 0
-        self.counts: collections.Counter[str] = collections.Counter()
+        # every key from the start: stats() copies the dict from other threads, and a dict that
+        # gained a key while being copied would raise
+        self.counts: collections.Counter[str] = collections.Counter(dict.fromkeys(self.CAUSES, 0))
         self._said: set[str] = set()
 
     def limit(self) -> int:
