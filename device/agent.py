@@ -207,7 +207,7 @@ class DeviceAgent(Node):
 
     def _run(self, plan: RoundPlan) -> None:
         self.round, self.last = plan.round, plan.key
-        self.part.losses, self.part.pending_release = {}, None
+        self.part.losses, self.part.pending_release, self.part.dp_releases = {}, None, 0
         phase, sent_done, started, failed = done_phase(plan.phase), False, time.monotonic(), {"failed": True}
         try:
             for item in self._guarded(plan):
@@ -232,6 +232,7 @@ class DeviceAgent(Node):
             raise
         finally:  # even a failed round tells the edge not to wait for us
             if not sent_done:
+                failed.update(self.part.release_info())  # what it released before failing counts too
                 self.send(self.transport, "up", "done", {"phase": phase, "info": failed})
             status.info("device %s: round %d%s %s", self.node_id, plan.round, "" if plan.phase == "train" else f" {plan.phase}",
                         f"done in {time.monotonic() - started:.1f} s" if sent_done else "failed (see the log)")

@@ -379,6 +379,12 @@ class DevicePart(Part):
     of the data) or "device" (FedProto: the mean over devices of their class means), which sets
     their sum form in a secure sum."""
 
+    def release_info(self) -> dict[str, int]:
+        """The differentially private releases this phase has made so far (`dp_releases`), for
+        its `done` info, a failed round's too: a release made counts whatever becomes of the
+        round (the cloud composes epsilon over them). Empty when it made none."""
+        return {"dp_releases": int(self.dp_releases)} if self.dp_releases else {}
+
     def reported_samples(self, held: int) -> int:
         """The samples a message of this device names (a weight's weight in a merge): `held`,
         or with private reports the power of two at or above it, as its hello announced."""

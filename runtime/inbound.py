@@ -21,6 +21,7 @@ from typing import Any
 
 from splitedge.methods.calibration import is_head_stats
 from splitedge.methods.checks import check_within_samples
+from splitedge.methods.privacy.release import fit_to_allowance
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.schema import get_schema
@@ -49,8 +50,13 @@ Step = Callable[[Inbound, Next], bool]
 
 
 def within_announced(msg: Inbound, nxt: Next) -> bool:
-    """A child may count no more samples than it may hold, and only of its classes."""
+    """A child may count no more samples than it may hold, and only of its classes. In a run
+    with DP on, a child's per-class counts are a noisy release, which may exceed what it holds:
+    they are fitted to its allowance first (post-processing with bounds public to this node,
+    methods/privacy/release.py fit_to_allowance), then held to it like exact counts."""
     a = msg.announced
+    if a is not None and getattr(getattr(msg.part, "cfg", None), "dp_sigma", 0) > 0:
+        fit_to_allowance(msg.env.body, a.samples, a.class_counts)
     if a is not None:
         check_within_samples(msg.env.body, a.samples, classes=a.classes, class_counts=a.class_counts)
     return nxt(msg)

@@ -31,7 +31,8 @@ its own units. Clipping and the release are independent of how the device batche
 Everything after the noise is post-processing and costs no privacy: classes whose noisy count
 is below max(1, keep_sd * sigma sqrt(P)) are dropped (default keep_sd = 2: an absent class
 survives with probability ~2.3 %; with sigma = 0 exactly the classes held are kept); counts are
-rounded to integers >= 1; means are projected onto the ball ||mu|| <= C (where all clipped
+rounded to integers >= 1 (never capped to the device's true sample count: the released total
+exceeds it as often as the noise makes it); means are projected onto the ball ||mu|| <= C (where all clipped
 features live); variances are clipped to [0, C^2] and a covariance's eigenvalues likewise.
 Note a minimum count per class applied to the TRUE counts before the mechanism (floor.py) is
 not DP (one image can move a whole class in or out); with DP on, this noisy-count rule
@@ -188,8 +189,10 @@ def _int_counts(noisy: np.ndarray) -> np.ndarray:
 
 
 def capped_counts(counts: np.ndarray, samples: int) -> np.ndarray:
-    """Noisy integer counts (>= 1) scaled down, when their total exceeds the `samples` the hello
-    announced, so that an edge's samples bound holds; each stays >= 1 (needs len <= samples)."""
+    """Noisy integer counts (>= 1) scaled down, when their total exceeds `samples`, a bound public
+    to whoever applies it (an edge: the samples a device's hello announced, its manifest entry;
+    never the device's true count, release.py), so that an edge's samples bound holds; each
+    stays >= 1 (needs len <= samples)."""
     total = int(counts.sum())
     if total <= samples or not len(counts):
         return counts

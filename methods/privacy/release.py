@@ -9,8 +9,13 @@ removable (so a run with DP is not bit-reproducible).
 
 After the noise, each release is fitted to what the device's hello already said in the clear
 (which costs no privacy: post-processing of the release and of public facts): only classes the
-hello announced, counts that add up to at most the announced samples, and the run's minimum
-count per class applied to the noisy counts (applied to the true counts it would not be DP).
+hello announced, and the run's minimum count per class applied to the noisy counts (applied to
+the true counts it would not be DP). The noisy counts are sent as released (rounded, at least 1):
+never capped to the device's true sample count, which would keep the released total at or below
+N at any sigma (not DP, and it would give away the N that `--private-reports` hides). The edge
+fits them to what the device may count instead (`fit_to_allowance`: the samples its hello
+announced, the operator's manifest entry), bounds that are public to the edge, so that too is
+post-processing.
 With `dp_devices` > 1 a device adds only its share of the noise and its raw release goes into
 the edge's secure sum, which the edge post-processes instead (distributed.py).
 numpy only: thin devices release the same way.
@@ -19,7 +24,7 @@ numpy only: thin devices release the same way.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -110,21 +115,46 @@ def private_norm_statistics(part: Any, layout: Layout, vectors_of: Callable[[str
 
 
 def _fitted(part: Any, labels: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows kept, their counts capped to the announced samples) of a noisy release. What it
-    left out of the classes the device's hello announced goes into `part.withheld`, as the floor reports it
-    without DP, but from the release alone (post-processing): the classes, and their noisy
-    counts where the release kept one (0 for a class the noise itself hid), so an estimate."""
+    """(rows kept, their counts) of a noisy release: the classes the device's hello announced
+    whose noisy count reaches the minimum count per class, with their noisy counts as released
+    (rounded, >= 1), whatever the device's true sample count. What it left out of the announced
+    classes goes into `part.withheld`, as the floor reports it without DP, but from the release
+    alone (post-processing): the classes, and their noisy counts where the release kept one (0
+    for a class the noise itself hid), so an estimate."""
     announced = part.announced_classes(labels)
     rows = fit_to_hello(classes, counts, announced, part.min_class_count)
-    kept = np.flatnonzero(rows)
-    if len(kept) > len(labels):  # more classes than images (every class announced, large noise): the largest
-        rows[kept[np.argsort(-counts[kept], kind="stable")[len(labels):]]] = False
     held = set(announced.tolist())
     noisy = dict(zip(np.asarray(classes).tolist(), np.asarray(counts).tolist()))
     out = sorted(held - set(np.asarray(classes)[rows].tolist()))
     part.withheld = {"classes": len(out), "samples": int(sum(max(0, int(noisy.get(c, 0))) for c in out))} if out \
         else {}
-    return rows, capped_counts(counts[rows], len(labels))
+    return rows, np.asarray(counts)[rows].astype(np.int64)
+
+
+def fit_to_allowance(body: MutableMapping[str, Any], samples: int,
+                     class_counts: Mapping[int, int] | None = None) -> None:
+    """An edge's post-processing of a child's noisy per-class counts (a run with DP on) to what
+    the child may count, in place: each class's count to at most the operator's manifest count
+    for it (`class_counts`), then their total to at most `samples` (its hello's, within its
+    manifest entry: dp.capped_counts). Both bounds are public to the edge, and the counts are
+    a DP release, so this costs no privacy; it keeps every merge's counts within what each
+    device announced, as when devices sent exact counts. Nothing changes when the counts fit, or
+    when more classes than `samples` are named (check_within_samples then refuses them)."""
+    record = body["arrays"] if isinstance(body.get("arrays"), MutableMapping) else body
+    holder = body if body.get("counts") is not None or record is body else record
+    counts = holder.get("counts")
+    if counts is None or np.ndim(counts) != 1 or np.asarray(counts).dtype.kind not in "iu":
+        return
+    given = np.asarray(counts)
+    fitted = given.astype(np.int64)
+    named = holder.get("classes")
+    if class_counts is not None and named is not None and np.shape(named) == given.shape:
+        bound = np.array([class_counts.get(int(c), 0) for c in np.asarray(named).tolist()], dtype=np.int64)
+        fitted = np.where(bound >= 1, np.minimum(fitted, bound), fitted)  # a class not held is refused, not fitted
+    if 0 < len(fitted) <= samples and (fitted >= 1).all():
+        fitted = capped_counts(fitted, samples)
+    if not np.array_equal(fitted, given):
+        holder["counts"] = fitted.astype(given.dtype)
 
 
 def private_moments(part: Any, labels: np.ndarray) -> Adapter:
@@ -155,8 +185,8 @@ def private_class_means(part: Any, labels: np.ndarray) -> Adapter:
     prototypes, CFLHKD's class-wise mean logits (dp.class_means_from, fitted to its hello)."""
     def adapt(noisy: Any) -> ClassMeans:
         classes, counts, means = class_means_from(noisy)
-        rows, capped = _fitted(part, labels, classes, counts)
-        return classes[rows], capped, means[rows]
+        rows, kept = _fitted(part, labels, classes, counts)
+        return classes[rows], kept, means[rows]
     return adapt
 
 
