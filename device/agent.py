@@ -22,12 +22,13 @@ from splitedge.methods.contract import (DONE, TRAIN_CHUNK, DevicePart, Method, N
 from splitedge.methods import snapshot
 from splitedge.methods.data.local import fits_model
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.topics import THIN_BACKEND, parse
+from splitedge.protocol.topics import parse
 from splitedge.protocol.transport import Transport
 from splitedge.runtime.cost import CostMeter
 from splitedge.runtime.exchange import Exchange
 from splitedge.runtime.filters import device_filters
 from splitedge.runtime.guard import OverBudget, RoundGuard
+from splitedge.runtime.uplink import UplinkBudget
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import Misfit, PartHost
 from splitedge.runtime.phases import device_info, device_work
@@ -46,10 +47,12 @@ class DeviceAgent(Node):
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
                  min_class_count: int = 1, train_chunk: int = TRAIN_CHUNK, hide_classes: bool = False,
-                 private_reports: bool = False, guard: RoundGuard | None = None) -> None:
+                 private_reports: bool = False, guard: RoundGuard | None = None,
+                 uplink: UplinkBudget | None = None) -> None:
         super().__init__(run=run, tier="device", node_id=node_id)
         # what a round's compute may take (runtime/guard.py); by default its deadline, no memory ceiling
         self.guard = guard or RoundGuard(who=f"device {node_id}")
+        self.uplink = uplink or UplinkBudget(who=f"device {node_id}")  # what a round may send up (runtime/uplink.py)
         self.transport, self.data, self.backend = transport, data, backend
         self.min_class_count = min_class_count  # the owner's floor; the run's applies when it is higher
         self.train_chunk = train_chunk  # samples a thin trainer's W_c step takes at a time (0: whole batches)
@@ -57,7 +60,7 @@ class DeviceAgent(Node):
         # samples held, and `done` carries neither the samples nor the training losses (coarse_samples)
         self.private_reports = private_reports
         self.hide_classes = hide_classes or private_reports  # the hello names no class
-        # what the hello names: "torch", "onnx" (a thin device: it reads `@thin` graphs too) or a custom one
+        # what the hello names: "torch", "onnx" (a thin device: numpy layers of its install) or a custom one
         self.backend_name = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
         self.placement = Placement(edge=edge)
         self.rng = self.seeded_rng(seed)
@@ -92,8 +95,8 @@ class DeviceAgent(Node):
 
     # -- wiring ----------------------------------------------------------------------------
     def _sync_subscriptions(self, fresh: bool = False) -> None:
-        self.subs.sync(device_filters(self.run_id, self.node_id, self.placement, loaded=self.host.loaded,
-                                      thin=self.backend_name == THIN_BACKEND), fresh=fresh)
+        self.subs.sync(device_filters(self.run_id, self.node_id, self.placement, loaded=self.host.loaded),
+                       fresh=fresh)
 
     def start(self) -> None:
         self._sync_subscriptions()
@@ -205,8 +208,15 @@ class DeviceAgent(Node):
         self.pending, self.last = None, (0, 0, 0)
         self.exchange.peer_box.clear()
 
+    def send(self, transport: Transport, direction: str, kind: str, body: Mapping[str, Any], **kw: Any) -> Envelope:
+        """Every message a round sends up is charged to the owner's uplink budget before it leaves."""
+        if direction != "down":
+            self.uplink.charge(kind, body)
+        return super().send(transport, direction, kind, body, **kw)
+
     def _run(self, plan: RoundPlan) -> None:
         self.round, self.last = plan.round, plan.key
+        self.uplink.start(f"device {self.node_id} round {plan.round}" + ("" if plan.phase == "train" else f" {plan.phase}"))
         self.part.losses, self.part.pending_release, self.part.dp_releases = {}, None, 0
         phase, sent_done, started, failed = done_phase(plan.phase), False, time.monotonic(), {"failed": True}
         try:
@@ -234,8 +244,9 @@ class DeviceAgent(Node):
             if not sent_done:
                 failed.update(self.part.release_info())  # what it released before failing counts too
                 self.send(self.transport, "up", "done", {"phase": phase, "info": failed})
-            status.info("device %s: round %d%s %s", self.node_id, plan.round, "" if plan.phase == "train" else f" {plan.phase}",
-                        f"done in {time.monotonic() - started:.1f} s" if sent_done else "failed (see the log)")
+            status.info("device %s: round %d%s %s; %s", self.node_id, plan.round, "" if plan.phase == "train" else f" {plan.phase}",
+                        f"done in {time.monotonic() - started:.1f} s" if sent_done else "failed (see the log)",
+                        self.uplink.summary())
             self.host.end_round()
 
     def _guarded(self, plan: RoundPlan) -> Iterator[Any]:
@@ -261,13 +272,14 @@ class DeviceAgent(Node):
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:
         """The round's info: the part's own for the phase (runtime/phases.py), what the phase cost
-        it (runtime/cost.py), what it refused and, without private reports, the samples it holds
+        it (runtime/cost.py), what it refused (before decoding too) and, without private reports, the samples it holds
         and its losses."""
         info = {**device_info(self.part, plan), "cost": self.cost.round()}
         if not self.private_reports:  # both are functions of the private data, released without noise
             info["samples"] = int(len(self.data[1]))
         if self.part.losses and not self.private_reports:
             info["loss"] = dict(self.part.losses)
-        if self.refused:
-            info["refused"] = dict(self.refused)
+        refused = self.rejections([self.transport])  # its part's refusals and its transport's (schema, kind, size)
+        if refused:
+            info["refused"] = refused
         return info

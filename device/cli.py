@@ -9,7 +9,7 @@ from typing import Any
 
 from splitedge.methods.contract import TRAIN_CHUNK
 from splitedge.protocol import credentials
-from splitedge.runtime import guard, metrics_http
+from splitedge.runtime import guard, metrics_http, uplink
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says a device with this id is online")
     guard.add_arguments(p, "a round's compute on this device (training, statistics, calibration, evaluation)")
+    uplink.add_arguments(p)
     credentials.add_arguments(p)
     metrics_http.add_arguments(p)
 
@@ -90,19 +91,20 @@ def run_federated(args: argparse.Namespace, options: dict[str, Any], metrics: me
     if args.train_chunk < 0:
         raise ValueError(f"--train-chunk must be >= 0 (0: whole batches), got {args.train_chunk}")
     rounds = guard.RoundGuard.from_args(args, f"device {args.id}")
+    sends = uplink.UplinkBudget.from_args(args, f"device {args.id}")
     backend = resolve_backend(args.backend)
     data = load_local_data(args.data, backend)  # a shard that cannot work is refused before connecting
     transport = _connect(args, args.run, backend, options)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
                         backend=backend, seed=args.seed, min_class_count=args.min_class_count,
                         train_chunk=args.train_chunk, hide_classes=args.hide_classes,
-                        private_reports=args.private_reports, guard=rounds)
+                        private_reports=args.private_reports, guard=rounds, uplink=sends)
     agent.logs_fatal = False  # said once, below, as the command's error line
     metrics.attach(agent, [transport])
     try:
         rounds.limit_process()  # after torch and the data are in: the round's ceiling as RLIMIT_DATA
-        status.info("device %s: backend %s, broker %s; %s", args.id, backend, getattr(transport, "url", args.broker),
-                    rounds.describe())
+        status.info("device %s: backend %s, broker %s; %s; %s", args.id, backend, getattr(transport, "url", args.broker),
+                    rounds.describe(), sends.describe())
         agent.start()
         agent.run_forever()
     finally:
