@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from splitedge.methods.calibration.records import Gate
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundFailed, RoundPlan
+from splitedge.methods.privacy.floor import most_releases
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
@@ -64,6 +65,7 @@ class EdgeAggregator(Node):
         self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue), listed)
         self.unlisted: set[str] = set()  # ids refused at their hello (a manifest lists the devices), logged once
         self.rounds = RoundCollector()
+        self.late_releases: dict[str, int] = {}  # device -> DP releases its dones reported after their phase closed
         self.secure: SecureSums | None = None  # the phase's secure sums, with the run's secagg on
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
         self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
@@ -247,8 +249,21 @@ class EdgeAggregator(Node):
         replies = self.part.on_device_message(env) if self.part is not None else []
         if replies:
             self.publish_all(replies)
-        else:
-            self.rounds.add(env)
+            return
+        stale = self.rounds.counts["stale"]
+        if not self.rounds.add(env) and env.kind == "done" and self.rounds.counts["stale"] > stale:
+            self._late_done(env)
+
+    def _late_done(self, env: Envelope) -> None:
+        """A device's `done` that came after its phase closed (its round ran past the deadline):
+        the differentially private releases it reports still count, summed per device until this
+        edge's next `done`, which adds the most of one device to its `device_dp_releases`."""
+        info = env.body.get("info")
+        made = most_releases([info.get("dp_releases")]) if isinstance(info, Mapping) else 0
+        if made:
+            self.late_releases[env.sender] = self.late_releases.get(env.sender, 0) + made
+            log.info("edge %s: device %s's done of round %d came after its phase closed; its %d DP release(s) "
+                     "count in this edge's next done", self.node_id, env.sender, env.round, made)
 
     def _secure_message(self, env: Envelope) -> None:
         """One exchange of the round's secure sum (runtime/secure_sum.py): refused and counted
@@ -324,6 +339,9 @@ class EdgeAggregator(Node):
         info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
                               errors=self.errors, refused=self.rejections([self.down, self.up]),
                               trained=plan.phase == "train")
+        if self.late_releases:  # on top of this phase's: an upper bound of what each device released
+            info["device_dp_releases"] = int(info.get("device_dp_releases", 0)) + max(self.late_releases.values())
+            self.late_releases = {}
         self.send(self.up, "up", "done", {"phase": done_phase(plan.phase), "info": {**info, **extra}})
         crash_point("edge.done", plan.round)
         if plan.phase == "train":

@@ -189,3 +189,47 @@ def test_a_round_that_fails_after_releasing_enters_the_run_s_epsilon(mosquitto, 
         assert not any(r["rejected"].get(edge) for edge in ("e0", "e1")), r["rejected"]
     assert len(failed) == 4 and all(i.get("dp_releases") == 1 for i in failed), failed  # each said what it released
     assert records[0].get("failures") == {"other": 4} and "failures" not in records[1], records
+
+
+def test_a_done_that_comes_after_its_round_closed_still_enters_the_run_s_epsilon(mosquitto, tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """As above, but in round 1 every device fails only after its round's deadline: its edge has
+    closed the round without it, and counts the releases of the late `done` in its next one. The
+    run's last epsilon is that of every release counted at the broker."""
+    import torch
+
+    from splitedge.methods.contract import DONE
+    from splitedge.methods.errors import RoundFailed
+    from splitedge.methods.fedavg.device import FedAvgDevice
+    from splitedge.sim import SimSettings, run_sim
+
+    torch.set_num_threads(1)
+    real, deadline_s = FedAvgDevice.run_round, 8.0
+
+    def fails_late(self, plan):
+        for item in real(self, plan):
+            if item is DONE and plan.round == 1:
+                time.sleep(deadline_s + 3)
+                raise RoundFailed("forced by the test after the deadline")
+            yield item
+
+    monkeypatch.setattr(FedAvgDevice, "run_round", fails_late)
+    run, sigma = "late-release", 2.0
+    capture = Capture(mosquitto, f"capture-{run}", topic=f"splitedge/{run}/#")
+    try:
+        run_sim(SimSettings(rounds=2, devices=4, edges=2, method="fedavg", broker=mosquitto.url, run=run,
+                            out=tmp_path / run, max_train=400, max_test=100, deadline_s=deadline_s,
+                            overrides={"dp_sigma": sigma, "dp_update_clip": 5.0}))
+        time.sleep(0.3)
+    finally:
+        capture.close()
+    envs = [decode(payload) for topic, payload, *_ in capture.messages if "/device/" in topic]
+    made: dict[str, int] = {}
+    for e in envs:
+        if e.kind == "weights":
+            made[e.sender] = made.get(e.sender, 0) + 1
+    records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+    assert len(made) == 4 and set(made.values()) == {2}, made  # every device released in both rounds
+    assert [r["round"] for r in records] == [1, 2], records
+    assert records[-1]["dp_releases_total"] == max(made.values()), (records, made)
+    assert records[-1]["dp_epsilon"] == pytest.approx(epsilon(sigma, max(made.values()), 1e-5))
