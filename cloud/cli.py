@@ -109,6 +109,8 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint, resuming: boo
     try:
         evaluations.limit_process()  # after torch and the test split are in: the ceiling as RLIMIT_DATA
         log.info("cloud: evaluations with %s", evaluations.describe())
+        if credentials.unsigned(args):
+            log.warning("cloud: %s", credentials.UNSIGNED)
         cloud = CloudCoordinator(transport, settings, run=args.run, test=test, node_id=args.id, resume_from=saved,
                                  guard=evaluations)
         metrics.attach(cloud, [transport])

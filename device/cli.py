@@ -105,6 +105,8 @@ def run_federated(args: argparse.Namespace, options: dict[str, Any], metrics: me
         rounds.limit_process()  # after torch and the data are in: the round's ceiling as RLIMIT_DATA
         status.info("device %s: backend %s, broker %s; %s; %s", args.id, backend, getattr(transport, "url", args.broker),
                     rounds.describe(), sends.describe())
+        if credentials.unsigned(args):
+            status.warning("device %s: %s", args.id, credentials.UNSIGNED)
         agent.start()
         agent.run_forever()
     finally:

@@ -65,6 +65,8 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     try:
         merges.limit_process()  # after torch is in: the merge's ceiling as RLIMIT_DATA
         status.info("edge %s: merges with %s", args.id, merges.describe())
+        if credentials.unsigned(args):
+            status.warning("edge %s: %s", args.id, credentials.UNSIGNED)
         edge.start()
         edge.run_forever()
     finally:

@@ -154,6 +154,17 @@ def max_frame_bytes(args: argparse.Namespace) -> int:
     return value
 
 
+UNSIGNED = ("unsigned: this node signs nothing and verifies nothing, so anyone who can publish on its broker can "
+            "speak as any node of the run (the cloud's plans, an edge's models); give --sign-key and --verify-keys "
+            "(`splitedge keys generate`, deploy/README.md)")
+"""What a role says once at start-up when it runs unsigned (the safe path is the signed one)."""
+
+
+def unsigned(args: argparse.Namespace) -> bool:
+    """Neither --sign-key nor --verify-keys (nor their environment variables) was given."""
+    return _chosen(args, "sign_key", SIGN_ENV) is None and _chosen(args, "verify_keys", SIGN_ENV) is None
+
+
 def signing_options(args: argparse.Namespace) -> dict[str, Any]:
     """`signer` and `keyring` for the transport from --sign-key/--verify-keys, checked against
     each other and this node's --id: ValueError naming the fix."""
