@@ -131,28 +131,49 @@ def measured_round_s() -> float:
 
 
 HOOK = textwrap.dedent('''
-    """Test-only (tests/test_round_guard.py): the first training batch of this device process
-    allocates GUARD_TEST_ALLOC_MB, or overstays the round's time budget (GUARD_TEST_OVERSTAY)."""
+    """Test-only (tests/test_round_guard.py), in the process of one node: its first round's compute
+    allocates GUARD_TEST_ALLOC_MB (a device's first training batch), or overstays the time budget it
+    runs under (GUARD_TEST_OVERSTAY: `train`, a device's first batch; `merge`, an edge's first
+    merge; `evaluation`, the cloud's first evaluation)."""
     import os
     import time
 
-    if os.environ.get("GUARD_TEST_ALLOC_MB") or os.environ.get("GUARD_TEST_OVERSTAY"):
-        import numpy as np
+    def overstay():
+        from splitedge.methods import budget
 
-        from splitedge.methods import budget, training
+        time.sleep(max(0.0, budget._local.check.ends - time.monotonic()) + 0.3)
 
-        real, first = training.train_step, [True]
+    def once(module, name, before):
+        real, first = getattr(module, name), [True]
 
-        def train_step(*args, **kwargs):
+        def hooked(*args, **kwargs):
             if first[0]:
                 first[0] = False
-                if os.environ.get("GUARD_TEST_ALLOC_MB"):  # beyond the ceiling: the rlimit refuses it
-                    np.empty(int(os.environ["GUARD_TEST_ALLOC_MB"]) * 2**20, dtype=np.uint8)
-                else:  # past the round's time budget, whatever it is
-                    time.sleep(max(0.0, budget._local.check.ends - time.monotonic()) + 0.3)
+                before()
             return real(*args, **kwargs)
 
-        training.train_step = train_step
+        setattr(module, name, hooked)
+
+    wanted = os.environ.get("GUARD_TEST_OVERSTAY", "")
+    if os.environ.get("GUARD_TEST_ALLOC_MB"):
+        import numpy as np
+
+        from splitedge.methods import training
+
+        # beyond the ceiling: the rlimit refuses it
+        once(training, "train_step", lambda: np.empty(int(os.environ["GUARD_TEST_ALLOC_MB"]) * 2**20, dtype=np.uint8))
+    elif wanted == "train":
+        from splitedge.methods import training
+
+        once(training, "train_step", overstay)
+    elif wanted == "merge":
+        from splitedge.edge import aggregator
+
+        once(aggregator, "edge_close", overstay)
+    elif wanted == "evaluation":
+        from splitedge.methods.metrics import evaluate
+
+        once(evaluate, "_evaluate", overstay)
 ''')
 
 
@@ -164,7 +185,8 @@ def error_lines(log: str) -> list[str]:
 def test_a_device_over_its_memory_ceiling_or_time_budget_fails_that_round_and_answers_the_next(tmp_path: Path):
     """Processes on a real broker: d1 asks for twice its memory ceiling in round 1 (the rlimit
     refuses it), d2 overstays its time budget in round 1; both fail that round in one line, the
-    edge counts them, and both train round 2."""
+    edge counts them, and both train round 2. The edge's first merge and the cloud's first
+    evaluation overstay their budgets too: each is one line, and round 2 is whole."""
     from splitedge.protocol.broker import MosquittoBroker
 
     # Prepare: the budget from a round measured now; a ceiling far above what a torch device holds
@@ -174,31 +196,40 @@ def test_a_device_over_its_memory_ceiling_or_time_budget_fails_that_round_and_an
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(HOOK)
     with MosquittoBroker() as broker:
+        budget = ["--round-budget-s", f"{budget_s:.1f}"]
         fed = Federation(tmp_path, broker.url, edges=1, devices=3, rounds=2,
-                         extra=["--method", "fedavg", "--deadline", f"{4 * budget_s + 30:.0f}"],
-                         node_extra={"d1": ["--max-round-memory-mb", str(ceiling_mb)],
-                                     "d2": ["--round-budget-s", f"{budget_s:.1f}"]},
+                         extra=["--method", "fedavg", "--deadline", f"{4 * budget_s + 30:.0f}", *budget],
+                         node_extra={"d1": ["--max-round-memory-mb", str(ceiling_mb)], "d2": budget, "e0": budget},
                          node_env={"d1": {"PYTHONPATH": str(hooks), "GUARD_TEST_ALLOC_MB": str(2 * ceiling_mb)},
-                                   "d2": {"PYTHONPATH": str(hooks), "GUARD_TEST_OVERSTAY": "1"}})
+                                   "d2": {"PYTHONPATH": str(hooks), "GUARD_TEST_OVERSTAY": "train"},
+                                   "e0": {"PYTHONPATH": str(hooks), "GUARD_TEST_OVERSTAY": "merge"},
+                                   "cloud": {"PYTHONPATH": str(hooks), "GUARD_TEST_OVERSTAY": "evaluation"}})
         try:
             # Execute
             fed.wait(timeout=300 + 8 * budget_s)
-            metrics, logs = fed.metrics(), {n: (tmp_path / f"{n}.log").read_text() for n in ("d0", "d1", "d2", "e0")}
+            metrics = fed.metrics()
+            logs = {n: (tmp_path / f"{n}.log").read_text() for n in ("d0", "d1", "d2", "e0", "cloud")}
         finally:
             fed.close()
     # Check: round 1 lost d1 (memory) and d2 (time), each in one line; round 2 had all three
     assert [r["round"] for r in metrics] == [1, 2], fed.logs()
-    assert metrics[0].get("failures") == {"memory": 1, "time": 1}, metrics[0]
-    assert "failures" not in metrics[1], metrics[1]
+    given = f"{float(f'{budget_s:.1f}'):g} s"
+    assert metrics[0].get("failures") == {"memory": 1, "time": 1, "edge_time": 1}, metrics[0]
+    assert metrics[0].get("evaluation_failed") == {"time": 1} and "accuracy" not in metrics[0], metrics[0]
+    assert "failures" not in metrics[1] and "evaluation_failed" not in metrics[1] and metrics[1]["accuracy"] > 0.5
     (memory,) = error_lines(logs["d1"])
     assert f"round 1 ran out of memory under its ceiling of {ceiling_mb} MB" in memory, logs["d1"]
     assert guard.MEMORY_FLAG in memory and "Unable to allocate 8.00 GiB" in memory  # what was asked
     (late,) = error_lines(logs["d2"])
-    assert f"round 1 exceeded its time budget of {float(f'{budget_s:.1f}'):g} s" in late and guard.TIME_FLAG in late, logs["d2"]
+    assert f"round 1 exceeded its time budget of {given}" in late and guard.TIME_FLAG in late, logs["d2"]
     for name in ("d1", "d2"):
         assert "round 1 failed" in logs[name] and "round 2 done in" in logs[name], logs[name]
     assert not error_lines(logs["d0"]) and "round 2 done in" in logs["d0"]
     assert "closed with 3/3 devices (2 failed: memory 1, time 1)" in logs["e0"], logs["e0"]
+    (merge,) = error_lines(logs["e0"])
+    assert f"edge e0: round 1 merge failed: round 1 merge exceeded its time budget of {given}" in merge, logs["e0"]
+    (evaluation,) = error_lines(logs["cloud"])
+    assert f"evaluation skipped: round 1's evaluation exceeded its time budget of {given}" in evaluation, logs["cloud"]
 
 
 def test_a_sim_passes_the_bounds_to_its_devices(tmp_path: Path, monkeypatch):
