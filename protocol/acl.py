@@ -14,10 +14,37 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from splitedge.protocol.topics import ALL_DEVICES, PREFIX, pattern
+from splitedge.protocol.topics import ALL_DEVICES, PREFIX, pattern, topic
 
 WATCHER = "watcher"
-"""The read-only login federation_acl adds for `splitedge watch`."""
+"""The read-only login federation_acl adds for `splitedge watch` (the first of :func:`watcher_logins`)."""
+PROBE_SUFFIX = ".probe"
+"""A node's probe login is its login plus this (:func:`probe_login`)."""
+
+
+def probe_login(login: str) -> str:
+    """The login with which a node, before it connects, reads its own retained status (is a process
+    with its id online already?) and nothing else. It cannot be the node's own login: under
+    ``use_username_as_clientid`` every connection of a login has that login as its client id, so the
+    check would take the running node's connection. ``splitedge data split --acl`` gives it the
+    node's password, so the node needs no second file."""
+    return login + PROBE_SUFFIX
+
+
+def probe_topic(run: str, tier: str, node_id: str) -> str:
+    """The one topic a node's probe login may write (and read): the check publishes a nonce there
+    and waits for its echo, which comes back only when the login is this node's. Outside the run's
+    tree (``splitedge-probe/...``), so no node, bridge or watch ever subscribes to it."""
+    return f"{PREFIX}-probe/{run}/{tier}/{node_id}"
+
+
+def watcher_logins(n: int) -> list[str]:
+    """`n` read-only logins for `splitedge watch`: ``watcher``, ``watcher-2``, ... One per watch
+    running at a time: under ``use_username_as_clientid`` two connections of one login take the
+    client id from each other."""
+    if n < 0:
+        raise ValueError(f"the number of watcher logins must be >= 0, got {n}")
+    return [WATCHER, *(f"{WATCHER}-{i}" for i in range(2, n + 1))][:n]
 
 
 def check_devices(devices: Sequence[str]) -> list[str]:
@@ -78,7 +105,8 @@ def _check_keys(name: str, mapping: Mapping[str, Any] | None, graph: Mapping[str
 
 
 def peer_acl(run: str, graph: Mapping[str, Sequence[str]], *, edges: Mapping[str, str] | None = None,
-             users: Mapping[str, str] | None = None, groups: Mapping[str, Sequence[str]] | None = None) -> str:
+             users: Mapping[str, str] | None = None, groups: Mapping[str, Sequence[str]] | None = None,
+             probes: bool = True) -> str:
     """A Mosquitto ``acl_file`` with one ``user`` block per device of ``graph`` for run ``run``.
 
     Device D (login ``users.get(D, D)``) may exactly:
@@ -91,6 +119,11 @@ def peer_acl(run: str, graph: Mapping[str, Sequence[str]], *, edges: Mapping[str
       names) ``.../down/+/@<g>`` for each of its groups;
     * for each neighbour P read ``splitedge/<run>/device/<P>/peer/+`` and
       ``splitedge/<run>/device/<P>/peer/+/<D>``.
+
+    With ``probes`` each device also has its probe login (:func:`probe_login`, ``<login>.probe``),
+    which may read only ``splitedge/<run>/device/<D>/up/status`` and its echo topic
+    (:func:`probe_topic`): the start-up check that no other process holds the id, without taking
+    that process's connection, and that the login is D's.
 
     Nothing else: not other devices' up topics, not non-neighbours' peer topics, not peer
     messages addressed to another device, not the cloud's topics. Add the edges' and cloud's
@@ -115,6 +148,10 @@ def peer_acl(run: str, graph: Mapping[str, Sequence[str]], *, edges: Mapping[str
     shared = sorted({u for u in logins.values() if list(logins.values()).count(u) > 1})
     if shared:
         raise ValueError(f"devices must have their own logins; shared: {shared}")
+    if probes:
+        taken = sorted(set(logins.values()) & {probe_login(u) for u in logins.values()})
+        if taken:
+            raise ValueError(f"logins {taken} are another device's probe login (<login>{PROBE_SUFFIX}): rename them")
 
     n_links = sum(map(len, graph.values())) // 2  # undirected: every link appears at both ends
     lines = [
@@ -126,6 +163,10 @@ def peer_acl(run: str, graph: Mapping[str, Sequence[str]], *, edges: Mapping[str
            "# E's status edge/<E>/up/status,"] if edges is not None else []),
         "# its neighbours' peer topics device/<P>/peer/+ and device/<P>/peer/+/<D>; not other devices'",
         "# up topics, not non-neighbours' peer topics, not peer messages addressed to other devices.",
+        *(["# Each login L also has a probe login L.probe that reads only its node's status and writes only",
+           "# splitedge-probe/<run>/<tier>/<id> (the start-up check for a second process with the same id, and",
+           "# that L is this node's login; under use_username_as_clientid the check cannot use L itself)."]
+          if probes else []),
         "# Use with allow_anonymous false and a password_file holding these logins.",
     ]
     for d, nbrs in graph.items():
@@ -148,11 +189,22 @@ def peer_acl(run: str, graph: Mapping[str, Sequence[str]], *, edges: Mapping[str
         for p in nbrs:
             lines += [f"topic read {pattern(run, 'device', p, 'peer')}",
                       f"topic read {pattern(run, 'device', p, 'peer', to=d)}"]
+    if probes:
+        lines += ["", "# Probe logins: each reads only its device's status and writes only its echo topic."]
+        for d in graph:
+            lines += _probe_block(logins[d], run, "device", d)
     return "\n".join(lines) + "\n"
 
 
+def _probe_block(login: str, run: str, tier: str, node_id: str) -> list[str]:
+    return ["", f"# probe login of {tier} {node_id}: its status, and an echo topic of its own (the start-up check",
+            "# for a second process with its id, and that the login is this node's)",
+            f"user {probe_login(login)}", f"topic readwrite {probe_topic(run, tier, node_id)}", f"topic read {topic(run, tier, node_id, 'up', 'status')}"]
+
+
 def federation_acl(run: str, edges: Mapping[str, str], *, cloud: str = "cloud", users: Mapping[str, str] | None = None,
-                   groups: Mapping[str, Sequence[str]] | None = None, watcher: str | None = WATCHER) -> str:
+                   groups: Mapping[str, Sequence[str]] | None = None,
+                   watcher: str | Sequence[str] | None = WATCHER, probes: bool = True) -> str:
     """A Mosquitto ``acl_file`` for a federated run: every device as in :func:`peer_acl` (no
     peers), and one block per edge and for the cloud, each login confined to its own tier:
 
@@ -160,8 +212,10 @@ def federation_acl(run: str, edges: Mapping[str, str], *, cloud: str = "cloud", 
       (``device/+/up/#``: a device it has not met yet joins by its hello), the cloud's downlink
       ``cloud/<C>/down/#`` and the cloud's status;
     * cloud C: read and write ``splitedge/<run>/cloud/<C>/#``; read every edge's up topics;
-    * the ``watcher`` login (None: no such login): read ``splitedge/<run>/#``, write nothing
-      (``splitedge watch``: an operator sees the run without being able to change it).
+    * the ``watcher`` login, or each of a list of them (:func:`watcher_logins`; None: none): read
+      ``splitedge/<run>/#``, write nothing (``splitedge watch``: an operator sees the run without
+      being able to change it). One login per watch that runs at the same time;
+    * with ``probes``, every node's probe login (:func:`probe_login`): its own status, read only.
 
     ``edges`` maps each device to its edge; ``users`` maps any node id (device, edge or cloud)
     to its login, by default the id. One file serves a shared broker, and an edge-site broker
@@ -169,15 +223,21 @@ def federation_acl(run: str, edges: Mapping[str, str], *, cloud: str = "cloud", 
     """
     users = dict(users or {})
     device_users = {d: u for d, u in users.items() if d in edges}
-    text = peer_acl(run, {d: [] for d in edges}, edges=edges, users=device_users, groups=groups)
+    text = peer_acl(run, {d: [] for d in edges}, edges=edges, users=device_users, groups=groups, probes=probes)
     text = f"# Generated by splitedge.protocol.acl.federation_acl: devices, edges and the cloud of {run!r}.\n" + text
     _check_acl_name("cloud id", cloud)
     pattern(run, "cloud", cloud)
     names = sorted(set(edges.values()))
     logins = {n: _check_login(n, users.get(n, n)) for n in [*names, cloud]}
-    if watcher is not None:
-        logins[f"({watcher})"] = _check_login("watcher", watcher)
+    watchers = [] if watcher is None else [watcher] if isinstance(watcher, str) else list(watcher)
+    for w in watchers:
+        logins[f"({w})"] = _check_login("watcher", w)
     taken = {users.get(d, d) for d in edges}
+    if probes:
+        taken |= {probe_login(u) for u in taken}
+        clash_probe = sorted({probe_login(logins[n]) for n in [*names, cloud]} & set(logins.values()))
+        if clash_probe:
+            raise ValueError(f"logins {clash_probe} are another node's probe login (<login>{PROBE_SUFFIX}): rename them")
     clash = sorted(u for u in logins.values() if u in taken)
     if clash or len(set(logins.values())) != len(logins):
         raise ValueError(f"every node needs its own login; shared: {clash or sorted(logins.values())}")
@@ -186,11 +246,15 @@ def federation_acl(run: str, edges: Mapping[str, str], *, cloud: str = "cloud", 
         lines += ["", f"# edge {e}", f"user {logins[e]}", f"topic readwrite {PREFIX}/{run}/edge/{e}/#",
                   f"topic read {PREFIX}/{run}/device/+/up/#", f"topic read {PREFIX}/{run}/cloud/{cloud}/down/#",
                   f"topic read {pattern(run, 'cloud', cloud, 'up', 'status')}"]
+        if probes:
+            lines += _probe_block(logins[e], run, "edge", e)
     lines += ["", f"# cloud {cloud}: its own topics and every edge's up topics", f"user {logins[cloud]}",
               f"topic readwrite {PREFIX}/{run}/cloud/{cloud}/#", f"topic read {PREFIX}/{run}/edge/+/up/#"]
-    if watcher is not None:
-        lines += ["", "# watcher: reads the whole run (splitedge watch), writes nothing", f"user {watcher}",
-                  f"topic read {PREFIX}/{run}/#"]
+    if probes:
+        lines += _probe_block(logins[cloud], run, "cloud", cloud)
+    for w in watchers:
+        lines += ["", "# watcher: reads the whole run (splitedge watch), writes nothing; one login per watch "
+                      "running at a time", f"user {w}", f"topic read {PREFIX}/{run}/#"]
     return text + "\n".join(lines) + "\n"
 
 
@@ -202,25 +266,56 @@ def write_acl(path: Path | str, text: str) -> Path:
     return out
 
 
-def broker_conf(run: str, acl_file: Path | str, password_file: Path | str, max_packet_size: int) -> str:
-    """The Mosquitto settings that go with a generated ACL and password file: no anonymous
-    client, and each login bound to its MQTT client id (`use_username_as_clientid`), so a
-    login cannot take another node's connection by connecting with that node's client id
-    (the broker would drop the older connection for it). The listener is the operator's."""
+BROKER_USER = "mosquitto"
+"""The user Mosquitto runs as once started (its default `user`, and the Debian/Raspberry Pi OS package's)."""
+
+
+def broker_conf(run: str, acl_file: Path | str, password_file: Path | str, max_packet_size: int, *,
+                port: int = 1883, address: str | None = None) -> str:
+    """The Mosquitto settings that go with a generated ACL and password file, as one file that works
+    on its own (``mosquitto -c broker.conf``) and dropped into a broker's ``include_dir``.
+
+    It opens its own listener (``port``, on ``address`` or every interface) for the nodes, and
+    puts the per-listener option right after it: ``use_username_as_clientid`` binds each login to
+    its MQTT client id, so a login cannot take another node's connection by connecting with that
+    node's client id (the broker would drop the older connection for it). Mosquitto 2.0 reads
+    every included file from its default listener on: a per-listener option above the file's own
+    ``listener`` line would open a second listener on 1883 (and, when something holds 1883,
+    keep the broker from starting). Then no anonymous client, the two files, and a
+    ``max_packet_size`` for model messages; a comment says how to make the password file
+    readable by the broker's own user."""
+    passwd, acl = Path(password_file).resolve(), Path(acl_file).resolve()
+    bind = f" {address}" if address else ""
     return "\n".join([
         f"# Mosquitto settings for splitedge run {run!r} (written by `splitedge data split --acl`).",
-        "# Include this file from mosquitto.conf beside your listener (e.g. /etc/mosquitto/conf.d/);",
-        "# if you move broker.acl and broker.passwd, change the two paths.",
-        "allow_anonymous false",
-        f"password_file {Path(password_file).resolve()}",
-        f"acl_file {Path(acl_file).resolve()}",
+        "# Use it on its own (mosquitto -c broker.conf) or copy it into the include_dir of a broker",
+        "# (e.g. /etc/mosquitto/conf.d/splitedge.conf). It opens its own listener for the nodes, below: remove",
+        f"# any other listener on port {port} from the broker's config (two on one port stop the broker). A",
+        "# listener of yours on another port has no login binding: keep it on 127.0.0.1 for administration.",
+        "# Per-listener options belong right after their `listener` line, in the same file: placed anywhere",
+        "# else, Mosquitto 2.0 opens a default listener on 1883 for them.",
+        f"listener {port}{bind}",
         "# The client id of every connection is its login: a login cannot disconnect another node by",
-        "# reusing its client id. One connection per login (a second one replaces the first).",
+        "# reusing its client id. One connection per login (a second one replaces the first), so every",
+        "# node, and every `splitedge watch` running at a time, has a login of its own (watcher,",
+        "# watcher-2, ...); a node checks for a second process with its id by its probe login <login>.probe.",
         "use_username_as_clientid true",
+        "allow_anonymous false",
+        "# The broker reads both files as its own user once started (mosquitto on Debian and Raspberry Pi",
+        "# OS); broker.passwd is written mode 600 for whoever ran `data split`. Before starting the broker:",
+        f"#   sudo chown {BROKER_USER}: {passwd}",
+        "# (every folder above it must let that user in), or install both into /etc/mosquitto and change",
+        "# the two paths below:",
+        f"#   sudo install -m 600 -o {BROKER_USER} -g {BROKER_USER} {passwd} /etc/mosquitto/splitedge.passwd",
+        f"#   sudo install -m 644 {acl} /etc/mosquitto/splitedge.acl",
+        "# Re-running `data split --acl` rewrites broker.passwd as its own user: chown or install it again.",
+        f"password_file {passwd}",
+        f"acl_file {acl}",
         "# Model messages: a little above the receivers' frame cap (--max-frame-bytes). Mosquitto 2.1",
         "# defaults to 2,000,000 bytes and would drop them.",
         f"max_packet_size {int(max_packet_size)}",
     ]) + "\n"
 
 
-__all__ = ["broker_conf", "check_devices", "check_graph", "peer_acl", "federation_acl", "write_acl"]
+__all__ = ["BROKER_USER", "PROBE_SUFFIX", "WATCHER", "broker_conf", "check_devices", "check_graph", "peer_acl",
+           "federation_acl", "probe_login", "probe_topic", "watcher_logins", "write_acl"]

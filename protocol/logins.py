@@ -28,10 +28,18 @@ def hash_password(password: str, *, salt: bytes | None = None, iterations: int =
     return f"$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
 
 
-def write_logins(folder: Path, users: Iterable[str]) -> dict[str, Path]:
+def write_logins(folder: Path, users: Iterable[str], *, probes: Iterable[str] = ()) -> dict[str, Path]:
     """Write `folder/broker.passwd` (every user) and `folder/logins/<user>.password` (one
     fresh random password each, readable by the owner only); returns user -> password file.
-    An existing password file of a user is kept (re-running a split does not lock nodes out)."""
+    An existing password file of a user is kept (re-running a split does not lock nodes out).
+
+    Each user in `probes` also gets its probe login (acl.probe_login, ``<user>.probe``) in
+    broker.passwd, with the user's own password: the node's start-up check reads its own status
+    with it, from the one password file the node already has. The broker reads broker.passwd as
+    its own user: `chown mosquitto:` it (the broker.conf beside it says so)."""
+    from splitedge.protocol.acl import probe_login
+
+    with_probe = set(probes)
     folder = Path(folder)
     (folder / LOGINS).mkdir(parents=True, exist_ok=True)
     files, lines = {}, []
@@ -46,6 +54,8 @@ def write_logins(folder: Path, users: Iterable[str]) -> dict[str, Path]:
                 fh.write(password + "\n")
         files[user] = path
         lines.append(f"{user}:{hash_password(password)}")
+        if user in with_probe:
+            lines.append(f"{probe_login(user)}:{hash_password(password)}")
     tmp = folder / f".{PASSWD}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:

@@ -434,6 +434,11 @@ class MqttTransport(Transport):
             return self._loop.in_loop_thread()
         return threading.get_ident() == self._net_thread
 
+    def on_raw(self, topic: str, callback: Any) -> None:
+        """Hand each PUBLISH on exactly `topic` to ``callback(payload)``, outside the envelope
+        chain (paho's per-topic callback): the identity check's echo (runtime/session.py)."""
+        self._client.message_callback_add(topic, lambda client, userdata, msg: callback(bytes(msg.payload)))
+
     @property
     def connected(self) -> bool:
         """True while a CONNACK'd session is up."""

@@ -32,22 +32,62 @@ def connect(url: str, *, run: str, tier: str, node_id: str, **kwargs: Any) -> "T
     return transport
 
 
-def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s: float = 1.0, **kwargs: Any) -> None:
-    """Refuse to start a second live process with this run, tier and id: with the same MQTT
-    client id the two would take the session from each other for ever. The node's retained
-    `status` says "online" while a process holds the id (its last will, or a clean exit, turns
-    it "offline"). ValueError naming the way out; ConnectionError when the broker is not there."""
-    from splitedge.protocol.mqtt import MqttTransport
+def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s: float = 1.0,
+                        echo_s: float = 5.0, **kwargs: Any) -> None:
+    """Refuse to start a second live process with this run, tier and id, and a login that is not
+    this node's: one line each, before the node connects.
 
+    The node's retained `status` says "online" while a process holds the id (its last will, or a
+    clean exit, turns it "offline"). The check reads it without the node's own login: under
+    `use_username_as_clientid` (the generated broker.conf) every connection of a login has the
+    login as client id, so a check with it would take the running node's connection, and the two
+    would then evict each other for ever. It connects with the node's probe login
+    (`<login>.probe`, acl.probe_login, same password; `data split --acl` writes it), which may read
+    only that status and write only its echo topic (acl.probe_topic): a nonce published there
+    comes back only when the login is this node's (Mosquitto 2.0 grants a denied subscription and
+    then delivers nothing, so a subscription alone cannot tell). A broker without the probe login
+    skips the check with a warning; an anonymous one is read with a client id of the check's own.
+    ValueError naming the way out; ConnectionError when the broker is not there."""
+    from splitedge.protocol.acl import probe_login, probe_topic
+    from splitedge.protocol.mqtt import MqttTransport, parse_url
+
+    user = kwargs.get("username") or parse_url(url)[3]
+    status_topic = topic(run, tier, node_id, "up", "status")
+    client_id = f"{run}-{tier}-{node_id}-probe-{os.getpid()}"  # never a node's own; a login's under the binding
+    options = dict(kwargs)
+    if user is not None:
+        options["username"] = probe_login(user)
     seen: list[str] = []
-    probe = MqttTransport(url, client_id=f"{run}-{tier}-{node_id}-probe-{os.getpid()}", role="probe", **kwargs)
     try:
-        probe.subscribe(topic(run, tier, node_id, "up", "status"), lambda t, env: seen.append(env.body["state"]))
-        wait = time.monotonic() + settle_s
-        while not seen and time.monotonic() < wait:
+        probe = MqttTransport(url, client_id=client_id, role="probe", **options)
+    except ConnectionError as exc:
+        if user is None or "authentication failed" not in str(exc):
+            raise
+        log.warning("%s %s: the broker at %s refused the probe login %r (no such login, or a wrong password), so the "
+                    "check for a second process with this id is skipped; `splitedge data split --acl` writes one per "
+                    "node (its own password, reading only %s)", tier, node_id, redact_url(url), probe_login(user),
+                    status_topic)
+        return
+    nonce = os.urandom(16)
+    echoed = threading.Event()
+    try:
+        echo = probe_topic(run, tier, node_id)
+        probe.on_raw(echo, lambda payload: echoed.set() if payload == nonce else None)
+        probe.subscribe(echo, lambda t, env: None)
+        probe.subscribe(status_topic, lambda t, env: seen.append(env.body["state"]))
+        probe.publish_raw(echo, nonce, qos=1)
+        start = time.monotonic()
+        while time.monotonic() - start < max(settle_s, echo_s) and not (
+                echoed.is_set() and (seen or time.monotonic() - start >= settle_s)):
             time.sleep(0.05)
     finally:
         probe.close()
+    if not echoed.is_set():
+        who = f"login {user!r}" if user is not None else "an anonymous client"
+        raise ValueError(f"the broker at {redact_url(url)} does not let {who} read {tier} {node_id}'s status in run "
+                         f"{run!r}: it is the login of another node or run; start {tier} {node_id} with its own "
+                         f"login (mqtt://{node_id}@host and --password-file logins/{node_id}.password), or give "
+                         f"--id and --run of this login")
     if seen and seen[-1] == "online":
         raise ValueError(f"another {tier} with id {node_id!r} is online in run {run!r} on {redact_url(url)}; stop it, "
                          f"or give this one another --id or --run (a process killed without a clean exit counts as "

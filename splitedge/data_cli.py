@@ -85,7 +85,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replace the shards and manifest already in DIR (default: refuse)")
     s.add_argument("--acl", default=None, metavar="RUN",
                    help="also write DIR/broker.acl, a Mosquitto acl_file for run RUN: each device, edge and the "
-                        "cloud (login = its id) reads and writes only what its role needs")
+                        "cloud (login = its id) reads and writes only what its role needs, with broker.passwd, "
+                        "logins/<id>.password and broker.conf (the broker's settings for them, with a listener of "
+                        "its own: on its own or in an include_dir)")
+    s.add_argument("--listener", default=None, metavar="[ADDR:]PORT",
+                   help="with --acl: the listener broker.conf opens for the nodes (default: the port of --broker, "
+                        "every interface)")
+    s.add_argument("--watchers", type=int, default=3, metavar="N",
+                   help="with --acl: N read-only logins for `splitedge watch` (watcher, watcher-2, ...), one per "
+                        "watch running at a time")
 
     c = sub.add_parser("check", formatter_class=_Help, allow_abbrev=False,
                        help="open a shard or image folder as a device would and summarise it",
@@ -114,10 +122,14 @@ def split(args: argparse.Namespace) -> int:
     max_shift = DEFAULT_MAX_SHIFT if args.max_shift is None else args.max_shift
     out: Path = args.out
     stale = _existing_shards(out, args.overwrite)  # refuse before the slow part
+    if args.acl is None and (args.listener is not None or args.watchers != 3):
+        raise ValueError("--listener and --watchers go with --acl RUN (they are for the broker's files)")
     if args.acl is not None:  # a run id that cannot go into topics or the ACL fails here, not after the split
-        from splitedge.protocol.acl import federation_acl
+        from splitedge.protocol.acl import federation_acl, watcher_logins
 
-        federation_acl(args.acl, {f"d{i}": f"e{i % args.edges}" for i in range(args.devices)})
+        listen = listener_of(args.listener, args.broker)
+        federation_acl(args.acl, {f"d{i}": f"e{i % args.edges}" for i in range(args.devices)},
+                       watcher=watcher_logins(args.watchers))
 
     (x, y), _, info = load_dataset(args.dataset, args.data, max_train=args.max_train, seed=args.seed)
     if args.devices > len(y):
@@ -161,18 +173,41 @@ def split(args: argparse.Namespace) -> int:
     tmp.write_text(_manifest_text(manifest))
     os.replace(tmp, out / MANIFEST)
     if args.acl is not None:
-        from splitedge.protocol.acl import WATCHER, broker_conf, write_acl
+        from splitedge.protocol.acl import broker_conf, write_acl
         from splitedge.protocol.limits import DEFAULT_MAX_BYTES
         from splitedge.protocol.logins import PASSWD, write_logins
 
         homes = {d["id"]: f"e{i % args.edges}" for i, d in enumerate(devices)}
-        write_acl(out / ACL, federation_acl(args.acl, homes))
-        write_logins(out, [*homes, *sorted(set(homes.values())), "cloud", WATCHER])
+        watchers = watcher_logins(args.watchers)
+        write_acl(out / ACL, federation_acl(args.acl, homes, watcher=watchers))
+        nodes = [*homes, *sorted(set(homes.values())), "cloud"]
+        write_logins(out, [*nodes, *watchers], probes=nodes)
         packet = DEFAULT_MAX_BYTES + 1024 * 1024  # headroom for topic, MQTT header and a signature
-        (out / BROKER_CONF).write_text(broker_conf(args.acl, out / ACL, out / PASSWD, packet))
+        (out / BROKER_CONF).write_text(broker_conf(args.acl, out / ACL, out / PASSWD, packet, port=listen[1],
+                                                   address=listen[0]))
 
     _print_split(args, manifest)
     return 0
+
+
+def listener_of(listener: str | None, broker: str) -> tuple[str | None, int]:
+    """(address or None for every interface, port) of --listener [ADDR:]PORT, by default the
+    port of --broker; ValueError in one line."""
+    from splitedge.protocol.credentials import PORTS, check_scheme
+
+    if listener is None:
+        from urllib.parse import urlsplit
+
+        scheme = check_scheme(broker)
+        try:
+            return None, urlsplit(broker).port or PORTS[scheme]
+        except ValueError:
+            raise ValueError(f"--broker {broker!r}: the port is not a number") from None
+    address, _, port = listener.rpartition(":")
+    address = address.strip("[]") or None
+    if not port.isdigit() or not 0 < int(port) < 65536 or (address is not None and any(c.isspace() for c in address)):
+        raise ValueError(f"--listener {listener!r}: give [ADDR:]PORT, e.g. 1883 or 10.0.0.5:1883")
+    return address, int(port)
 
 
 def _manifest_text(manifest: dict[str, Any]) -> str:
@@ -228,14 +263,20 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
         print(f"  splitedge device --broker {args.broker} --id {d['id']} --edge e{i % args.edges} "
               f"--data {args.out / d['file']} --backend onnx")
     if args.acl is not None:
-        print(f"wrote {args.out / ACL}, {args.out / 'broker.passwd'} (mode 600: chown it to the broker's user), "
-              f"{args.out / BROKER_CONF} and {args.out / 'logins'}/<id>.password for run {args.acl}: include "
-              f"{BROKER_CONF} in the broker's config (it names the first two, turns anonymous access off and binds "
-              f"each login to its client id); start every node with --run {args.acl}, "
-              f"its login in the URL (mqtt://d0@host) and --password-file {args.out / 'logins'}/<id>.password "
-              f"(copy each node only its own); the login watcher reads the whole run and writes nothing: "
-              f"splitedge watch --broker mqtt://watcher@host --run {args.acl} --password-file "
-              f"{args.out / 'logins'}/watcher.password")
+        from splitedge.protocol.acl import BROKER_USER, watcher_logins
+
+        passwd = (args.out / "broker.passwd").resolve()
+        watchers = watcher_logins(args.watchers)
+        print(f"wrote {args.out / ACL}, {args.out / 'broker.passwd'}, {args.out / BROKER_CONF} and "
+              f"{args.out / 'logins'}/<id>.password for run {args.acl}. {BROKER_CONF} opens its own listener and "
+              f"names the first two: run `mosquitto -c {args.out / BROKER_CONF}`, or copy it into the broker's "
+              f"include_dir (/etc/mosquitto/conf.d/) with no other listener on its port; the broker reads "
+              f"broker.passwd as its own user: sudo chown {BROKER_USER}: {passwd}")
+        print(f"Start every node with --run {args.acl}, its login in the URL (mqtt://d0@host) and --password-file "
+              f"{args.out / 'logins'}/<id>.password (copy each node only its own). "
+              f"{len(watchers)} read-only logins for `splitedge watch`, one per watch at a time "
+              f"({', '.join(watchers)}): splitedge watch --broker mqtt://watcher@host --run {args.acl} "
+              f"--password-file {args.out / 'logins'}/watcher.password")
 
 
 # -- check -------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ An operator wants to see a federation without touching it: which edges and devic
 the round and phase open and how far each edge is, accuracy per round, what each device sends,
 receives and holds in memory, who left and when, and what was refused. Everything is already on
 the wire (watch_state.py says which messages), so the watcher only subscribes; it never
-publishes and has no last will, and under the generated ACL its login (`watcher`) can read the
+publishes and has no last will, and under the generated ACL its login (`watcher`, `watcher-2`, ...: one per
+watch running at a time, since the generated broker.conf binds a login to one client id) can read the
 run and write nothing. By default it subscribes to the few control kinds it reads, not to the
 models and statistics, so watching costs the broker almost nothing (`--all-topics` takes the
 run's every message, to count them by kind). Frames its decoder refuses are counted by rule.
@@ -35,6 +36,9 @@ from splitedge.protocol.topics import PREFIX, pattern
 from splitedge.watch_state import Table, WatchState, headline, tables
 
 REFRESH_PER_S = 2
+TAKEN_RECONNECTS, TAKEN_WINDOW_S = 3, 15.0
+"""A watch whose connection is taken this many times within this window gives up: under
+`use_username_as_clientid` another connection uses its login (each watch needs its own)."""
 DEFAULT_ONCE_S = 3.0
 READ_KINDS = (("up", "status"), ("up", "hello"), ("down", "round"), ("up", "done"))
 """What the view is made of (besides the cloud's `metrics`): liveness, membership, rounds, reports."""
@@ -79,8 +83,27 @@ class Watcher:
         self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
         client_id = f"{run}-watch-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # never a node's <run>-<tier>-<id>
         self.transport = MqttTransport(url, client_id=client_id, role="watcher", **options)
+        self._reconnects: list[float] = []  # when each reconnect was noticed
         for f in filters(run, everything):
             self.transport.subscribe(f, self._on_message, qos=1)
+
+    def link_news(self) -> str | None:
+        """A line when the connection was lost and regained since the last call (events in between
+        are missed); ValueError when that keeps happening: another connection with this login
+        takes it (the generated broker.conf binds a login to one client id)."""
+        seen = self.transport.reconnects
+        if seen <= len(self._reconnects):
+            return None
+        now = time.monotonic()
+        self._reconnects += [now] * (seen - len(self._reconnects))
+        recent = [t for t in self._reconnects if now - t <= TAKEN_WINDOW_S]
+        login = getattr(self.transport, "_username", None)
+        if len(recent) >= TAKEN_RECONNECTS:
+            raise ValueError(f"the broker took this watch's connection {len(recent)} times in {TAKEN_WINDOW_S:g} s: "
+                             f"another connection uses the login {login!r} (another watch?); give each watch its own "
+                             f"login (`splitedge data split --acl` writes watcher, watcher-2, ...)")
+        return (f"broker connection lost and regained ({seen} time(s) so far): events in between are missed; if "
+                f"another watch uses the login {login!r}, give each its own")
 
     def _on_message(self, topic: str, env: Envelope) -> None:
         now = time.time()
@@ -151,6 +174,9 @@ def print_lines(watcher: Watcher, args: argparse.Namespace) -> None:
             print(f"{stamp(when)} {line}", flush=True)
         except queue.Empty:
             pass
+        news = watcher.link_news()
+        if news:
+            print(f"{stamp(time.time())} {news}", flush=True)
         now = watcher.transport.rejected.copy()
         for rule, count in sorted(now.items()):
             if count != refused.get(rule, 0):
@@ -206,4 +232,5 @@ def live(watcher: Watcher) -> None:
     with Live(render_rich(*watcher.snapshot()), console=Console(), auto_refresh=False) as view:
         while True:
             time.sleep(1 / REFRESH_PER_S)
+            watcher.link_news()  # the headline says a link is down; a login in use by another ends the watch
             view.update(render_rich(*watcher.snapshot()), refresh=True)

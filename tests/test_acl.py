@@ -51,7 +51,7 @@ def test_a_federation_runs_under_the_generated_acl_and_a_device_cannot_spy_or_fo
     assert main(["data", "split", "--dataset", "digits", "--devices", "2", "--max-train", "400", "--out",
                  str(tmp_path / "shards"), "--acl", run]) == 0
     said = capsys.readouterr().out
-    assert "broker.passwd (mode 600: chown it to the broker's user)" in said and "for run acl-run" in said
+    assert f"sudo chown mosquitto: {tmp_path / 'shards' / 'broker.passwd'}" in said and "for run acl-run" in said
     acl, passwd = tmp_path / "shards" / "broker.acl", tmp_path / "shards" / "broker.passwd"
     acl.write_text(acl.read_text() + f"\nuser observer\ntopic read splitedge/{run}/#\n")
     passwd.write_text(passwd.read_text() + f"observer:{hash_password(PASSWORD)}\n")
@@ -134,16 +134,19 @@ def test_a_login_cannot_take_another_nodes_connection_with_its_client_id(tmp_pat
     import time
 
     require_mosquitto("mosquitto")
-    run = "bind-run"
+    from splitedge.protocol.broker import free_port
+
+    run, port = "bind-run", free_port()
     assert main(["data", "split", "--dataset", "digits", "--devices", "2", "--max-train", "100", "--out",
-                 str(tmp_path / "shards"), "--acl", run]) == 0
+                 str(tmp_path / "shards"), "--acl", run, "--listener", f"127.0.0.1:{port}"]) == 0
     conf = (tmp_path / "shards" / "broker.conf").read_text()
     assert "use_username_as_clientid true" in conf and f"acl_file {tmp_path / 'shards' / 'broker.acl'}" in conf
     password = {u: (tmp_path / "shards" / "logins" / f"{u}.password").read_text().strip() for u in ("d0", "e0")}
 
     def edge_reconnects(config: str) -> int:
-        with MosquittoBroker(extra_conf=config) as broker:
-            url = lambda user: f"mqtt://{user}:{password[user]}@127.0.0.1:{broker.port}"  # noqa: E731
+        # the fixture's own listener first, then broker.conf's (with its binding): the nodes use the latter
+        with MosquittoBroker(extra_conf=config):
+            url = lambda user: f"mqtt://{user}:{password[user]}@127.0.0.1:{port}"  # noqa: E731
             edge = MqttTransport(url("e0"), client_id=f"{run}-edge-e0", role="edge")
             try:
                 for _ in range(5):

@@ -114,7 +114,8 @@ def test_write_graph(tmp_path: Path) -> None:
 # -- ACL text ---------------------------------------------------------------------------------
 def test_peer_acl_text_for_a_ring() -> None:
     g = ring(["d0", "d1", "d2", "d3"])
-    text = peer_acl("r1", g, edges={d: "e0" for d in g}, groups={"d0": ["blue"]}, users={"d3": "dev-3"})
+    text = peer_acl("r1", g, edges={d: "e0" for d in g}, groups={"d0": ["blue"]}, users={"d3": "dev-3"},
+                    probes=False)
     lines = text.splitlines()
     assert lines[0].startswith("#")
     block = lines[lines.index("user d0") + 1:lines.index("user d1")]
@@ -134,9 +135,12 @@ def test_peer_acl_text_for_a_ring() -> None:
     # the only other up topic a device reads is its edge's status
     assert {ln for ln in lines if "/up" in ln and ln.startswith("topic read ")} == {"topic read splitedge/r1/edge/e0/up/status"}
     # without edges: only its own topics and the peers
-    bare = peer_acl("r1", g).splitlines()
+    bare = peer_acl("r1", g, probes=False).splitlines()
     assert not any("/edge/" in ln for ln in bare if ln.startswith("topic"))
     assert sum(ln.startswith("topic ") for ln in bare) == 4 * (1 + 2 * 2)
+    # by default each login also has its probe login: its device's status, read only, and its echo topic
+    probes = peer_acl("r1", g, users={"d3": "dev-3"}).split("\nuser dev-3.probe\n")[1].splitlines()
+    assert probes[:2] == ["topic readwrite splitedge-probe/r1/device/d3", "topic read splitedge/r1/device/d3/up/status"]
 
 
 def test_peer_acl_refuses_bad_input() -> None:
