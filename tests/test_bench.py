@@ -145,7 +145,7 @@ def test_device_memory_accounts_each_stage_of_a_thin_trainer_without_torch(tmp_p
     doc = run_bench(tmp_path, "device-memory", "--no-plots", "--backends", "onnx", "--images", "300")
     (run_,) = doc["results"]["runs"]
     stages = [row["stage"] for row in run_["stages"]]
-    assert stages[0] == "interpreter" and stages[2] == "engine (onnxruntime)" and stages[-1] == "one local epoch (peak)"
+    assert stages[0] == "interpreter" and stages[2] == "engine (numpy layers)" and stages[-1] == "one local epoch (peak)"
     assert run_["torch_imported"] is False
     rss = [row["rss_mb"] for row in run_["stages"]]
     assert rss == sorted(rss) and rss[0] > 5  # every stage adds, the epoch's peak last
