@@ -32,6 +32,7 @@ BROKER_CONF = "broker.conf"
 MANIFEST_FORMAT = 1
 DEFAULT_BROKER = "mqtt://EDGE-HOST:1883"
 DEFAULT_MAX_SHIFT = 0.2  # feature_skew's default
+DEFAULT_WATCHERS = 3  # --acl: read-only logins for `splitedge watch`, one per watch running at a time
 
 
 def shard_name(device: int) -> str:
@@ -91,9 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--listener", default=None, metavar="[ADDR:]PORT",
                    help="with --acl: the listener broker.conf opens for the nodes (default: the port of --broker, "
                         "every interface)")
-    s.add_argument("--watchers", type=int, default=3, metavar="N",
-                   help="with --acl: N read-only logins for `splitedge watch` (watcher, watcher-2, ...), one per "
-                        "watch running at a time")
+    s.add_argument("--watchers", type=int, default=None, metavar="N",
+                   help=f"with --acl: N read-only logins for `splitedge watch` (watcher, watcher-2, ...), one per "
+                        f"watch running at a time (default: {DEFAULT_WATCHERS})")
 
     c = sub.add_parser("check", formatter_class=_Help, allow_abbrev=False,
                        help="open a shard or image folder as a device would and summarise it",
@@ -122,8 +123,10 @@ def split(args: argparse.Namespace) -> int:
     max_shift = DEFAULT_MAX_SHIFT if args.max_shift is None else args.max_shift
     out: Path = args.out
     stale = _existing_shards(out, args.overwrite)  # refuse before the slow part
-    if args.acl is None and (args.listener is not None or args.watchers != 3):
+    if args.acl is None and (args.listener is not None or args.watchers is not None):
         raise ValueError("--listener and --watchers go with --acl RUN (they are for the broker's files)")
+    if args.watchers is None:
+        args.watchers = DEFAULT_WATCHERS
     if args.acl is not None:  # a run id that cannot go into topics or the ACL fails here, not after the split
         from splitedge.protocol.acl import federation_acl, watcher_logins
 
@@ -272,11 +275,11 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
               f"names the first two: run `mosquitto -c {args.out / BROKER_CONF}`, or copy it into the broker's "
               f"include_dir (/etc/mosquitto/conf.d/) with no other listener on its port; the broker reads "
               f"broker.passwd as its own user: sudo chown {BROKER_USER}: {passwd}")
+        watch = (f" {len(watchers)} read-only login(s) for `splitedge watch`, one per watch at a time "
+                 f"({', '.join(watchers)}): splitedge watch --broker mqtt://{watchers[0]}@host --run {args.acl} "
+                 f"--password-file {args.out / 'logins'}/{watchers[0]}.password") if watchers else ""
         print(f"Start every node with --run {args.acl}, its login in the URL (mqtt://d0@host) and --password-file "
-              f"{args.out / 'logins'}/<id>.password (copy each node only its own). "
-              f"{len(watchers)} read-only logins for `splitedge watch`, one per watch at a time "
-              f"({', '.join(watchers)}): splitedge watch --broker mqtt://watcher@host --run {args.acl} "
-              f"--password-file {args.out / 'logins'}/watcher.password")
+              f"{args.out / 'logins'}/<id>.password (copy each node only its own).{watch}")
 
 
 # -- check -------------------------------------------------------------------------------------
