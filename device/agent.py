@@ -273,7 +273,7 @@ class DeviceAgent(Node):
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:
         """The round's info: the part's own for the phase (runtime/phases.py), what the phase cost
         it (runtime/cost.py), what it refused (before decoding too) and, without private reports, the samples it holds
-        and its losses."""
+        and its losses. With private reports only what `private_info` lets through (docs/privacy.md)."""
         info = {**device_info(self.part, plan), "cost": self.cost.round()}
         if not self.private_reports:  # both are functions of the private data, released without noise
             info["samples"] = int(len(self.data[1]))
@@ -282,4 +282,25 @@ class DeviceAgent(Node):
         refused = self.rejections([self.transport])  # its part's refusals and its transport's (schema, kind, size)
         if refused:
             info["refused"] = refused
-        return info
+        return private_info(info) if self.private_reports else info
+
+
+# What a device's `done` info carries with private reports, and nothing else: none of it is a
+# function of its images without noise. Held-out scores (`accuracy`, `effective_rank`,
+# `eval_samples`, `global_accuracy`: FedProto, CFLHKD, a calibrated head's evaluation), samples,
+# losses and samples sent are left out; of its cost only the bytes on its connection (sizes of
+# messages the broker carries anyway), not its CPU seconds or peak memory, which grow with its
+# data. `withheld` is computed from a DP release's noisy counts under DP (methods/privacy/floor.py).
+PRIVATE_INFO = ("phase", "withheld", "dp_releases", "refused", "neighbours_heard", "neighbours_missed")
+PRIVATE_COST = ("bytes_up", "bytes_down", "shared_process")
+
+
+def private_info(info: Mapping[str, Any]) -> dict[str, Any]:
+    """`info` as a device with private reports sends it: the keys of PRIVATE_INFO, its cost's of
+    PRIVATE_COST, and `private_reports` so that its edge forwards its cost only summed with its
+    other such devices' (edge/aggregator.py)."""
+    out = {k: info[k] for k in PRIVATE_INFO if k in info}
+    if isinstance(info.get("cost"), Mapping):
+        out["cost"] = {k: info["cost"][k] for k in PRIVATE_COST if k in info["cost"]}
+    out["private_reports"] = True
+    return out

@@ -2,7 +2,8 @@
 
 A deployed device reports these with every round (its `done` info, key `cost`); its edge passes
 its devices' on to the cloud, which writes them per device and round into metrics.jsonl and
-sums them per device in a sim's summary.json. CPU and memory are the process's: in a sim, where
+sums them per device in a sim's summary.json. A device with private reports sends only its bytes,
+and its edge passes them on only summed over such devices (`private_devices` of the edge's cost). CPU and memory are the process's: in a sim, where
 every node shares one process, they describe the sim, not a device (`shared_process` says so);
 bytes are always the node's own (each node has its own MQTT connection).
 """
@@ -57,8 +58,32 @@ class CostMeter:
 
 
 def device_costs(infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """An edge's devices' costs by device, from their `done` infos (those that reported one)."""
-    return {d: dict(i["cost"]) for d, i in sorted(infos.items()) if isinstance(i.get("cost"), Mapping)}
+    """What an edge's `done` info says of its devices' costs, from their `done` infos (those that
+    reported one): `device_costs`, by device; the devices with private reports (device/agent.py,
+    private_info) only summed, as `private_devices_cost` (`devices`: how many), never one by one."""
+    costs = {d: i["cost"] for d, i in sorted(infos.items()) if isinstance(i.get("cost"), Mapping)}
+    private = [c for d, c in costs.items() if infos[d].get("private_reports")]
+    out: dict[str, Any] = {"device_costs": {d: dict(c) for d, c in costs.items()
+                                            if not infos[d].get("private_reports")}}
+    if private:
+        out["private_devices_cost"] = summed_cost(private)
+    return out
+
+
+def summed_cost(costs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Several devices' costs of one phase as one: every figure summed (the peak memory's
+    maximum), with `devices`, how many."""
+    out: dict[str, Any] = {"devices": 0}
+    for cost in costs:
+        out["devices"] += 1
+        for key, value in cost.items():
+            if key == "shared_process":
+                out[key] = bool(value)
+            elif key == "rss_peak_mb":
+                out[key] = max(float(out.get(key, 0)), float(value))
+            elif isinstance(value, (int, float)):
+                out[key] = round(out.get(key, 0) + value, 3)
+    return out
 
 
 def readable(cost: Mapping[str, Any]) -> dict[str, Any]:
@@ -84,7 +109,8 @@ def summed(rounds: Iterable[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[
 
 
 def phase_costs(reports: Iterable[Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """From a phase's edge reports: (each device's cost, each edge's own), by node."""
+    """From a phase's edge reports: (each device's cost, each edge's own), by node. An edge's
+    devices with private reports are in its own, summed, as `private_devices` (device_costs)."""
     devices: dict[str, dict[str, Any]] = {}
     edges: dict[str, dict[str, Any]] = {}
     for report in reports:
@@ -93,17 +119,25 @@ def phase_costs(reports: Iterable[Any]) -> tuple[dict[str, dict[str, Any]], dict
         devices.update({d: readable(c) for d, c in (info.get("device_costs") or {}).items() if isinstance(c, Mapping)})
         if isinstance(info.get("cost"), Mapping):
             edges[report.sender] = readable(info["cost"])
+        if isinstance(info.get("private_devices_cost"), Mapping):
+            edges.setdefault(report.sender, {})["private_devices"] = readable(info["private_devices_cost"])
     return devices, edges
 
 
 def add_costs(into: dict[str, dict[str, Any]], more: Mapping[str, Mapping[str, Any]]) -> None:
-    """A round's phases add up: CPU seconds and bytes summed, the peak memory's maximum."""
+    """A round's phases add up: CPU seconds and bytes summed, the peak memory's maximum (and
+    the devices an edge's `private_devices` sums over)."""
     for node, cost in more.items():
-        row = into.setdefault(node, {})
-        for key, value in cost.items():
-            if key == "rss_peak_mb":
-                row[key] = max(float(row.get(key, 0)), float(value))
-            elif key == "shared_process":
-                row[key] = bool(value)
-            else:
-                row[key] = round(row.get(key, 0) + value, 3) if isinstance(value, float) else row.get(key, 0) + value
+        _add(into.setdefault(node, {}), cost)
+
+
+def _add(row: dict[str, Any], cost: Mapping[str, Any]) -> None:
+    for key, value in cost.items():
+        if isinstance(value, Mapping):
+            _add(row.setdefault(key, {}), value)
+        elif key in ("rss_peak_mb", "devices"):
+            row[key] = max(row.get(key, 0), value)
+        elif key == "shared_process":
+            row[key] = bool(value)
+        else:
+            row[key] = round(row.get(key, 0) + value, 3) if isinstance(value, float) else row.get(key, 0) + value

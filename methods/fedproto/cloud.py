@@ -2,7 +2,8 @@
 
 There is no global model to evaluate: `accuracy` is the PERSONALISED accuracy, the mean of the
 devices' local models on their own held-out data, weighted by held-out samples (edges send the
-weighted mean of their devices in their `done` info). numpy only.
+weighted mean of their devices in their `done` info). Devices with private reports keep their
+scores: a run whose devices all report privately has no accuracy (docs/privacy.md). numpy only.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class FedProtoCloud(CloudPart):
         infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
         acc, n = weighted_accuracy(infos)
         rank, _ = weighted_accuracy(infos, "effective_rank")
+        if not n and any("private_devices_cost" in i for i in infos) and not getattr(self, "said_private", False):
+            self.said_private = True  # once a run
+            log.warning("cloud: no accuracy: FedProto's is its devices' scores of their held-out data, which devices "
+                        "with private reports keep to themselves (docs/privacy.md, what stays in the clear)")
         metrics = {"accuracy": acc, "effective_rank": rank, "personalised": 1.0, "eval_samples": n,
                    "proto_version": self.version,
                    "proto_classes": 0 if self.protos is None else len(self.protos[0])}
