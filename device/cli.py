@@ -40,8 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for runs with DP (--dp-sigma), whose releases then keep every class the noise lets through")
     p.add_argument("--private-reports", action="store_true",
                    help="for runs with DP: the hello names no class and announces only the power of two at or above "
-                        "this device's samples, and its round reports carry neither its samples nor its losses "
-                        "(by default all of them go in the clear)")
+                        "this device's samples, and its round reports carry neither its samples, losses, held-out "
+                        "scores nor CPU time, only its bytes, releases, refusals and withheld classes (by default all "
+                        "of them go in the clear; docs/privacy.md, 'What stays in the clear')")
     p.add_argument("--train-chunk", type=int, default=TRAIN_CHUNK, metavar="N",
                    help="a thin device (--backend onnx) trains W_c N samples at a time, with the result of whole "
                         "batches: memory flat in the batch size for 2-3 times the compute (0: whole batches)")
