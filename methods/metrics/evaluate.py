@@ -66,8 +66,18 @@ def _evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: Mode
         model.train(was_training)
     out = {"accuracy": correct / max(1, len(y))}
     if len(y) >= 2:
-        out.update(representation_measures(np.concatenate(feats)))
+        features = np.concatenate(feats)
+        out.update(representation_measures(features))
+        out["dead_units"] = dead_units(features)
     return out
+
+
+def dead_units(features: np.ndarray) -> float:
+    """The share of the head's input units that are 0 (or below) on every sample: ReLUs a
+    training step killed for these inputs (issue 54: the cloud's training on synthetic
+    features can kill most of the trunk's units in one round). Of the flattened features."""
+    flat = features.reshape(len(features), -1)
+    return float(np.mean(flat.max(axis=0) <= 0)) if flat.size else 0.0
 
 
 def representation_measures(features: np.ndarray) -> dict[str, Any]:
