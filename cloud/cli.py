@@ -67,13 +67,25 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
-    from splitedge.runtime.outputs import RunFolder, dumps, json_safe, why_unevaluated
+    from splitedge.runtime.outputs import RunFolder, dumps, ending, json_safe, served, why_unevaluated
 
     with metrics_http.serve(args, "cloud") as metrics, \
             RunFolder(args.out, overwrite=args.overwrite, resumable=True) if args.out else contextlib.nullcontext() as folder:
         history = _run(args, metrics, resuming=bool(folder and folder.resuming))
     final = json_safe(history[-1].get("accuracy")) if history else None
-    print(dumps({"final_accuracy": final}))
+    calibrated = [h["accuracy_calibrated"] for h in history if h.get("accuracy_calibrated") is not None]
+    head, served_accuracy = served(history)
+    print(dumps({"final_accuracy": final, "final_accuracy_head": "own",
+                 **({"final_accuracy_calibrated": calibrated[-1]} if calibrated else {}),
+                 "served_head": head, "served_accuracy": served_accuracy}))
+    if json_safe(served_accuracy) is not None:  # the last line: the model this cloud serves and exports
+        where = f" ({args.out / 'model.safetensors'})" if args.out is not None else ""
+        print(f"splitedge cloud: the served model{where} has the {head} head: accuracy {served_accuracy:.4f}"
+              + (f" (its own head: {final:.4f})" if head != "own" and final is not None else ""), flush=True)
+    status, why = ending(history)
+    if status != "complete":
+        print(f"splitedge cloud: the run did not train: {why}", file=sys.stderr)
+        return 1
     if not any(json_safe(h.get("accuracy")) is not None for h in history):
         print(f"splitedge cloud: no round produced an evaluation: {why_unevaluated(history)}; run with -v for "
               f"the nodes' logs", file=sys.stderr)

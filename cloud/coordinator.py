@@ -29,7 +29,7 @@ from splitedge.protocol.codec import Envelope
 from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.faults import crash_point
 from splitedge.runtime.guard import RoundGuard
-from splitedge.runtime.node import Node, status
+from splitedge.runtime.node import EXIT_INTERRUPTED, INTERRUPTED, Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.records import phase_failures, phase_privacy, round_rejections, wire_metrics
 from splitedge.runtime.router import cloud_router
@@ -184,10 +184,14 @@ class CloudCoordinator(Node):
             if joined[0] >= s.min_edges and joined[1] >= devices:
                 return
             self.dispatch(self.next_event(min(1.0, deadline - time.monotonic())))
+        resumed = "" if self.resumed is None else (
+            f"; this cloud resumes run {self.run_id} after round {self.resumed.round}: if it was interrupted (Ctrl-C, "
+            f"SIGTERM), its stop told the edges and devices of that run so, and those that had taken part left (exit "
+            f"status {EXIT_INTERRUPTED}) unless a unit with Restart=on-failure started them again: start them again")
         raise TimeoutError(f"only {len(self.live)} edge(s) with {self.live_devices()} device(s) joined within "
                            f"{s.join_timeout_s:.0f} s (waiting for {s.min_edges} and {devices}); are the edges "
                            f"and devices started with --run {self.run_id} and this broker? (if they are only slow to "
-                           f"start, raise --join-timeout)")
+                           f"start, raise --join-timeout){resumed}")
 
     def wait_for_live_edges(self, r: int) -> None:
         """Before round r, with fewer live edges than the run needs, wait for them. With none
@@ -283,8 +287,8 @@ class CloudCoordinator(Node):
                 if self.settings.until_plateau and plateaued(self.history):
                     status.info("cloud: accuracy plateaued at round %d of at most %d; stopping", r, self.settings.rounds)
                     break
-        except KeyboardInterrupt:  # the operator ended the run: every node stops
-            self._announce_stop()
+        except KeyboardInterrupt:  # the operator stopped the cloud: its nodes hear that the run is not over
+            self._announce_stop(interrupted=True)
             raise
         except Exception:  # a crash (a full disk, a damaged file): no stop, the nodes wait for the restarted cloud
             log.error("cloud: stopped by an error; edges and devices keep waiting: restart the cloud with the same "
@@ -321,7 +325,7 @@ class CloudCoordinator(Node):
             self.guard.failures.clear()
         crash_point("cloud.aggregated", r)
         self.pending = {"round": r, "plan": plan.to_body(), "metrics": metrics, "edges": len(reports),
-                        "losses": tier_losses(reports, self.part.losses)}
+                        "devices": devices_reported(reports), "losses": tier_losses(reports, self.part.losses)}
         self.outbox = []
         self.commit_and_publish(messages)  # the new models leave only once a restart would send them again
         crash_point("cloud.published", r)
@@ -361,6 +365,9 @@ class CloudCoordinator(Node):
         losses = pending["losses"]
         taking_part = len(plan.participants) if plan.participants else len(self.online_devices())
         metrics.update(self.privacy_spent(metrics))
+        if pending.get("devices") is not None:  # the devices whose training phase reached the cloud
+            metrics["devices_reported"] = pending["devices"]
+        metrics["served_head"] = self.served_head()  # what the checkpoint of this round carries
         record = {"round": r, **metrics, "edges": pending["edges"], "participants": taking_part,
                   "round_seconds": time.monotonic() - started, "versions": dict(plan.versions),
                   "directives": dict(plan.directives), "loss": losses, "rounds": dict(self.rounds.counts),
@@ -481,14 +488,28 @@ class CloudCoordinator(Node):
             scores["accuracy_calibrated"] = merged.get("accuracy")
         return scores, reports
 
-    def _announce_stop(self, reason: str | None = None) -> None:
+    def _announce_stop(self, reason: str | None = None, interrupted: bool = False) -> None:
         """The end of the run: retained, so a node that (re)joins later still stops. A stop with
         a `reason` (the run never started) goes only to nodes listening now: as a retained
-        message it would stop the next run's nodes at once."""
+        message it would stop the next run's nodes at once. An `interrupted` cloud's stop
+        (Ctrl-C, SIGTERM) names the last round it finished (INTERRUPTED): nodes do not take it
+        for the run's end (Node.on_interrupted), and its restart resumes the run."""
+        directives: dict[str, Any] = {"reason": reason} if reason else {}
+        if interrupted:
+            directives[INTERRUPTED] = self.last_finished_round()
         plan = RoundPlan(round=self.round + 1, method=self.method.name, deadline_s=1.0,
                          config=self.method.run_config.to_wire(), session=self.session, stop=True,
-                         directives={"reason": reason} if reason else {})
+                         directives=directives)
         self.send(self.transport, "down", "round", plan.to_body(), round_=plan.round, retain=reason is None)
+
+    def last_finished_round(self) -> int:
+        """The last round whose record was written (0 before round 1 finished)."""
+        return int(self.history[-1]["round"]) if self.history else 0
+
+    def served_head(self) -> str:
+        """Which head the served (checkpointed, exported) model carries: "calibrated" when the
+        last calibration's head held every class (methods/calibration/serving.py), else "own"."""
+        return "calibrated" if getattr(self.part, "calibrated", None) is not None else "own"
 
     def _persist(self, record: dict[str, Any]) -> None:
         out = self.settings.out_dir
@@ -530,3 +551,14 @@ class CloudCoordinator(Node):
             session=self.session, round=self.round if last_round is None else last_round, attempt=self.attempt,
             enough_edges=self.enough_edges, placements=snapshot.to_plain(dict(self.view.placements)),
             rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending))
+
+
+def devices_reported(reports: list[Any]) -> int:
+    """The devices whose training phase reached the cloud through their edges' `done` (the
+    devices each edge heard from, less those that left the run: runtime/records.py)."""
+    total = 0
+    for rep in reports:
+        done = rep.get("done")
+        info = (done.body.get("info") or {}) if done is not None else {}
+        total += max(0, int(info.get("devices") or 0) - len(info.get("left_devices") or {}))
+    return total

@@ -198,7 +198,7 @@ class EdgeAggregator(Node):
         self.follow_session(plan)
         stop = self.on_stop(plan, started=self.plan is not None,
                             done=f" after round {self.plan.round}" if self.plan else "")
-        if stop == "finished":
+        if stop in ("finished", "interrupted"):  # an interrupted cloud's stop is retained: restarted devices wait
             self._pass_round_down(env, retain=not plan.directives.get("reason"))
         elif stop == "held":
             self.last_stop = env
@@ -308,6 +308,7 @@ class EdgeAggregator(Node):
         if self.secure is not None and self.secure.busy and not self.rounds.expired():
             return  # the secure sum is still collecting its last shares
         started, plan = time.monotonic(), self.plan
+        expected = set(self.rounds.expected)  # awaited at the round's opening, and any that reported
         reports = self.rounds.close() + self._secure_report()
         self.part.losses, extra = {}, {}
         what = f"round {plan.round}" + ("" if plan.phase == "train" else f" {plan.phase}") + " merge"
@@ -350,7 +351,10 @@ class EdgeAggregator(Node):
         statefile.save(self.state_file, self)  # what a restarted edge carries on from
         crash_point("edge.saved", plan.round)
         failed = info.get("device_failed") or {}  # runtime/records.py: by reason
-        status.info("edge %s: round %d%s closed with %d/%d devices%s in %.1f s", self.node_id, plan.round,
-                    "" if plan.phase == "train" else f" {plan.phase}", len(infos), len(self.roster.live),
+        # of the devices the round expected (those live at its opening, and any that reported), those
+        # that reported and did not leave: never more than it expected (not the devices live now)
+        status.info("edge %s: round %d%s closed with %d/%d devices%s%s in %.1f s", self.node_id, plan.round,
+                    "" if plan.phase == "train" else f" {plan.phase}", len(infos) - len(left),
+                    len(expected | set(by_device)),
                     f" ({sum(failed.values())} failed: {', '.join(f'{k} {v}' for k, v in sorted(failed.items()))})"
-                    if failed else "", time.monotonic() - started)
+                    if failed else "", f" ({len(left)} left the run)" if left else "", time.monotonic() - started)

@@ -38,6 +38,14 @@ def topic_kind(kind: str, slot: str | None) -> str:
     return kind if slot is None else f"{kind}-{slot}"
 
 
+INTERRUPTED = "interrupted"
+"""The stop directive of a cloud that was interrupted (Ctrl-C, SIGTERM): the last round it
+finished. Nodes do not log the run as finished (on_interrupted)."""
+
+EXIT_INTERRUPTED = 75
+"""A node's exit status when its cloud was interrupted (EX_TEMPFAIL): not 0, so a unit with
+Restart=on-failure starts it again to wait for the resumed cloud."""
+
 HELD_STOP_GRACE_S = 15.0
 """How long a node that finds a retained stop before any round waits for a new run's parent."""
 
@@ -67,6 +75,7 @@ class Node:
         self.gate: Any = None  # what head statistics must fit while a calibration phase is open
         self.stopped = threading.Event()
         self.fatal: str | None = None  # why this node cannot take part in the run (it has stopped)
+        self.interrupted: int | None = None  # the round after which the cloud was interrupted (on_interrupted)
         self.logs_fatal = True  # False: the caller prints `fatal` itself (a role's CLI: one line, not two)
         self._quiet_since: float | None = 0.0  # 0 before the first wait, then its start; None once heard (or warned)
         self.quiet_warn_s: float | None = QUIET_WARN_S  # None: no such warning (a sim's own broker has no ACL)
@@ -200,18 +209,39 @@ class Node:
 
     def on_stop(self, plan: Any, *, started: bool, done: str) -> str | None:
         """A round announcement that is the run's stop: "finished" (the node stops), "held" (a
-        retained stop found before any round, see hold_stop) or None (a round: any held stop
-        is dropped). `done` ends the finished line (e.g. " after round 4")."""
+        retained stop found before any round, see hold_stop), "interrupted" (the cloud was
+        interrupted: on_interrupted) or None (a round: any held stop is dropped). `done` ends the
+        finished line (e.g. " after round 4")."""
         if not plan.stop:
-            self.held_stop = None
+            self.held_stop = self.interrupted = None
             return None
         reason = plan.directives.get("reason")
+        if INTERRUPTED in plan.directives:  # Ctrl-C or SIGTERM on the cloud: the run did not finish
+            return self.on_interrupted(int(plan.directives[INTERRUPTED] or 0), started=started)
         if not started and not reason:
             self.hold_stop(plan.session)  # the run is over, or a new one with this id is starting
             return "held"
         status.info("%s %s: run finished%s", self.tier, self.node_id, f": {reason}" if reason else done)
         self.stopped.set()
         return "finished"
+
+    def on_interrupted(self, after: int, *, started: bool) -> str:
+        """The cloud's stop after an interrupt (PROTOCOL.md, "The stop announcement"): a node
+        that took part leaves with EXIT_INTERRUPTED (a unit with Restart=on-failure starts it
+        again); one that finds it before any round (restarted, or started late) waits for the
+        cloud to resume, which announces its next round on the same topic."""
+        self.interrupted = after
+        if not started:
+            if self.held_stop != float("inf"):
+                self.held_stop = float("inf")  # never due: the resumed cloud's round clears it
+                status.info("%s %s: the cloud was interrupted after round %d; waiting for it to resume", self.tier,
+                            self.node_id, after)
+            return "held"
+        status.info("%s %s: the cloud was interrupted after round %d (the run is not over); leaving with exit "
+                    "status %d: restart this %s to take part when the cloud resumes (a unit with "
+                    "Restart=on-failure does)", self.tier, self.node_id, after, EXIT_INTERRUPTED, self.tier)
+        self.stopped.set()
+        return "interrupted"
 
     def ensure_part(self, plan: Any) -> str | None:
         """The host's part for the announced method and config (runtime/parts.py): its outcome,

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -135,6 +135,35 @@ def why_unevaluated(history: list[dict[str, Any]]) -> str:
         top = sorted(refused.items(), key=lambda kv: -kv[1])[:3]
         why += "; refused messages: " + ", ".join(f"{rule} x{n}" for rule, n in top)
     return why
+
+
+def ending(history: list[dict[str, Any]], left: Mapping[str, str] | None = None,
+           devices: int | None = None) -> tuple[str, str | None]:
+    """How a run that ran its rounds ended: ("complete", None), or ("no_devices", why) when no
+    round had a device's training reach the cloud (`devices_reported`, the cloud's round record)
+    or, with `devices` given, every one of them left (`left`: the cloud's node -> why, devices
+    named "<id> (edge <e>)") and the last round had none. Records without the count (written by
+    an older cloud) are taken as having devices."""
+    known = [int(h["devices_reported"]) for h in history if h.get("devices_reported") is not None]
+    gone = {node: why for node, why in (left or {}).items() if " (edge " in node}
+    why_left = "".join(f"; {node} left: {why}" for node, why in sorted(gone.items())[:3])
+    if known and not any(known):
+        return "no_devices", f"no device's training reached the cloud in any of the {len(history)} rounds{why_left}"
+    if known and not known[-1] and devices is not None and len(gone) >= devices:
+        last = max(int(h["round"]) for h in history if int(h.get("devices_reported") or 0) > 0)
+        return "no_devices", f"every device left the run; none took part after round {last}{why_left}"
+    return "complete", None
+
+
+def served(history: list[dict[str, Any]]) -> tuple[str, Any]:
+    """(which head the served model carries, its accuracy): "calibrated" (the last calibration's
+    head held every class: its accuracy_calibrated) or "own" (the last round's accuracy)."""
+    head = str(history[-1].get("served_head") or "own") if history else "own"
+    if head == "calibrated":
+        scored = [h["accuracy_calibrated"] for h in history if h.get("accuracy_calibrated") is not None]
+        if scored:
+            return head, scored[-1]
+    return "own", history[-1].get("accuracy") if history else None
 
 
 def write_counters(out: Path | None, node_id: str, transports: list[Any]) -> None:

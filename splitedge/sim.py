@@ -120,6 +120,7 @@ def check_run_settings(s: Any) -> None:
     unknown = [b for b in s.backends if b not in BACKENDS]
     if unknown or not s.backends:
         raise ValueError(f"--backends takes a comma list of {', '.join(BACKENDS)}, got {','.join(s.backends) or '(empty)'}")
+    check_backends(s.method, s.backends)
     if s.join_timeout_s is not None and not s.join_timeout_s > 0:
         raise ValueError(f"--join-timeout must be > 0 seconds, got {s.join_timeout_s}")
     if s.threads < 1:
@@ -128,6 +129,21 @@ def check_run_settings(s: Any) -> None:
         raise ValueError(f"--groups must be in 0..--devices and --group-skew rotate or labels, got {s.groups} and "
                          f"{s.group_skew!r}")
     check_shared_noise(s.overrides, s.devices, s.edges, s.sampling)  # also: a sampling that makes no sense
+
+
+def check_backends(method: str, backends: tuple[str, ...]) -> None:
+    """A method with no device part for a requested backend: every such device would leave at
+    round 1 (device/agent.py), so the sim refuses in one line before it loads anything."""
+    from splitedge.methods.registry import get_method, list_methods
+
+    runs_on = get_method(method).device_backends()  # None: a generic part, any backend
+    missing = [b for b in dict.fromkeys(backends) if runs_on is not None and b not in runs_on]
+    if not missing:
+        return
+    others = [m for m in list_methods() if all(b in (get_method(m).device_backends() or backends) for b in missing)]
+    raise ValueError(f"{method} has no device part for backend {', '.join(missing)} (it runs on {', '.join(runs_on)}): "
+                     f"its {'/'.join(missing)} devices would leave at round 1; drop {', '.join(missing)} from "
+                     f"--backends" + (f", or choose a method that runs on it ({', '.join(others[:6])})" if others else ""))
 
 
 def check_scale_settings(s: SimSettings) -> None:
@@ -289,13 +305,13 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None,
                 history = cloud.run()
             except KeyboardInterrupt:  # what finished is kept, and marked as such
                 summary = summarise(cloud.history, fed, config, s, wall_before + time.monotonic() - started, info,
-                                    "interrupted")
+                                    "interrupted", left=cloud.left)
                 (s.out / "summary.json").write_text(dumps(summary, indent=1))
                 raise
             fed.wait_stopped(timeout=30)
             workers.wait(timeout=60)
             summary = summarise(history, fed, config, s, wall_before + time.monotonic() - started, info,
-                                workers=workers)
+                                workers=workers, left=cloud.left)
             if saved:
                 summary["resumed_after_round"] = saved.round
             if tree is not None:
@@ -557,9 +573,19 @@ def summed(rounds: Any) -> dict[str, dict[str, Any]]:
 
 
 def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings, seconds: float,
-              info: Any, status: str = "complete", workers: "WorkerPool | None" = None) -> dict[str, Any]:
-    """The run in one JSON document; `status` "complete" or "interrupted", `evaluated_rounds`
-    how many rounds produced an accuracy (0 means the run learnt nothing that was measured)."""
+              info: Any, status: str = "complete", workers: "WorkerPool | None" = None,
+              left: dict[str, str] | None = None) -> dict[str, Any]:
+    """The run in one JSON document; `status` "complete", "interrupted" or "no_devices" (no
+    device's training reached the cloud, or every device left: `status_reason` says why; `left`
+    is the cloud's node -> why it left), `evaluated_rounds` how many rounds produced an accuracy
+    (0 means the run learnt nothing that was measured). `final_accuracy` is the model's own head
+    (`final_accuracy_head`); `served_accuracy` that of the model the checkpoint holds (`served_head`)."""
+    from splitedge.runtime.outputs import ending, served
+
+    reason = None
+    if status == "complete":
+        status, reason = ending(history, left, s.devices)
+    head, served_accuracy = served(history)
     acc = [h.get("accuracy", float("nan")) for h in history]  # a method may report no accuracy
     calibrated = [h.get("accuracy_calibrated") for h in history]  # None: the round was not calibrated
     measured = [a for a in calibrated if a is not None]
@@ -571,15 +597,19 @@ def summarise(history: list[dict], fed: Federation, config: Any, s: SimSettings,
     rounds = max(1, len(history))
     return {
         "status": status,
+        **({"status_reason": reason} if reason else {}),
         "rounds_done": len(history),
         "evaluated_rounds": sum(1 for a in acc if a == a),
         "final_accuracy": acc[-1] if acc else None,
+        "final_accuracy_head": "own",
         "best_accuracy": max((a for a in acc if a == a), default=None),
         "accuracy_per_round": acc,
         **({"final_accuracy_calibrated": calibrated[-1], "best_accuracy_calibrated": max(measured),
             "accuracy_calibrated_per_round": calibrated} if measured else {}),
+        "served_head": head,
+        "served_accuracy": served_accuracy,
         "round_seconds": [h["round_seconds"] for h in history],
-        "closed_on_quorum": closed_on_quorum(history),
+        "closed_on_quorum": closed_on_quorum(history) and status != "no_devices",
         "stopped_on_plateau": status == "complete" and s.until_plateau and 0 < len(history) < s.rounds,
         "wall_seconds": seconds,
         "bytes": by_tier,

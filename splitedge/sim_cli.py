@@ -95,9 +95,14 @@ def run(args: argparse.Namespace) -> int:
           f"{s.rounds} rounds, {'IID' if s.alpha is None else f'Dirichlet({s.alpha})'}, into {s.out}", flush=True)
     summary = run_sim(s, on_round=_progress(s.rounds), on_resume=lambda run, r: print(
         f"splitedge sim: resuming run {run} after round {r} ({s.out}/sim.state)", flush=True))
-    print(json.dumps({k: summary[k] for k in ("final_accuracy", "final_accuracy_calibrated", "wall_seconds",
-                                              "device_up_bytes_per_device_per_round") if k in summary}))
-    print(f"wrote {s.out}/metrics.jsonl, summary.json, plot.png")
+    print(json.dumps({k: summary[k] for k in ("status", "final_accuracy", "final_accuracy_head",
+                                              "final_accuracy_calibrated", "served_head", "served_accuracy",
+                                              "wall_seconds", "device_up_bytes_per_device_per_round")
+                      if k in summary}))
+    print(f"wrote {s.out}/{', '.join(written(s.out))}")
+    if summary.get("status") == "no_devices":
+        print(f"splitedge sim: the run did not train: {summary.get('status_reason')}", file=sys.stderr)
+        return 1
     if not summary["evaluated_rounds"]:
         from splitedge.runtime.outputs import why_unevaluated
 
@@ -107,6 +112,14 @@ def run(args: argparse.Namespace) -> int:
               f"nodes' logs", file=sys.stderr)
         return 1
     return 0
+
+
+def written(out: Path) -> list[str]:
+    """What the run left in `out` (files, then folders with a slash), not its lock."""
+    from splitedge.runtime.outputs import LOCK
+
+    entries = sorted(Path(out).iterdir(), key=lambda e: (e.is_dir(), e.name))
+    return [e.name + ("/" if e.is_dir() else "") for e in entries if e.name != LOCK]
 
 
 def _progress(total: int):
