@@ -34,6 +34,7 @@ SUITES = {
     "leak": "splitedge.bench.leak",
     "dp": "splitedge.bench.dp",
     "floods": "splitedge.bench.floods",
+    "merge": "splitedge.bench.merge",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""
@@ -131,10 +132,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "this many training at a time per process")
     g.add_argument("--workers", type=int, default=None, help="scale: device worker processes (default 2)")
     g = p.add_argument_group("throughput")
-    g.add_argument("--counts", type=_csv, default=None, help="throughput: devices' worth of messages, e.g. 10,100,1000; leak: images of "
+    g.add_argument("--counts", type=_csv, default=None, help="throughput, merge: devices' worth of messages, e.g. 10,100,1000; leak: images of "
                    "the class on the device (default 1,2,5,10,50)")
     g.add_argument("--dims", type=_csv, default=None, help="moment feature dims, e.g. 512,8192")
     g.add_argument("--grow", type=_csv, default=None, help="device counts for round wall time, e.g. 4,8,16")
+    g = p.add_argument_group("merge")
+    g.add_argument("--before", nargs="?", const="52b8928", default=None, metavar="COMMIT",
+                   help="merge: also measure methods/moments.py as it was at COMMIT (default 52b8928, before issue 58)")
 
 
 def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str]) -> Path:
@@ -204,7 +208,8 @@ def rerender(module: Any, out_dir: Path, *, plots: bool, suite: str) -> Path:
     return json_path
 
 
-ONLY_OPTIONS = {"matrix": ("out", "plan", "cells", "ram", "rerender"), "compare": ("inputs", "target", "ram", "out", "no_plots")}
+ONLY_OPTIONS = {"matrix": ("out", "plan", "cells", "ram", "rerender"), "compare": ("inputs", "target", "ram", "out", "no_plots"),
+                "merge": ("quick", "out", "no_plots", "counts", "dims", "seed", "before")}
 """Suites that read only these options: their record leaves out the other suites' defaults (a
 matrix's plan holds its data set; `--dataset digits` in its record misled)."""
 

@@ -33,35 +33,83 @@ class PerClassStats:
         return int(self.counts.sum())
 
 
-@dataclass(frozen=True, eq=False)
+RAW_FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+"""Float dtypes ClassMoments holds as given (the wire's f2/f4/f8, native byte order): widening
+them to float64 is exact, so reading them widened inside an operation gives what a float64 copy
+would, without the copy."""
+
+
+@dataclass(frozen=True, eq=False, init=False)
 class ClassMoments(PerClassStats):
     """Moments of the classes present: classes i8[K] (unique, >= 0), counts i8[K] (>= 1),
-    mean f8[K,D], var f8[K,D] (unbiased, ddof=1; 0 where the count is 1)."""
+    mean f8[K,D], var f8[K,D] (unbiased, ddof=1; 0 where the count is 1).
+
+    Means and variances of a narrower float dtype (a decoded f4 or f2 body) are held as they
+    came, not copied to float64 per message: `raw_mean` / `raw_var` are the arrays held, which
+    the exact merge accumulates in float64 without widening them first; `mean` / `var` are
+    float64 on every access (a widened copy when the moments hold a narrower dtype: bind it
+    once rather than read it in a loop). Widening is exact, so every result is as it was when
+    the moments held float64 copies."""
 
     classes: np.ndarray
     counts: np.ndarray
-    mean: np.ndarray
+    mean: np.ndarray  # float64 properties, assigned below the class; the arrays held are raw_mean / raw_var
     var: np.ndarray
 
-    def __post_init__(self) -> None:
-        classes, counts = np.asarray(self.classes), np.asarray(self.counts)
+    def __init__(self, classes: Any, counts: Any, mean: Any, var: Any) -> None:
+        classes, counts = np.asarray(classes), np.asarray(counts)
         if classes.dtype.kind not in "iu" or counts.dtype.kind not in "iu":
             raise ValueError("classes and counts must be integer arrays")
         classes = classes.astype(np.int64, copy=False).reshape(-1)
         counts = counts.astype(np.int64, copy=False).reshape(-1)
-        mean = np.asarray(self.mean, dtype=np.float64)
-        var = np.asarray(self.var, dtype=np.float64)
-        _check_shapes(classes, counts, mean, var)
+        raw_mean, raw_var = _held(mean), _held(var)
+        _check_shapes(classes, counts, raw_mean, raw_var)
         object.__setattr__(self, "classes", classes)
         object.__setattr__(self, "counts", counts)
-        object.__setattr__(self, "mean", mean)
-        object.__setattr__(self, "var", var)
+        object.__setattr__(self, "_raw_mean", raw_mean)  # not fields: a snapshot keeps (and restores) the four above
+        object.__setattr__(self, "_raw_var", raw_var)
+
+    @property
+    def dim(self) -> int:
+        return int(self.raw_mean.shape[1])
+
+    @property
+    def raw_mean(self) -> np.ndarray:
+        """The means as held (float16, float32 or float64)."""
+        return self.__dict__["_raw_mean"]
+
+    @property
+    def raw_var(self) -> np.ndarray:
+        """The variances as held (float16, float32 or float64)."""
+        return self.__dict__["_raw_var"]
+
+    @classmethod
+    def _merged(cls, classes: np.ndarray, counts: np.ndarray, mean: np.ndarray, var: np.ndarray) -> ClassMoments:
+        """A merge's result of checked parts of at most float32 (merge_moments): unique sorted
+        classes, counts >= 1, variances >= 0 by construction, and finite, since float64 sums of
+        float32 values and their squares times int64 counts cannot overflow; not checked again."""
+        m = object.__new__(cls)
+        for name, value in (("classes", classes), ("counts", counts), ("_raw_mean", mean), ("_raw_var", var)):
+            object.__setattr__(m, name, value)
+        return m
 
     @classmethod
     def empty(cls, dim: int) -> ClassMoments:
         """No classes yet (a device with no data still reports its feature dimension)."""
         z = np.zeros((0, dim))
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), z, z.copy())
+
+
+ClassMoments.mean = property(lambda self: np.asarray(self.raw_mean, dtype=np.float64),  # type: ignore[assignment]
+                             doc="Class means, float64 (widened on access from a narrower dtype held).")
+ClassMoments.var = property(lambda self: np.asarray(self.raw_var, dtype=np.float64),  # type: ignore[assignment]
+                            doc="Unbiased class variances, float64 (widened on access from a narrower dtype held).")
+
+
+def _held(values: Any) -> np.ndarray:
+    """An array of RAW_FLOATS as it is; anything else as float64 (a copy, as ever)."""
+    a = np.asarray(values)
+    return a if a.dtype in RAW_FLOATS and a.dtype.isnative else np.asarray(a, dtype=np.float64)
 
 
 def _check_shapes(classes: np.ndarray, counts: np.ndarray, mean: np.ndarray, var: np.ndarray) -> None:
@@ -71,9 +119,10 @@ def _check_shapes(classes: np.ndarray, counts: np.ndarray, mean: np.ndarray, var
         raise ValueError(f"counts shape {counts.shape} != ({k},)")
     if mean.ndim != 2 or mean.shape[0] != k or var.shape != mean.shape:
         raise ValueError(f"mean {mean.shape} / var {var.shape} must both be [{k}, D]")
-    if len(np.unique(classes)) != k or (classes < 0).any():
+    named = classes.tolist()  # a set of k ints: cheaper than np.unique for a message's few classes
+    if len(set(named)) != k or (k and min(named) < 0):
         raise ValueError("classes must be unique and >= 0")
-    if (counts < 1).any():
+    if k and counts.min() < 1:
         raise ValueError("counts must be >= 1")
     if not (np.isfinite(mean).all() and np.isfinite(var).all()) or (var < 0).any():
         raise ValueError("mean/var must be finite and var >= 0")
@@ -163,6 +212,13 @@ def merge_moments(parts: Sequence[ClassMoments]) -> ClassMoments:
     var = [sum (n_k-1) var_k + sum n_k (mu_k - mu)^2] / (n-1)
     rather than "+ sum n_k mu_k^2 - n mu^2", which cancels catastrophically for large means.
     Since counts travel with the result, merges compose (device -> edge -> cloud).
+
+    One float64 accumulation per call: the result's mean and M2 and one scratch pair are
+    allocated once, every part is added in place (its rows as a slice when its classes are
+    consecutive ones of the union), and the parts' arrays are read as held (f4/f2 widened
+    inside each operation, never copied whole). The operations and their order per element
+    are those of the plain formula (mean += mu_k * (n_k / n); M2 += (n_k - 1) var_k +
+    n_k (mu_k - mean)^2, parts in order), so the result is the same to the bit.
     """
     if not parts:
         raise ValueError("merge_moments needs at least one part")
@@ -171,18 +227,59 @@ def merge_moments(parts: Sequence[ClassMoments]) -> ClassMoments:
         raise ValueError(f"parts have different feature dimensions: {sorted(dims)}")
     dim = dims.pop()
     classes = np.unique(np.concatenate([p.classes for p in parts]))
+    rows = [_rows_of(classes, p.classes) for p in parts]
     n = np.zeros(len(classes), dtype=np.int64)
-    for p in parts:
-        n[np.searchsorted(classes, p.classes)] += p.counts
-    mean = np.zeros((len(classes), dim))
-    for p in parts:
-        idx = np.searchsorted(classes, p.classes)
-        mean[idx] += p.mean * (p.counts / n[idx])[:, None]
-    m2 = np.zeros((len(classes), dim))
-    for p in parts:
-        idx = np.searchsorted(classes, p.classes)
-        m2[idx] += (p.counts - 1)[:, None] * p.var + p.counts[:, None] * np.square(p.mean - mean[idx])
-    return ClassMoments(classes, n, mean, _var_from_m2(m2, n))
+    for p, at in zip(parts, rows):
+        n[at] += p.counts
+    widest = max((len(p.classes) for p in parts), default=0)
+    mean, m2 = np.zeros((len(classes), dim)), np.zeros((len(classes), dim))
+    scratch, scratch2 = np.empty((widest, dim)), np.empty((widest, dim))
+    for p, at in zip(parts, rows):
+        k = len(p.classes)
+        if k:
+            term = np.multiply(p.raw_mean, (p.counts / n[at])[:, None], out=scratch[:k])
+            _add_rows(mean, at, term)
+    for p, at in zip(parts, rows):
+        k = len(p.classes)
+        if not k:
+            continue
+        counts = p.counts.astype(np.float64)[:, None]
+        within = np.multiply(p.raw_var, counts - 1.0, out=scratch[:k])
+        between = np.subtract(p.raw_mean, mean[at], out=scratch2[:k])
+        np.square(between, out=between)
+        np.multiply(between, counts, out=between)
+        np.add(within, between, out=within)
+        _add_rows(m2, at, within)
+    var = _var_from_m2_inplace(m2, n)
+    if all(p.raw_mean.itemsize <= 4 and p.raw_var.itemsize <= 4 for p in parts):
+        return ClassMoments._merged(classes, n, mean, var)
+    return ClassMoments(classes, n, mean, var)  # float64 parts can overflow: checked as ever
+
+
+def _rows_of(classes: np.ndarray, part: np.ndarray) -> slice | np.ndarray:
+    """The rows of `classes` (sorted, unique) holding `part`'s classes: a slice when they are
+    consecutive rows in order (the usual case: a view, no gather or scatter copy), else an index array."""
+    at = np.searchsorted(classes, part)
+    rows = at.tolist()
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return at
+
+
+def _add_rows(acc: np.ndarray, at: slice | np.ndarray, term: np.ndarray) -> None:
+    """acc[at] += term, in place for a slice (an index array gathers, adds and scatters: the same sums)."""
+    if isinstance(at, slice):
+        np.add(acc[at], term, out=acc[at])
+    else:
+        acc[at] += term
+
+
+def _var_from_m2_inplace(m2: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """_var_from_m2 written into `m2` (the same values, no temporaries)."""
+    np.maximum(m2, 0.0, out=m2)
+    np.divide(m2, np.maximum(counts - 1, 1)[:, None].astype(np.float64), out=m2)
+    m2[counts <= 1] = 0.0
+    return m2
 
 
 def moments_to_body(m: ClassMoments, dtype: str = "f4", *, space: str = "wc",
@@ -192,8 +289,8 @@ def moments_to_body(m: ClassMoments, dtype: str = "f4", *, space: str = "wc",
     if dtype not in WIRE_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(WIRE_DTYPES)}, got {dtype!r}")
     with np.errstate(over="ignore"):  # overflow is reported below as a ValueError
-        mean = np.ascontiguousarray(m.mean, dtype=WIRE_DTYPES[dtype])
-        var = np.ascontiguousarray(m.var, dtype=WIRE_DTYPES[dtype])
+        mean = np.ascontiguousarray(m.raw_mean, dtype=WIRE_DTYPES[dtype])  # as held: f4 -> f8 -> wire is f4 -> wire
+        var = np.ascontiguousarray(m.raw_var, dtype=WIRE_DTYPES[dtype])
     if not (np.isfinite(mean).all() and np.isfinite(var).all()):
         raise ValueError(f"moments overflow {dtype}; use a wider dtype")
     return {
@@ -279,8 +376,8 @@ def trimmed_merge(parts: Sequence[ClassMoments], drop: Any) -> ClassMoments:
     mean, var = np.zeros((len(classes), dim)), np.zeros((len(classes), dim))
     for j, held in enumerate(rows):
         n = np.array([parts[k].counts[i] for k, i in held], dtype=np.int64)
-        mu = np.stack([parts[k].mean[i] for k, i in held])
-        v = np.stack([parts[k].var[i] for k, i in held])
+        mu = np.stack([parts[k].raw_mean[i] for k, i in held]).astype(np.float64, copy=False)  # rows, widened
+        v = np.stack([parts[k].raw_var[i] for k, i in held]).astype(np.float64, copy=False)
         counts[j] = sum(int(c) for c in n)
         mean[j], var[j] = _trimmed_class(n.astype(np.float64), mu, v, int(drop(len(held))))
     return ClassMoments(classes, counts, mean, var)
@@ -341,17 +438,18 @@ def clipped_merge(parts: Sequence[ClassMoments], reference: ClassMoments | None,
     for p in parts:
         at = np.searchsorted(classes, p.classes)
         centre, spread = ref_mean[at], ref_spread[at]
+        p_mean, p_var = p.mean, p.var  # float64, widened once
         radius = k * np.sqrt(spread)
-        dist = np.sqrt(np.square(p.mean - centre).sum(axis=1))
+        dist = np.sqrt(np.square(p_mean - centre).sum(axis=1))
         over = (dist > radius) & (spread > 0)
-        total_var = p.var.sum(axis=1)
+        total_var = p_var.sum(axis=1)
         too_wide = (total_var > k * k * spread) & (spread > 0)
         if not (over.any() or too_wide.any()):
             clipped.append(p)
             continue
-        mean, var = p.mean.copy(), p.var.copy()
-        mean[over] = centre[over] + (p.mean[over] - centre[over]) * (radius[over] / dist[over])[:, None]
-        var[too_wide] = p.var[too_wide] * (k * k * spread[too_wide] / total_var[too_wide])[:, None]
+        mean, var = p_mean.copy(), p_var.copy()
+        mean[over] = centre[over] + (p_mean[over] - centre[over]) * (radius[over] / dist[over])[:, None]
+        var[too_wide] = p_var[too_wide] * (k * k * spread[too_wide] / total_var[too_wide])[:, None]
         clipped.append(ClassMoments(p.classes, p.counts, mean, var))
     return merge_moments(clipped)
 
@@ -370,13 +468,14 @@ def moments_without(whole: ClassMoments, part: ClassMoments) -> ClassMoments | N
     before): counts and sums subtracted exactly, in float64. Classes left with no sample are
     dropped (None if none is left); variances lost to rounding are clipped at 0."""
     at = rows_in(whole, part)
-    n, s1 = whole.counts.copy(), whole.mean * whole.counts[:, None]
-    ss = np.maximum(whole.counts - 1, 0)[:, None] * whole.var + whole.counts[:, None] * np.square(whole.mean)
+    w_mean, p_mean = whole.mean, part.mean  # float64, widened once
+    n, s1 = whole.counts.copy(), w_mean * whole.counts[:, None]
+    ss = np.maximum(whole.counts - 1, 0)[:, None] * whole.var + whole.counts[:, None] * np.square(w_mean)
     if (n[at] < part.counts).any():
         raise ValueError("the part counts more samples of a class than the whole")
     n[at] -= part.counts
-    s1[at] -= part.mean * part.counts[:, None]
-    ss[at] -= np.maximum(part.counts - 1, 0)[:, None] * part.var + part.counts[:, None] * np.square(part.mean)
+    s1[at] -= p_mean * part.counts[:, None]
+    ss[at] -= np.maximum(part.counts - 1, 0)[:, None] * part.var + part.counts[:, None] * np.square(p_mean)
     keep = n > 0
     if not keep.any():
         return None
