@@ -137,3 +137,18 @@ def test_bench_merge_paths_agree() -> None:
     row = results["rows"][0]
     assert row["identical"] == {"splitedge": True, "before": True} and set(row["ratio"]) == {"splitedge", "before"}
     assert "| 2 |" in bench.markdown(results)
+
+
+def test_bench_merge_suite_from_the_command_line(tmp_path) -> None:
+    """`splitedge bench merge` is a registered suite: JSON and markdown with the ratio to the floor."""
+    import json
+
+    from splitedge.cli import main
+
+    assert main(["bench", "merge", "--quick", "--counts", "2", "--dims", "16", "--out", str(tmp_path), "--no-plots"]) == 0
+    doc = json.loads((tmp_path / "merge.json").read_text())
+    assert doc["command"].startswith("splitedge bench merge --quick") and "--counts 2 --dims 16" in doc["command"]
+    assert "--dataset" not in doc["command"]  # only the options the suite reads
+    row = doc["results"]["rows"][0]
+    assert row["messages"] == 2 and row["identical"] == {"splitedge": True} and row["ratio"]["splitedge"] > 0
+    assert "splitedge / floor (CPU)" in (tmp_path / "merge.md").read_text()
