@@ -183,3 +183,26 @@ def test_an_edges_round_line_never_counts_more_devices_than_it_expected(tmp_path
     run_sim(s)
     closed = [r.getMessage() for r in caplog.records if "closed with" in r.getMessage()]
     assert closed and all("closed with 0/2 devices (2 left the run)" in line for line in closed), closed
+
+
+def test_the_clouds_last_line_is_the_served_models_accuracy(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The finding: the cloud printed the own head's final accuracy (0.864) while it served and
+    exported the calibrated model (0.953)."""
+    from splitedge.cli import build_parser
+    from splitedge.cloud import cli as cloud_cli
+
+    history = [{"round": 1, "accuracy": 0.864, "accuracy_calibrated": 0.953, "served_head": "calibrated",
+                "devices_reported": 2}]
+    monkeypatch.setattr(cloud_cli, "_run", lambda *a, **kw: history)
+    args = build_parser("cloud", ["cloud", "--broker", "mqtt://127.0.0.1:1"]).parse_args(
+        ["cloud", "--broker", "mqtt://127.0.0.1:1", "--out", str(tmp_path / "out")])
+    assert cloud_cli.run(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "0.9530" in lines[-1] and "calibrated" in lines[-1] and "model.safetensors" in lines[-1], lines
+    printed = json.loads(lines[-2])
+    assert printed["final_accuracy"] == 0.864 and printed["final_accuracy_head"] == "own", printed
+    assert printed["served_head"] == "calibrated" and printed["served_accuracy"] == 0.953, printed
+    # a run in which no device's training reached the cloud: one line, exit 1
+    history[:] = [{"round": 1, "accuracy": 0.097, "served_head": "own", "devices_reported": 0}]
+    assert cloud_cli.run(args) == 1
+    assert "the run did not train: no device's training reached the cloud" in capsys.readouterr().err
