@@ -6,8 +6,7 @@ Membership comes from the devices' hellos (runtime/membership.py) and liveness f
 `status` (a last will turns it "offline"), so a dead device stops holding rounds open.
 
 The cloud's messages for devices (every device, one device, a group) arrive on the cloud's
-downlink addressed to `@all`, a device id, `@<group>` or `@thin` (ONNX graphs: read only while a
-member runs the onnx backend); this runtime relays them on its own downlink with the same
+downlink addressed to `@all`, a device id or `@<group>`; this runtime relays them on its own downlink with the same
 address, kept (retained) when they carry a slot.
 """
 

@@ -8,7 +8,7 @@ The tier/id pair always names the PUBLISHER, so a broker ACL can tie each login 
 it may write, and a receiver can check the envelope's sender against the topic. Directions:
 ``up`` (to the publisher's parent), ``down`` (to its children) and ``peer`` (device to its
 neighbours). An optional last segment ``<to>`` addresses one node (its id) or a group
-(``@<group>``; ``@all`` is every device, ``@thin`` every thin onnx device) instead of every reader of the topic. ``<kind>`` is
+(``@<group>``; ``@all`` is every device) instead of every reader of the topic. ``<kind>`` is
 the message kind, or ``<kind>-<slot>`` for a latest-value message kept (retained) per slot.
 """
 
