@@ -33,7 +33,7 @@ def connect(url: str, *, run: str, tier: str, node_id: str, **kwargs: Any) -> "T
 
 
 def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s: float = 1.0,
-                        echo_s: float = 5.0, **kwargs: Any) -> None:
+                        echo_s: float = 15.0, **kwargs: Any) -> None:
     """Refuse to start a second live process with this run, tier and id, and a login that is not
     this node's: one line each, before the node connects.
 
@@ -46,7 +46,9 @@ def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s
     only that status and write only its echo topic (acl.probe_topic): a nonce published there
     comes back only when the login is this node's (Mosquitto 2.0 grants a denied subscription and
     then delivers nothing, so a subscription alone cannot tell). A broker without the probe login
-    skips the check with a warning; an anonymous one is read with a client id of the check's own.
+    skips the check with a warning; an anonymous one is read with a client id of the check's own,
+    and without the echo (there is no login to verify). The echo may take `echo_s`: a loaded node
+    or broker must not be taken for a wrong login.
     ValueError naming the way out; ConnectionError when the broker is not there."""
     from splitedge.protocol.acl import probe_login, probe_topic
     from splitedge.protocol.mqtt import MqttTransport, parse_url
@@ -75,7 +77,10 @@ def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s
         probe.on_raw(echo, lambda payload: echoed.set() if payload == nonce else None)
         probe.subscribe(echo, lambda t, env: None)
         probe.subscribe(status_topic, lambda t, env: seen.append(env.body["state"]))
-        probe.publish_raw(echo, nonce, qos=1)
+        if user is None:
+            echoed.set()  # anonymous: no login whose topics to verify
+        else:
+            probe.publish_raw(echo, nonce, qos=1)
         start = time.monotonic()
         while time.monotonic() - start < max(settle_s, echo_s) and not (
                 echoed.is_set() and (seen or time.monotonic() - start >= settle_s)):
