@@ -85,7 +85,10 @@ def test_a_graph_from_a_hostile_edge_is_refused_and_the_rounds_go_on(mosquitto, 
     assert hit["accuracy_per_round"] == clean["accuracy_per_round"]  # nothing reached the devices' state
     rounds = [json.loads(line) for line in (tmp_path / "hit" / "metrics.jsonl").read_text().splitlines()]
     refused = rounds[-1]["rejected"]["devices"]  # summed over the devices, each counting since it started
-    # both devices, in at least the first two rounds (the third's may come after their last `done`)
+    # both devices, in at least the first two rounds (the third's may come after their last `done`):
+    # frames that fail to decode are counted on arrival, on the network thread
     assert refused.get("envelope.kind_unknown", 0) >= 2 * 2, rounds[-1]["rejected"]
     assert refused.get("schema.type", 0) >= 2 * 2, refused
-    assert refused.get("state.weights", 0) >= 2 * 2, refused
+    # a decoded map that does not fit is refused on the device's own thread, after the round it
+    # arrived in, so the last `done` may count fewer rounds of it: at least one round's worth
+    assert refused.get("state.weights", 0) >= 2, refused
