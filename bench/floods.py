@@ -91,12 +91,14 @@ def _python(path: str | None) -> dict[str, str]:
 
 # -- broker ---------------------------------------------------------------------------------------
 
-def _mqtt_connect(client_id: str) -> bytes:
+def mqtt_connect_packet(client_id: str) -> bytes:
+    """An MQTT 3.1.1 CONNECT of `client_id` (clean session, keepalive 60), as raw bytes."""
     body = b"\x00\x04MQTT\x04\x02\x00\x3c" + len(client_id).to_bytes(2, "big") + client_id.encode()
-    return bytes([0x10]) + _varint(len(body)) + body
+    return bytes([0x10]) + varint(len(body)) + body
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """MQTT's remaining-length encoding of `n`."""
     out = bytearray()
     while True:
         n, digit = divmod(n, 128)
@@ -111,7 +113,7 @@ def connect_time(port: int, timeout: float = 10.0) -> float | None:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             s.settimeout(max(0.1, timeout - (time.monotonic() - start)))
-            s.sendall(_mqtt_connect(f"legit-{time.monotonic_ns()}"))
+            s.sendall(mqtt_connect_packet(f"legit-{time.monotonic_ns()}"))
             ack = b""
             while len(ack) < 4:
                 chunk = s.recv(4 - len(ack))
@@ -268,7 +270,7 @@ def big_publish(package: str, path: str | None, settings: Settings, log: Path) -
         size = settings.big_mb * MB
         topic = b"flood/big"
         body_len = 2 + len(topic) + size
-        header = bytes([0x30]) + _varint(body_len) + len(topic).to_bytes(2, "big") + topic
+        header = bytes([0x30]) + varint(body_len) + len(topic).to_bytes(2, "big") + topic
         during: list[float | None] = []
         done = threading.Event()
 
@@ -280,7 +282,7 @@ def big_publish(package: str, path: str | None, settings: Settings, log: Path) -
         sent, started = 0, time.monotonic()
         prober = threading.Thread(target=probe, daemon=True)
         with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as s:
-            s.sendall(_mqtt_connect("big"))
+            s.sendall(mqtt_connect_packet("big"))
             s.recv(4)
             prober.start()
             chunk = b"x" * MB

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -55,3 +56,13 @@ def embedded_broker() -> Iterator[EmbeddedBroker]:
     pytest.importorskip("amqtt")
     with EmbeddedBroker() as broker:
         yield broker
+
+
+def wait_until(check: Callable[[], bool], timeout: float) -> bool:
+    """Poll `check` every 50 ms until it holds or `timeout` s pass; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from brokers import require_mosquitto
+from brokers import require_mosquitto, wait_until
 from generated_broker import as_root, broker_user_exists, generated_shards, included, standalone
 from splitedge.protocol.broker import free_port
 from splitedge.protocol.mqtt import MqttTransport
@@ -65,7 +65,7 @@ def test_included_after_a_listener_line_it_opens_no_listener_on_1883_and_binds_e
                 # login, whatever client id it asks for, replaces the first
                 second = MqttTransport(shards.url("e0"), client_id="another-id", role="edge")
                 try:
-                    assert _waits_for(lambda: edge.reconnects >= 1 or not edge.connected, 5)
+                    assert wait_until(lambda: edge.reconnects >= 1 or not edge.connected, 5)
                 finally:
                     second.close()
             finally:
@@ -82,12 +82,3 @@ def test_the_listener_is_the_port_of_broker_unless_given() -> None:
     for bad in ("", "host:", "1883x", "a:70000"):
         with pytest.raises(ValueError, match="--listener"):
             listener_of(bad, "mqtt://x:1")
-
-
-def _waits_for(cond, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()

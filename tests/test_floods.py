@@ -28,6 +28,8 @@ from splitedge.protocol.limits import (
 )
 from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
 
+from brokers import wait_until
+from splitedge.bench.floods import mqtt_connect_packet, varint
 from protocol_doc import DOC, block, table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,29 +45,10 @@ def server_sockets(port: int) -> list[str]:
             if c.laddr and c.laddr.port == port and c.raddr]
 
 
-def wait_until(check: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, digit = divmod(n, 128)
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def mqtt_connect(port: int, client_id: str) -> socket.socket:
     """A raw MQTT 3.1.1 client: CONNECT sent, CONNACK (accepted) read."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    body = b"\x00\x04MQTT\x04\x02\x00\x3c" + len(client_id).to_bytes(2, "big") + client_id.encode()
-    s.sendall(b"\x10" + varint(len(body)) + body)
+    s.sendall(mqtt_connect_packet(client_id))
     assert s.recv(4) == b"\x20\x02\x00\x00"
     return s
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from brokers import require_mosquitto
+from brokers import require_mosquitto, wait_until
 from generated_broker import Shards, generated_shards, standalone
 from splitedge.protocol.mqtt import MqttTransport
 from splitedge.protocol.topics import topic
@@ -37,15 +37,6 @@ def shards() -> Iterator[Shards]:
             yield generated
 
 
-def _wait(cond, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 class Running:
     """A node holding its id (its own login, its will armed, status online), and a watcher that
     counts every status of that id: an `offline` means the node was evicted (its will fired)."""
@@ -59,7 +50,7 @@ class Running:
         self.states: list[str] = []
         self.watch = MqttTransport(shards.url(watcher), client_id="counts", role="watcher")
         self.watch.subscribe(topic(RUN, tier, node_id, "up", "status"), lambda t, e: self.states.append(e.body["state"]))
-        assert _wait(lambda: self.states == ["online"], 5), self.states
+        assert wait_until(lambda: self.states == ["online"], 5), self.states
 
     def assert_never_evicted(self) -> None:
         time.sleep(1.5)  # an evicted node would have reconnected (and said online again) by now
@@ -137,7 +128,7 @@ def test_watchers_run_side_by_side_each_with_its_login(shards: Shards) -> None:
         node = connect(shards.url("d0"), run=RUN, tier="device", node_id="d0")
         Node(run=RUN, tier="device", node_id="d0").announce_online(node)
         # Assert: both see the device come online, and neither took the other's connection
-        assert _wait(lambda: all(any("d0" in line for _, line in list(w.lines.queue)) for w in watchers), 10), \
+        assert wait_until(lambda: all(any("d0" in line for _, line in list(w.lines.queue)) for w in watchers), 10), \
             [list(w.lines.queue) for w in watchers]
         time.sleep(2.0)
         assert [w.transport.reconnects for w in watchers] == [0, 0]
