@@ -19,9 +19,12 @@ import psutil
 
 
 def peak_rss_bytes() -> int:
-    """The process's peak resident set size so far (Linux ru_maxrss is in KiB, macOS in bytes)."""
+    """The process's peak resident set size so far, never below its resident size now (Linux
+    ru_maxrss is in KiB, macOS in bytes). Linux folds each thread's cached RSS counts into the
+    high-water mark late, so a busy process's ru_maxrss can read up to ~64 pages per thread
+    below its current RSS: a peak under the present would be a metric that lies (issue 56)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+    return max(int(peak if sys.platform == "darwin" else peak * 1024), psutil.Process().memory_info().rss)
 
 
 def cpu_seconds(process: psutil.Process) -> float:

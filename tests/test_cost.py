@@ -57,3 +57,16 @@ def test_the_cloud_writes_every_device_s_cost_every_round(tmp_path) -> None:
     sent = sum(c["bytes_up"] for c in per_device.values())
     packets = summary["bytes"]["device"]["out_packet"]
     assert packets - 4 * 200 <= sent <= 1.05 * packets
+
+
+def test_the_peak_is_never_below_the_resident_memory_now(monkeypatch) -> None:
+    # Linux folds each thread's cached RSS counts into ru_maxrss late: busy threads made it read
+    # below psutil's RSS, a thin device's peak metric under its current one (issue 56)
+    import types
+
+    import psutil
+
+    from splitedge.runtime import cost
+
+    monkeypatch.setattr(cost.resource, "getrusage", lambda who: types.SimpleNamespace(ru_maxrss=1))
+    assert cost.peak_rss_bytes() >= psutil.Process().memory_info().rss > 10 * 2**20
