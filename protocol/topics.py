@@ -55,6 +55,20 @@ def _check_segment(name: str, value: object) -> str:
     return value
 
 
+def check_node_id(node_id: object) -> str:
+    """A node's own id (its --id), as a caller's mistake: ValueError in one line. Beyond any
+    segment's rules it must not start with '@', which addresses a group in a topic's last
+    segment (`@all`, `@<group>`): a device named so would be read as one (PROTOCOL.md, "Topics")."""
+    try:
+        _check_segment("node id", node_id)
+    except ProtocolError as exc:
+        raise ValueError(f"--id {node_id!r}: {exc.message}") from None
+    if str(node_id).startswith("@"):
+        raise ValueError(f"--id {node_id!r}: a node id must not start with '@' (a topic's last segment "
+                         f"addresses a group with it, e.g. @all)")
+    return str(node_id)
+
+
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ProtocolError(f"topic.{name}", f"{name} must be one of {allowed}, got {value!r}")

@@ -12,7 +12,7 @@ from typing import Any
 
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.credentials import redact_url
-from splitedge.protocol.topics import topic
+from splitedge.protocol.topics import check_node_id, topic
 from splitedge.protocol.transport import Transport, kind_of
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ def connect(url: str, *, run: str, tier: str, node_id: str, **kwargs: Any) -> "T
     `close()` publishes that offline status itself (`close(offline=False)` does not)."""
     from splitedge.protocol.mqtt import MqttTransport
 
+    check_node_id(node_id)
     will_env = Envelope(kind="status", run=run, round=0, sender=node_id, body={"state": "offline", "role": tier})
     will = (topic(run, tier, node_id, "up", "status"), will_env)
     transport = MqttTransport(url, client_id=f"{run}-{tier}-{node_id}", role=tier, will=will, **kwargs)
@@ -53,6 +54,7 @@ def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s
     from splitedge.protocol.acl import probe_login, probe_topic
     from splitedge.protocol.mqtt import MqttTransport, parse_url
 
+    check_node_id(node_id)
     user = kwargs.get("username") or parse_url(url)[3]
     status_topic = topic(run, tier, node_id, "up", "status")
     client_id = f"{run}-{tier}-{node_id}-probe-{os.getpid()}"  # never a node's own; a login's under the binding

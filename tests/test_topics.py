@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from paho.mqtt.client import topic_matches_sub
 
@@ -93,3 +94,22 @@ CASES = [
 @pytest.mark.parametrize("filter_, name", CASES)
 def test_matches_agrees_with_paho(filter_: str, name: str) -> None:
     assert matches(filter_, name) == topic_matches_sub(filter_, name)
+
+
+@pytest.mark.parametrize("role, argv", [
+    ("device", ["--edge", "e0", "--data", "SHARD"]),
+    ("edge", []),
+    ("cloud", ["--out", "OUT"]),
+])
+def test_a_role_refuses_an_id_that_addresses_a_group(role: str, argv: list[str], tmp_path, capsys) -> None:
+    """PROTOCOL.md: a node id must not start with '@' (it addresses a group); every role says so
+    in one line before it connects (on 52b8928 an edge and a cloud took '@e' and went on)."""
+    from splitedge.cli import main
+    from splitedge.methods.data.datasets import save_shard
+
+    shard = tmp_path / "shard.npz"
+    save_shard(shard, np.zeros((4, 8, 8, 1), np.uint8), np.arange(4) % 2)
+    argv = [str(shard) if a == "SHARD" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    assert main([role, "--broker", "mqtt://127.0.0.1:1", "--id", "@x", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "--id '@x': a node id must not start with '@'" in err and err.count("\n") == 1, err
