@@ -99,9 +99,16 @@ def build_parser(only: str | None = None, argv: Sequence[str] | None = None) -> 
                                f"[{name}] sections (env SPLITEDGE_CONFIG); every flag also from SPLITEDGE_<FLAG>, "
                                "e.g. SPLITEDGE_BROKER; a flag given here wins, then the variable, then the file")
                 if argv is not None and name == only:
-                    apply(p, name, argv)
+                    apply(p, name, argv, every_role=role_variables)
         p.set_defaults(module=module)
     return parser
+
+
+def role_variables() -> set[str]:
+    """The SPLITEDGE_* variable of every flag of cloud, edge and device (their parsers import no torch)."""
+    from splitedge.cli_defaults import ROLES, env_name, settable
+
+    return {env_name(a) for role in ROLES for a in settable(build_parser(role).commands[role]).values()}
 
 
 def _chosen_command(argv: Sequence[str]) -> str | None:

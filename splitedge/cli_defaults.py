@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 ROLES = ("cloud", "edge", "device")
 """The long-running roles a unit file starts: they read SPLITEDGE_* and --config."""
@@ -18,6 +18,11 @@ ENV_PREFIX = "SPLITEDGE_"
 COMMON = "common"
 """The config section every role reads before its own."""
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+NOT_FLAGS = ("SPLITEDGE_CONFIG", "SPLITEDGE_ARGS", "SPLITEDGE_CRASH_AT", "SPLITEDGE_CACHE")
+"""Variables that name no flag: the config file, the units' further flags (deploy/*.service
+expand it), a test's crash point (runtime/faults.py), the data sets' cache."""
+TEST_PREFIX = "SPLITEDGE_TEST_"
+"""Test-only hooks, never a setting."""
 
 
 def env_name(action: argparse.Action) -> str:
@@ -90,12 +95,35 @@ def convert_one(action: argparse.Action, value: Any, where: str) -> Any:
     return out
 
 
+def check_variables(environ: Mapping[str, str], own: set[str], every_role: Callable[[], set[str]]) -> None:
+    """A SPLITEDGE_* variable that no role reads is a misspelling a unit would otherwise ignore
+    in silence: one line naming it (and the closest name). A variable of another role's flag is
+    left alone, so one env file may serve several roles. `every_role` is called only when a
+    variable is not this role's own."""
+    import difflib
+
+    strange = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in own and k not in NOT_FLAGS
+                     and not k.startswith(TEST_PREFIX))
+    if not strange:
+        return
+    known = every_role() | set(NOT_FLAGS)
+    for name in strange:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ValueError(f"{name}: no splitedge role reads this variable ({hint}each flag's is SPLITEDGE_<FLAG>, "
+                             f"e.g. SPLITEDGE_BROKER for --broker)")
+
+
 def apply(parser: argparse.ArgumentParser, role: str, argv: Sequence[str],
-          environ: Mapping[str, str] | None = None) -> None:
+          environ: Mapping[str, str] | None = None, every_role: Callable[[], set[str]] | None = None) -> None:
     """Set the role's flag defaults from its variables and config file; a flag so given is no
-    longer required on the command line."""
+    longer required on the command line. With `every_role` (the variables every role reads), a
+    SPLITEDGE_* variable none reads is refused (check_variables)."""
     environ = os.environ if environ is None else environ
     actions = settable(parser)
+    if every_role is not None:
+        check_variables(environ, {env_name(a) for a in actions.values()}, every_role)
     path = config_path(argv, environ)
     values: dict[str, tuple[Any, str]] = {}
     if path is not None:

@@ -70,6 +70,8 @@ def test_the_units_variables_start_a_role_without_flags(monkeypatch) -> None:
     ("[edge]\nthreads = 'many'\n", {}, "--threads 'many'"),
     ("[edge]\ntakeover = 'perhaps'\n", {}, "--takeover is on or off"),
     ("", {"SPLITEDGE_THREADS": "x"}, "SPLITEDGE_THREADS: --threads 'x'"),
+    ("", {"SPLITEDGE_BROKR": "mqtt://h:1883"},  # a misspelt variable was ignored in silence (issue 56)
+     "SPLITEDGE_BROKR: no splitedge role reads this variable (did you mean SPLITEDGE_BROKER?"),
 ])
 def test_a_bad_setting_is_one_line_before_any_work(text: str, env: dict[str, str], says: str, tmp_path: Path,
                                                    monkeypatch, capsys) -> None:
@@ -80,6 +82,14 @@ def test_a_bad_setting_is_one_line_before_any_work(text: str, env: dict[str, str
     assert main(["edge", "--config", str(path), "--broker", "mqtt://127.0.0.1:1", "--id", "e0"]) == 2
     err = capsys.readouterr().err
     assert says in err and err.startswith("splitedge edge: error:") and err.count("\n") == 1, err
+
+
+def test_another_role_s_variable_is_left_alone(monkeypatch) -> None:
+    """One env file may serve several roles: the cloud's SPLITEDGE_ROUNDS and a device's
+    SPLITEDGE_EDGE do not stop an edge, nor do the variables that name no flag."""
+    env = {"SPLITEDGE_ROUNDS": "3", "SPLITEDGE_EDGE": "e0", "SPLITEDGE_ARGS": "--threads 2",
+           "SPLITEDGE_CACHE": "/tmp/cache", "SPLITEDGE_ID": "e1"}
+    assert _parse("edge", ["--broker", "mqtt://h:1883"], monkeypatch, env=env).id == "e1"
 
 
 def test_a_missing_config_file_is_named(tmp_path: Path, capsys) -> None:
