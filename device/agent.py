@@ -121,8 +121,6 @@ class DeviceAgent(Node):
         """Process events until the cloud announces the end of the run (or stop() is called)."""
         while not self.stopped.is_set():
             self.dispatch(self.next_event(poll))
-            if self.held_stop_due():
-                self.stopped.set()
 
     def next_event(self, timeout: float) -> tuple[str, Envelope] | None:
         """Events deferred during a round's `request`/`gather` calls come first, in arrival order."""
@@ -135,8 +133,8 @@ class DeviceAgent(Node):
                 env.kind not in CONTROL_KINDS and self.host.hold((topic, env))):
             return  # the downlink of an edge we left, or a message kept for a parked part
         if env.kind == "status" and where.tier == "edge":
-            self.on_parent_status(env.body["state"])
-        elif env.kind == "round":
+            return  # the edge's presence: its rounds say all a waiting device needs (Node.hold_stop)
+        if env.kind == "round":
             self._on_round(RoundPlan.from_body(env.round, env.body))
         elif env.kind == "assign":
             self._on_assign(Placement(edge=env.body["edge"], groups=tuple(env.body["groups"]),

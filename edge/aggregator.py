@@ -65,9 +65,9 @@ class EdgeAggregator(Node):
         self.unlisted: set[str] = set()  # ids refused at their hello (a manifest lists the devices), logged once
         self.rounds = RoundCollector()
         self.late_releases: dict[str, int] = {}  # device -> DP releases its dones reported after their phase closed
+        self.refused_now: dict[str, str] = {}  # device -> rule of its message this phase refused (its phase failed)
         self.secure: SecureSums | None = None  # the phase's secure sums, with the run's secagg on
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
-        self.last_stop: Envelope | None = None  # a retained stop found at start (held, see Node.hold_stop)
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
         self.cost = CostMeter({id(t): t for t in (self.down, self.up)}.values(), shared_process=shared_process)
         self.closed_with: int | None = None  # devices its last closed training round had a done from
@@ -133,10 +133,6 @@ class EdgeAggregator(Node):
             if self.secure is not None:
                 self.publish_all(self.secure.tick())
             self._maybe_close_round()
-            if self.held_stop_due():
-                if self.last_stop is not None:  # the devices leave too
-                    self._pass_round_down(self.last_stop)
-                self.stopped.set()
 
     # -- events ----------------------------------------------------------------------------
     def handle(self, topic: str, env: Envelope) -> None:
@@ -175,8 +171,8 @@ class EdgeAggregator(Node):
 
     def _from_cloud(self, where: Topic, env: Envelope) -> None:
         if env.kind == "status":
-            self.on_parent_status(env.body["state"])
-        elif env.kind == "round":
+            return  # the cloud's presence: its rounds say all a waiting edge needs (Node.hold_stop)
+        if env.kind == "round":
             self._on_round(env)
         elif self.current(env):
             if where.to is not None and where.to != self.node_id:
@@ -199,8 +195,6 @@ class EdgeAggregator(Node):
                             done=f" after round {self.plan.round}" if self.plan else "")
         if stop in ("finished", "interrupted"):  # an interrupted cloud's stop is retained: restarted devices wait
             self._pass_round_down(env, retain=not plan.directives.get("reason"))
-        elif stop == "held":
-            self.last_stop = env
         if stop or not plan.newer_than(self.plan) or not self._ensure_part(plan):
             return  # a stop, a retained announcement seen again, or a config we cannot use
         self.plan, self.round = plan, plan.round
@@ -218,6 +212,7 @@ class EdgeAggregator(Node):
             self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
         self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, awaited, phase=plan.phase)
+        self.refused_now = {}
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, round and cached state."""
@@ -241,6 +236,8 @@ class EdgeAggregator(Node):
 
     def _from_device(self, env: Envelope) -> None:
         if not self.accepts(self.part, env, "child", announced=self.roster.allowances.get(env.sender)):
+            if self.inbound.last_refusal and self.rounds.is_open and env.round == self.rounds.round:
+                self.refused_now.setdefault(env.sender, self.inbound.last_refusal)  # its phase fails (_refused_phases)
             return
         if env.kind == KIND:
             self._secure_message(env)
@@ -252,6 +249,19 @@ class EdgeAggregator(Node):
         stale = self.rounds.counts["stale"]
         if not self.rounds.add(env) and env.kind == "done" and self.rounds.counts["stale"] > stale:
             self._late_done(env)
+
+    def _refused_phases(self, plan: RoundPlan, by_device: dict[str, Any]) -> dict[str, Any]:
+        """A device whose message of this phase was refused did not take part, whatever its
+        `done` says: it counts as failed ("refused", runtime/records.py), with one line naming
+        the rule (a device restarted with another shard is re-admitted by its new hello,
+        runtime/membership.py; a lying one is refused every round)."""
+        for dev, rule in sorted(self.refused_now.items()):
+            if dev in by_device and not by_device[dev].get("left"):
+                by_device[dev] = {**by_device[dev], "failed": True, "reason": "refused"}
+                log.warning("edge %s: device %s's round %d%s does not count: its message was refused [%s]",
+                            self.node_id, dev, plan.round, "" if plan.phase == "train" else f" {plan.phase}", rule)
+        self.refused_now = {}
+        return by_device
 
     def _late_done(self, env: Envelope) -> None:
         """A device's `done` that came after its phase closed (its round ran past the deadline):
@@ -325,7 +335,8 @@ class EdgeAggregator(Node):
         except Exception:  # the cloud still hears that this edge is done, so the run goes on
             self.errors += 1
             log.exception("edge %s: aggregating round %d (%s) failed", self.node_id, plan.round, plan.phase)
-        by_device = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
+        by_device = self._refused_phases(plan, {r.sender: r.get("done").body["info"] for r in reports
+                                                if r.get("done") is not None})
         left = {d: str(i["left"]) for d, i in by_device.items() if i.get("left")}
         for d, why in left.items():
             log.warning("edge %s: device %s left the run: %s", self.node_id, d, why)

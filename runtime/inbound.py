@@ -86,6 +86,7 @@ class NodeInbound:
     def __init__(self, name: str, session: Callable[[], str], steps: Sequence[Step] = (within_announced, head_statistics, part_check)):
         self.name, self.session = name, session
         self.refused: Counter[str] = Counter()
+        self.last_refusal: str | None = None  # the rule of the last message refused (None: it was admitted)
         self.foreign = 0
         chain: Next = lambda msg: True  # noqa: E731 - the end of the chain: admitted
         for step in reversed(steps):
@@ -103,6 +104,7 @@ class NodeInbound:
         return True
 
     def admit(self, msg: Inbound) -> bool:
+        self.last_refusal = None
         if not self.current(msg.env):
             return False
         if msg.part is None:  # no method loaded yet: nothing for the steps to judge against
@@ -111,6 +113,7 @@ class NodeInbound:
             return self._chain(msg)
         except ProtocolError as exc:
             self.refused[exc.rule] += 1
+            self.last_refusal = exc.rule
             log.warning("%s: refused %s from %s [%s]: %s", self.name, msg.env.kind, msg.env.sender, exc.rule,
                         str(exc)[:300])
             return False

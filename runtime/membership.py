@@ -61,16 +61,23 @@ class Members:
             return False
         if not self.admits(env.sender):
             return False
+        before = self.samples.get(env.sender)
         change = self._change(env, addressed=addressed)
         if change in ("joined", "left"):
             status.info("edge %s: device %s %s", self.edge, env.sender, f"joined ({env.body['samples']} samples)"
                         if change == "joined" else "left for another edge")
+        elif change == "reshard":
+            status.info("edge %s: device %s came back with another shard: %d samples (was %d)%s", self.edge,
+                        env.sender, self.samples[env.sender], before,
+                        "" if self.listed is None else ", within its manifest entry")
         if change is not None and self.subs is not None:  # a member's status, hellos and data
             self.subs.sync({pattern(self.run, "device", d, "up", "#") for d in self.samples})
         return change is not None
 
     def _change(self, env: Envelope, *, addressed: bool) -> str | None:
-        """"joined", "changed" (groups or backend), "left" (moved to another edge), or None."""
+        """"joined", "changed" (groups or backend), "reshard" (the same groups, another sample
+        count or classes: a device restarted with a corrected shard is bounded by its new hello,
+        within its manifest entry), "left" (moved to another edge), or None."""
         dev, parent = env.sender, env.body["parent"]
         if addressed:
             if parent != self.edge or dev in self or self.refuted.get(dev) == env.msg_id:
@@ -83,10 +90,13 @@ class Members:
             return "left"
         self.joined_by[dev] = env.msg_id
         addresses = {f"@{g}" for g in env.body["groups"]}
-        if dev in self and self.addresses.get(dev) == addresses:
-            return None
-        change = "changed" if dev in self else "joined"
         allowance = Allowance.of_hello(env.body).within(None if self.listed is None else self.listed[dev])
+        if dev in self and self.addresses.get(dev) == addresses:
+            if self.allowances.get(dev) == allowance:
+                return None
+            change = "reshard"
+        else:
+            change = "changed" if dev in self else "joined"
         self.samples[dev], self.allowances[dev], self.addresses[dev] = allowance.samples, allowance, addresses
         return change
 

@@ -46,9 +46,6 @@ EXIT_INTERRUPTED = 75
 """A node's exit status when its cloud was interrupted (EX_TEMPFAIL): not 0, so a unit with
 Restart=on-failure starts it again to wait for the resumed cloud."""
 
-HELD_STOP_GRACE_S = 15.0
-"""How long a node that finds a retained stop before any round waits for a new run's parent."""
-
 QUIET_WARN_S = 8.0
 """How long an edge or device may hear nothing at all before it says, once, what it waits for:
 under a broker ACL a wrong --run is silence, not an error (the broker drops what it may not see)."""
@@ -63,8 +60,7 @@ class Node:
 
     def __init__(self, *, run: str, tier: str, node_id: str) -> None:
         self.run_id, self.tier, self.node_id = run, tier, node_id
-        self.held_stop: float | None = None  # deadline to obey a retained stop seen before any round
-        self.parent_online = False
+        self.held_stop: str | None = None  # what a node that found a stop before any round waits for (hold_stop)
         self.inbox: "queue.Queue[tuple[str, Envelope]]" = queue.Queue()
         self.round = 0
         self.completed = 0  # training phases an edge or device finished in this process (runtime/metrics_http.py)
@@ -171,30 +167,17 @@ class Node:
 
     # -- a retained stop found at start ----------------------------------------------------
     def hold_stop(self, session: str) -> None:
-        """A retained stop before this node saw any round: either its run ended while it was
-        away (a node restarted late: it must stop too, or it waits for ever) or a new run with
-        the same id is about to start (its cloud clears the old stop). Obey it once
-        HELD_STOP_GRACE_S passed and the parent is offline (`held_stop_due`); a round of a new
-        session clears it."""
-        if self.held_stop is None:
-            self.held_stop = time.monotonic() + HELD_STOP_GRACE_S
-            log.info("%s %s: the run's stop (session %s) is retained; leaving in %.0f s unless the parent comes "
-                     "online", self.tier, self.node_id, session, HELD_STOP_GRACE_S)
-
-    def on_parent_status(self, state: str) -> None:
-        """A live parent means a new run of this id is starting (the held stop is old); the
-        stop stays held until that run's first round, so a parent that was only on its way out
-        (the old cloud between its stop and its exit) still lets the node leave."""
-        self.parent_online = state == "online"
-
-    def held_stop_due(self) -> bool:
-        """True once a held stop's grace passed with the parent still offline: the run is over."""
-        if self.held_stop is None or self.parent_online or time.monotonic() < self.held_stop:
-            return False
-        status.info("%s %s: run %s had already finished when this %s started (its stop is retained); exiting. "
-                    "For a new run with this id start its cloud first, or use another --run", self.tier,
-                    self.node_id, self.run_id, self.tier)
-        return True
+        """A retained stop of a finished run before this node saw any round. A node cannot tell
+        whether it came too late for that run or early for a new run under the same id (run ids
+        are reused: the broker's ACL names them), so it waits for the new run: its cloud clears
+        the old stop and announces its first round, which this node then takes part in, in
+        whichever order the nodes started. Leaving instead (exit 0) left a systemd unit stopped
+        for good and the new cloud waiting for nodes that had gone."""
+        if self.held_stop != "new run":
+            self.held_stop = "new run"
+            status.info("%s %s: run %s finished earlier (its stop, session %s, is retained); waiting for a new run "
+                        "with this id: its cloud clears the stop and announces round 1 (Ctrl-C leaves)", self.tier,
+                        self.node_id, self.run_id, session)
 
     def follow_session(self, plan: Any) -> None:
         """A round of another session: the cloud (re)started, so `_new_session` forgets the old one."""
@@ -209,7 +192,7 @@ class Node:
 
     def on_stop(self, plan: Any, *, started: bool, done: str) -> str | None:
         """A round announcement that is the run's stop: "finished" (the node stops), "held" (a
-        retained stop found before any round, see hold_stop), "interrupted" (the cloud was
+        retained stop found before any round: the node waits, see hold_stop), "interrupted" (the cloud was
         interrupted: on_interrupted) or None (a round: any held stop is dropped). `done` ends the
         finished line (e.g. " after round 4")."""
         if not plan.stop:
@@ -232,8 +215,8 @@ class Node:
         cloud to resume, which announces its next round on the same topic."""
         self.interrupted = after
         if not started:
-            if self.held_stop != float("inf"):
-                self.held_stop = float("inf")  # never due: the resumed cloud's round clears it
+            if self.held_stop != "resume":
+                self.held_stop = "resume"  # the resumed cloud's round clears it
                 status.info("%s %s: the cloud was interrupted after round %d; waiting for it to resume", self.tier,
                             self.node_id, after)
             return "held"

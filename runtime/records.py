@@ -45,8 +45,9 @@ def edge_done_info(part: Part, infos: Sequence[Mapping[str, Any]], *, reported: 
 
 
 def failed_devices(infos: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """`{reason: devices}` of the devices whose `done` says their phase failed ("memory" or
-    "time": over their round guard's bound; "other": any other failure), leavers aside."""
+    """`{reason: devices}` of the devices whose phase failed ("memory" or "time": over their
+    round guard's bound, as their `done` says; "refused": their edge refused a message of the
+    phase; "other": any other failure), leavers aside."""
     out: collections.Counter[str] = collections.Counter()
     for i in infos:
         if i.get("failed") and not i.get("left"):

@@ -54,10 +54,8 @@ class Federation:
         self.procs[name] = _spawn(argv, self.tmp / f"{name}.log", self.node_env.get(name))
 
     def _wait_for_line(self, name: str, text: str, timeout: float) -> None:
-        """Until `name`'s log says `text`. The cloud first: the module's broker may still hold the
-        stop of an earlier test's run (same run id), which an edge or device that starts before
-        the new cloud obeys after HELD_STOP_GRACE_S (15 s), and a loaded box can take longer than
-        that to start a cloud (it imports torch)."""
+        """Until `name`'s log says `text` (the cloud's "waiting for": the module's broker may still
+        hold the stop of an earlier test's run of the same id, which the new cloud clears)."""
         deadline = time.monotonic() + timeout
         while text not in self.log(name) and time.monotonic() < deadline:
             self._check_alive(name)

@@ -64,7 +64,9 @@ def test_unit_has_required_keys(role: str) -> None:
     assert service["User"] not in ("root", "0") and service["NoNewPrivileges"] == "yes"
     assert service["EnvironmentFile"] == f"/etc/splitedge/{role}.env"
     if role != "cloud":  # a restarted cloud would restart the run at round 1 (see the unit)
-        assert service["Restart"] == "on-failure"
+        # back after any exit (a finished run's node waits for the next run of its id), except
+        # a mistake in its settings (exit 2: test_a_settings_mistake_exits_2_and_is_not_restarted)
+        assert service["Restart"] == "always" and service["RestartPreventExitStatus"] == "2"
 
 
 @pytest.mark.parametrize("role,override", [("device", {}), ("device", {"SPLITEDGE_BACKEND": "torch"}),
@@ -93,3 +95,16 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     if result.returncode != 0 and "splitedge-" not in result.stderr:  # e.g. a container without systemd
         pytest.skip(f"systemd-analyze cannot run here: {result.stderr.strip()[:200]}")
     assert result.returncode == 0 and result.stderr.strip() == "", result.stderr
+
+
+def test_a_settings_mistake_exits_2_and_is_not_restarted(tmp_path: Path) -> None:
+    """The exit status the units do not restart on is the one a user's mistake gets."""
+    import subprocess
+    import sys
+
+    for argv in (["device", "--broker", "mqtt://127.0.0.1:1", "--id", "d0", "--edge", "e0", "--run", "r",
+                  "--data", str(tmp_path / "missing.npz")],
+                 ["edge", "--broker", "mqtt://127.0.0.1:1", "--id", "e0", "--run", "r", "--manifest",
+                  str(tmp_path / "missing.json")]):
+        done = subprocess.run([sys.executable, "-m", "splitedge", *argv], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, (argv, done.returncode, done.stderr)

@@ -167,7 +167,7 @@ def test_a_node_that_finds_an_interrupted_stop_before_any_round_waits_for_the_cl
     stop = RoundPlan(round=4, method="fedavg", deadline_s=1.0, config={}, session="s1", stop=True,
                      directives={"interrupted": 3})
     assert node.on_stop(stop, started=False, done="") == "held"
-    assert not node.stopped.is_set() and not node.held_stop_due() and node.interrupted == 3
+    assert not node.stopped.is_set() and node.held_stop == "resume" and node.interrupted == 3
     resumed = RoundPlan(round=4, method="fedavg", deadline_s=60.0, config={}, session="s1")
     assert node.on_stop(resumed, started=False, done="") is None and node.interrupted is None
 

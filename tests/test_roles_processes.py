@@ -133,9 +133,9 @@ def test_before_a_round_the_cloud_waits_for_edges_that_went_offline_then_goes_on
         cloud.wait_for_live_edges(3)
 
 
-@pytest.mark.parametrize("cloud_state, leaves", [("offline", True), ("online", False)])
-def test_a_node_that_finds_a_finished_run_leaves_unless_a_new_cloud_is_up(mosquitto, monkeypatch, cloud_state: str,
-                                                                          leaves: bool) -> None:
+def test_a_node_that_finds_a_finished_run_waits_for_a_new_one_and_joins_it(mosquitto) -> None:
+    """Before any round, a finished run's retained stop makes a node wait (for as long as the
+    new cloud takes: tests/test_reused_runs.py); the new session's round clears it."""
     import threading
 
     from splitedge.device.agent import DeviceAgent
@@ -143,21 +143,19 @@ def test_a_node_that_finds_a_finished_run_leaves_unless_a_new_cloud_is_up(mosqui
     from splitedge.methods.config import RunConfig
     from splitedge.methods.fedavg.config import FedAvgConfig
     from splitedge.methods.contract import RoundPlan
-    from splitedge.runtime import node as node_module
     from splitedge.runtime.node import Node
     from splitedge.runtime.session import connect
 
     from parts import SPEC
 
-    monkeypatch.setattr(node_module, "HELD_STOP_GRACE_S", 1.0)
-    run = f"late-{cloud_state}"
-    # Prepare: what a finished run leaves on the broker: the cloud's retained stop, its status
+    run = "late"
+    # Prepare: what a finished run leaves on the broker: the cloud's retained stop, its status offline
     cloud, transport = Node(run=run, tier="cloud", node_id="cloud"), connect(mosquitto.url, run=run, tier="cloud",
                                                                               node_id="cloud")
-    stop = RoundPlan(round=4, method="fedavg", deadline_s=1.0, config=RunConfig(SPEC, FedAvgConfig()).to_wire(),
-                     session="0123456789abcdef", stop=True)
+    config = RunConfig(SPEC, FedAvgConfig()).to_wire()
+    stop = RoundPlan(round=4, method="fedavg", deadline_s=1.0, config=config, session="0123456789abcdef", stop=True)
     cloud.send(transport, "down", "round", stop.to_body(), round_=4, retain=True)
-    cloud.send(transport, "up", "status", {"state": cloud_state, "role": "cloud"}, round_=0, retain=True)
+    cloud.send(transport, "up", "status", {"state": "offline", "role": "cloud"}, round_=0, retain=True)
     transport.flush()
     # Execute: an edge and a device start late
     (x, y), _, _ = load_dataset("digits")
@@ -170,13 +168,21 @@ def test_a_node_that_finds_a_finished_run_leaves_unless_a_new_cloud_is_up(mosqui
         threads.append(threading.Thread(target=n.run_forever, daemon=True))
         threads[-1].start()
     try:
-        # Assert: with the cloud gone the edge leaves after the grace (passing the stop down and
-        # going offline, as `splitedge edge` does at exit), then the device; with a cloud up both stay
-        threads[0].join(10 if leaves else 3)
-        if nodes[0].stopped.is_set():
-            nodes[0].down.close(offline=True)
-        threads[1].join(10 if leaves else 1)
-        assert [n.stopped.is_set() for n in nodes] == [leaves, leaves]
+        # Assert: both hold the stop and stay; a new session's first round clears it at the edge
+        deadline = time.monotonic() + 30
+        while nodes[0].held_stop is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        # (the edge cleared its own downlink at start: its device waits for its round, no stop in sight)
+        assert nodes[0].held_stop == "new run" and not any(n.stopped.is_set() for n in nodes)
+        new = RoundPlan(round=1, method="fedavg", deadline_s=30.0, config=config, session="fedcba9876543210")
+        cloud.send(transport, "down", "round", new.to_body(), round_=1, retain=True)
+        while nodes[0].session != new.session and time.monotonic() < deadline:
+            time.sleep(0.1)
+        while nodes[1].session != new.session and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [n.session for n in nodes] == [new.session] * 2 and nodes[0].held_stop is None
+        assert not any(n.stopped.is_set() for n in nodes)
     finally:
         nodes[0].stop()
         nodes[1].stop()
