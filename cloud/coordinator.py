@@ -385,16 +385,25 @@ class CloudCoordinator(Node):
 
     def privacy_spent(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """With DP on: the releases of the device that made the most (an upper bound, summed over
-        phases and rounds) and the epsilon at `dp_delta` they spend (methods/privacy/accountant.py);
-        with distributed DP, the devices whose noise each sum adds up (methods/privacy/distributed.py)."""
+        phases and rounds) and the epsilon at `dp_delta` they spend (methods/privacy/accountant.py),
+        composed under dp_unit=sample with every round's DP-SGD steps (dpsgd.steps, counted for
+        every round, an upper bound for a device that sat one out); with distributed DP, the
+        devices whose noise each sum adds up (methods/privacy/distributed.py)."""
         cfg = self.method.config
         if not cfg.dp_sigma > 0:
             return {}
-        from splitedge.methods.privacy.accountant import epsilon
+        from splitedge.methods.privacy.accountant import run_epsilon
+        from splitedge.methods.privacy.dpsgd import steps
 
-        before = int(self.history[-1].get("dp_releases_total", 0)) if self.history else 0
-        total = before + int(metrics.get("dp_releases", 0)) + int(metrics.get("calibration_dp_releases", 0))
-        spent = {"dp_releases_total": total, "dp_epsilon": epsilon(cfg.dp_sigma, total, cfg.dp_delta)}
+        last = self.history[-1] if self.history else {}
+        total = int(last.get("dp_releases_total", 0)) + int(metrics.get("dp_releases", 0)) + \
+            int(metrics.get("calibration_dp_releases", 0))
+        spent: dict[str, Any] = {"dp_unit": cfg.dp_unit, "dp_releases_total": total}
+        sgd = 0
+        if cfg.dp_unit == "sample":  # every round, each device takes at most steps(cfg) DP-SGD steps (a public count)
+            sgd = int(last.get("dp_sgd_steps_total", 0)) + steps(cfg)
+            spent.update(dp_sgd_steps_total=sgd, dp_sample_rate=cfg.dp_sample_rate)
+        spent["dp_epsilon"] = run_epsilon(cfg.dp_sigma, total, sgd, cfg.dp_sample_rate, cfg.dp_delta)
         if cfg.dp_devices > 1:  # the epsilon holds while each sum holds that many devices whose noise is unknown
             spent["dp_devices"] = int(cfg.dp_devices)
         return spent

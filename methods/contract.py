@@ -367,6 +367,13 @@ class DevicePart(Part):
     refused before round 1 for a method with any device part that has not."""
     private_clips: tuple[str, ...] = ()
     """The run's clip settings this part's releases need (each must be > 0 with DP on)."""
+    dp_sgd: bool = False
+    """Whether, with `dp_unit = "sample"`, this part trains with DP-SGD (methods/privacy/dpsgd.py)
+    and sends what it trained as it is; a method with a device part that does not is refused."""
+    sample_unbounded: str = ""
+    """Why a release of this part has no bounded sensitivity at one image (a statistic computed with
+    the model the device just trained on those images), so `dp_unit = "sample"` refuses it; ""
+    when every release is bounded."""
     clear_private: str = ""
     """Why a private release of this part travels outside every secure sum (e.g. CFLHKD's
     clustering signal), so that it cannot share its noise with other devices and a run with
@@ -664,10 +671,24 @@ class Method:
         if self.config.dp_devices > 1 and clear:
             raise ValueError(f"dp_devices={self.config.dp_devices} needs every private release of {self.name} inside "
                              f"a secure sum, but {clear[0]}: leave dp_devices at 1")
-        unset = sorted({c for p in parts for c in p.private_clips if not getattr(self.config, c) > 0})
+        if self.config.dp_unit == "sample":
+            self._check_sample(parts)
+        skip = ("dp_update_clip",) if self.config.dp_unit == "sample" else ()  # DP-SGD clips gradients instead
+        unset = sorted({c for p in parts for c in p.private_clips if c not in skip and not getattr(self.config, c) > 0})
         if unset:
             raise ValueError(f"dp_sigma > 0 needs {' and '.join(u + ' > 0' for u in unset)}: the L2 norm each "
                              f"release is clipped to (docs/privacy.md)")
+
+    def _check_sample(self, parts: Sequence[Any]) -> None:
+        """With dp_unit=sample, every device part trains with DP-SGD and releases nothing whose
+        sensitivity at one image is unbounded (methods/privacy/dpsgd.py)."""
+        unbounded = sorted({p.sample_unbounded for p in parts if p.sample_unbounded})
+        if unbounded:
+            raise ValueError(f"dp_unit=sample refuses {self.name}: {unbounded[0]}, so removing one image moves it by "
+                             f"more than its clip (docs/privacy.md, 'The privacy unit')")
+        if not all(p.dp_sgd for p in parts):
+            raise ValueError(f"{self.name}'s devices have no DP-SGD form: dp_unit=sample covers fedavg (and fedadam, "
+                             f"fedyogi, fedavgm), fedprox, hsfp and hsfp-cal (device_target=etf); use dp_unit=device")
 
     def loss_terms(self, role: str) -> list[Any]:
         """Everything `role` minimises: objective plus switched-on regularisers."""

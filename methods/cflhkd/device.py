@@ -39,6 +39,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
     clear_private = "its clustering signal, computed from its noisy update, goes to the cloud device by device"
     secure_kinds = ("logits", "weights")  # its clustering signal is the cloud's to compare, device by device
     private, private_clips = True, ("dp_clip", "dp_update_clip")  # logits; the model (the signal follows from it)
+    sample_unbounded = "its mean logits are computed with the model it just trained on the same images"
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)

@@ -51,6 +51,7 @@ class FedProtoDevice(PersonalHead, DevicePart):
     secure_kinds = ("moments",)  # its prototypes: the edge takes their mean over devices (protos.py)
     moments_per = "device"
     private, private_clips = True, ("dp_clip",)  # only prototypes (and head statistics) leave it
+    sample_unbounded = "its prototypes and head statistics are computed with the model it just trained on the same images"
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)

@@ -42,6 +42,7 @@ class MARDevice(DevicePart):
     # under DP (FedMAR): the model update clipped and noised as FedAvg's, and the mean latent one
     # noisy release of the images' latents clipped to dp_clip (private_latent)
     private, private_clips = True, ("dp_update_clip", "dp_clip")
+    sample_unbounded = "its mean latent is taken by the encoder it is training, on the same images"
     clear_private = "FedMAR's mean latents travel device by device (its edge forwards each to the cloud)"
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:

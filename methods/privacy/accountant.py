@@ -7,6 +7,10 @@ Gaussian mechanisms. There is no subsampling (a device uses all its images) and 
 amplification. Count only the rounds a device actually sends (`releases`, or a `Ledger` fed
 with what was sent): statistics sent every `ic` rounds are about rounds / ic releases, not `rounds`.
 
+DP-SGD (`dp_unit = "sample"`, dpsgd.py) adds, per training round, dpsgd.steps(cfg) Poisson-
+subsampled Gaussian mechanisms (rate q = `dp_sample_rate`, multiplier sigma): amplified by the
+sampling, and composed with the Gaussian releases above (`run_epsilon`).
+
 Uses Google's dp-accounting (an edge / cloud / CLI dependency, imported lazily; devices only
 need sigma): "rdp" (Renyi DP, Mironov 2017; fast, a few percent to ~10 % conservative) or
 "pld" (privacy loss distributions; tight, but seconds per evaluation for many releases).
@@ -65,23 +69,51 @@ def epsilon(sigma: float, releases: int = 1, delta: float = DELTA, method: Metho
     return epsilon_of(gaussian_event(sigma, releases), delta, method)
 
 
+def dpsgd_event(sample_rate: float, sigma: float, steps: int) -> Any:
+    """The dp_accounting event of `steps` DP-SGD steps: each the Gaussian mechanism of multiplier
+    `sigma` on a Poisson sample of rate `sample_rate` (dpsgd.py)."""
+    dpa = _dp_accounting()
+    if not 0 < sample_rate <= 1 or not sigma > 0 or steps < 0:
+        raise ValueError(f"need sample_rate in (0, 1], sigma > 0 and steps >= 0, got {sample_rate}, {sigma}, {steps}")
+    return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(float(sample_rate), dpa.GaussianDpEvent(float(sigma))),
+                                   int(steps))
+
+
+def run_epsilon(sigma: float, releases: int = 0, steps: int = 0, sample_rate: float = 0.0, delta: float = DELTA,
+                method: Method = "rdp") -> float:
+    """Epsilon at `delta` of a device that made `releases` Gaussian releases and `steps` DP-SGD
+    steps at rate `sample_rate`, all at multiplier `sigma`, composed (0 of both: 0; sigma 0: inf)."""
+    if releases == 0 and steps == 0:
+        return 0.0
+    if sigma == 0:
+        return math.inf
+    dpa = _dp_accounting()
+    events = ([gaussian_event(sigma, releases)] if releases else []) + \
+        ([dpsgd_event(sample_rate, sigma, steps)] if steps else [])
+    return epsilon_of(dpa.ComposedDpEvent(events), delta, method)
+
+
 def sigma_for_epsilon(target: float, releases: int = 1, delta: float = DELTA, method: Method = "rdp",
-                      rtol: float = 1e-4) -> float:
-    """The smallest noise multiplier whose epsilon after `releases` is <= `target` (bisection on
-    sigma, epsilon being decreasing in it), to relative precision `rtol`: how `--dp-epsilon`
-    becomes the sigma devices are told."""
+                      rtol: float = 1e-4, *, steps: int = 0, sample_rate: float = 0.0) -> float:
+    """The smallest noise multiplier whose epsilon after `releases` (and `steps` DP-SGD steps at
+    `sample_rate`) is <= `target` (bisection on sigma, epsilon being decreasing in it), to
+    relative precision `rtol`: how `--dp-epsilon` becomes the sigma devices are told."""
     if not target > 0:
         raise ValueError(f"target epsilon must be > 0, got {target}")
-    if releases < 1:
-        raise ValueError(f"releases must be >= 1, got {releases}")
+    if releases < 0 or steps < 0 or releases + steps < 1:
+        raise ValueError(f"releases and steps must be >= 0, one of them >= 1, got {releases} and {steps}")
+
+    def spent(sigma: float) -> float:
+        return run_epsilon(sigma, releases, steps, sample_rate, delta, method)
+
     lo, hi = 0.0, 1.0
-    while epsilon(hi, releases, delta, method) > target:
+    while spent(hi) > target:
         lo, hi = hi, hi * 2
         if hi > 1e6:
             raise ValueError(f"epsilon {target} at delta {delta} is out of reach")
     while hi - lo > rtol * hi:
         mid = (lo + hi) / 2
-        if epsilon(mid, releases, delta, method) > target:
+        if spent(mid) > target:
             lo = mid
         else:
             hi = mid

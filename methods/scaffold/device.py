@@ -36,6 +36,7 @@ def parameter_map(model: torch.nn.Module) -> dict[str, np.ndarray]:
 class ScaffoldDevice(FedAvgDevice):
     state = FedAvgDevice.state + ("c_local", "c_global", "c_version")
     private, private_clips = True, ("dp_update_clip",)  # the model; dc follows from what was sent
+    dp_sgd = False  # its corrected steps have no DP-SGD form here: dp_unit=sample refuses it
     secure_kinds = ()  # no secure sum tested with its control variates
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
