@@ -13,6 +13,8 @@ from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, R
 from splitedge.methods.torch_utils import (build_split, input_batches, local_tensors, model_outputs, private_norms, sgd,
                                           tensor_batches)
 from splitedge.methods.training import Batch, Outputs, train_epochs
+from splitedge.methods.privacy.dpsgd_torch import terms_loss, train_dpsgd
+from splitedge.methods.privacy.norm_stats import with_statistics
 from splitedge.methods.privacy.release import private_weights
 from splitedge.models import load_numpy_state, state_to_numpy
 
@@ -21,6 +23,7 @@ class FedAvgDevice(DevicePart):
     # the optimiser is made afresh each round; specs and the local tensors come from the spec and data
     state = ("model", "version")
     private, private_clips = True, ("dp_update_clip",)
+    dp_sgd = True  # dp_unit=sample: trains with DP-SGD (per-image clipping), sends the model as trained
     secure_kinds = ("weights",)
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
@@ -46,6 +49,11 @@ class FedAvgDevice(DevicePart):
     def forward(self, batch: Batch) -> Outputs:
         return model_outputs(self.model, batch.x)
 
+    def sample_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One image's loss terms (DP-SGD's per-sample gradient: methods/privacy/dpsgd_torch.py)."""
+        batch = Batch(x, y)
+        return terms_loss(self.method.loss_terms("device"), self.forward(batch), batch)
+
     can_calibrate = True
 
     def classifier_input(self, x: np.ndarray) -> np.ndarray:
@@ -62,11 +70,16 @@ class FedAvgDevice(DevicePart):
         private = self.cfg.dp_sigma > 0 and self.cfg.local_epochs > 0
         start = state_to_numpy(self.model) if private else None
         norms = private_norms(self, self.model, input_batches(self.x)) if private else {}  # of the model received
-        self.losses = train_epochs(self.forward, self.method.loss_terms("device"),
-                                   tensor_batches(self.x, self.y, self.cfg.device_batch, gen), opt, [self.model],
-                                   epochs=self.cfg.local_epochs)
-        weights = state_to_numpy(self.model)
-        if start is not None:  # differential privacy: the update clipped and noised (methods/privacy)
+        if private and self.cfg.dp_unit == "sample":  # DP-SGD: the model it sends is post-processing
+            self.losses = train_dpsgd(self, self.model, self.sample_loss, lambda i: (self.x[i], self.y[i]),
+                                      len(self.y), opt)
+            weights = with_statistics(state_to_numpy(self.model), norms)
+        else:
+            self.losses = train_epochs(self.forward, self.method.loss_terms("device"),
+                                       tensor_batches(self.x, self.y, self.cfg.device_batch, gen), opt, [self.model],
+                                       epochs=self.cfg.local_epochs)
+            weights = state_to_numpy(self.model)
+        if start is not None and self.cfg.dp_unit == "device":  # DP-FedAvg: the update clipped and noised
             weights = private_weights(self, weights, start, norms)
         body = {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(self.y)),
                 "weights": weights}

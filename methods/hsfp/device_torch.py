@@ -21,6 +21,8 @@ from splitedge.methods.hsfp.etf import EtfHead
 from splitedge.methods.hsfp.method import AVERAGE, WC
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.contract import Message, NodeContext, RoundPlan
+from splitedge.methods.privacy.dpsgd_torch import terms_loss, train_dpsgd
+from splitedge.methods.privacy.norm_stats import with_statistics
 from splitedge.methods.privacy.release import private_weights
 from splitedge.methods.torch_utils import PlainSGD, private_norms, retune, sgd
 from splitedge.methods.training import Batch, Outputs, train_epochs
@@ -37,6 +39,7 @@ class HSFPTorchDevice(HSFPDevice):
     # pre-ReLU view of wc_global (built when moments are taken, see `features`).
     state = HSFPDevice.state + ("wc_global", "wc_local", "head", "opt", "calib")
     private, private_clips = True, ("dp_clip", "dp_update_clip")
+    dp_sgd = True  # dp_unit=sample: DP-SGD toward the ETF (train_private)
     secure_kinds = ("moments", "weights")
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
@@ -112,13 +115,19 @@ class HSFPTorchDevice(HSFPDevice):
         self.opt = self._new_optimizer()
 
     def train_round(self, plan: RoundPlan) -> Iterator[Message]:
-        for _ in range(self.cfg.local_epochs):
-            self.train_epoch()
+        sample_dp = self.cfg.dp_sigma > 0 and self.cfg.dp_unit == "sample"
+        if sample_dp and self.cfg.local_epochs > 0:
+            self.train_private()
+        else:
+            for _ in range(self.cfg.local_epochs):
+                self.train_epoch()
         if WC in plan.directives.get(AVERAGE, ()):
             weights = state_to_numpy(self.wc_local)
-            if self.cfg.dp_sigma > 0:  # the update from the global W_c, clipped and noised (methods/privacy)
-                norms = private_norms(self, self.wc_global, self.images)  # of the global W_c, which training left alone
-                weights = private_weights(self, weights, state_to_numpy(self.wc_global), norms)
+            if self.cfg.dp_sigma > 0:  # of the global W_c, which training left alone
+                norms = private_norms(self, self.wc_global, self.images)
+                # DP-SGD: the copy is sent as trained; DP-FedAvg: the update clipped and noised (methods/privacy)
+                weights = with_statistics(weights, norms) if sample_dp else \
+                    private_weights(self, weights, state_to_numpy(self.wc_global), norms)
             body = {"part": WC, "version": self.wc_version, "samples": self.num_samples, "weights": weights}
             yield Message("weights", body)
 
@@ -132,6 +141,24 @@ class HSFPTorchDevice(HSFPDevice):
         """The local images, normalised a batch at a time, in order."""
         for i in range(0, len(self._labels), size):
             yield torch.from_numpy(to_input(self.data[0][i:i + size], self.spec.mean, self.spec.std))
+
+    def train_private(self) -> None:
+        """One round of DP-SGD toward the ETF (methods/privacy/dpsgd_torch.py): an image's two
+        augmented views are one sample; BatchNorm frozen at the global W_c's statistics."""
+        gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))  # augmentation only
+
+        def load(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            x = torch.from_numpy(to_input(self.data[0][idx], self.spec.mean, self.spec.std))  # idx sorted
+            views = two_views(x, generator=gen)
+            return views.reshape(2, len(x), *x.shape[1:]).transpose(0, 1), self._labels[torch.from_numpy(idx)]
+
+        def loss_of(pair: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            views = pair[0]
+            features = pool(self.wc_local(views))
+            out = {"features": features, "z": self.head(features), "labels": torch.cat([y, y])}
+            return terms_loss(self.method.loss_terms("device"), out, Batch(views, y))
+
+        self.losses = train_dpsgd(self, self.wc_local, loss_of, load, len(self._labels), self.opt, [self.head])
 
     def train_epoch(self) -> float:
         """One epoch of the device's loss terms (SupCon, plus any regulariser); returns the mean loss."""
