@@ -36,6 +36,7 @@ class HSFPThinDevice(HSFPDevice):
     stats_batch = moment_batch  # head statistics run W_e and the trunk: the same bound
     state = HSFPDevice.state + ("extractor", "calib_extractor", "trainer", "trained_version", "dp_start")
     private, private_clips = True, ("dp_clip", "dp_update_clip")
+    dp_sgd = True  # dp_unit=sample: numpy DP-SGD toward the ETF (SupConTrainer.train_dpsgd)
     secure_kinds = ("moments", "weights")
     can_calibrate = True  # the trunk is built here, from the same install
 
@@ -86,17 +87,25 @@ class HSFPThinDevice(HSFPDevice):
         if self.trainer is None or self.cfg.local_epochs == 0:
             return
         self._sync_trainer()
-        for _ in range(self.cfg.local_epochs):
+        sample_dp = self.cfg.dp_sigma > 0 and self.cfg.dp_unit == "sample"
+        if sample_dp:  # DP-SGD toward the ETF (methods/privacy/dpsgd.py); the rng only augments
+            rng = np.random.default_rng(int(self.ctx.rng.integers(2**31)))
+            self.losses = self.trainer.train_dpsgd(self.data[0], self.data[1], self.spec.mean, self.spec.std,
+                                                   self.cfg, rng)
+        for _ in range(0 if sample_dp else self.cfg.local_epochs):
             rng = np.random.default_rng(int(self.ctx.rng.integers(2**31)))
             self.losses = self.trainer.train_epoch(self.data[0], self.data[1], self.spec.mean, self.spec.std,
                                                    self.cfg.device_batch, rng)
         if WC in plan.directives.get(AVERAGE, ()):
             weights = self.trainer.weights()
-            if self.cfg.dp_sigma > 0:  # the update clipped and noised (methods/privacy)
+            if self.cfg.dp_sigma > 0:
+                from splitedge.methods.privacy.norm_stats import with_statistics
                 from splitedge.methods.thin.norms import private_norms
 
                 norms = private_norms(self, self.trainer.wc, self.dp_start, self.images)  # of the global W_c
-                weights = private_weights(self, weights, self.dp_start, norms)
+                # DP-SGD: the copy goes as trained; DP-FedAvg: the update clipped and noised (methods/privacy)
+                weights = with_statistics(weights, norms) if sample_dp else \
+                    private_weights(self, weights, self.dp_start, norms)
             yield Message("weights", {"part": WC, "version": self.wc_version, "samples": self.num_samples,
                                       "weights": weights})
 

@@ -142,6 +142,10 @@ class BatchNorm2d(Layer):
     fresh output nothing else holds) and keeps that for backward; statistics accumulate in
     float64 a few samples at a time."""
 
+    frozen = False
+    """True: training normalises by the running statistics and leaves them as they are, so each
+    sample's output depends on that sample alone (DP-SGD, methods/thin/per_sample.py)."""
+
     def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__()
         self.eps, self.momentum = eps, momentum
@@ -160,6 +164,9 @@ class BatchNorm2d(Layer):
             out *= scale[:, None, None] * gamma
             out += beta
             return out
+        if self.frozen:
+            invstd = 1.0 / np.sqrt(self.buffers["running_var"].astype(np.float64) + self.eps)
+            return self.forward_fixed(x, self.buffers["running_mean"].astype(np.float64), invstd, keep=True)
         m = x.shape[0] * x.shape[2] * x.shape[3]
         mean = channel_sums(x) / m
         x -= mean.astype(F32)[:, None, None]
@@ -192,7 +199,15 @@ class BatchNorm2d(Layer):
         m = grad.shape[0] * grad.shape[2] * grad.shape[3]
         dgamma, dbeta = self.grad_sums(grad)
         self.grads.update(weight=dgamma.astype(F32), bias=dbeta.astype(F32))
+        if self.frozen:
+            return self.frozen_input_grad(grad)
         return self.input_grad(grad, dgamma, dbeta, m)
+
+    def frozen_input_grad(self, grad: np.ndarray) -> np.ndarray:
+        """dx = grad * gamma * invstd when the statistics were fixed (`frozen`), in place."""
+        grad *= (self.params["weight"] * self._saved_invstd)[:, None, None]
+        self._saved_xhat = None
+        return grad
 
     def grad_sums(self, grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(sum(grad * xhat), sum(grad)) per channel, float64: the gradients of gamma and beta, of

@@ -23,6 +23,7 @@ from splitedge.methods.thin.chunked import ChunkedStep
 from splitedge.methods.thin.layers import ReLU, Sequential, global_avg_pool, global_avg_pool_backward
 from splitedge.methods.thin.losses import etf_cross_entropy, feddecorr, supcon
 from splitedge.methods.thin.optim import NumpySGD
+from splitedge.methods.thin.per_sample import freeze_norms, per_sample_backward
 from splitedge.methods.thin.wc_models import out_channels, projection_head, thin_wc
 
 
@@ -148,6 +149,60 @@ class SupConTrainer:
         if self.head is not None:
             self.head.forget()
         return {k: v / max(seen, 1) for k, v in sums.items()}
+
+    def sample_grads(self, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], float]:
+        """Each image's gradient of its own loss (the mean over its two augmented views of the ETF
+        cross-entropy), {W_c state name: [B, ...] float64}, and the summed loss, with W_c's
+        BatchNorms frozen (methods/thin/per_sample.py): DP-SGD's per-sample gradients."""
+        if self.head is not None or self.feddecorr_beta > 0:
+            raise ValueError("per-image gradients need a per-image loss: device_target=etf without FedDecorr")
+        b = len(x)
+        fmap = self.wc.forward(two_views(x, rng), train=True)
+        pooled, shape = global_avg_pool(fmap), fmap.shape
+        del fmap
+        loss, dpooled = etf_cross_entropy(pooled, np.concatenate([y, y]), self.etf, self.etf_tau)
+        dpooled *= np.float32(b)  # the loss was the mean over 2B views: each image's is the mean of its 2
+        grads, _ = per_sample_backward(self.wc, global_avg_pool_backward(dpooled, shape))
+        return {k: g[:b] + g[b:] for k, g in grads.items()}, loss * b
+
+    def train_dpsgd(self, images: Any, labels: np.ndarray, mean: Any, std: Any, cfg: Any,
+                    rng: np.random.Generator, chunk: int = 8) -> dict[str, float]:
+        """One round of DP-SGD (methods/privacy/dpsgd.py): `steps(cfg)` steps, each on a Poisson
+        draw of the images at cfg.dp_sample_rate, their gradients clipped to cfg.dp_grad_clip,
+        summed, noised at cfg.dp_sigma and divided by cfg.device_batch, then the SGD step. The
+        draws and the noise come from the OS's entropy; `rng` only augments. `chunk` images at a
+        time (BatchNorm frozen: no batch statistics, so chunks are exact)."""
+        from splitedge.methods.budget import checkpoint
+        from splitedge.methods.privacy.dpsgd import clip_per_sample, noisy_step_gradient, poisson_batch, steps
+        from splitedge.methods.privacy.release import entropy_rng
+
+        secret = entropy_rng()
+        layers = {name: (layer, key) for name, layer, key in self.opt.params}
+        total_loss, seen = 0.0, 0
+        freeze_norms(self.wc)
+        try:
+            for _ in range(steps(cfg)):
+                checkpoint()
+                idx = poisson_batch(len(labels), cfg.dp_sample_rate, secret)
+                summed = {name: np.zeros(layer.params[key].shape) for name, (layer, key) in layers.items()}
+                for start in range(0, len(idx), chunk):
+                    part = idx[start:start + chunk]
+                    x = load_batch(images, part, mean, std)
+                    grads, loss = self.sample_grads(x, np.asarray(labels)[part].astype(np.int64), rng)
+                    for k, g in clip_per_sample(grads, cfg.dp_grad_clip).items():
+                        summed[k] += g.sum(axis=0)
+                    total_loss, seen = total_loss + loss, seen + len(part)
+                self.opt.zero_grad()
+                noisy = noisy_step_gradient(summed, clip=cfg.dp_grad_clip, sigma=cfg.dp_sigma,
+                                            divisor=cfg.device_batch, rng=secret)
+                for name, g in noisy.items():
+                    layer, key = layers[name]
+                    layer.grads[key] = g
+                self.opt.step()
+        finally:
+            freeze_norms(self.wc, False)
+            self.wc.forget()
+        return {"etf": total_loss / max(seen, 1), "total": total_loss / max(seen, 1)}
 
     def state_dict(self) -> dict[str, Any]:
         """The local W_c (once it started from a global one), the head and the momentum."""
