@@ -22,13 +22,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="save this edge's state here after every round and resume from it when restarted")
     p.add_argument("--takeover", action="store_true",
                    help="start even if the broker says an edge with this id is online")
-    p.add_argument("--manifest", type=Path, default=None,
-                   help="the manifest.json of `splitedge data split`: admit only the devices it lists, each "
-                        "counting at most its samples and class counts there (default: any device, bounded "
-                        "by its own hello)")
+    admit = p.add_mutually_exclusive_group()
+    admit.add_argument("--manifest", type=Path, default=None, metavar="SHARDS",
+                       help="the shards.json of `splitedge data split`, or the folder it wrote (its --out): admit "
+                            "only the devices it lists, each counting at most its samples and class counts there")
+    admit.add_argument("--admit-any-device", action="store_true",
+                       help="run open on purpose: admit any device id, each bounded only by its own hello (without "
+                            "--manifest an edge does so too, and says once at start-up that it is unsafe)")
     guard.add_arguments(p, "this edge's merge of a round (its devices' statistics or models, its own training)")
     credentials.add_arguments(p)
     metrics_http.add_arguments(p)
+
+
+OPEN = ("no --manifest: this edge admits any device id that says hello, each weighing in its merges with the "
+        "samples it claims, so anyone who can publish on its broker can join as many devices as it likes; give "
+        "--manifest SHARDS (the folder or shards.json of `splitedge data split`), or --admit-any-device to run "
+        "open on purpose")
+"""What an edge without a manifest says once at start-up (the safe path admits only the split's devices)."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +52,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     from splitedge.edge.aggregator import EdgeAggregator
     from splitedge.runtime.node import status
     from splitedge.runtime.session import check_identity_free, connect
-    from splitedge.runtime.allowance import manifest_allowances
+    from splitedge.runtime.allowance import manifest_allowances, manifest_file
     from splitedge.runtime.outputs import write_counters
 
     if args.state_dir is not None and args.state_dir.exists() and not args.state_dir.is_dir():
@@ -67,6 +77,10 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
         status.info("edge %s: merges with %s", args.id, merges.describe())
         if credentials.unsigned(args):
             status.warning("edge %s: %s", args.id, credentials.UNSIGNED)
+        if listed is not None:
+            status.info("edge %s: admits only the %d devices of %s", args.id, len(listed), manifest_file(args.manifest))
+        elif not args.admit_any_device:
+            status.warning("edge %s: %s", args.id, OPEN)
         edge.start()
         edge.run_forever()
     finally:

@@ -3,8 +3,11 @@
 `data split` loads a data set (methods/data/datasets.py), splits its training set across devices
 (methods/data/partition.py: IID or Dirichlet label skew, optionally a per-device feature skew) and
 writes one uncompressed `shard-dN.npz` per device with `save_shard` (the format a thin device
-reads in place) plus `shards.json`. With the same --seed, --alpha and --max-train the label
-split is the one `splitedge sim` gives its devices.
+reads in place) plus `shards.json`, the manifest an edge admits devices by (`splitedge edge
+--manifest DIR`). With the same --seed, --alpha and --max-train the label split is the one
+`splitedge sim` gives its devices. `--acl RUN` adds the broker's files and a login per node,
+`--keys` a signing key pair per node (DIR/keys), and the commands it prints for the cloud, each
+edge and each device use all of them.
 
 `data check` opens a shard or an image folder with the device's own loader
 (methods/data/local.py, streamed as the onnx backend does and in memory as the torch backend
@@ -25,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from splitedge.methods.data.datasets import file_sha256
+from splitedge.runtime.allowance import MANIFEST_NAME as MANIFEST
 
-MANIFEST = "shards.json"
+KEYS = "keys"
 ACL = "broker.acl"
 BROKER_CONF = "broker.conf"
 MANIFEST_FORMAT = 1
@@ -95,6 +99,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--watchers", type=int, default=None, metavar="N",
                    help=f"with --acl: N read-only logins for `splitedge watch` (watcher, watcher-2, ...), one per "
                         f"watch running at a time (default: {DEFAULT_WATCHERS})")
+    s.add_argument("--keys", action="store_true",
+                   help=f"also write DIR/{KEYS}/<id>.key, .pub and .role, an Ed25519 key pair for the cloud, every edge "
+                        "and every device (as `splitedge keys generate --role` does; a pair already there is kept: a "
+                        "node keeps its key), and print commands that sign and verify with them (needs "
+                        "splitedge[sign])")
 
     c = sub.add_parser("check", formatter_class=_Help, allow_abbrev=False,
                        help="open a shard or image folder as a device would and summarise it",
@@ -127,6 +136,13 @@ def split(args: argparse.Namespace) -> int:
         raise ValueError("--listener and --watchers go with --acl RUN (they are for the broker's files)")
     if args.watchers is None:
         args.watchers = DEFAULT_WATCHERS
+    if args.keys:  # before the slow part
+        from splitedge.protocol.signing import INSTALL_HINT
+        import importlib.util
+
+        if importlib.util.find_spec("cryptography") is None:
+            raise ValueError(f"--keys needs the cryptography package: {INSTALL_HINT}")
+        check_keys(out / KEYS, node_roles(args.devices, args.edges))
     if args.acl is not None:  # a run id that cannot go into topics or the ACL fails here, not after the split
         from splitedge.protocol.acl import federation_acl, watcher_logins
 
@@ -188,9 +204,47 @@ def split(args: argparse.Namespace) -> int:
         packet = DEFAULT_MAX_BYTES + 1024 * 1024  # headroom for topic, MQTT header and a signature
         (out / BROKER_CONF).write_text(broker_conf(args.acl, out / ACL, out / PASSWD, packet, port=listen[1],
                                                    address=listen[0]))
+    kept = write_keys(out / KEYS, node_roles(args.devices, args.edges)) if args.keys else []
 
-    _print_split(args, manifest)
+    _print_split(args, manifest, kept)
     return 0
+
+
+def node_roles(devices: int, edges: int) -> dict[str, str]:
+    """Every node id of the split and its role: the cloud, e0.., d0.. (device i reports to e(i mod E))."""
+    return {"cloud": "cloud", **{f"e{e}": "edge" for e in range(min(edges, devices))},
+            **{f"d{d}": "device" for d in range(devices)}}
+
+
+def write_keys(folder: Path, roles: dict[str, str]) -> list[str]:
+    """A key pair per node that has none in `folder` (keys_cli's files); the ids whose pair was kept."""
+    from splitedge.keys_cli import write_key_pair
+
+    kept = check_keys(folder, roles)
+    folder.mkdir(parents=True, exist_ok=True)
+    for node, role in roles.items():
+        if node not in kept:
+            write_key_pair(folder, node, role)
+        elif not (folder / f"{node}.role").exists():
+            (folder / f"{node}.role").write_text(role + "\n")
+    return kept
+
+
+def check_keys(folder: Path, roles: dict[str, str]) -> list[str]:
+    """The nodes whose pair `folder` already holds (kept); ValueError for half a pair or a pair of
+    another role, which a new key would not mend."""
+    kept = []
+    for node, role in roles.items():
+        key, pub, role_file = (folder / f"{node}{ext}" for ext in (".key", ".pub", ".role"))
+        if key.exists() != pub.exists():
+            have, missing = (key, pub) if key.exists() else (pub, key)
+            raise ValueError(f"{have} exists without {missing.name}: keys are never replaced; move it away, or "
+                             f"give {node} both files")
+        if role_file.exists() and role_file.read_text().strip() != role:
+            raise ValueError(f"{role_file} says {role_file.read_text().strip()!r}, but {node} is a {role} of this split")
+        if key.exists():
+            kept.append(node)
+    return kept
 
 
 def listener_of(listener: str | None, broker: str) -> tuple[str | None, int]:
@@ -249,7 +303,7 @@ def verify_shard(path: Path, class_counts: list[int], image_shape: tuple[int, ..
             _close(x)
 
 
-def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
+def _print_split(args: argparse.Namespace, manifest: dict[str, Any], kept: list[str]) -> None:
     split = "IID" if args.alpha is None else f"Dirichlet({args.alpha})"
     skew = ", feature skew" if args.feature_skew else ""
     n_cls = manifest["num_classes"]
@@ -260,26 +314,67 @@ def _print_split(args: argparse.Namespace, manifest: dict[str, Any]) -> None:
         present = sum(1 for c in d["class_counts"] if c)
         print(f"{d['id']:<8}{'e' + str(i % args.edges):<7}{d['samples']:>8}  {present}/{n_cls}")
     print(f"wrote {args.out / MANIFEST} and {args.devices} shards; each opened as a device would (onnx and torch)")
-    print("Start each device with its shard (copy it there first; --backend torch trains W_c locally "
-          "and needs torch):")
-    for i, d in enumerate(manifest["devices"]):
-        print(f"  splitedge device --broker {args.broker} --id {d['id']} --edge e{i % args.edges} "
-              f"--data {args.out / d['file']} --backend onnx")
     if args.acl is not None:
-        from splitedge.protocol.acl import BROKER_USER, watcher_logins
+        from splitedge.protocol.acl import BROKER_USER
 
         passwd = (args.out / "broker.passwd").resolve()
-        watchers = watcher_logins(args.watchers)
         print(f"wrote {args.out / ACL}, {args.out / 'broker.passwd'}, {args.out / BROKER_CONF} and "
               f"{args.out / 'logins'}/<id>.password for run {args.acl}. {BROKER_CONF} opens its own listener and "
               f"names the first two: run `mosquitto -c {args.out / BROKER_CONF}`, or copy it into the broker's "
               f"include_dir (/etc/mosquitto/conf.d/) with no other listener on its port; the broker reads "
               f"broker.passwd as its own user: sudo chown {BROKER_USER}: {passwd}")
-        watch = (f" {len(watchers)} read-only login(s) for `splitedge watch`, one per watch at a time "
-                 f"({', '.join(watchers)}): splitedge watch --broker mqtt://{watchers[0]}@host --run {args.acl} "
-                 f"--password-file {args.out / 'logins'}/{watchers[0]}.password") if watchers else ""
-        print(f"Start every node with --run {args.acl}, its login in the URL (mqtt://d0@host) and --password-file "
-              f"{args.out / 'logins'}/<id>.password (copy each node only its own).{watch}")
+    if args.keys:
+        again = f" (kept the pairs already there: {', '.join(kept)})" if kept else ""
+        print(f"wrote {args.out / KEYS}/<id>.key, .pub and .role for every node{again}")
+    copies = ["each device its shard", f"each edge {MANIFEST}"] + (
+        ["each node its own logins/<id>.password"] if args.acl else []) + (
+        [f"each node its own {KEYS}/<id>.key and every .pub and .role"] if args.keys else [])
+    print(f"Start the cloud, each edge and each device (on one machine as printed; deployed, copy "
+          f"{', '.join(copies[:-1])} and {copies[-1]}, and change the paths; a device with torch may take "
+          f"--backend torch instead of the thin onnx one):")
+    for line in node_commands(args, manifest):
+        print(f"  {line}")
+    if args.acl is not None and args.watchers:
+        from splitedge.protocol.acl import watcher_logins
+
+        watchers = watcher_logins(args.watchers)
+        print(f"{len(watchers)} read-only login(s) for `splitedge watch`, one per watch at a time "
+              f"({', '.join(watchers)}): splitedge watch --broker {login_url(args.broker, watchers[0])} --run {args.acl} "
+              f"--password-file {args.out / 'logins'}/{watchers[0]}.password")
+    if args.acl is None or not args.keys:
+        missing = [flag for flag, on in (("--acl RUN", args.acl), ("--keys", args.keys)) if not on]
+        print(f"Without {' and '.join(missing)} anyone who can reach the broker can "
+              + ("log in and " if args.acl is None else "") + "speak as any node (deploy/README.md)")
+
+
+def node_commands(args: argparse.Namespace, manifest: dict[str, Any]) -> list[str]:
+    """The command of the cloud, each edge and each device, with the split's files: its shard,
+    its login (--acl) and its keys (--keys); edges admit only the devices of the manifest."""
+    out, edges = args.out, min(args.edges, args.devices)
+
+    def common(node: str) -> str:
+        flags = f"--broker {login_url(args.broker, node) if args.acl else args.broker}"
+        if args.acl is not None:
+            flags += f" --run {args.acl} --password-file {out / 'logins' / (node + '.password')}"
+        if args.keys:
+            flags += f" --sign-key {out / KEYS / (node + '.key')} --verify-keys {out / KEYS}"
+        return flags
+
+    data = f" --data {args.data}" if args.data else ""
+    lines = [f"splitedge cloud {common('cloud')} --edges {edges} --devices {args.devices} "
+             f"--dataset {manifest['dataset']}{data} --out runs/cloud"]
+    lines += [f"splitedge edge {common(f'e{e}')} --id e{e} --manifest {out}" for e in range(edges)]
+    lines += [f"splitedge device {common(d['id'])} --id {d['id']} --edge e{i % args.edges} --data {out / d['file']} "
+              f"--backend onnx" for i, d in enumerate(manifest["devices"])]
+    return lines
+
+
+def login_url(broker: str, login: str) -> str:
+    """`broker` with `login` as its user (and no password: each node reads its own from --password-file)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(broker)
+    return urlunsplit(parts._replace(netloc=f"{login}@{parts.netloc.rsplit('@', 1)[-1]}"))
 
 
 # -- check -------------------------------------------------------------------------------------

@@ -45,20 +45,27 @@ def check_nodes(out: Path, nodes: list[str]) -> None:
                          f"first to make new ones)")
 
 
-def run(args: argparse.Namespace) -> int:
+def write_key_pair(out: Path, node: str, role: str | None) -> Path:
+    """DIR/<node>.key (mode 600, never over an existing file), DIR/<node>.pub and, with a role,
+    DIR/<node>.role; the private key's path."""
     from splitedge.protocol.signing import generate_key
 
+    private, public = generate_key()
+    key_path = out / f"{node}.key"
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private)
+    (out / f"{node}.pub").write_bytes(public)
+    if role:
+        (out / f"{node}.role").write_text(role + "\n")
+    return key_path
+
+
+def run(args: argparse.Namespace) -> int:
     check_nodes(args.out, args.nodes)
     args.out.mkdir(parents=True, exist_ok=True)
     for node in args.nodes:
-        private, public = generate_key()
-        key_path = args.out / f"{node}.key"
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(private)
-        (args.out / f"{node}.pub").write_bytes(public)
-        if getattr(args, "role", None):
-            (args.out / f"{node}.role").write_text(args.role + "\n")
+        key_path = write_key_pair(args.out, node, getattr(args, "role", None))
         print(f"{node}: {key_path} (private: this node's --sign-key), {args.out / (node + '.pub')}")
     print("copy every .pub into each node's --verify-keys folder; each .key only to its own node")
     return 0
