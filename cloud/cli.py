@@ -29,7 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rejoin-grace", type=float, default=30.0,
                    help="before a round, while other edges are online, seconds to wait for an edge that went offline "
                         "(a restarted edge: systemd's RestartSec plus its start) before going on without it")
-    p.add_argument("--out", type=Path, default=None, help="metrics.jsonl, model.safetensors and spectrum.png go here")
+    p.add_argument("--out", type=Path, default=None,
+                   help="metrics.jsonl, resume.state, model.safetensors, spectrum.png and, at exit, "
+                        "counters-<id>.json go here")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a previous run in --out (without it, a run that stopped early is resumed)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
