@@ -5,9 +5,11 @@ same federation twice on a fresh Mosquitto: clean, and with one extra device of 
 `--attack` (bench/rogues.py). Reports final and best accuracy of both, the drop, and what the
 receivers refused; the clean column is the rule's cost on clean data.
 
-Attacks: `scale-weights`, a device sending 100x the global model as its update, every value
-inside the absolute bound (the reliability issue's row: FedAvg on digits fell from 97.5 to
-66.4 % and froze).
+Attacks (bench/rogues.py): `scale-weights`, a device sending 100x the global model as its
+update, every value inside the absolute bound (the reliability issue's row: FedAvg on digits fell
+from 97.5 to 66.4 % and froze); `scale-moments`, an H-SFP device sending the moments of its own
+images through the relayed W_c with every class mean 100x (the trust issue's row: `hsfp` on
+digits fell from 82.5 to 9.7 %).
 """
 
 from __future__ import annotations

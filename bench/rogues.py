@@ -1,7 +1,7 @@
 """Devices driven by hand on a real broker, for what a hostile or broken peer can do (the
 poison bench, and tests): each joins edge `parent` like a device (retained hello and online
 status) and hands each round its edge opens (not the stop) to `on_round`, which says what the
-peer sends. numpy and the wire only."""
+peer sends. numpy, the wire and the thin device's own graphs only."""
 
 from __future__ import annotations
 
@@ -71,5 +71,47 @@ class ScaledWeights(RogueDevice):
         self.say("done", {"phase": done_phase(env.body.get("phase") or ""), "info": {}}, env.round)
 
 
-ATTACKS = {"scale-weights": ScaledWeights}
+class ScaledMoments(RogueDevice):
+    """An H-SFP device whose statistics are scaled: it computes the moments of its own images
+    (digits, `samples` of them) through the W_c its edge relays, as an honest thin device does,
+    then sends each class mean times `factor` (and the variance times factor^2: a device whose
+    features all came out `factor` times larger), for the W_c version the round names; then
+    `done`. Every value stays finite and inside the schema, so only a merge rule can hold it."""
+
+    def __init__(self, url: str, run: str, *, factor: float = 100.0, samples: int = 150, **kw) -> None:
+        from splitedge.methods.data.datasets import load_dataset
+
+        (x, y), _, _ = load_dataset("digits")
+        pick = np.random.default_rng(9).choice(len(y), size=samples, replace=False)
+        self.data, self.factor = (x[pick], y[pick]), factor
+        self.wc: tuple[int, dict] | None = None
+        self.graph = None
+        self.sent = 0
+        super().__init__(url, run, samples=samples, **kw)
+        self.listen("weights-wc", self.on_wc)
+
+    def on_wc(self, _topic: str, env: Envelope) -> None:
+        self.wc = (int(env.body["version"]), env.body["weights"])
+
+    def on_round(self, env: Envelope) -> None:
+        from splitedge.methods.config import ModelSpec, from_wire
+        from splitedge.methods.data.preprocess import accumulate
+        from splitedge.methods.moments import MomentAccumulator, moments_to_body
+        from splitedge.methods.thin.graphs import wc_graph
+
+        version = int(env.body["versions"].get("wc", -1))
+        if self.wc is not None and self.wc[0] == version and env.body.get("phase", "train") == "train":
+            spec = from_wire(ModelSpec, env.body["config"]["model"])
+            self.graph = self.graph or wc_graph(spec.model, spec.channels)
+            self.graph.load_weights(self.wc[1])
+            m = accumulate(self.graph.features, self.data, spec.mean, spec.std, MomentAccumulator, 16)
+            body = moments_to_body(m, space="wc", versions={"wc": version})
+            body["mean"] = (body["mean"] * self.factor).astype(body["mean"].dtype)
+            body["var"] = (body["var"] * self.factor ** 2).astype(body["var"].dtype)
+            self.say("moments", body, env.round)
+            self.sent += 1
+        self.say("done", {"phase": done_phase(env.body.get("phase") or ""), "info": {}}, env.round)
+
+
+ATTACKS = {"scale-weights": ScaledWeights, "scale-moments": ScaledMoments}
 """The poison bench's attacks by name."""

@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from typing import Any, Mapping
 
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig, from_wire, parse_settings
 from splitedge.methods.flags import add_method_flags
 from splitedge.methods.registry import get_method, list_methods
+
+log = logging.getLogger(__name__)
+
+EXACT_MERGE = ("robust=none: edges and the cloud merge exactly, so one device scaling what it sends moves every merge "
+               "without bound (docs/methods.md, 'Robust merging'); the default (auto) clips each source")
+"""What a run says once when its merges are exact by choice (not because secure aggregation hides
+each device's values)."""
 
 DEFAULT_MODEL = {"digits": "cnn", "cifar10": "cnn"}
 
@@ -130,6 +138,8 @@ def build_run_config(method: str, info: Any, model: str | None, seed: int, overr
                      channels=info.channels, image_size=info.image_size, mean=tuple(info.mean),
                      std=tuple(info.std), seed=seed)
     config = RunConfig(spec, method_config(method, overrides))
+    if config.method.robust == "none" and config.method.secagg == "off":
+        log.warning(EXACT_MERGE)
     try:
         derived = {k: v for k, v in get_method(method)(config, name=method).settle().items() if k not in overrides}
         return RunConfig(spec, dataclasses.replace(config.method, **derived)) if derived else config
