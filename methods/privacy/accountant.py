@@ -18,8 +18,11 @@ need sigma): "rdp" (Renyi DP, Mironov 2017; fast, a few percent to ~10 % conserv
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 Method = Literal["rdp", "pld"]
@@ -55,8 +58,47 @@ def epsilon_of(event: Any, delta: float = DELTA, method: Method = "rdp") -> floa
         acc = dpa.pld.PLDAccountant()
     else:
         raise ValueError(f"method must be 'rdp' or 'pld', got {method!r}")
-    acc.compose(event)
-    return float(acc.get_epsilon(delta))
+    with _unconverged_orders_quiet():
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+
+
+UNCONVERGED = "_compute_log_a_frac failed to converge"
+"""The start of dp-accounting's warning for a fractional Renyi order (1.1 to about 1.5 at
+sigma near 1) whose series for a Poisson-subsampled Gaussian did not converge in 1,000 terms.
+The RDP accountant then leaves that order out (its RDP is taken as infinite), so epsilon is the
+minimum over the other orders: never below what the order would have given, and the same figure
+whether or not the warning is shown. It comes with every DP-SGD epsilon (each round's record of
+a dp_unit=sample run), so it is dropped, this message only and only while we compute."""
+
+
+class _DropUnconverged(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(UNCONVERGED)
+
+
+_QUIET = _DropUnconverged()
+_QUIET_LOCK = threading.Lock()
+_quiet_users = 0
+
+
+@contextlib.contextmanager
+def _unconverged_orders_quiet() -> Iterator[None]:
+    """While the body runs, the "absl" logger (dp-accounting logs through absl) drops UNCONVERGED
+    and nothing else; counted, so that threads computing epsilons at once leave it as they found it."""
+    global _quiet_users
+    absl = logging.getLogger("absl")
+    with _QUIET_LOCK:
+        if _quiet_users == 0:
+            absl.addFilter(_QUIET)
+        _quiet_users += 1
+    try:
+        yield
+    finally:
+        with _QUIET_LOCK:
+            _quiet_users -= 1
+            if _quiet_users == 0:
+                absl.removeFilter(_QUIET)
 
 
 def epsilon(sigma: float, releases: int = 1, delta: float = DELTA, method: Method = "rdp") -> float:
