@@ -25,8 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="local data: an .npz shard (x uint8 [N,H,W,C], y) or an image folder <class>/*.jpg; "
                         "the onnx backend reads images from it a batch at a time")
     p.add_argument("--backend", choices=("auto", "torch", "onnx"), default="auto",
-                   help="torch trains locally; onnx only computes statistics with onnxruntime (no torch in the "
-                        "process, H-SFP only); auto: torch when it is installed, else onnx")
+                   help="torch: the torch device (every method); onnx: the thin device, no torch and no graph "
+                        "engine in the process: it builds W_c from its install's numpy layers and trains it (hsfp, "
+                        "hsfp-cal, splitfed); auto: torch when it is installed, else onnx")
     p.add_argument("--run", default="default", help="run id (topic namespace); the same on every node of a run")
     p.add_argument("--seed", type=int, default=0, help="seed of this device's randomness (shuffles, augmentations)")
     p.add_argument("--out", type=Path, default=None,
