@@ -93,6 +93,7 @@ class CloudCoordinator(Node):
         self.outbox: list[Message] = []  # what that round published since its merge, committed first
         self.resumed = resume_from
         self.partial_head_warned = False
+        self.silent_edges: list[str] = []  # edges with devices that sent nothing in the last calibration phase
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -452,6 +453,8 @@ class CloudCoordinator(Node):
         self.gate = Gate.of(plan, self.method)
         reports, self.gate = self.run_phase(plan), None
         sources, privacy = records_of(reports), phase_privacy(reports, prefix="calibration_")
+        self.silent_edges = sorted({e for e, devices in self.view.members.items() if devices} -
+                                   {rep.sender for rep in reports})  # down, or past the deadline: said first
         if not sources:
             if privacy.get("calibration_withheld"):  # every image under the floor: said once, with the fix
                 self._warn_partial_head({"calibrated_classes": 0, **privacy})
@@ -476,11 +479,17 @@ class CloudCoordinator(Node):
         self.partial_head_warned = True
         withheld = metrics.get("calibration_withheld") or {}
         why = (f"the devices withheld {withheld.get('samples', 0)} of their images as classes they hold fewer than "
-               f"min_class_count={self.method.config.min_class_count} of" if withheld else "no device holds them")
+               f"min_class_count={self.method.config.min_class_count} of" if withheld else "no device that reported "
+               "holds them")
+        silent = self.silent_edges
+        if silent:  # an edge that is down sends nothing: that comes before any device's floor
+            why = f"edge{'s' if len(silent) > 1 else ''} {', '.join(silent)} sent no head statistics; {why}"
         what = (f"calibration gets no head statistics ({why}): the head is not refitted" if not classes else
                 f"the calibrated head has {classes} of {want} classes ({why}): it is scored, the served model "
                 f"keeps its own head")
-        log.warning("cloud: %s. Give each device more images or lower min_class_count (docs/privacy.md)", what)
+        log.warning("cloud: %s. %s", what, "Give each device more images or lower min_class_count (docs/privacy.md)"
+                    if withheld else "Check the silent edges: their devices' classes come back with them" if silent
+                    else "Every class needs a device that holds it")
 
     def evaluation_phase(self, calibrated: RoundPlan, heads: list[Message]) -> tuple[dict[str, Any], list[Any]]:
         """Devices that hold their own models score the head they were sent on their held-out

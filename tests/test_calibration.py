@@ -194,3 +194,20 @@ def test_the_robust_rules_hold_the_calibrated_head_against_a_scaled_device(mosqu
     clip = run("clip", "clip", rogue=True)
     assert exact[-1] < clean[-1] - 0.2, (exact, clean)  # the attack works on the exact merge
     assert median[-1] > clean[-1] - 0.03 and clip[-1] > clean[-1] - 0.03, (median, clip, clean)
+
+
+def test_a_head_lacking_classes_because_an_edge_is_down_says_so_first(caplog) -> None:
+    """With an edge down its devices' classes are missing from the calibration: the line names
+    the silent edge, not the devices' minimum count (issue 56, 'Messages that mislead')."""
+    from types import SimpleNamespace
+
+    from splitedge.cloud.coordinator import CloudCoordinator
+
+    cloud = SimpleNamespace(method=SimpleNamespace(spec=SimpleNamespace(num_classes=10),
+                                                   config=SimpleNamespace(min_class_count=10)),
+                            partial_head_warned=False, silent_edges=["e1"])
+    with caplog.at_level("WARNING", logger="splitedge.cloud.coordinator"):
+        CloudCoordinator._warn_partial_head(cloud, {"calibrated_classes": 6})
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "edge e1 sent no head statistics" in said[0], said
+    assert "min_class_count" not in said[0] and "Check the silent edges" in said[0], said
