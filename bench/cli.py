@@ -121,6 +121,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--epsilons", type=_csv, default=(),
                    help="dp: target epsilons at delta 1e-5 over the run (default 8,4,1); --methods, --seeds, --set, "
                         "--rounds and --until-plateau apply too")
+    g.add_argument("--units", type=_csv, default=(),
+                   help="dp: the privacy unit of the private runs, device (device-level DP-FedAvg, the default) "
+                        "and/or sample (sample-level DP-SGD; --set dp_sample_rate=q / dp_grad_clip=C, else "
+                        "device_batch over a device's images and 1), e.g. device,sample")
     g = p.add_argument_group("hsfp-diagnose")
     g.add_argument("--no-oracles", action="store_true",
                    help="hsfp-diagnose: measure the H-SFP stack only (a third of the training)")

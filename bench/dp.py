@@ -26,6 +26,21 @@ except the update clip, see below):
 - sigma = accountant.sigma_for_epsilon(epsilon, releases, delta); after the run, its last
   record's `dp_epsilon` must be within 1 % of the target (`epsilon_ok`).
 
+Each mechanism at its own unit (`--units`, docs/privacy.md "The privacy unit"; default device):
+- `device`: device-level DP-FedAvg (`dp_unit=device`): each weight update clipped to
+  `dp_update_clip` and noised on the device once a round, which protects a device's whole data
+  (its statistics releases, the head statistics here, protect one image);
+- `sample`: sample-level DP-SGD (`dp_unit=sample`, methods/privacy/dpsgd.py): per-image
+  gradients clipped to `dp_grad_clip` (`--set dp_grad_clip=C`, else GRAD_CLIP), noise at every
+  step, Poisson sampling at `dp_sample_rate` (`--set dp_sample_rate=q`, else `sample_rule`:
+  device_batch over the images of a device of average size); the model goes up as trained (no
+  release of its own), so its releases are the head statistics (and BatchNorm statistics with
+  `dp_bn_clip`), and its dry run also counts the run's DP-SGD steps (`dp_sgd_steps_total`, a
+  public count: ceil(local_epochs / q) a round); sigma =
+  accountant.sigma_for_epsilon(epsilon, releases, delta, steps=, sample_rate=q).
+Both share the run without DP and the lower bound (whose one release, head statistics, is at
+one image either way).
+
 DP runs calibrate the head once, after the last round (`calibrate_every=0`): a calibration
 only measures and serves the head (nothing of it feeds training, methods/calibration/serving.py)
 and each costs every device a release. They run all `--rounds` (their epsilon is planned for
@@ -67,6 +82,13 @@ DRY_UPDATE_CLIP = 100.0
 1e-6 the noise it sets is 2e-4 per coordinate."""
 EPSILON_RTOL = 0.01
 LOWER = "lower bound"
+UNITS = {"device": "DP-FedAvg, device-level", "sample": "DP-SGD, sample-level"}
+"""`--units`: the dp_unit of a method's private runs, and what the reports call the mechanism."""
+GRAD_CLIP = 1.0
+"""DP-SGD's per-image gradient clip when none is stated (`--set dp_grad_clip`): the usual choice
+(Opacus' examples; De et al. 2022 clip at 1 and tune the learning rate instead)."""
+SAMPLE_SETS = ("dp_sample_rate", "dp_grad_clip")
+"""--set settings that are DP-SGD's plan (its private runs only), not every run's."""
 KINDS = ("none", "dry", "dp", "lower")
 """A run's kind: no DP (upper bound), the dry run of a plan, a DP run, the lower bound without DP.
 A task with "untrained" is the lower bound's network (fedavg, local_epochs 0, one round) in a
@@ -76,6 +98,7 @@ dry or DP run: the lower bound at each epsilon."""
 @dataclass
 class DPSettings(FederationSettings):
     methods: tuple[str, ...] = DEFAULT_METHODS
+    units: tuple[str, ...] = ("device",)
     epsilons: tuple[float, ...] = EPSILONS
     seeds: tuple[int, ...] = (0, 1)
     alpha: float | None = 0.3  # None: IID
@@ -103,14 +126,21 @@ class DPSettings(FederationSettings):
             alpha = splits[0]
         else:
             alpha = 0.3 if a.alpha is None else a.alpha
+        units = tuple(getattr(a, "units", ()) or ()) or ("device",)
+        if any(u not in UNITS for u in units) or len(set(units)) != len(units):
+            raise ValueError(f"--units: device and/or sample (dp_unit of the private runs), got {','.join(units)}")
         sets = parse_sets(a.set)
-        if "dp_sigma" in sets or "dp_delta" in sets:
-            raise ValueError("--set dp_sigma / dp_delta: the dp suite sets them (sigma from --epsilons, delta 1e-5)")
-        return cls(methods=methods, epsilons=epsilons, seeds=seeds, alpha=alpha, settings=sets,
+        if "dp_sigma" in sets or "dp_delta" in sets or "dp_unit" in sets:
+            raise ValueError("--set dp_sigma / dp_delta / dp_unit: the dp suite sets them (sigma from --epsilons, "
+                             "delta 1e-5, the unit from --units)")
+        if "sample" not in units and any(k in sets for k in SAMPLE_SETS):
+            raise ValueError(f"--set {'/'.join(SAMPLE_SETS)}: DP-SGD's settings need --units sample")
+        return cls(methods=methods, units=units, epsilons=epsilons, seeds=seeds, alpha=alpha, settings=sets,
                    dataset=a.dataset, data=a.data, model=a.model, devices=a.devices or (4 if quick else 10),
                    edges=a.edges or 2, rounds=a.rounds or (2 if quick else 40),
                    max_train=a.max_train or (400 if quick else None), max_test=a.max_test or (200 if quick else None),
-                   until_plateau=bool(a.until_plateau), jobs=jobs_of(a), deadline_s=a.deadline)
+                   until_plateau=bool(a.until_plateau), jobs=jobs_of(a), deadline_s=a.deadline,
+                   virtual=a.virtual or 0)
 
 
 Task = dict[str, Any]
@@ -175,9 +205,31 @@ PRIVATE_ONLY = ("dp_devices",)
 
 
 def stated(s: DPSettings, private: bool = True) -> dict[str, str]:
-    """The --set settings a run takes as given (not those left to the rule); `private`: a run
-    with DP, which also takes PRIVATE_ONLY."""
-    return {k: v for k, v in s.settings.items() if v != RULE and (private or k not in PRIVATE_ONLY)}
+    """The --set settings a run takes as given (not those left to the rule, nor DP-SGD's, which
+    its plan holds); `private`: a run with DP, which also takes PRIVATE_ONLY."""
+    return {k: v for k, v in s.settings.items()
+            if v != RULE and k not in SAMPLE_SETS and (private or k not in PRIVATE_ONLY)}
+
+
+def sample_rule(s: DPSettings, method: str, seed: int, clips: Mapping[str, float]) -> dict[str, float]:
+    """DP-SGD's plan for `method`'s sample-level runs at `seed`: `dp_grad_clip` (stated, else
+    GRAD_CLIP) and `dp_sample_rate` (stated, else the method's device_batch over the training
+    images of a device of average size, at most 1: the expected batch is then device_batch, the
+    divisor DP-SGD uses; public, from the run's settings). ValueError, in one line, when the
+    method's config refuses DP-SGD (e.g. H-SFP's SupCon target: `--set device_target=etf`)."""
+    from splitedge.cloud.options import build_run_config
+    from splitedge.methods.data.datasets import load_dataset
+
+    train, _, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=seed)
+    base = {"calibrate": "lda", **stated(s)}
+    batch = build_run_config(method, info, s.model, seed, base).method.device_batch
+    plan = {"dp_sample_rate": float(s.settings.get("dp_sample_rate") or min(1.0, batch * s.devices / len(train[1]))),
+            "dp_grad_clip": float(s.settings.get("dp_grad_clip") or GRAD_CLIP)}
+    try:
+        build_run_config(method, info, s.model, seed, {**base, **clips, "dp_sigma": 1.0, "dp_unit": "sample", **plan})
+    except ValueError as exc:
+        raise ValueError(f"--units sample: {exc}") from None
+    return plan
 
 
 def by_rule(s: DPSettings, method: str, clip: str) -> bool:
@@ -217,10 +269,11 @@ def first_updates() -> Iterator[dict[str, float]]:
         release.dp_weights = original
 
 
-def sigma_for(epsilon: float, releases: int, delta: float = DELTA) -> float:
+def sigma_for(epsilon: float, releases: int, delta: float = DELTA, steps: int = 0, sample_rate: float = 0.0) -> float:
+    """sigma for `epsilon` over `releases` Gaussian releases and `steps` DP-SGD steps at `sample_rate`."""
     from splitedge.methods.privacy.accountant import sigma_for_epsilon
 
-    return sigma_for_epsilon(epsilon, releases, delta)
+    return sigma_for_epsilon(epsilon, releases, delta, steps=steps, sample_rate=sample_rate)
 
 
 def epsilon_ok(target: float | None, reached: float | None) -> bool | None:
@@ -240,9 +293,21 @@ def overrides_of(s: DPSettings, task: Task) -> dict[str, Any]:
         out["local_epochs"] = 0
     if kind in ("dry", "dp"):
         out.update({"calibrate_every": 0, "dp_delta": s.delta, **plan["clips"],
-                    "dp_update_clip": plan.get("update_clip") or s.settings.get("dp_update_clip", DRY_UPDATE_CLIP),
                     "dp_sigma": DRY_SIGMA if kind == "dry" else plan["sigma"]})
+        if unit_of(task) == "sample":  # DP-SGD: the model goes up as trained, no update clip
+            out.update({"dp_unit": "sample", **plan["dpsgd"]})
+        else:
+            out["dp_update_clip"] = plan.get("update_clip") or s.settings.get("dp_update_clip", DRY_UPDATE_CLIP)
     return out
+
+
+def unit_of(task: Mapping[str, Any]) -> str | None:
+    """The dp_unit of a private run of a trained network ("device" for rows from before
+    `--units`); None for a run without DP and for the lower bound (one head release, at one
+    image whatever the unit)."""
+    if task["kind"] not in ("dry", "dp") or untrained(task):
+        return None
+    return task.get("unit") or "device"
 
 
 def untrained(task: Task) -> bool:
@@ -256,7 +321,8 @@ def one_run(s: DPSettings, task: Task) -> dict[str, Any]:
                               rounds=1 if untrained(task) else s.rounds)
     overrides = overrides_of(s, task)
     name = "lower" if untrained(task) and kind != "lower" else method
-    sim = fed.sim(method, s.alpha, run=f"bench-dp-{name}-{kind}-s{seed}", overrides=overrides)
+    sgd = "-sgd" if unit_of(task) == "sample" else ""
+    sim = fed.sim(method, s.alpha, run=f"bench-dp-{name}-{kind}{sgd}-s{seed}", overrides=overrides)
     if s.deadline_s is not None:
         sim = dataclasses.replace(sim, deadline_s=s.deadline_s)
     with first_updates() if kind == "dry" else contextlib.nullcontext({}) as updates:
@@ -267,8 +333,9 @@ def one_run(s: DPSettings, task: Task) -> dict[str, Any]:
     cal = summary.get("accuracy_calibrated_per_round")
     up = res["tiers"].get("device", {}).get("out_payload", 0) / s.devices
     row = {"kind": kind, "method": LOWER if untrained(task) else method, "base_method": method, "seed": seed,
-           "untrained": untrained(task), "epsilon": task.get("epsilon"), "overrides": overrides,
+           "untrained": untrained(task), "unit": unit_of(task), "epsilon": task.get("epsilon"), "overrides": overrides,
            "sigma": overrides.get("dp_sigma"), "releases": last.get("dp_releases_total"),
+           "sgd_steps": last.get("dp_sgd_steps_total"), "sample_rate": last.get("dp_sample_rate"),
            "epsilon_reached": last.get("dp_epsilon"),
            "final_accuracy": summary["final_accuracy"], "best_accuracy": summary["best_accuracy"],
            "final_accuracy_calibrated": summary.get("final_accuracy_calibrated"),
@@ -303,10 +370,14 @@ def plan_from_dry(s: DPSettings, dry: dict[str, Any]) -> dict[str, Any]:
     update clip (stated, or the median first update of the dry run's devices)."""
     plan = dict(dry["plan"])
     plan["releases"] = int(dry["releases"] or 0)
-    if plan["releases"] < 1:
+    if unit_of(dry) == "sample":
+        plan["steps"] = int(dry.get("sgd_steps") or 0)
+    if plan["releases"] + plan.get("steps", 0) < 1:
         raise ValueError(f"{dry['method']} seed {dry['seed']}: the dry run reported no release")
     norms = list(dry.get("update_norms", {}).values())
-    if "dp_update_clip" in s.settings:
+    if unit_of(dry) == "sample":
+        plan["update_clip"], plan["update_clip_rule"] = None, "none: DP-SGD sends the model as trained"
+    elif "dp_update_clip" in s.settings:
         plan["update_clip"], plan["update_clip_rule"] = float(s.settings["dp_update_clip"]), "stated (--set)"
     elif norms:
         plan["update_clip"] = float(np.median(norms))
@@ -325,9 +396,12 @@ def follow_ups(s: DPSettings, row: dict[str, Any]) -> list[Task]:
     except ValueError as exc:
         log.error("dp: %s", exc)
         return []
+    unit = unit_of(row)
+    rate = plan.get("dpsgd", {}).get("dp_sample_rate", 0.0)
     return [{"kind": "dp", "method": row["base_method"], "seed": row["seed"], "epsilon": e,
-             "untrained": bool(row.get("untrained")),
-             "plan": {**plan, "sigma": sigma_for(e, plan["releases"], s.delta)}} for e in s.epsilons]
+             "untrained": bool(row.get("untrained")), **({"unit": unit} if unit else {}),
+             "plan": {**plan, "sigma": sigma_for(e, plan["releases"], s.delta, plan.get("steps", 0), rate)}}
+            for e in s.epsilons]
 
 
 def schedule(s: DPSettings, first: list[Task], follow: Callable[[dict[str, Any]], list[Task]],
@@ -362,7 +436,7 @@ differ: a kept run is one of the new bench's tasks, the others run."""
 
 def task_key(t: Mapping[str, Any]) -> tuple[Any, ...]:
     """What names a run, for a task and for its row alike (a row's "method" may be LOWER)."""
-    return (t["kind"], t.get("base_method", t["method"]), t["seed"], t.get("epsilon"), untrained(t))
+    return (t["kind"], t.get("base_method", t["method"]), t["seed"], t.get("epsilon"), untrained(t), unit_of(t))
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -393,11 +467,20 @@ def run(s: DPSettings, progress: Progress | None = None,
     clips = {(m, sd): clip_rule(s, m, sd) for m in dict.fromkeys((*s.methods, "fedavg")) for sd in s.seeds}
     config["clips"] = {f"{m} seed {sd}": c for (m, sd), c in clips.items()}
 
-    def dry(method: str, seed: int, **extra: Any) -> Task:
-        return {"kind": "dry", "method": method, "seed": seed, "epsilon": None, **extra,
-                "plan": {"clips": {k: v for k, v in clips[method, seed].items() if by_rule(s, method, k)}}}
+    def ruled(method: str, seed: int) -> dict[str, float]:
+        return {k: v for k, v in clips[method, seed].items() if by_rule(s, method, k)}
 
-    first: list[Task] = [dry(m, sd) for m in s.methods for sd in s.seeds]
+    dpsgd = {(m, sd): sample_rule(s, m, sd, ruled(m, sd)) for m in s.methods for sd in s.seeds
+             if "sample" in s.units}
+    if dpsgd:
+        config["dpsgd"] = {f"{m} seed {sd}": p for (m, sd), p in dpsgd.items()}
+
+    def dry(method: str, seed: int, unit: str = "device", **extra: Any) -> Task:
+        plan = {"clips": ruled(method, seed), **({"dpsgd": dpsgd[method, seed]} if unit == "sample" else {})}
+        return {"kind": "dry", "method": method, "seed": seed, "epsilon": None, **extra,
+                **({"unit": unit} if unit == "sample" else {}), "plan": plan}
+
+    first: list[Task] = [dry(m, sd, u) for m in s.methods for u in s.units for sd in s.seeds]
     first += [{"kind": "none", "method": m, "seed": sd, "epsilon": None} for m in s.methods for sd in s.seeds]
     first += [{"kind": "lower", "method": "fedavg", "seed": sd, "epsilon": None} for sd in s.seeds]
     first += [dry("fedavg", sd, untrained=True) for sd in s.seeds]
@@ -432,10 +515,12 @@ def results_of(s: DPSettings, rows: list[dict[str, Any]]) -> dict[str, Any]:
     order = {m: i for i, m in enumerate((*s.methods, LOWER))}
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return (order.get(r["method"], len(order)), r["seed"], KINDS.index(r["kind"]), -(r.get("epsilon") or 0))
+        return (order.get(r["method"], len(order)), list(UNITS).index(unit_of(r) or "device"), r["seed"],
+                KINDS.index(r["kind"]), -(r.get("epsilon") or 0))
 
     return {"runs": sorted(rows, key=key), "epsilons": list(s.epsilons), "seeds": list(s.seeds),
-            "methods": list(s.methods), "split": split_name(s.alpha), "delta": s.delta, "rounds": s.rounds,
+            "methods": list(s.methods), "units": list(s.units), "split": split_name(s.alpha), "delta": s.delta,
+            "rounds": s.rounds,
             "until_plateau": s.until_plateau, "devices": s.devices, "edges": s.edges, "dataset": s.dataset,
             "dp_devices": int(s.settings.get("dp_devices", 1)), "secagg": s.settings.get("secagg", "off")}
 
@@ -483,11 +568,12 @@ def markdown(results: dict[str, Any]) -> str:
     cols = ["none", *[f"{e:g}" for e in epsilons]]
     body = []
     for method in results["methods"]:
-        for key, head in (("final_accuracy_calibrated", "calibrated head"), ("final_accuracy", "own head")):
-            cells = [_cell([r for r in ok if r["method"] == method and r["kind"] == "none"], seeds, key)]
-            cells += [_cell([r for r in ok if r["method"] == method and r["kind"] == "dp" and r["epsilon"] == e],
-                            seeds, key) for e in epsilons]
-            body.append((f"{method} ({head})", *cells))
+        for unit in results.get("units", ["device"]):
+            for key, head in (("final_accuracy_calibrated", "calibrated head"), ("final_accuracy", "own head")):
+                cells = [_cell([r for r in ok if r["method"] == method and r["kind"] == "none"], seeds, key)]
+                cells += [_cell([r for r in ok if r["method"] == method and r["kind"] == "dp" and r["epsilon"] == e
+                                 and unit_of(r) == unit], seeds, key) for e in epsilons]
+                body.append((f"{method}, {UNITS[unit]} ({head})", *cells))
     lower = [r for r in ok if r["kind"] == "lower"]
     body.append((f"{LOWER}: fedavg local_epochs=0 (calibrated head)", _cell(lower, seeds, "final_accuracy_calibrated"),
                  *[_cell([r for r in ok if r["method"] == LOWER and r["kind"] == "dp" and r["epsilon"] == e], seeds,
@@ -495,17 +581,23 @@ def markdown(results: dict[str, Any]) -> str:
     out += [table(["method", *[f"epsilon {c}" for c in cols]], body),
             "\nFinal accuracy of the last round; calibrated head: the closed-form head fitted on the devices' "
             "(private, under DP) head statistics after the last round; own head: the model's own classifier. "
-            "none: no DP (the upper bound). The lower bound at an epsilon: the random network's head statistics "
-            "released privately (its weights go back as received, no release).\n"]
+            "none: no DP (the upper bound, one run for both units). The lower bound at an epsilon: the random "
+            "network's head statistics released privately (its weights go back as received, no release). "
+            f"{UNITS['device']} (dp_unit=device): each weight update clipped and noised on the device once a round, "
+            f"a device's whole data; {UNITS['sample']} (dp_unit=sample): per-image gradients clipped, noise at "
+            "every step, Poisson sampling, one image (add/remove); the head statistics are at one image in both "
+            "(docs/privacy.md, 'The privacy unit').\n"]
     out += ["## Every run\n",
-            table(["method", "epsilon", "seed", "sigma", "final %", "best %", "calibrated final %",
+            table(["method", "unit", "epsilon", "seed", "sigma", "final %", "best %", "calibrated final %",
                    "calibrated best %", "rounds", "plateaued (own / calibrated)", "epsilon reached", "releases",
-                   "device up KB (per device, run)", "wall s"],
-                  [(r["method"], _eps_label(r), r["seed"], _num(r.get("sigma")), _pct(r["final_accuracy"]),
+                   "DP-SGD steps", "device up KB (per device, run)", "wall s"],
+                  [(r["method"], unit_of(r) or "-", _eps_label(r), r["seed"], _num(r.get("sigma")),
+                    _pct(r["final_accuracy"]),
                     _pct(r["best_accuracy"]), _pct(r.get("final_accuracy_calibrated")),
                     _pct(r.get("best_accuracy_calibrated")), r["rounds"], _plateau(r),
                     _num(r.get("epsilon_reached")) + ("" if r.get("epsilon_ok") in (None, True) else " (off target)"),
                     r.get("releases") if r.get("releases") is not None else "-",
+                    r.get("sgd_steps") if r.get("sgd_steps") is not None else "-",
                     round(r["device_up_bytes_per_device"] / 1000), round(r["wall_seconds"])) for r in ok]),
             f"\n{plateau.RULE}. DP runs calibrate only "
             "after the last round, so they have no calibrated curve to judge. clips only: the dry run that counts "
@@ -514,14 +606,20 @@ def markdown(results: dict[str, Any]) -> str:
     plans = [r for r in ok if r["kind"] == "dry"]
     if plans:
         out += ["## How each DP run was set\n",
-                table(["method", "seed", "releases", "dp_clip (W_c features)", "dp_head_clip (classifier inputs)",
+                table(["method", "unit", "seed", "releases", "DP-SGD steps", "dp_sample_rate", "dp_grad_clip",
+                       "dp_clip (W_c features)", "dp_head_clip (classifier inputs)",
                        "dp_bn_clip (BatchNorm inputs)", "dp_update_clip", "update clip from",
                        *[f"sigma at epsilon {e:g}" for e in epsilons]],
-                      [(r["method"], r["seed"], r["releases"], _num(r["plan"]["clips"].get("dp_clip")),
+                      [(r["method"], unit_of(r) or "-", r["seed"], r["releases"],
+                        r.get("sgd_steps") if unit_of(r) == "sample" else "-",
+                        _num(r["plan"].get("dpsgd", {}).get("dp_sample_rate")),
+                        _num(r["plan"].get("dpsgd", {}).get("dp_grad_clip")),
+                        _num(r["plan"]["clips"].get("dp_clip")),
                         _num(r["plan"]["clips"].get("dp_head_clip")), _num(r["plan"]["clips"].get("dp_bn_clip")),
                         *_update_clip(r, runs),
                         *[_num(next((d["sigma"] for d in ok if d["kind"] == "dp" and d["method"] == r["method"]
-                                     and d["seed"] == r["seed"] and d["epsilon"] == e), None)) for e in epsilons])
+                                     and d["seed"] == r["seed"] and d["epsilon"] == e and unit_of(d) == unit_of(r)),
+                                    None)) for e in epsilons])
                        for r in plans]),
                 "\nClips: the median L2 norm over the test split (held by the cloud) of the run's initial model "
                 "(its seed) in eval mode on normalised images: W_c features as H-SFP takes their moments "
@@ -530,14 +628,18 @@ def markdown(results: dict[str, Any]) -> str:
                 "Releases: the dry run's last "
                 "dp_releases_total. Update clip: the median L2 norm, before clipping, of the first weight update "
                 "each device sent in the dry run, a clean run in effect (this one number is read off the devices' "
-                "data and not accounted for), unless stated. sigma: accountant.sigma_for_epsilon(epsilon, "
-                f"releases, {results['delta']:g}) (RDP).\n"]
+                "data and not accounted for), unless stated; DP-SGD runs release no update. DP-SGD "
+                "(unit sample): steps are the dry run's last dp_sgd_steps_total (ceil(local_epochs / q) a round, "
+                "every round), q = dp_sample_rate (stated, else device_batch over the training images of a device "
+                "of average size), dp_grad_clip stated or 1. sigma: accountant.sigma_for_epsilon(epsilon, "
+                f"releases, {results['delta']:g}, steps=, sample_rate=q) (RDP; steps 0 for unit device).\n"]
     dp_rows = [r for r in ok if r["kind"] == "dp"]
     if dp_rows:
         off = [r for r in dp_rows if not r.get("epsilon_ok")]
         out.append(f"Epsilon check: {len(dp_rows) - len(off)} of {len(dp_rows)} DP runs ended within "
                    f"{100 * EPSILON_RTOL:g} % of their target" + ("." if not off else "; off: " + ", ".join(
-                       f"{r['method']} seed {r['seed']} target {r['epsilon']:g} reached "
+                       f"{r['method']}{' (' + unit_of(r) + ')' if unit_of(r) else ''} seed {r['seed']} target "
+                       f"{r['epsilon']:g} reached "
                        f"{_num(r.get('epsilon_reached'))}" for r in off)))
     out += [f"- {r['method']} {r['kind']} seed {r['seed']} epsilon {r.get('epsilon')} failed: {r['error']}"
             for r in runs if "error" in r]
@@ -547,7 +649,7 @@ def markdown(results: dict[str, Any]) -> str:
 def _update_clip(dry: dict[str, Any], runs: list[dict[str, Any]]) -> tuple[str, str]:
     """(value, rule) of the update clip the dry run's DP runs used."""
     used = next((r["plan"] for r in runs if r["kind"] == "dp" and "error" not in r and r["method"] == dry["method"]
-                 and r["seed"] == dry["seed"]), None)
+                 and r["seed"] == dry["seed"] and unit_of(r) == unit_of(dry)), None)
     if used is None:
         return "-", "-"
     return _num(used["update_clip"]), used["update_clip_rule"]
@@ -566,17 +668,21 @@ def plot(results: dict[str, Any], out_dir: Path) -> list[Path]:
     line, the lower bound's in grey."""
     ok = [r for r in results["runs"] if "error" not in r]
     curves = []
-    for method in (*results["methods"], LOWER):
+    units = results.get("units", ["device"])
+    for method, unit in [(m, u) for m in results["methods"] for u in units] + [(LOWER, None)]:
         label = "lower" if method == LOWER else method  # plotstyle's fixed colour of the bound
+        named = f"{unit}, " if unit and len(units) > 1 else ""
         for sd in results["seeds"]:
-            dp = sorted((r for r in ok if r["kind"] == "dp" and r["method"] == method and r["seed"] == sd),
-                        key=lambda r: r["epsilon"])
+            dp = sorted((r for r in ok if r["kind"] == "dp" and r["method"] == method and r["seed"] == sd
+                         and unit_of(r) == unit), key=lambda r: r["epsilon"])
             if not dp:
                 continue
             xs = [r["epsilon"] for r in dp]
-            curves.append(Series(label, [r.get("final_accuracy_calibrated") for r in dp], x=xs, split=f"seed {sd}"))
+            curves.append(Series(label, [r.get("final_accuracy_calibrated") for r in dp], x=xs,
+                                 split=f"{named}seed {sd}"))
             if method != LOWER:  # a random network's own head is at chance
-                curves.append(Series(label, [r["final_accuracy"] for r in dp], x=xs, split=f"seed {sd}", dashed=True))
+                curves.append(Series(label, [r["final_accuracy"] for r in dp], x=xs, split=f"{named}seed {sd}",
+                                     dashed=True))
     fig = new_figure(curves)
     ax = fig.axes[0]
     if curves:

@@ -1,6 +1,7 @@
 """`splitedge bench dp` (bench/dp.py): accuracy against epsilon. The clip rule is the median
 norm, the update tap records each device's first update and passes it on unchanged, and a quick
-run plans sigma from its dry run's releases so that the DP run spends its target epsilon."""
+run plans sigma from its dry run's releases (and, for sample-level DP-SGD, its steps at its
+sampling rate) so that the DP run spends its target epsilon."""
 
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def test_quick_run_spends_its_target_epsilon_reports_every_row_and_resumes(tmp_p
     assert low["sigma"] == pytest.approx(sigma_for_epsilon(8.0, 1))
     assert low["final_accuracy"] == pytest.approx(rows["lower"]["final_accuracy"])  # the same untouched network
     md = (tmp_path / "dp.md").read_text()
-    assert "| fedavg (calibrated head) |" in md and "2 of 2 DP runs ended within 1 %" in md
+    assert "| fedavg, DP-FedAvg, device-level (calibrated head) |" in md and "2 of 2 DP runs ended within 1 %" in md
     lower_row = next(line for line in md.splitlines() if line.startswith(f"| {dp.LOWER}: fedavg local_epochs=0"))
     assert lower_row.split("|")[3].strip() == f"{100 * low['final_accuracy_calibrated']:.1f}"
 
@@ -132,7 +133,7 @@ def test_quick_run_spends_its_target_epsilon_reports_every_row_and_resumes(tmp_p
     new = [after[k] for k in set(after) - set(before)]
     assert sorted((r["kind"], r["method"], r["epsilon"]) for r in new) == [("dp", "fedavg", 4.0), ("dp", dp.LOWER, 4.0)]
     for r in new:
-        dry_row = before[("dry", "fedavg", r["seed"], None, r["untrained"])]
+        dry_row = before[("dry", "fedavg", r["seed"], None, r["untrained"], dp.unit_of(r))]
         assert r["plan"]["clips"] == dry_row["plan"]["clips"] and r["sigma"] == pytest.approx(
             sigma_for_epsilon(4.0, dry_row["releases"]))
     assert refused == 2 and err == ["splitedge bench: error: --resume: the folder's runs were made with other "
@@ -162,3 +163,64 @@ def test_distributed_dp_settings_reach_only_the_runs_with_dp() -> None:
         out = dp.overrides_of(s, {"kind": kind, "method": "hsfp-cal", "seed": 0, "plan": plan})
         assert out["secagg"] == "plus" and out["dp_devices"] == "5", kind
     assert dp.results_of(s, [])["dp_devices"] == 5
+
+
+def test_units_name_their_runs_and_plans_and_refuse_what_does_not_fit() -> None:
+    import argparse
+
+    from splitedge.bench.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def settings(*argv: str) -> dp.DPSettings:
+        return dp.DPSettings.from_args(parser.parse_args(["dp", *argv]))
+
+    assert settings().units == ("device",) and settings("--units", "device,sample").units == ("device", "sample")
+    for argv, message in ((("--units", "image"),), "--units: device and/or sample"), \
+            ((("--set", "dp_grad_clip=2"),), "need --units sample"), ((("--set", "dp_unit=sample"),), "dp_unit"):
+        with pytest.raises(ValueError, match=message):
+            settings(*argv[0])
+    # a sample-level run: DP-SGD's plan, dp_unit=sample, no update clip; DP-SGD's --set only there
+    s = dp.DPSettings(settings={"dp_grad_clip": "2", "device_batch": "16"})
+    plan = {"clips": {"dp_head_clip": 0.1}, "dpsgd": {"dp_sample_rate": 0.2, "dp_grad_clip": 2.0}, "sigma": 1.5}
+    out = dp.overrides_of(s, {"kind": "dp", "method": "fedavg", "seed": 0, "unit": "sample", "plan": plan})
+    assert out["dp_unit"] == "sample" and out["dp_sample_rate"] == 0.2 and out["dp_grad_clip"] == 2.0
+    assert "dp_update_clip" not in out and out["dp_sigma"] == 1.5 and out["device_batch"] == "16"
+    none = dp.overrides_of(s, {"kind": "none", "method": "fedavg", "seed": 0})
+    assert "dp_grad_clip" not in none and "dp_unit" not in none
+    # the units are two runs; a row from before --units is device-level; the lower bound has none
+    task = {"kind": "dp", "method": "fedavg", "seed": 0, "epsilon": 8.0}
+    assert dp.task_key({**task, "unit": "sample"}) != dp.task_key(task) == dp.task_key({**task, "unit": "device"})
+    assert dp.unit_of({**task, "untrained": True}) is None and dp.unit_of({**task, "kind": "none"}) is None
+    # the sampling rate: device_batch over a device of average size (digits: 1,437 images, 10 devices)
+    rule = dp.sample_rule(dp.DPSettings(devices=10), "fedavg", 0, {"dp_head_clip": 0.1})
+    assert rule == {"dp_sample_rate": pytest.approx(32 * 10 / 1437), "dp_grad_clip": dp.GRAD_CLIP}
+    with pytest.raises(ValueError, match="--units sample: hsfp settings: .*refuses device_target=supcon"):
+        dp.sample_rule(dp.DPSettings(), "hsfp", 0, {"dp_clip": 1.0, "dp_head_clip": 0.1})
+
+
+@needs_mosquitto
+def test_quick_sample_level_run_plans_sigma_from_its_steps_and_spends_its_target(tmp_path: Path) -> None:
+    from splitedge.methods.privacy.dpsgd import steps
+
+    # Execute: fedavg with DP-SGD (dp_unit=sample), 2 rounds, epsilon 8
+    assert main(["bench", "dp", "--quick", "--methods", "fedavg", "--units", "sample", "--epsilons", "8",
+                 "--no-plots", "--out", str(tmp_path)]) == 0
+    # Assert: its dry run counted the head release and every round's steps; sigma is for both
+    doc = json.loads((tmp_path / "dp.json").read_text())
+    runs = [r for r in doc["results"]["runs"] if r["method"] == "fedavg"]
+    rows = {r["kind"]: r for r in runs}
+    assert set(rows) == {"none", "dry", "dp"} and all("error" not in r for r in doc["results"]["runs"])
+    dry, run = rows["dry"], rows["dp"]
+    q = dry["plan"]["dpsgd"]["dp_sample_rate"]
+    assert q == pytest.approx(32 * 4 / 400) and dry["plan"]["dpsgd"]["dp_grad_clip"] == dp.GRAD_CLIP
+    per_round = steps(type("cfg", (), {"local_epochs": 1, "dp_sample_rate": q})())
+    assert dry["releases"] == 1 and dry["sgd_steps"] == 2 * per_round and dry["update_norms"] == {}
+    assert run["unit"] == "sample" and run["overrides"]["dp_unit"] == "sample"
+    assert "dp_update_clip" not in run["overrides"]
+    assert run["sigma"] == pytest.approx(sigma_for_epsilon(8.0, 1, steps=2 * per_round, sample_rate=q))
+    assert run["sgd_steps"] == 2 * per_round and run["sample_rate"] == pytest.approx(q)
+    assert run["epsilon_ok"] and run["epsilon_reached"] == pytest.approx(8.0, rel=0.01)
+    md = (tmp_path / "dp.md").read_text()
+    assert "| fedavg, DP-SGD, sample-level (calibrated head) |" in md and "DP-FedAvg" in md
