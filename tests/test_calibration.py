@@ -211,3 +211,16 @@ def test_a_head_lacking_classes_because_an_edge_is_down_says_so_first(caplog) ->
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "edge e1 sent no head statistics" in said[0], said
     assert "min_class_count" not in said[0] and "Check the silent edges" in said[0], said
+
+
+def test_hsfp_cal_calibrates_again_only_when_its_inputs_change(tmp_path) -> None:
+    """hsfp-cal's head statistics follow from W_c, W_e and the trunk the phase names and from
+    the devices: while none changed (W_c is averaged every ic rounds) the head stands and no
+    phase runs, so no device recomputes or resends the same statistics (issue 58, item 5); the
+    round W_c is averaged calibrates again."""
+    _, rounds = _sim(tmp_path, method="hsfp-cal", rounds=3, overrides={"ic": 3})
+    assert [r.get("calibration_reused", False) for r in rounds] == [False, True, False], rounds
+    assert rounds[1]["accuracy_calibrated"] == rounds[0]["accuracy_calibrated"]
+    assert rounds[2]["calibration_versions"]["wc"] > rounds[1]["calibration_versions"]["wc"]
+    head_stats = [r["bytes"]["in"]["arrays"]["messages"] for r in rounds]  # cumulative at the cloud
+    assert head_stats[1] == head_stats[0] and head_stats[2] > head_stats[1], head_stats
