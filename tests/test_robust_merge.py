@@ -224,3 +224,18 @@ def test_a_reference_variance_that_is_only_round_off_clips_nothing() -> None:
     for shift in (48.0, 1e3):
         moved = robust_merge([one(n, mu + shift, v) for n, mu, v in parts], "clip")
         np.testing.assert_allclose(moved.mean - shift, base.mean, atol=1e-9 * (1 + shift))
+
+
+def test_the_default_rule_is_clip_and_the_exact_merge_says_so_once(caplog) -> None:
+    """robust=auto is clip, or none under secagg (an edge sees only its devices' sum); a run that
+    chooses the exact merge says once what it gives up (issue 57, item 4)."""
+    from splitedge.cloud.options import EXACT_MERGE, build_run_config
+    from splitedge.methods.data.datasets import load_dataset
+
+    _, _, info = load_dataset("digits", None, max_train=100, max_test=50)
+    with caplog.at_level("WARNING", logger="splitedge.cloud.options"):
+        assert build_run_config("fedavg", info, None, 0, {}).method.robust == "clip"
+        assert build_run_config("hsfp", info, None, 0, {"secagg": "full"}).method.robust == "none"
+        assert not caplog.records
+        assert build_run_config("hsfp", info, None, 0, {"robust": "none"}).method.robust == "none"
+    assert [r.getMessage() for r in caplog.records] == [EXACT_MERGE]
