@@ -74,6 +74,8 @@ def one_run(s: PoisonSettings, rule: str, seed: int, attacked: bool) -> dict[str
             refused[name] = refused.get(name, 0) + int(n)
     summary = res["summary"]
     return {"rule": rule, "seed": seed, "attacked": attacked, "final_accuracy": summary["final_accuracy"],
+            "served_accuracy": summary.get("served_accuracy", summary["final_accuracy"]),
+            "served_head": summary.get("served_head", "own"),
             "best_accuracy": summary["best_accuracy"], "accuracy_per_round": summary["accuracy_per_round"],
             "refused": refused, "refused_by_node": last.get("rejected") or {},
             "attacker_messages": peers[0].sent if peers else 0}
@@ -102,9 +104,9 @@ def markdown(results: dict[str, Any]) -> str:
     seeds = sorted({r["seed"] for r in runs})
     rows = []
     for rule in dict.fromkeys(r["rule"] for r in runs):
-        def cell(attacked: bool, key: str = "final_accuracy") -> list[Any]:
-            return [next((r[key] for r in runs if r["rule"] == rule and r["seed"] == sd and r["attacked"] == attacked),
-                         None) for sd in seeds]
+        def cell(attacked: bool, key: str = "served_accuracy") -> list[Any]:
+            return [next((r.get(key, r["final_accuracy"]) for r in runs
+                          if r["rule"] == rule and r["seed"] == sd and r["attacked"] == attacked), None) for sd in seeds]
         clean, hit = cell(False), cell(True)
         pairs = [(c, h) for c, h in zip(clean, hit) if c is not None and h is not None]
         drop = sum(c - h for c, h in pairs) / len(pairs) if pairs else None
@@ -113,13 +115,15 @@ def markdown(results: dict[str, Any]) -> str:
                      "-" if drop is None else f"{100 * drop:.1f}",
                      "; ".join(", ".join(f"{k} {v}" for k, v in sorted(x.items())) or "none" for x in refused)))
     seeds_text = " / ".join(str(sd) for sd in seeds)
+    heads = sorted({r.get("served_head", "own") for r in runs})
     return "\n".join([
-        f"## Final accuracy, clean and with the attacker (seeds {seeds_text})\n",
+        f"## Final accuracy of the served model ({' or '.join(heads)} head), clean and with the attacker "
+        f"(seeds {seeds_text})\n",
         table(["robust", "clean", "attacked", "drop (points, mean)", "refused in the attacked run (per seed)"], rows),
         "",
         "clean: the rule's cost on clean data (compare with `none`). drop: clean minus attacked, mean over seeds "
         "(positive: the attack cost that much). refused: messages the receivers refused by rule, summed over nodes.",
-        "", "## Per round\n",
+        "", "## Per round (the model's own head)\n",
         table(["robust", "seed", "run", *[f"r{i + 1}" for i in range(max(len(r["accuracy_per_round"]) for r in runs))]],
               [(r["rule"], r["seed"], "attacked" if r["attacked"] else "clean",
                 *[_pct(a) for a in r["accuracy_per_round"]]) for r in runs]),
