@@ -6,6 +6,7 @@ quorum or deadline, runs the method's cloud part, writes metrics (JSON lines) an
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -94,7 +95,7 @@ class CloudCoordinator(Node):
         self.resumed = resume_from
         self.partial_head_warned = False
         self.silent_edges: list[str] = []  # edges with devices that sent nothing in the last calibration phase
-        self.last_calibration: tuple[Any, dict[str, Any]] | None = None  # (its inputs, its metrics): reused when unchanged
+        self.last_calibration: tuple[str, dict[str, Any]] | None = None  # (its inputs, its metrics): reused when unchanged
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -108,6 +109,9 @@ class CloudCoordinator(Node):
         if self.settings.out_dir is not None:
             self.history = resume.committed_history(self.settings.out_dir, saved.round)
         self.pending = snapshot.from_plain(saved.pending) if saved.pending else None
+        if saved.calibration:
+            inputs, metrics = snapshot.from_plain(saved.calibration)
+            self.last_calibration = (inputs, metrics)
         if self.pending is not None:
             self.outbox = [Message(m["kind"], m["body"], To(*m["to"]), m["slot"]) for m in self.pending["outbox"]]
         status.info("cloud: resuming run %s (session %s) after round %d%s", self.run_id, self.session, saved.round,
@@ -471,7 +475,7 @@ class CloudCoordinator(Node):
                    "calibration_versions": dict(plan.versions)}
         self._warn_partial_head({**metrics, **privacy})
         answered = sum(int(rep.get("done").body["info"].get("devices", 0)) for rep in reports if rep.get("done"))
-        complete = answered == sum(len(d) for _, d in inputs[1]) and not self.silent_edges and \
+        complete = answered == sum(len(d) for d in json.loads(inputs)[1].values()) and not self.silent_edges and \
             not phase_failures(reports)
         heads = self.part.head_messages()
         if heads:
@@ -483,15 +487,14 @@ class CloudCoordinator(Node):
         self.last_calibration = (inputs, dict(metrics)) if complete and not self.method.config.dp_sigma > 0 else None
         return metrics, reports
 
-    def _calibration_inputs(self, plan: RoundPlan) -> tuple[Any, ...]:
+    def _calibration_inputs(self, plan: RoundPlan) -> str:
         """What a calibration's head statistics follow from: the models the phase names and the
         devices that compute them (each edge's, those drawn when sampling). The same inputs give
         the same head (58, item 5: hsfp-cal recomputed and resent identical statistics every
         round until W_c was averaged)."""
         drawn = set(plan.participants)
-        devices = tuple(sorted((e, tuple(sorted(d for d in self.view.members.get(e, ()) if not drawn or d in drawn)))
-                               for e in self.awaited))
-        return tuple(sorted(plan.versions.items())), devices
+        devices = {e: sorted(d for d in self.view.members.get(e, ()) if not drawn or d in drawn) for e in self.awaited}
+        return json.dumps([plan.versions, devices], sort_keys=True)  # plain: kept in the resume state
 
     def _warn_partial_head(self, metrics: dict[str, Any]) -> None:
         """Once a run: a calibrated head that lacks classes is scored but not served (serving.py),
@@ -591,7 +594,8 @@ class CloudCoordinator(Node):
             run=self.run_id, method=s.method, config=self.method.run_config.to_wire(), seed=s.seed,
             session=self.session, round=self.round if last_round is None else last_round, attempt=self.attempt,
             enough_edges=self.enough_edges, placements=snapshot.to_plain(dict(self.view.placements)),
-            rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending))
+            rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending,
+            calibration=None if self.last_calibration is None else snapshot.to_plain(list(self.last_calibration))))
 
 
 def devices_reported(reports: list[Any]) -> int:

@@ -45,6 +45,9 @@ class CloudState:
     """Round `round + 1` merged but not yet written: what it had measured so far and every
     message it published since the merge (its outbox), committed before any of them left, so a
     restarted cloud publishes the same again and finishes that round (coordinator.finish_round)."""
+    calibration: list[Any] | None = None
+    """The last calibration's inputs and metrics, while a round with the same inputs reuses its
+    head (coordinator.calibration_phase): a resumed cloud reuses it as the undisturbed one would."""
 
 
 def save(out: Path, state: CloudState) -> None:

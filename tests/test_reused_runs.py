@@ -53,8 +53,11 @@ def test_nodes_started_before_a_new_cloud_of_a_reused_run_id_wait_for_it(tmp_pat
         procs = {name: _spawn(argv[name], second / f"{name}.log") for name in ("e0", "d0", "d1")}
         log = lambda name: (second / f"{name}.log").read_text()  # noqa: E731
         try:
-            for name in procs:
-                _wait_for(lambda n=name: log(n), "waiting for a new run with this id", timeout=120)
+            # the edge finds the old stop; a device finds it too when it connects before its edge
+            # clears its own downlink, else it waits for its edge's round: either way it stays
+            _wait_for(lambda: log("e0"), "waiting for a new run with this id", timeout=120)
+            for name in ("d0", "d1"):
+                _wait_for(lambda n=name: log(n), "waiting for", timeout=120)
             time.sleep(OLD_GRACE_S + 1.0)  # the cloud comes late (its unit, an operator)
             assert all(p.poll() is None for p in procs.values()), {n: log(n)[-2000:] for n in procs}
             procs["cloud"] = _spawn(argv["cloud"], second / "cloud.log")

@@ -108,7 +108,7 @@ def test_clip_without_a_reference_variance_does_not_clip() -> None:
 
 
 def test_the_config_names_the_merge() -> None:
-    assert HSFPConfig().robust == "none"
+    assert HSFPConfig().robust == "clip" and HSFPConfig(secagg="full").robust == "none"  # auto
     assert HSFPConfig(robust="median").robust == "median"
     for bad in ({"robust": "mean"}, {"robust_trim": 0.5}, {"robust_clip_k": 0.0}):
         with pytest.raises(ValueError, match="robust"):
