@@ -12,7 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -94,7 +94,6 @@ class CloudCoordinator(Node):
         self.outbox: list[Message] = []  # what that round published since its merge, committed first
         self.resumed = resume_from
         self.partial_head_warned = False
-        self.silent_edges: list[str] = []  # edges with devices that sent nothing in the last calibration phase
         self.last_calibration: tuple[str, dict[str, Any]] | None = None  # (its inputs, its metrics): reused when unchanged
         if resume_from is not None:
             self._restore(resume_from)
@@ -455,7 +454,8 @@ class CloudCoordinator(Node):
         self.commit_and_publish(self.part.before_calibration(r), round_=r)
         plan = dataclasses.replace(trained_plan, versions=dict(self.part.calibration_versions(r)),
                                    directives={CALIBRATE: {"dim": int(dim)}}, phase=CALIBRATE)
-        inputs = self._calibration_inputs(plan)
+        devices = self._calibration_devices(plan)
+        inputs = json.dumps([plan.versions, devices], sort_keys=True)  # plain: kept in the resume state
         if self.last_calibration is not None and self.last_calibration[0] == inputs:
             log.info("cloud: round %d's calibration inputs are those of the last one (models %s, the same devices): "
                      "its head stands, no phase", r, dict(plan.versions))
@@ -463,20 +463,19 @@ class CloudCoordinator(Node):
         self.gate = Gate.of(plan, self.method)
         reports, self.gate = self.run_phase(plan), None
         sources, privacy = records_of(reports), phase_privacy(reports, prefix="calibration_")
-        self.silent_edges = sorted({e for e, devices in self.view.members.items() if devices} -
-                                   {rep.sender for rep in reports})  # down, or past the deadline: said first
+        silent = sorted({e for e, held in self.view.members.items() if held} -
+                        {rep.sender for rep in reports})  # down, or past the deadline: said first
         if not sources:
             if privacy.get("calibration_withheld"):  # every image under the floor: said once, with the fix
-                self._warn_partial_head({"calibrated_classes": 0, **privacy})
+                self._warn_partial_head({"calibrated_classes": 0, **privacy}, silent)
             else:
                 log.warning("cloud: round %d's calibration got no head statistics; the head is not refitted", r)
             return {"calibrated_edges": 0, **privacy}, reports
         metrics = {**self.part.calibrate(plan, sources), "calibrated_edges": len(sources),
                    "calibration_versions": dict(plan.versions)}
-        self._warn_partial_head({**metrics, **privacy})
+        self._warn_partial_head({**metrics, **privacy}, silent)
         answered = sum(int(rep.get("done").body["info"].get("devices", 0)) for rep in reports if rep.get("done"))
-        complete = answered == sum(len(d) for d in json.loads(inputs)[1].values()) and not self.silent_edges and \
-            not phase_failures(reports)
+        complete = answered == sum(map(len, devices.values())) and not silent and not phase_failures(reports)
         heads = self.part.head_messages()
         if heads:
             scores, reports = self.evaluation_phase(plan, heads)
@@ -487,18 +486,17 @@ class CloudCoordinator(Node):
         self.last_calibration = (inputs, dict(metrics)) if complete and not self.method.config.dp_sigma > 0 else None
         return metrics, reports
 
-    def _calibration_inputs(self, plan: RoundPlan) -> str:
-        """What a calibration's head statistics follow from: the models the phase names and the
-        devices that compute them (each edge's, those drawn when sampling). The same inputs give
-        the same head (58, item 5: hsfp-cal recomputed and resent identical statistics every
-        round until W_c was averaged)."""
+    def _calibration_devices(self, plan: RoundPlan) -> dict[str, list[str]]:
+        """The devices that compute a calibration's head statistics (each edge's, those drawn
+        when sampling): with the models the phase names, all the statistics follow from. The same
+        inputs give the same head (58, item 5: hsfp-cal recomputed and resent identical
+        statistics every round until W_c was averaged)."""
         drawn = set(plan.participants)
-        devices = {e: sorted(d for d in self.view.members.get(e, ()) if not drawn or d in drawn) for e in self.awaited}
-        return json.dumps([plan.versions, devices], sort_keys=True)  # plain: kept in the resume state
+        return {e: sorted(d for d in self.view.members.get(e, ()) if not drawn or d in drawn) for e in self.awaited}
 
-    def _warn_partial_head(self, metrics: dict[str, Any]) -> None:
+    def _warn_partial_head(self, metrics: dict[str, Any], silent: Sequence[str] = ()) -> None:
         """Once a run: a calibrated head that lacks classes is scored but not served (serving.py),
-        or (0 classes) there is none, and why."""
+        or (0 classes) there is none, and why (`silent`: edges with devices that sent nothing)."""
         classes, want = metrics.get("calibrated_classes"), self.method.spec.num_classes
         if classes is None or classes >= want or self.partial_head_warned:
             return
@@ -507,7 +505,6 @@ class CloudCoordinator(Node):
         why = (f"the devices withheld {withheld.get('samples', 0)} of their images as classes they hold fewer than "
                f"min_class_count={self.method.config.min_class_count} of" if withheld else "no device that reported "
                "holds them")
-        silent = self.silent_edges
         if silent:  # an edge that is down sends nothing: that comes before any device's floor
             why = f"edge{'s' if len(silent) > 1 else ''} {', '.join(silent)} sent no head statistics; {why}"
         what = (f"calibration gets no head statistics ({why}): the head is not refitted" if not classes else

@@ -260,8 +260,7 @@ class EdgeAggregator(Node):
                 by_device[dev] = {**by_device[dev], "failed": True, "reason": "refused"}
                 log.warning("edge %s: device %s's round %d%s does not count: its message was refused [%s]",
                             self.node_id, dev, plan.round, "" if plan.phase == "train" else f" {plan.phase}", rule)
-        self.refused_now = {}
-        return by_device
+        return by_device  # refused_now starts afresh when the next phase opens
 
     def _late_done(self, env: Envelope) -> None:
         """A device's `done` that came after its phase closed (its round ran past the deadline):
