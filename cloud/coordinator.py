@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from splitedge.methods.calibration import CALIBRATE, EVALUATE, HEAD, calibrates
+from splitedge.methods.calibration.layers import selects
 from splitedge.methods.calibration.records import Gate, merged_scores, records_of
 from splitedge.methods.config import RunConfig
 from splitedge.methods.losslog import tier_losses
@@ -447,13 +448,13 @@ class CloudCoordinator(Node):
         fits the head; where devices hold their own models, an evaluation phase follows.
         Returns the metrics and the last phase's reports (`trained`, the round's, when no phase
         could be opened)."""
-        r, dim = trained_plan.round, self.part.calibration_dim()
-        if dim is None:
+        r, layers = trained_plan.round, self.part.calibration_layers()
+        if layers is None:
             log.warning("cloud: %s cannot calibrate its head; round %d is not calibrated", self.method.name, r)
             return {}, trained
         self.commit_and_publish(self.part.before_calibration(r), round_=r)
         plan = dataclasses.replace(trained_plan, versions=dict(self.part.calibration_versions(r)),
-                                   directives={CALIBRATE: {"dim": int(dim)}}, phase=CALIBRATE)
+                                   directives={CALIBRATE: {"layers": dict(layers)}}, phase=CALIBRATE)
         devices = self._calibration_devices(plan)
         inputs = json.dumps([plan.versions, devices], sort_keys=True)  # plain: kept in the resume state
         if self.last_calibration is not None and self.last_calibration[0] == inputs:
@@ -471,7 +472,7 @@ class CloudCoordinator(Node):
             else:
                 log.warning("cloud: round %d's calibration got no head statistics; the head is not refitted", r)
             return {"calibrated_edges": 0, **privacy}, reports
-        metrics = {**self.part.calibrate(plan, sources), "calibrated_edges": len(sources),
+        metrics = {**self.part.calibrate(plan, sources), "calibrated_edges": len({e for by in sources.values() for e in by}),
                    "calibration_versions": dict(plan.versions)}
         self._warn_partial_head({**metrics, **privacy}, silent)
         answered = sum(int(rep.get("done").body["info"].get("devices", 0)) for rep in reports if rep.get("done"))
@@ -523,6 +524,8 @@ class CloudCoordinator(Node):
         reports = self.run_phase(plan)
         infos = {rep.sender: rep.get("done").body["info"] for rep in reports if rep.get("done") is not None}
         merged = merged_scores(list(infos.values()))
+        if selects(self.method.config):  # the candidate layers, scored on the images devices held back
+            return self.part.heads_scored(merged.get("layer_scores", {})), reports
         scores = {"personalised_accuracy_calibrated": merged.get("accuracy"),
                   "cluster_accuracy_calibrated": {e: i["accuracy"] for e, i in infos.items() if "accuracy" in i}}
         if self.method.personalised:  # its accuracy is the devices' own: so is the calibrated one

@@ -31,7 +31,7 @@ from splitedge.runtime.guard import OverBudget, RoundGuard
 from splitedge.runtime.uplink import UplinkBudget
 from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import Misfit, PartHost
-from splitedge.runtime.phases import device_info, device_work
+from splitedge.runtime.phases import device_info, device_message, device_ready, device_work
 from splitedge.runtime.secure_sum import identity_of, secure_send, secured, unavailable
 from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import device_router
@@ -142,8 +142,8 @@ class DeviceAgent(Node):
         elif where.direction == "peer":
             self.exchange.on_peer(env)
         elif self.part is not None and self.accepts(self.part, env, "parent"):
-            self.part.on_message(env)
-        if self.pending is not None and self.part is not None and self.part.ready(self.pending):
+            device_message(self.part, env)
+        if self.pending is not None and self.part is not None and device_ready(self.part, self.pending):
             plan, self.pending = self.pending, None
             self._run(plan)
 

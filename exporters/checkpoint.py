@@ -102,6 +102,17 @@ def _clip(meta: Mapping[str, str]) -> float | None:
     return clip
 
 
+def _layer(meta: Mapping[str, str]) -> str | None:
+    if "head_layer" not in meta:
+        return None
+    from splitedge.methods.calibration.layers import parse_layers
+
+    layers = parse_layers(meta["head_layer"])
+    if len(layers) != 1 or layers[0].stage == "classifier":
+        raise ValueError(f"head_layer={meta['head_layer']!r} is not one layer off the classifier")
+    return layers[0].name
+
+
 def model_metadata(*, model: str, dataset: str, channels: int, image_size: int, num_classes: int,
                    mean: tuple[float, ...], std: tuple[float, ...]) -> dict[str, str]:
     """What the cloud writes into a checkpoint so export can rebuild and feed its network
@@ -125,6 +136,8 @@ class ModelInfo:
     std: tuple[float, ...] | None = None
     head_input_clip: float | None = None
     """The L2 norm the classifier's input is clipped to (a head calibrated on private statistics)."""
+    head_layer: str | None = None
+    """Where a calibrated head sits when not at the classifier's input (methods/calibration/layers.py)."""
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, str], path: Path) -> "ModelInfo":
@@ -138,7 +151,7 @@ class ModelInfo:
                        input_shape=tuple(int(v) for v in shape) if shape is not None else None,
                        num_classes=int(meta["num_classes"]) if "num_classes" in meta else None,
                        mean=_floats(meta, "mean"), std=_floats(meta, "std"),
-                       head_input_clip=_clip(meta))
+                       head_input_clip=_clip(meta), head_layer=_layer(meta))
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{path}: unreadable metadata ({exc})") from None
 

@@ -42,7 +42,10 @@ class MethodConfig:
     statistics (methods/calibration) after every `calibrate_every`-th round and after the last
     (0: only after the last); `calib_shrink` shrinks the shared covariance toward a multiple of
     the identity, `calib_cov` sends it whole ("full", D(D+1)/2 values) or its diagonal ("diag",
-    D values), `calib_dtype` is the records' float type on the wire.
+    D values), `calib_dtype` is the records' float type on the wire. `calib_layer` is where the
+    head sits (methods/calibration/layers.py): the classifier's input, or W_e's or W_c's output
+    (pooled to a side); several layers, and each device holds back `calib_holdout` of its images
+    to score the candidates, and the best is served.
 
     robust: how an edge merges what its devices send and the cloud what its edges send (weight
     maps, feature moments, head statistics, class-mean tables): "none" exactly; "clip" each
@@ -94,6 +97,10 @@ class MethodConfig:
     calib_shrink: float = 0.1
     calib_cov: str = "full"
     calib_dtype: str = "f4"
+    calib_layer: str = flag("classifier", "where the calibrated head sits: classifier, we, we_S, wc or wc_S (W_e's "
+                                          "or W_c's output, average-pooled to S x S); several, comma-separated: the "
+                                          "one that scores best on the images devices hold back (calib_holdout)")
+    calib_holdout: float = 0.2
     robust: str = flag("auto", "how edges and the cloud merge what they receive: auto (clip; none under secagg), "
                                "none (exact: one device scaling what it sends moves the merge without bound), "
                                "clip, trimmed or median (docs/methods.md)", choices=("auto", *ROBUST_MERGES))
@@ -132,6 +139,14 @@ class MethodConfig:
         if self.calib_cov not in ("full", "diag") or self.calib_dtype not in ("f2", "f4", "f8"):
             raise ValueError(f"calib_cov must be full or diag and calib_dtype f2, f4 or f8, got {self.calib_cov!r} "
                              f"and {self.calib_dtype!r}")
+        from splitedge.methods.calibration.layers import parse_layers
+
+        if len(parse_layers(self.calib_layer)) > 1 and not 0 < self.calib_holdout <= 0.5:
+            raise ValueError(f"calib_holdout must be in (0, 0.5] to choose among calib_layer {self.calib_layer}, got "
+                             f"{self.calib_holdout}")
+        if len(parse_layers(self.calib_layer)) > 1 and self.dp_sigma > 0:
+            raise ValueError("calib_layer names several layers, and dp_sigma is on: each layer's statistics would be "
+                             "a release of their own; name one layer")
         if self.robust == "auto":  # the safe rule this run can apply (see the docstring)
             object.__setattr__(self, "robust", "none" if self.secagg != "off" else "clip")
         if self.robust not in ROBUST_MERGES:

@@ -438,6 +438,16 @@ class DevicePart(Part):
         part holds the model in a calibration phase (methods/calibration)."""
         raise NotImplementedError
 
+    layered_calibration: bool = False
+    """Whether `stage_outputs` gives W_c's and W_e's outputs too, so the head may sit there
+    (`calib_layer`, methods/calibration/layers.py); else only at the classifier's input."""
+
+    def stage_outputs(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """One forward pass's outputs at the layers a head may sit at, for normalised images:
+        "classifier" (the classifier's input [N, D]) and, where `layered_calibration`, "wc" and
+        "we" (the split's stage outputs, [N, C, H, W] maps or [N, D])."""
+        return {"classifier": self.classifier_input(x)}
+
     def calibration_data(self) -> tuple[Any, np.ndarray]:
         """The images and labels head statistics are taken over: all the device's, or (a part
         that keeps a held-out share to score itself) its training share."""
@@ -526,6 +536,13 @@ class CloudPart(Part):
         when this method cannot calibrate (no calibration phase is opened)."""
         return None
 
+    def calibration_layers(self) -> dict[str, int] | None:
+        """Each layer the head may sit at (`calib_layer`) with the dimension D its statistics
+        must have, or None when this method cannot calibrate. By default the classifier's input
+        alone (`calibration_dim`); parts serving a split model name the others too."""
+        dim = self.calibration_dim()
+        return None if dim is None else {"classifier": int(dim)}
+
     def before_calibration(self, round_: int) -> list[Message]:
         """What devices need to reach the classifier's input that they do not hold (e.g. the
         layers above a split), sent before the calibration phase of round `round_`."""
@@ -536,16 +553,22 @@ class CloudPart(Part):
         it will train from next (the model just merged)."""
         return self.plan(round_ + 1).versions
 
-    def calibrate(self, plan: RoundPlan, sources: Mapping[str, Any]) -> dict[str, Any]:
+    def calibrate(self, plan: RoundPlan, sources: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         """The calibration phase closed: `sources` are the edges' merged head statistics
-        (methods.calibration.stats.HeadStats, by edge). Returns metrics (e.g. the calibrated
-        model's accuracy) for the round's record."""
+        (methods.calibration.stats.HeadStats) by layer ("classifier", or those `calib_layer`
+        names), then by edge. Returns metrics (e.g. the calibrated model's accuracy) for the
+        round's record."""
+        return {}
+
+    def heads_scored(self, scores: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+        """After the evaluation phase that chooses the head's layer: the devices' [correct,
+        scored] of each candidate on the images they held back, summed. Returns metrics."""
         return {}
 
     def head_messages(self) -> list[Message]:
-        """After `calibrate`, where devices hold their own models: the fitted heads for them
-        (e.g. one per cluster), sent before the evaluation phase in which each device scores
-        its head on its held-out data. Empty (the default): no evaluation phase."""
+        """After `calibrate`: heads for the devices to score on data they held back, sent before
+        an evaluation phase: the fitted heads where devices hold their own models (e.g. one per
+        cluster), or every candidate layer's head. Empty (the default): no evaluation phase."""
         return []
 
 
@@ -641,6 +664,8 @@ class Method:
         if self.config.calibrate != "none" and not self.head_calibration:
             raise ValueError(f"{self.name} cannot calibrate its head (calibrate={self.config.calibrate!r}): its devices "
                              f"hold no model the cloud could serve a head for; leave calibrate at none")
+        if self.config.calibrate != "none":
+            self._check_layers()
         if self.config.dp_sigma > 0:
             self._check_private()
         if self.config.secagg != "off":
@@ -650,6 +675,32 @@ class Method:
     def _device_parts(self) -> list[Any]:
         """The classes of this method's device parts (one per backend)."""
         return [self._part_class(k) for k in self.parts if k.startswith("device")]
+
+    def _check_layers(self) -> None:
+        """A head placed off the classifier's input needs devices that compute the split's stage
+        outputs, and a stage output the layer's pooling fits."""
+        from splitedge.methods.calibration.layers import CLASSIFIER, parse_layers
+
+        layers = [layer for layer in parse_layers(self.config.calib_layer) if layer.stage != CLASSIFIER]
+        if not layers:
+            return
+        if not all(p.layered_calibration for p in self._device_parts() if p.can_calibrate):
+            raise ValueError(f"{self.name} calibrates its head only at the classifier's input (calib_layer "
+                             f"{self.config.calib_layer}): its devices hold no split model; leave calib_layer at "
+                             f"classifier")
+        if self.config.secagg != "off":
+            raise ValueError(f"calib_layer {self.config.calib_layer}: secure sums carry head statistics at the "
+                             f"classifier's input only; leave calib_layer at classifier under secagg")
+        from splitedge.models import create_split
+
+        spec = self.spec
+        split = create_split(spec.model, num_classes=spec.num_classes, in_channels=spec.channels,
+                             image_size=spec.image_size)
+        shapes = {"wc": split.wc_shape, "we": split.we_shape}
+        for layer in layers:
+            why = layer.fits(shapes[layer.stage])
+            if why:
+                raise ValueError(f"calib_layer {why} ({spec.model}); choose another side")
 
     def _check_secure(self) -> None:
         """With secagg on, some statistic of every device part must be securely summable."""

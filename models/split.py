@@ -73,6 +73,22 @@ def clip_head_input(model: nn.Module, clip: float) -> nn.Module:
     return model
 
 
+def head_at_layer(model: "SplitModel", stage: str, side: int | None) -> "SplitModel":
+    """The served network of a head placed at W_c's ("wc") or W_e's ("we") output: the same
+    W_c (and W_e) modules, then an average pool to `side` x `side` (None: none), a flatten and
+    a fresh linear head ("wg.head.*") where W_g was (methods/calibration/layers.py).
+    The stages above the head are dropped; parameters below are shared with `model`."""
+    if stage not in ("wc", "we"):
+        raise ValueError(f"a head off the classifier sits at wc or we, not {stage!r}")
+    we = model.we if stage == "we" else nn.Identity()
+    shape = model.we_shape if stage == "we" else model.wc_shape
+    pool_ = nn.AdaptiveAvgPool2d(side) if side is not None else nn.Identity()
+    dim = int(shape[0]) * side * side if side is not None else int(torch.Size(shape).numel())
+    wg = nn.Sequential(OrderedDict([("pool", pool_), ("flatten", nn.Flatten(1)),
+                                    ("head", nn.Linear(dim, model.num_classes))]))
+    return SplitModel(model.wc, we, wg, model.in_shape, model.num_classes)
+
+
 RELU_COMMUTES = (nn.MaxPool2d, nn.AdaptiveMaxPool2d, nn.Flatten, nn.Identity)
 """Layers a final ReLU may precede and still be moved after: relu(max(x)) = max(relu(x))."""
 
@@ -125,6 +141,11 @@ class ClassifierInput(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return pool(self.wg(self.we(h)))
+
+    def stages(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_e's output, the classifier's input) of W_c features `h`, in one pass."""
+        e = self.we(h)
+        return e, pool(self.wg(e))
 
 
 @torch.no_grad()

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from splitedge.methods.calibration import is_head_stats
+from splitedge.methods.calibration.layers import layer_names, selects
+from splitedge.methods.calibration.records import check_heads, is_heads
 from splitedge.methods.checks import check_within_samples
 from splitedge.methods.privacy.release import fit_to_allowance
 from splitedge.protocol.codec import Envelope
@@ -73,6 +75,18 @@ def head_statistics(msg: Inbound, nxt: Next) -> bool:
     return True
 
 
+def candidate_heads(msg: Inbound, nxt: Next) -> bool:
+    """Candidate heads come from above, in a run that chooses its head's layer, one head per
+    layer its config names, each of the run's classes; they end here, admitted or refused."""
+    if not is_heads(msg.env):
+        return nxt(msg)
+    cfg, spec = msg.part.method.config, msg.part.method.spec
+    if msg.source != "parent" or not selects(cfg):
+        raise ProtocolError("state.phase", "candidate heads outside a run that chooses its head's layer")
+    check_heads(msg.env.body, layer_names(cfg), spec.num_classes)
+    return True
+
+
 def part_check(msg: Inbound, nxt: Next) -> bool:
     """The method's own rules: dimension, classes, model names and shapes, versions."""
     msg.part.check(msg.env, msg.source)
@@ -83,7 +97,7 @@ class NodeInbound:
     """The node's chain: `admit(message)` is True when the part may take it. Refusals are
     counted by rule in `refused`, messages of another session in `foreign`."""
 
-    def __init__(self, name: str, session: Callable[[], str], steps: Sequence[Step] = (within_announced, head_statistics, part_check)):
+    def __init__(self, name: str, session: Callable[[], str], steps: Sequence[Step] = (within_announced, head_statistics, candidate_heads, part_check)):
         self.name, self.session = name, session
         self.refused: Counter[str] = Counter()
         self.last_refusal: str | None = None  # the rule of the last message refused (None: it was admitted)

@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from splitedge.methods.calibration.records import calibration_round, edge_merge, evaluation_round, merged_scores
+from splitedge.methods.calibration import HEAD
+from splitedge.methods.calibration.layers import layer_names, selects
+from splitedge.methods.calibration.records import (
+    calibration_round, edge_merge, evaluation_round, is_heads, merged_scores, take_heads,
+)
 from splitedge.methods.contract import Message, RoundPlan
 
 
@@ -23,6 +27,25 @@ def device_work(part: Any, plan: RoundPlan) -> Iterator[Any]:
     if plan.evaluating:
         return evaluation_round(part, plan)
     return part.run_round(plan)
+
+
+def device_message(part: Any, env: Any) -> None:
+    """A checked message from above: candidate heads are kept for the evaluation phase that
+    chooses the head's layer (the newest round's); anything else is the part's."""
+    if is_heads(env):
+        if int(env.body["version"]) > getattr(part, "heads_version", -1):
+            part.candidate_heads = take_heads(env.body, layer_names(part.cfg))
+            part.heads_version = int(env.body["version"])
+        return
+    part.on_message(env)
+
+
+def device_ready(part: Any, plan: RoundPlan) -> bool:
+    """Whether the part can do the plan's phase: its own readiness, and in an evaluation phase
+    that chooses among layers, the candidate heads of that round."""
+    if plan.evaluating and selects(part.cfg) and part.layered_calibration:
+        return part.ready(plan) and getattr(part, "heads_version", -1) >= plan.version(HEAD)
+    return part.ready(plan)
 
 
 def device_info(part: Any, plan: RoundPlan) -> dict[str, Any]:

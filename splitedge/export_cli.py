@@ -118,9 +118,10 @@ def _agreed(flag: str, given: str | None, recorded: str | None) -> str | None:
     return given if given is not None else recorded
 
 
-def load_checkpoint(path: Path, info: Any, model: str | None) -> tuple[str, Any]:
+def load_checkpoint(path: Path, info: Any, model: str | None, head_layer: str | None = None) -> tuple[str, Any]:
     """The SplitModel the checkpoint was saved from (the named model, or the first that fits),
-    built for the data set's input shape and classes (`info`)."""
+    built for the data set's input shape and classes (`info`), with its head at `head_layer`
+    when the checkpoint says it sits off the classifier's input."""
     from safetensors.numpy import load_file
 
     from splitedge.models import create_split, list_models, load_numpy_state
@@ -130,6 +131,12 @@ def load_checkpoint(path: Path, info: Any, model: str | None) -> tuple[str, Any]
     for name in names:
         split = create_split(name, num_classes=info.num_classes, in_channels=info.channels,
                              image_size=info.image_size)
+        if head_layer is not None:
+            from splitedge.methods.calibration.layers import parse_layers
+            from splitedge.models.split import head_at_layer
+
+            layer = parse_layers(head_layer)[0]
+            split = head_at_layer(split, layer.stage, layer.side)
         try:
             load_numpy_state(split, _scalars_as_saved(weights, split.state_dict()))
         except ValueError as exc:
@@ -187,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     from splitedge.exporters.suite import export_split, markdown_table
 
     torch.set_num_threads(1)
-    name, split = load_checkpoint(target.path, info, target.model)
+    name, split = load_checkpoint(target.path, info, target.model, target.info.head_layer)
     if target.info.head_input_clip:  # a head calibrated on private statistics sees its input clipped
         from splitedge.models.split import clip_head_input
 
@@ -198,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     report = {"checkpoint": str(target.path), "method": target.info.method, "round": target.info.round,
               "model": name, "dataset": target.dataset, "input_shape": list(split.in_shape),
               "mean": list(mean), "std": list(std), "head_input_clip": target.info.head_input_clip,
-              "parity_images": int(len(x)),
+              "head_layer": target.info.head_layer, "parity_images": int(len(x)),
               "variants": [r.to_dict() for r in rows]}
     (out / "export.json").write_text(json.dumps(report, indent=1))
     print(markdown_table(rows))

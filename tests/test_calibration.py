@@ -167,7 +167,7 @@ class ScaledCalibrator(RogueDevice):
         from splitedge.methods.calibration.stats import HeadStats, head_stats_arrays
 
         if env.body.get("phase") == "calibrate":
-            dim = env.body["directives"]["calibrate"]["dim"]
+            dim = env.body["directives"]["calibrate"]["layers"]["classifier"]
             s = HeadStats(np.arange(10), np.full(10, 15), np.full((10, dim), 50.0), 1e3 * np.eye(dim))
             self.say("arrays", {"name": "head_stats", "version": env.round, "arrays": head_stats_arrays(s, "f4")},
                      env.round)

@@ -75,7 +75,7 @@ def _part(method: str, data: tuple[np.ndarray, np.ndarray], floor: int, backend:
 def test_a_device_whose_classes_are_all_rare_sends_no_head_statistics() -> None:
     x, y = _images(12)
     part = _part("fedavg", (x, y), floor=50)
-    plan = RoundPlan(round=1, method="fedavg", deadline_s=10.0, config={}, directives={"calibrate": {"dim": 64}},
+    plan = RoundPlan(round=1, method="fedavg", deadline_s=10.0, config={}, directives={"calibrate": {"layers": {"classifier": 64}}},
                      phase="calibrate")
     out = list(device_work(part, plan))
     assert out == [DONE]

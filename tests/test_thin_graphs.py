@@ -170,13 +170,13 @@ def test_thin_device_head_statistics_match_torch(splits, images):
     dev = thin_device(images)
     dev.on_message(weights_env(state_to_numpy(splits[0].wc), 0))
     calib = ClassifierInput(splits[1].we, splits[1].wg).eval()
-    plan = plan_for(1, versions={"wc": 0, "we": 0, "calib": 0}, directives={"calibrate": {"dim": 64}},
+    plan = plan_for(1, versions={"wc": 0, "we": 0, "calib": 0}, directives={"calibrate": {"layers": {"classifier": 64}}},
                     phase="calibrate")
     assert not dev.ready(plan)
     dev.on_message(weights_env(state_to_numpy(calib), 0, part="calib"))
     assert dev.ready(plan) and dev.calib_version == 0
-    calls, through = [], dev.classifier_input
-    dev.classifier_input = lambda x: calls.append(len(x)) or through(x)  # type: ignore[method-assign]
+    calls, through = [], dev.stage_outputs
+    dev.stage_outputs = lambda x: calls.append(len(x)) or through(x)  # type: ignore[method-assign]
     sent = [m for m in calibration_round(dev, plan) if hasattr(m, "kind")]
     assert [m.kind for m in sent] == ["arrays"] and sent[0].body["name"] == "head_stats"
     assert dev.stats_batch == 4 and max(calls) == 4 and sum(calls) == len(images[1])
@@ -244,3 +244,19 @@ def test_a_thin_trainer_in_the_papers_form_sends_moments_of_its_trained_copy(spl
     load_numpy_state(wc, trained)
     np.testing.assert_allclose(moments_from_body(sent[0].body).mean, torch_moments(wc.eval(), images).mean,
                                rtol=1e-4, atol=1e-5)
+
+
+def test_thin_device_stage_outputs_are_torchs_at_every_layer(splits, images):
+    """A head may sit at W_c's or W_e's output (methods/calibration/layers.py): the thin device's
+    outputs there are the torch split's, so its statistics describe the served network."""
+    dev = thin_device(images)
+    dev.on_message(weights_env(state_to_numpy(splits[0].wc), 0))
+    calib = ClassifierInput(splits[1].we, splits[1].wg).eval()
+    dev.on_message(weights_env(state_to_numpy(calib), 0, part="calib"))
+    x = to_input(images[0], (0.5,), (0.25,))
+    got = dev.stage_outputs(x)
+    with torch.no_grad():
+        h = splits[0].wc.eval()(torch.from_numpy(x))
+        e, f = calib.stages(h)
+    for key, want in (("wc", h), ("we", e), ("classifier", f)):
+        np.testing.assert_allclose(got[key], want.numpy(), atol=1e-5)

@@ -22,13 +22,18 @@ from __future__ import annotations
 from typing import Any
 
 HEAD_STATS = "head_stats"
-"""The `arrays` record of head statistics (device -> edge, edge -> cloud)."""
+"""The `arrays` record of head statistics at the classifier's input (device -> edge, edge ->
+cloud); at another layer (methods/calibration/layers.py) it is named "head_stats_<layer>"."""
 CALIBRATE = "calibrate"
 """The round plan's phase in which devices send head statistics (and its directive: what the
-records must fit, `{"dim": D}`, set by the cloud, which knows the model)."""
+records must fit, `{"layers": {layer: D}}`, set by the cloud, which knows the model)."""
 EVALUATE = "evaluate"
-"""The phase after a calibration where devices hold their own models: each scores the head it
-was sent on its held-out data (FedProto, CFLHKD)."""
+"""The phase after a calibration where devices score heads on images they held back: the head
+fitted for their own model (FedProto, CFLHKD), or every candidate layer's (`calib_layer` naming
+several)."""
+HEADS = "heads"
+"""The `arrays` record of the candidate heads (`<layer>_weight`, `<layer>_bias`) sent to devices
+before the evaluation phase that chooses the head's layer, versioned by the round."""
 HEAD = "head"
 """The `arrays` record of a fitted head (`weight` [classes, D], `bias` [classes]) sent to devices
 before an evaluation phase, versioned by the round."""
@@ -56,5 +61,17 @@ def head_input_clip(cfg: Any) -> float:
     return float(cfg.dp_head_clip) if cfg.dp_sigma > 0 and cfg.dp_head_clip > 0 else 0.0
 
 
+def stats_name(layer: str) -> str:
+    """The record name of head statistics at `layer`."""
+    return HEAD_STATS if layer == "classifier" else f"{HEAD_STATS}_{layer}"
+
+
+def stats_layer(name: str) -> str | None:
+    """The layer a record name holds head statistics of (None: not head statistics)."""
+    if name == HEAD_STATS:
+        return "classifier"
+    return name[len(HEAD_STATS) + 1:] if name.startswith(HEAD_STATS + "_") else None
+
+
 def is_head_stats(env: Any) -> bool:
-    return env.kind == "arrays" and env.body.get("name") == HEAD_STATS
+    return env.kind == "arrays" and stats_layer(str(env.body.get("name", ""))) is not None

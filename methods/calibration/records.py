@@ -13,13 +13,14 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from splitedge.methods.calibration import CALIBRATE, HEAD, HEAD_STATS, is_head_stats
+from splitedge.methods.calibration import CALIBRATE, HEAD, HEADS, is_head_stats, stats_layer, stats_name
+from splitedge.methods.calibration.layers import CLASSIFIER, held_out, layer_features, parse_layers, selects
 from splitedge.methods.calibration.robust import robust_head_merge
 from splitedge.methods.calibration.stats import (
     HeadStats, HeadStatsAccumulator, check_head_stats, head_stats_arrays, head_stats_from_arrays,
 )
-from splitedge.methods.contract import DONE, DevicePart, Message, RoundPlan
-from splitedge.methods.data.preprocess import accumulate
+from splitedge.methods.contract import DEVICES, DONE, DevicePart, Message, RoundPlan
+from splitedge.methods.data.preprocess import accumulate, batches, to_input
 from splitedge.methods.privacy.release import private_accumulator, private_head_stats
 from splitedge.protocol.errors import ProtocolError
 
@@ -30,11 +31,12 @@ may take fewer (DevicePart.stats_batch)."""
 
 @dataclass(frozen=True)
 class Gate:
-    """What a calibration phase's records must fit: made in `round`, of dimension `dim`, at most
-    `num_classes` classes, in the run's wire dtype and covariance form."""
+    """What a calibration phase's records must fit: made in `round`, at one of the phase's
+    layers with that layer's dimension (`dims`), at most `num_classes` classes, in the run's
+    wire dtype and covariance form."""
 
     round: int
-    dim: int
+    dims: Mapping[str, int]
     num_classes: int
     dtype: str
     cov: str
@@ -42,15 +44,20 @@ class Gate:
     @classmethod
     def of(cls, plan: RoundPlan, method: Any) -> "Gate":
         cfg = method.config
-        dim = int((plan.directives.get(CALIBRATE) or {}).get("dim", 0))
-        return cls(plan.round, dim, method.spec.num_classes, cfg.calib_dtype, cfg.calib_cov)
+        layers = (plan.directives.get(CALIBRATE) or {}).get("layers") or {}
+        dims = {str(k): int(v) for k, v in layers.items()} if isinstance(layers, Mapping) else {}
+        return cls(plan.round, dims, method.spec.num_classes, cfg.calib_dtype, cfg.calib_cov)
 
     def check(self, env: Any) -> None:
         """ProtocolError naming the rule when the record does not fit this phase."""
         if int(env.body["version"]) != self.round:
             raise ProtocolError("state.stale", f"head statistics of round {env.body['version']}; the calibration "
                                                f"is of round {self.round}")
-        check_head_stats(env.body["arrays"], dim=self.dim, num_classes=self.num_classes, dtype=self.dtype,
+        layer = stats_layer(str(env.body["name"]))
+        if layer not in self.dims:
+            raise ProtocolError("state.layer", f"head statistics at {layer}; the calibration takes "
+                                               f"{', '.join(self.dims) or 'none'}")
+        check_head_stats(env.body["arrays"], dim=self.dims[layer], num_classes=self.num_classes, dtype=self.dtype,
                          cov=self.cov)
 
 
@@ -62,42 +69,134 @@ def head_stats(features: Callable[[np.ndarray], np.ndarray], data: tuple[np.ndar
     return accumulate(features, data, mean, std, HeadStatsAccumulator, batch, keep)
 
 
-def record(stats: HeadStats, plan: RoundPlan, cfg: Any) -> Message:
-    """The `arrays` record of `stats` for the calibration phase `plan` (sent up)."""
+def record(stats: HeadStats, plan: RoundPlan, cfg: Any, layer: str = CLASSIFIER) -> Message:
+    """The `arrays` record of `stats` at `layer` for the calibration phase `plan` (sent up)."""
     arrays = head_stats_arrays(stats, cfg.calib_dtype, cfg.calib_cov)
-    return Message("arrays", {"name": HEAD_STATS, "version": plan.round, "arrays": arrays})
+    return Message("arrays", {"name": stats_name(layer), "version": plan.round, "arrays": arrays})
 
 
 def calibration_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:
-    """A device's calibration phase: the record of its head statistics when its part can reach
-    the classifier's input (`DevicePart.can_calibrate`), then DONE. Nothing is trained. The
-    record holds only the classes above the run's minimum count; none when no class is."""
+    """A device's calibration phase: a record of head statistics at each layer the run names
+    (`calib_layer`), when its part can reach them (`DevicePart.can_calibrate`), then DONE.
+    Nothing is trained. The records hold only the classes above the run's minimum count (none
+    when no class is), and not the images held back to choose among layers."""
     if part.can_calibrate and part.cfg.dp_sigma > 0:
         yield from private_record(part, plan)
     elif part.can_calibrate:
-        spec, data = part.spec, part.calibration_data()
-        floor = part.stats_floor(data[1])
-        if floor.keep.any():
-            yield record(head_stats(part.classifier_input, data, spec.mean, spec.std, part.stats_batch,
-                                    keep=floor.keep), plan, part.cfg)
+        data = part.calibration_data()
+        keep = part.stats_floor(data[1]).keep & ~held_back(part, data[1])
+        if keep.any():
+            for layer, stats in layer_stats(part, data, keep).items():
+                yield record(stats, plan, part.cfg, layer)
     yield DONE
+
+
+def held_back(part: Any, labels: np.ndarray) -> np.ndarray:
+    """bool [N]: the images the part holds back to score candidate layers (none with one layer)."""
+    if not selects(part.cfg):
+        return np.zeros(len(labels), dtype=bool)
+    return held_out(labels, part.cfg.calib_holdout, part.ctx.node_id)
+
+
+def layer_stats(part: Any, data: tuple[Any, np.ndarray], keep: np.ndarray) -> dict[str, HeadStats]:
+    """Head statistics of the `keep` images at every layer the run names, from one forward pass
+    a batch (`DevicePart.stage_outputs`); float64 accumulators."""
+    x, y = data
+    layers = parse_layers(part.cfg.calib_layer)
+    accs: dict[str, HeadStatsAccumulator] = {}
+    for sl in batches(len(y), part.stats_batch):
+        rows = np.asarray(keep[sl], dtype=bool)
+        if not rows.any():
+            continue
+        outputs = part.stage_outputs(to_input(x[sl], part.spec.mean, part.spec.std))
+        labels = np.asarray(y[sl])[rows]
+        for layer in layers:
+            feats = layer_features(outputs, layer)[rows]
+            accs.setdefault(layer.name, HeadStatsAccumulator(feats.shape[1])).add(feats, labels)
+    return {name: acc.result() for name, acc in accs.items()}
 
 
 def private_record(part: Any, plan: RoundPlan) -> Iterator[Message]:
-    """The differentially private record (methods/privacy/release.py): classifier inputs clipped
-    to `dp_head_clip`, one noisy release of every class; nothing when no class survives it."""
+    """The differentially private record (methods/privacy/release.py): the head's inputs at the
+    run's one layer (several are refused under DP) clipped to `dp_head_clip`, one noisy release
+    of every class; nothing when no class survives it."""
     spec, data, cfg = part.spec, part.calibration_data(), part.cfg
+    layer = parse_layers(cfg.calib_layer)[0]
     private = private_accumulator(part, cfg.dp_head_clip, cfg.calib_cov, private_head_stats(part, data[1]))
-    stats = accumulate(part.classifier_input, data, spec.mean, spec.std, private, part.stats_batch)
+    stats = accumulate(lambda x: layer_features(part.stage_outputs(x), layer), data, spec.mean, spec.std, private,
+                       part.stats_batch)
     if len(stats.classes):
-        yield record(stats, plan, cfg)
+        yield record(stats, plan, cfg, layer.name)
 
 
 def evaluation_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:
-    """A device's evaluation phase: its part scores the head it was sent (`evaluate_head`,
-    kept as `part.evaluation` for the `done` info), then DONE. Nothing is sent but `done`."""
-    part.evaluation = part.evaluate_head()
+    """A device's evaluation phase: its part scores the candidate heads on the images it held
+    back (`calib_layer` naming several layers), or the head it was sent on its held-out data
+    (`evaluate_head`); kept as `part.evaluation` for the `done` info, then DONE. Nothing is
+    sent but `done`."""
+    heads = getattr(part, "candidate_heads", None)
+    part.evaluation = layer_scores(part, heads) if heads and selects(part.cfg) else part.evaluate_head()
     yield DONE
+
+
+def layer_scores(part: Any, heads: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    """`{"layer_scores": {layer: [correct, scored]}}`: each candidate head on the images the part
+    held back (those above the minimum count per class; empty when it held none back)."""
+    data = part.calibration_data()
+    rows = held_back(part, data[1]) & part.stats_floor(data[1]).keep
+    layers = [layer for layer in parse_layers(part.cfg.calib_layer) if layer.name in heads]
+    correct = dict.fromkeys((layer.name for layer in layers), 0)
+    x, y = data
+    for sl in batches(len(y), part.stats_batch):
+        keep = np.asarray(rows[sl], dtype=bool)
+        if not keep.any():
+            continue
+        outputs = part.stage_outputs(to_input(x[sl], part.spec.mean, part.spec.std))
+        labels = np.asarray(y[sl])[keep]
+        for layer in layers:
+            weight, bias = heads[layer.name]
+            feats = np.asarray(layer_features(outputs, layer)[keep], dtype=np.float64)
+            if feats.shape[1] != weight.shape[1]:
+                raise ProtocolError("state.shape", f"the {layer.name} head takes {weight.shape[1]} features; "
+                                                   f"this device computes {feats.shape[1]} there")
+            correct[layer.name] += int((np.argmax(feats @ weight.T + bias, axis=1) == labels).sum())
+    scored = int(rows.sum())
+    return {"layer_scores": {name: [c, scored] for name, c in correct.items()}} if scored else {}
+
+
+def heads_message(heads: Mapping[str, tuple[np.ndarray, np.ndarray]], round_: int) -> Message:
+    """The candidate heads for every device (float32), kept as the newest of their slot."""
+    arrays: dict[str, np.ndarray] = {}
+    for layer, (weight, bias) in heads.items():
+        arrays[f"{layer}_weight"] = np.ascontiguousarray(weight, "<f4")
+        arrays[f"{layer}_bias"] = np.ascontiguousarray(bias, "<f4")
+    return Message("arrays", {"name": HEADS, "version": round_, "arrays": arrays}, to=DEVICES, slot=HEADS)
+
+
+def is_heads(env: Any) -> bool:
+    return env.kind == "arrays" and env.body.get("name") == HEADS
+
+
+def check_heads(body: Mapping[str, Any], layers: Sequence[str], num_classes: int) -> None:
+    """A candidate-heads record holds, for each of the run's layers and nothing else,
+    `<layer>_weight` [classes, D] and `<layer>_bias` [classes] (ProtocolError)."""
+    arrays = body["arrays"]
+    want = {f"{layer}_{k}" for layer in layers for k in ("weight", "bias")}
+    if set(arrays) != want:
+        raise ProtocolError("state.arrays", f"candidate heads carry {sorted(want)}, got {sorted(arrays)}")
+    for layer in layers:
+        weight, bias = np.asarray(arrays[f"{layer}_weight"]), np.asarray(arrays[f"{layer}_bias"])
+        if weight.ndim != 2 or weight.shape[0] != num_classes or bias.shape != (num_classes,) \
+                or weight.dtype.kind != "f" or bias.dtype.kind != "f":
+            raise ProtocolError("state.shape", f"the {layer} head is weight [{num_classes}, D] and bias "
+                                               f"[{num_classes}] floats")
+
+
+def take_heads(body: Mapping[str, Any], layers: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A checked candidate-heads record as layer -> (weight, bias) in float64."""
+    arrays = body["arrays"]
+    return {layer: (np.array(arrays[f"{layer}_weight"], dtype=np.float64),
+                    np.array(arrays[f"{layer}_bias"], dtype=np.float64)) for layer in layers}
 
 
 def head_message(head: tuple[np.ndarray, np.ndarray], round_: int, to: Any) -> Message:
@@ -116,22 +215,31 @@ def check_head(body: Mapping[str, Any], num_classes: int, dim: int) -> None:
 
 def merged_scores(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Devices' (or edges') scores of their heads merged: the accuracy over all their held-out
-    samples, and how many there were (empty when nobody scored)."""
+    samples and how many there were, and the candidate layers' [correct, scored] summed
+    (empty when nobody scored)."""
     scored = [(float(i["accuracy"]), int(i["eval_samples"])) for i in infos
               if i.get("accuracy") is not None and int(i.get("eval_samples") or 0) > 0]
     total = sum(n for _, n in scored)
-    return {"accuracy": sum(a * n for a, n in scored) / total, "eval_samples": total} if total else {}
+    out: dict[str, Any] = {"accuracy": sum(a * n for a, n in scored) / total, "eval_samples": total} if total else {}
+    layers: dict[str, list[int]] = {}
+    for info in infos:
+        for layer, pair in (info.get("layer_scores") or {}).items():
+            into = layers.setdefault(str(layer), [0, 0])
+            into[0], into[1] = into[0] + int(pair[0]), into[1] + int(pair[1])
+    if layers:
+        out["layer_scores"] = layers
+    return out
 
 
-def records_of(reports: Sequence[Any]) -> dict[str, HeadStats]:
-    """Each sender's head statistics in a phase's reports (its last record; records were checked
-    on arrival), by sender."""
-    found: dict[str, Mapping[str, Any]] = {}
+def records_of(reports: Sequence[Any]) -> dict[str, dict[str, HeadStats]]:
+    """Each sender's head statistics in a phase's reports (its last record at each layer;
+    records were checked on arrival), by layer, then by sender."""
+    found: dict[str, dict[str, Mapping[str, Any]]] = {}
     for report in reports:
         for env in report.all("arrays"):
             if is_head_stats(env):
-                found[report.sender] = env.body["arrays"]
-    return {s: head_stats_from_arrays(found[s]) for s in sorted(found)}
+                found.setdefault(str(stats_layer(env.body["name"])), {})[report.sender] = env.body["arrays"]
+    return {layer: {s: head_stats_from_arrays(by[s]) for s in sorted(by)} for layer, by in found.items()}
 
 
 def merge(sources: Mapping[str, HeadStats], cfg: Any) -> HeadStats:
@@ -142,9 +250,8 @@ def merge(sources: Mapping[str, HeadStats], cfg: Any) -> HeadStats:
 
 
 def edge_merge(plan: RoundPlan, reports: Sequence[Any], cfg: Any) -> tuple[list[Message], int]:
-    """An edge's calibration phase: its devices' records merged and sent up (nothing when none
-    came); returns the messages and how many devices' records were merged."""
-    sources = records_of(reports)
-    if not sources:
-        return [], 0
-    return [record(merge(sources, cfg), plan, cfg)], len(sources)
+    """An edge's calibration phase: its devices' records merged at each layer and sent up
+    (nothing when none came); returns the messages and how many devices' records were merged."""
+    by_layer = records_of(reports)
+    messages = [record(merge(sources, cfg), plan, cfg, layer) for layer, sources in by_layer.items()]
+    return messages, len({s for sources in by_layer.values() for s in sources})

@@ -19,6 +19,7 @@ from splitedge.methods.cflhkd.edge import global_scores
 from splitedge.methods.cflhkd.method import CLUSTERED, GLOBAL, MODEL, SIGNALS, TEACHERS, WARMUP
 from splitedge.methods.fedavg.cloud import FedAvgCloud
 from splitedge.methods.fedproto.protos import weighted_accuracy
+from splitedge.methods.calibration.layers import CLASSIFIER
 from splitedge.methods.calibration.lda import lda_classifier
 from splitedge.methods.calibration.records import head_message, merge
 from splitedge.methods.checks import check_weights
@@ -165,6 +166,7 @@ class CFLHKDCloud(FedAvgCloud):
         each edge holds one cluster and its devices that cluster's model: a head per edge, from
         its devices' statistics, sent to each device it holds now (a placement decided this
         round applies from the next one, so the devices are still where their statistics say)."""
+        sources = sources[CLASSIFIER]  # its devices hold their own models: the head sits at their classifier
         if self.phase != CLUSTERED or not self.cluster_edges:
             stats = merge(sources, self.cfg)
             self.heads = [head_message(self._head(stats), plan.round, DEVICES)]

@@ -25,7 +25,7 @@ class FedAvgCloud(CalibratedCloud, CloudPart):
     """The whole model merged every round and sent to every device. Methods on the same pattern
     (the self-supervised ones) override `build_model` and `evaluate` only."""
 
-    state = CloudPart.state + ("model", "version", "samples", "calibrated")
+    state = CloudPart.state + ("model", "version", "samples", "calibrated", "calibrated_layer")
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)

@@ -17,6 +17,7 @@ from splitedge.methods.privacy.dpsgd_torch import terms_loss, train_dpsgd
 from splitedge.methods.privacy.norm_stats import with_statistics
 from splitedge.methods.privacy.release import private_weights
 from splitedge.models import load_numpy_state, state_to_numpy
+from splitedge.models.split import head_features
 
 
 class FedAvgDevice(DevicePart):
@@ -54,12 +55,24 @@ class FedAvgDevice(DevicePart):
         batch = Batch(x, y)
         return terms_loss(self.method.loss_terms("device"), self.forward(batch), batch)
 
-    can_calibrate = True
+    can_calibrate = layered_calibration = True
 
     def classifier_input(self, x: np.ndarray) -> np.ndarray:
         """The global model's classifier input (in a calibration phase: the model just merged)."""
         with torch.inference_mode():
             return self.model.features_and_logits(torch.from_numpy(x))[0].numpy()
+
+    def stage_outputs(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """W_c's and W_e's outputs and the classifier's input of the global model, in eval mode."""
+        was, model = self.model.training, self.model
+        model.eval()
+        try:
+            with torch.inference_mode():
+                h = model.wc(torch.from_numpy(x))
+                e = model.we(h)
+                return {"wc": h.numpy(), "we": e.numpy(), "classifier": head_features(model.wg, e)[0].numpy()}
+        finally:
+            model.train(was)
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         # A fresh optimiser each round: momentum from the last local model does not fit the new global one.

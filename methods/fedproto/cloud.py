@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from splitedge.methods.calibration.layers import CLASSIFIER
 from splitedge.methods.calibration.lda import lda_classifier
 from splitedge.methods.calibration.records import head_message, merge
 from splitedge.methods.robust import robust_rule
@@ -67,7 +68,7 @@ class FedProtoCloud(CloudPart):
         return self.dim
 
     def calibrate(self, plan: RoundPlan, sources: Any) -> dict[str, Any]:
-        stats = merge(sources, self.cfg)
+        stats = merge(sources[CLASSIFIER], self.cfg)
         head = lda_classifier(stats, self.spec.num_classes, shrink=self.cfg.calib_shrink)
         self.heads = [head_message(head, plan.round, DEVICES)]
         return {"calibrated": stats.total}

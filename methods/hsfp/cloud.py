@@ -35,7 +35,7 @@ class HSFPCloud(CalibratedCloud, CloudPart):
     # Left out: the weight specs (from the spec).
     state = CloudPart.state + ("model", "served", "served_versions", "opt", "wc_version", "we_version", "cache",
                                "cached_ids", "cached_at", "reference", "wc_sources", "global_sent", "calib_version",
-                               "calib", "calibrated")
+                               "calib", "calibrated", "calibrated_layer")
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)

@@ -141,7 +141,14 @@ class HSFPThinDevice(HSFPDevice):
         self.calib_extractor.load_weights(weights)
 
     def classifier_input(self, x: np.ndarray) -> np.ndarray:
+        return self.stage_outputs(x)["classifier"]
+
+    layered_calibration = True
+
+    def stage_outputs(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The global W_c's output (after its ReLU, as served), W_e's and the trunk's, in numpy."""
         h = self.extractor.features(x)
         if self.cfg.pre_relu:  # W_c's moments are taken before its final ReLU; the trunk takes it after
             np.maximum(h, 0, out=h)
-        return self.calib_extractor.features(h)
+        e, f = self.calib_extractor.stages(h)
+        return {"wc": h, "we": e, "classifier": f}

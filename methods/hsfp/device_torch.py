@@ -85,6 +85,15 @@ class HSFPTorchDevice(HSFPDevice):
         with torch.inference_mode():
             return calib(self.wc_global(torch.from_numpy(x))).numpy()
 
+    layered_calibration = True
+
+    def stage_outputs(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The global W_c's output (after its ReLU, as served), then the calibration W_e and trunk."""
+        with torch.inference_mode():
+            h = self.wc_global(torch.from_numpy(x))
+            e, f = self._calib_module().stages(h)
+            return {"wc": h.numpy(), "we": e.numpy(), "classifier": f.numpy()}
+
     def _new_optimizer(self) -> PlainSGD:
         # torch.optim.SGD's arithmetic, minus the torch._dynamo import it drags in (~80 MB RSS)
         params = list(self.wc_local.parameters()) + list(self.head.parameters())

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 class SplitFedCloud(CalibratedCloud, CloudPart):
-    state = CloudPart.state + ("model", "version", "calib", "calib_version", "calibrated")
+    state = CloudPart.state + ("model", "version", "calib", "calib_version", "calibrated", "calibrated_layer")
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)

@@ -51,10 +51,18 @@ class SplitFedDevice(DevicePart):
         self.calib = self.calib if self.calib is not None else upper_layers(self.spec)
         return self.calib
 
+    layered_calibration = True
+
     def classifier_input(self, x: np.ndarray) -> np.ndarray:
         """W_c as merged, then the served W_e and W_g's trunk the cloud sent (CALIB)."""
         with torch.inference_mode():
             return self._upper()(self.wc(torch.from_numpy(x))).numpy()
+
+    def stage_outputs(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            h = self.wc(torch.from_numpy(x))
+            e, f = self._upper().stages(h)
+            return {"wc": h.numpy(), "we": e.numpy(), "classifier": f.numpy()}
 
     def restore_state(self, state: dict[str, Any]) -> None:
         if state.get("calib") is not None:  # built before its weights are loaded back in place

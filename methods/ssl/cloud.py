@@ -50,7 +50,7 @@ class SSLCloud(FedAvgCloud):
     def calibration_dim(self) -> int | None:
         return int(self.model.dim)
 
-    def served_with(self, head: Any) -> None:
+    def served_with(self, head: Any, layer: Any = None) -> None:
         return None  # the probe measures the encoder; the served model stays the encoder
 
     def evaluate(self, plan: RoundPlan) -> dict[str, Any]:

@@ -159,6 +159,13 @@ class LocalGraph:
             return eval_forward(self.net, x, pre_relu=True)
         return self.net.forward(np.ascontiguousarray(x, dtype=np.float32), train=False)
 
+    def stages(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(W_e's output, the trunk's) of W_c features `h`: a calibration graph's two children
+        run one after the other (`calib_graph`), float32."""
+        (_, we), (_, wg) = self.net.children
+        e = we.forward(np.ascontiguousarray(h, dtype=np.float32), train=False)
+        return e, wg.forward(e, train=False)
+
     def state_dict(self) -> dict[str, object]:
         """The bound weights (None before any arrived): what a parked device keeps of its graph."""
         return {"weights": self.net.state() if self.loaded else None}
