@@ -46,6 +46,8 @@ FEDCNN_200DEV = ("--dataset", "cifar10", "--data", DATA, "--model", "fedcnn", "-
                  "--max-train", "10000", "--max-test", "2000", "--rounds", "150", "--virtual", "20", "--deadline", "1800")
 """The H-SFP paper's topology (200 devices on 10 edges) with 50 images a device: all 50,000
 images made a round about 2 minutes on this box (bench/results/fedcnn-200dev-round-cost)."""
+BEST_LAYER = "wc_8,we,classifier"
+"""fedcnn's candidate head layers (issue 54): W_c's 32x16x16 map pooled to 8x8, W_e's 128x4x4 output, fc1."""
 THIRD_SEED_ROWS = (f"fedavg=fedavg:calibrate=lda,{FEDCNN_LR}", f"splitfed=splitfed:calibrate=lda,{FEDCNN_LR}")
 """The fedcnn plans' rows a `-third` plan runs again: FedAvg and SplitFed, the pair that came within 2 points."""
 SSL_COMMON = ("--dataset", "cifar10", "--data", DATA, "--devices", "10", "--edges", "2",
@@ -151,6 +153,15 @@ PLANS = {
                   "decmar-deg2=decmar:degree=2", "decmar-deg9=decmar:degree=9"),
         notes="FedMAR's claims: SimSiam on the same ViT (mar-paper-forms holds FedMAR and the random encoder) "
               "and DecMAR at peer degree 2 and 9 of 10 devices; linear probe on the test split, Dir(0.1)"),
+    # issue 54, item 1: the calibrated head at the best of three layers, chosen by the federation on
+    # images its devices hold back, for the lower bound and the arms fedcnn-10dev compared at fc1
+    "layers-fedcnn-10dev": Plan(
+        common=FEDCNN_10DEV, splits=("0.3",), seeds=(0, 1),
+        variants=tuple(f"{name}={method}:calibrate=lda,calib_layer={BEST_LAYER}{rest}" for name, method, rest in (
+            ("lower", "fedavg", f",local_epochs=0,{FEDCNN_LR}"), ("fedavg", "fedavg", f",{FEDCNN_LR}"),
+            ("hsfp-cal", "hsfp-cal", ""))),
+        notes="the calibrated head at W_c pooled to 8x8, W_e's output or fc1, whichever scores best on the 20 % of "
+              "each device's images it holds back; the lower bound, FedAvg and hsfp-cal as in fedcnn-10dev, Dir(0.3)"),
     "smoke": Plan(common=("--rounds", "2", "--max-train", "300", "--max-test", "100"), splits=("iid",), seeds=(0,),
                   variants=("upper=central", "lower=fedavg:local_epochs=0,calibrate=lda", "fedavg=fedavg:calibrate=lda"),
                   jobs=1, notes="digits, a two-round check that the machinery works"),

@@ -80,7 +80,8 @@ def parse_sets(items: list[str] | tuple[str, ...], where: str = "--set expects")
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
-    """'hsfp-ic2=hsfp:ic=2,ie=2' -> ('hsfp-ic2', 'hsfp', {'ic': '2', 'ie': '2'}).
+    """'hsfp-ic2=hsfp:ic=2,ie=2' -> ('hsfp-ic2', 'hsfp', {'ic': '2', 'ie': '2'}); an item without
+    '=' continues the value before it ('x=fedavg:calib_layer=wc_8,we,ic=2': calib_layer 'wc_8,we').
 
     A variant is a registered method with some settings changed, compared as its own row; the
     values stay strings here and are typed and checked by the method's config class.
@@ -89,7 +90,12 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, str]]:
     method, _, settings = rest.partition(":")
     if not sep or not name.strip() or not method.strip():
         raise ValueError(f"--variant expects NAME=METHOD[:KEY=VALUE,...], got {text!r}")
-    items = [i for i in (i.strip() for i in settings.split(",")) if i]
+    items: list[str] = []
+    for item in (i.strip() for i in settings.split(",")):
+        if item and "=" not in item and items:  # a comma list's next value ('calib_layer=wc_8,we,classifier')
+            items[-1] += "," + item
+        elif item:
+            items.append(item)
     return name.strip(), method.strip(), parse_sets(items, f"--variant {name}: expected")
 
 

@@ -263,6 +263,8 @@ def test_variant_parses_name_method_and_settings() -> None:
 
     assert parse_variant("hsfp-ic2=hsfp:ic=2, ie=2") == ("hsfp-ic2", "hsfp", {"ic": "2", "ie": "2"})
     assert parse_variant("plain=fedavg") == ("plain", "fedavg", {})
+    assert parse_variant("l=fedavg:calib_layer=wc_8,we,classifier,ic=2") == (
+        "l", "fedavg", {"calib_layer": "wc_8,we,classifier", "ic": "2"})  # a comma list as a value
     for bad in ("hsfp", "=hsfp:ic=2", "x=hsfp:ic"):
         with pytest.raises(ValueError):
             parse_variant(bad)
