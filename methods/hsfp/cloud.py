@@ -46,7 +46,7 @@ class HSFPCloud(CalibratedCloud, CloudPart):
         self.served = copy.deepcopy(self.model)
         self.served_versions: tuple[int, int] | None = None
         self.wc_version, self.we_version = 0, 0
-        self.opt = torch.optim.Adam(self.model.wg.parameters(), lr=self.cfg.cloud_lr)
+        self.opt = torch.optim.Adam(self._trained().parameters(), lr=self.cfg.cloud_lr)
         self.cache: dict[str, tuple[int, int, ClassMoments]] = {}  # edge -> (wc_v, we_v, moments)
         self.cached_ids: dict[str, str] = {}  # edge -> msg_id of its cached moments
         self.cached_at: dict[str, tuple[int, int, int]] = {}  # edge -> (wc_v, we_v, round) of its cached moments
@@ -57,6 +57,14 @@ class HSFPCloud(CalibratedCloud, CloudPart):
         self.global_sent: tuple = ()
         self.calib_version = -1  # the calibration models last sent; their copy below
         self.calib = sent_copy(self.model)
+
+    def _trained(self) -> torch.nn.Module:
+        """What the cloud trains on synthetic features: W_g, or only its classifier (cloud_trunk
+        "frozen": the trunk keeps its initial weights and takes no gradient)."""
+        if self.cfg.cloud_trunk != "frozen":
+            return self.model.wg
+        self.model.wg[:-1].requires_grad_(False)
+        return self.model.wg[-1]
 
     def reconfigure(self, method: Any) -> None:
         super().reconfigure(method)
@@ -216,7 +224,7 @@ class HSFPCloud(CalibratedCloud, CloudPart):
         x, y = self.method.sample_features(merged, self.cfg.cloud_samples, self.ctx.rng, parts=parts)
         batches = sample_batches(x, y, self.model.we_shape, batch=self.cfg.cloud_batch,
                                  seed=int(self.ctx.rng.integers(2**31)))
-        self.losses = train_epochs(self.forward, self.method.loss_terms("cloud"), batches, self.opt, [self.model.wg],
+        self.losses = train_epochs(self.forward, self.method.loss_terms("cloud"), batches, self.opt, [self._trained()],
                                    epochs=self.cfg.cloud_epochs)
         return self.losses.get("ce", 0.0)
 

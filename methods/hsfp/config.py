@@ -40,6 +40,11 @@ class HSFPConfig(MethodConfig):
     cloud_epochs: int = 5
     cloud_lr: float = 0.01
     cloud_batch: int = 128
+    # what the cloud trains on synthetic W_e features: W_g whole ("train", the paper), or only its
+    # classifier ("frozen": the trunk stays as initialised; issue 54 measured one round of training
+    # on synthetic features leaving 86 % of fedcnn's fc1 ReLUs dead on real images)
+    cloud_trunk: str = flag("train", "what the cloud trains on synthetic features: W_g whole (train) or only its "
+                                     "classifier (frozen: the trunk stays as initialised)", choices=("train", "frozen"))
     # Gaussian sampling
     mean_only: bool = flag(False, "ablation: prototypes without variance")
     sample_floor: int = 8
@@ -95,6 +100,8 @@ class HSFPConfig(MethodConfig):
         if self.edge_features not in ("own", "global") or not 0.0 <= self.mixture_shrink <= 1.0:
             raise ValueError(f"edge_features must be own or global and mixture_shrink in [0, 1], got "
                              f"{self.edge_features!r} and {self.mixture_shrink}")
+        if self.cloud_trunk not in ("train", "frozen"):
+            raise ValueError(f"cloud_trunk must be train or frozen, got {self.cloud_trunk!r}")
         if not 0.0 <= self.spatial_rho <= 1.0:
             raise ValueError(f"spatial_rho must be in [0, 1], got {self.spatial_rho}")
         if self.device_target not in ("supcon", "etf") or not self.etf_tau > 0:
