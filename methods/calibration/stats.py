@@ -39,13 +39,18 @@ class HeadStats(PerClassStats):
 
 
 class HeadStatsAccumulator:
-    """Streams batches of (features, labels): each batch is centred per class and merged into the
-    running statistics with the exact merge (Chan et al.'s update, matrix form), so large
-    feature means do not cost precision."""
+    """Streams batches of (features, labels) into per-class sums and one scatter matrix, both of
+    the features shifted by the first batch's mean (so large feature means do not cost
+    precision), and forms the within-class scatter once, in `result`: one B x D x D product per
+    batch and no D x D temporaries (merging a batch's statistics into the running ones, Chan's
+    update, allocated several D x D arrays a batch: 12 s for 1,000 images at D = 2,048)."""
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
-        self.state: HeadStats | None = None
+        self.shift: np.ndarray | None = None
+        self.sums: dict[int, np.ndarray] = {}
+        self.counts: dict[int, int] = {}
+        self.scatter: np.ndarray | None = None
 
     def add(self, feats: np.ndarray, labels: np.ndarray) -> None:
         labels = np.asarray(labels)
@@ -54,18 +59,39 @@ class HeadStatsAccumulator:
             raise ValueError(f"features have dimension {x.shape[1]}, expected {self.dim}")
         if len(labels) == 0:
             return
+        if self.shift is None:
+            self.shift = x.mean(axis=0)
+            self.scatter = np.zeros((self.dim, self.dim), order="F")
+        x = x - self.shift
+        self.scatter = _add_scatter(self.scatter, x)
         classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
-        mean = np.zeros((len(classes), self.dim))
-        np.add.at(mean, inverse, x)
-        mean /= counts[:, None]
-        centred = x - mean[inverse]
-        batch = HeadStats(classes.astype(np.int64), counts.astype(np.int64), mean, centred.T @ centred / len(x))
-        self.state = batch if self.state is None else merge_head_stats([self.state, batch])
+        sums = np.zeros((len(classes), self.dim))
+        np.add.at(sums, inverse, x)
+        for c, n, row in zip(classes.tolist(), counts.tolist(), sums):
+            self.counts[c] = self.counts.get(c, 0) + n
+            self.sums[c] = self.sums[c] + row if c in self.sums else row
 
     def result(self) -> HeadStats:
-        if self.state is None:
+        if self.shift is None or self.scatter is None:
             raise ValueError("no features were added")
-        return self.state
+        classes = np.array(sorted(self.counts), dtype=np.int64)
+        counts = np.array([self.counts[c] for c in classes.tolist()], dtype=np.int64)
+        centred = np.stack([self.sums[c] for c in classes.tolist()]) / counts[:, None]  # class means, shifted
+        upper = np.triu(self.scatter)
+        within = upper + np.triu(upper, 1).T - (centred * counts[:, None]).T @ centred
+        return HeadStats(classes, counts, centred + self.shift, _symmetric(within) / counts.sum())
+
+
+def _add_scatter(into: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """`into` + x^T x in its upper triangle (the lower is not used), in place where BLAS's
+    symmetric rank-k update is at hand (scipy: half the products and no D x D temporary; the
+    base install, without scipy, adds the full product)."""
+    try:
+        from scipy.linalg.blas import dsyrk
+    except ImportError:
+        into += x.T @ x
+        return into
+    return dsyrk(1.0, x, beta=1.0, c=into, trans=1, lower=0, overwrite_c=1)
 
 
 def _symmetric(a: np.ndarray) -> np.ndarray:
