@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--methods", type=_csv, default=(), help="comma-separated; default: every registered method (accuracy with --variant: only the variants; ram: hsfp)")
     g.add_argument("--dataset", default="digits", choices=("digits", "cifar10"), help="data set of the federations")
     g.add_argument("--data", default=None, help="CIFAR-10 archive / folder (see splitedge sim --help)")
-    g.add_argument("--model", default=None, help="cnn | fedcnn | resnet18; default by data set")
+    g.add_argument("--model", default=None, help="cnn | fedcnn | fedcnn2 | resnet18; default by data set")
     g.add_argument("--devices", type=int, default=None, help="devices per federation (default: the suite's)")
     g.add_argument("--edges", type=int, default=None, help="edges per federation (default: the suite's)")
     g.add_argument("--rounds", type=int, default=None, help="rounds per federation (default: the suite's)")

@@ -37,7 +37,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="digits", choices=("digits", "cifar10"),
                    help="digits (bundled with scikit-learn) or cifar10 (needs --data)")
     p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")
-    p.add_argument("--model", default=None, help="network split (cnn | fedcnn | resnet18); default by data set")
+    p.add_argument("--model", default=None, help="network split (cnn | fedcnn | fedcnn2 | resnet18); default by data set")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds before a round closes without stragglers")
     p.add_argument("--seed", type=int, default=0, help="seed of the data split, the models' initial weights and sampling")
     p.add_argument("--max-train", type=int, default=None, help="use at most this many training images")

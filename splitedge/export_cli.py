@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "shape, normalisation and the real images parity is checked on")
     p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")
     p.add_argument("--model", default=None,
-                   help="network split (cnn | fedcnn | resnet18), only for checkpoints that do not record it; "
+                   help="network split (cnn | fedcnn | fedcnn2 | resnet18), only for checkpoints that do not record it; "
                         "default: the one the checkpoint fits")
     p.add_argument("--out", default=None, type=Path,
                    help="directory for wc*.onnx, model*.onnx, export.json (default: export/ beside the checkpoint)")

@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="digits", choices=("digits", "cifar10"),
                    help="the data set the devices' shards come from (fixes the model's input and normalisation)")
     p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")
-    p.add_argument("--model", default=None, help="network split (cnn | fedcnn | resnet18) for methods that use one; default by data set")
+    p.add_argument("--model", default=None, help="network split (cnn | fedcnn | fedcnn2 | resnet18) for methods that use one; default by data set")
     p.add_argument("--seed", type=int, default=0, help="seed of the graph and of the models' initial weights")
     p.add_argument("--run", default=None, help="run id (topic namespace); default: peers-<random>")
     p.add_argument("--broker", default="mqtt://BROKER-HOST:1883", metavar="URL", help="for the printed commands only")

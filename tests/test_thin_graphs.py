@@ -70,6 +70,7 @@ def torch_moments(module, images):
 
 
 @pytest.mark.parametrize("model,channels,size", [("cnn", 1, 8), ("cnn", 3, 32), ("fedcnn", 3, 32), ("fedcnn", 1, 8),
+                                                ("fedcnn2", 3, 32), ("fedcnn2", 1, 8),
                                                 ("resnet18", 3, 32), ("resnet18", 1, 8)])
 def test_local_graphs_match_torch(model, channels, size):
     """Every model a thin device runs: its W_c and its calibration trunk, built from the spec,
@@ -84,7 +85,7 @@ def test_local_graphs_match_torch(model, channels, size):
     calib = calib_graph(model, channels, size, 10)
     calib.load_weights(state_to_numpy(trunk))
     np.testing.assert_allclose(calib.features(h), run_torch(trunk, h), atol=1e-4)
-    assert thin_models() == ["cnn", "fedcnn", "resnet18"]
+    assert thin_models() == ["cnn", "fedcnn", "fedcnn2", "resnet18"]
 
 
 def bad_maps(good: dict) -> dict[str, dict]:

@@ -28,7 +28,7 @@ from splitedge.methods.torch_utils import sgd
 from splitedge.models import create_split, pool, state_to_numpy
 
 GRAD_TOL = 1e-4
-CASES = [("cnn", 3, 32), ("fedcnn", 3, 32), ("cnn", 1, 8), ("fedcnn", 1, 8)]
+CASES = [("cnn", 3, 32), ("fedcnn", 3, 32), ("fedcnn2", 3, 32), ("cnn", 1, 8), ("fedcnn", 1, 8)]
 
 
 def rel_err(a: np.ndarray, ref: np.ndarray) -> float:

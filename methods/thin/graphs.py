@@ -67,6 +67,14 @@ def _fedcnn_calib(channels: int, image_size: int, classes: int, width: int) -> S
     return Sequential([("we", we), ("wg", wg)])
 
 
+def _fedcnn2_calib(channels: int, image_size: int, classes: int, width: int) -> Sequential:
+    """models/fedcnn.py's fedcnn2: W_e is stage 3, W_g's trunk flatten -> fc1 -> ReLU."""
+    side = image_size // 8
+    we = Sequential([("stage3", Sequential([("block", _conv_block(2 * width, 4 * width)), ("pool", MaxPool2d())]))])
+    wg = Sequential([("flatten", Flatten()), ("fc1", Linear(4 * width * side * side, HIDDEN)), ("relu", ReLU())])
+    return Sequential([("we", we), ("wg", wg)])
+
+
 class BasicBlock(Sequential):
     """torchvision's ResNet BasicBlock (conv-bn-relu-conv-bn, plus the input or its 1x1
     projection, then ReLU) under its state names; inference only."""
@@ -110,7 +118,7 @@ def _resnet18_calib(channels: int, image_size: int, classes: int, width: int) ->
 
 
 CALIB_BUILDERS: dict[str, Callable[[int, int, int, int], Sequential]] = {
-    "cnn": _cnn_calib, "fedcnn": _fedcnn_calib, "resnet18": _resnet18_calib}
+    "cnn": _cnn_calib, "fedcnn": _fedcnn_calib, "fedcnn2": _fedcnn2_calib, "resnet18": _resnet18_calib}
 """Model name -> the calibration trunk's builder (channels, image size, classes, width)."""
 
 

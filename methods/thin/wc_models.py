@@ -1,6 +1,6 @@
 """The W_c networks the thin trainer can train, built from numpy layers with torch's state names.
 
-Each mirrors a torch split's W_c (models/cnn.py, models/fedcnn.py) layer for layer; the channel
+Each mirrors a torch split's W_c (models/cnn.py, models/fedcnn.py: fedcnn and fedcnn2) layer for layer; the channel
 widths come from the model spec's defaults and every incoming weight map is checked against them.
 The CIFAR ResNet-18 split's W_c (a 64-channel stem and two residual blocks at 32x32) is not here:
 its activations alone take ~330 MB for one SupCon batch of 64 images in two views, three times
@@ -25,11 +25,20 @@ def _cnn(channels: int, width: int) -> Sequential:
     return Sequential([("block1", _conv_block(channels, width)), ("block2", _conv_block(width, width, stride=2))])
 
 
+def _stage(c_in: int, c_out: int) -> Sequential:
+    return Sequential([("block", _conv_block(c_in, c_out)), ("pool", MaxPool2d())])
+
+
 def _fedcnn(channels: int, width: int) -> Sequential:
-    return Sequential([("stage1", Sequential([("block", _conv_block(channels, width)), ("pool", MaxPool2d())]))])
+    return Sequential([("stage1", _stage(channels, width))])
 
 
-BUILDERS = {"cnn": _cnn, "fedcnn": _fedcnn}
+def _fedcnn2(channels: int, width: int) -> Sequential:
+    """fedcnn split after its second stage (models/fedcnn.py's fedcnn2)."""
+    return Sequential([("stage1", _stage(channels, width)), ("stage2", _stage(width, 2 * width))])
+
+
+BUILDERS = {"cnn": _cnn, "fedcnn": _fedcnn, "fedcnn2": _fedcnn2}
 """Model name -> W_c builder (in channels, width)."""
 
 
