@@ -82,6 +82,34 @@ split = sf.device_part(NodeContext("d1", sf, rng), (x, y), backend="onnx")
 assert split.wc_shape == (32, 4, 4)
 """
 
+# FedAvg's thin device: the whole network built from its install, a global model bound, a round
+# of cross-entropy trained and the model sent, and head statistics at W_c's pooled output; numpy only.
+_THIN_FEDAVG = """
+import os
+from types import SimpleNamespace
+import numpy as np
+from splitedge.methods.registry import create_method
+from splitedge.methods.contract import DONE, NodeContext, RoundPlan
+from splitedge.methods.calibration.records import calibration_round
+with np.load(os.environ["SPLITEDGE_TEST_MODEL"], allow_pickle=False) as f:
+    start = {k: f[k] for k in f.files}
+config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": [0.5], "std": [0.25]},
+          "method": {"device_batch": 8, "calibrate": "lda", "calib_layer": "wc_2", "min_class_count": 1}}
+method = create_method("fedavg", config)
+rng = np.random.default_rng(0)
+x, y = rng.integers(0, 256, (20, 8, 8, 1), dtype=np.uint8), np.arange(20) % 3
+dev = method.device_part(NodeContext("d0", method, rng), (x, y), backend="onnx")
+dev.on_message(SimpleNamespace(kind="weights", body={"part": "model", "version": 0, "samples": 0, "weights": start}))
+plan = RoundPlan(round=1, method="fedavg", deadline_s=60, config=config, versions={"model": 0})
+sent = [m.body["weights"] for m in dev.run_round(plan) if m is not DONE and m.kind == "weights"]
+assert len(sent) == 1 and set(sent[0]) == set(start)
+assert not np.allclose(sent[0]["wg.fc.weight"], start["wg.fc.weight"]) and dev.losses["ce"] > 0
+cal = RoundPlan(round=1, method="fedavg", deadline_s=60, config=config, versions={"model": 0}, phase="calibrate",
+                directives={"calibrate": {"layers": {"wc_2": 128}}})
+records = [m for m in calibration_round(dev, cal) if m is not DONE]
+assert [m.body["name"] for m in records] == ["head_stats_wc_2"] and records[0].body["arrays"]["mean"].shape == (3, 128)
+"""
+
 # `splitedge device ...` parses with the device's options only: no other role's CLI module (nor
 # what they import) is loaded into the device process, and reading an .npz loads no PIL.
 _DEVICE_COMMAND_LINE = """
@@ -100,6 +128,7 @@ SNIPPETS = {
     "protocol": _PROTOCOL_ROUND_TRIP,
     "onnx_device": _ONNX_DEVICE,
     "thin_trainer": _THIN_TRAINER,
+    "thin_fedavg": _THIN_FEDAVG,
     "device_command_line": _DEVICE_COMMAND_LINE,
 }
 
@@ -118,6 +147,20 @@ def wc_weights_file(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def model_weights_file(tmp_path_factory) -> Path:
+    """A small random whole split's weight map (what a FedAvg cloud sends), saved in the parent."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from splitedge.models import create_split, state_to_numpy
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("thin") / "model.npz"
+    np.savez(path, **state_to_numpy(create_split("cnn", num_classes=10, in_channels=1, image_size=8)))
+    return path
+
+
 @pytest.mark.parametrize("name", sorted(SNIPPETS))
 def test_snippet_does_not_import_torch(name, request):
     # Prepare
@@ -126,6 +169,8 @@ def test_snippet_does_not_import_torch(name, request):
     env = dict(os.environ)
     if "SPLITEDGE_TEST_WC" in code:
         env["SPLITEDGE_TEST_WC"] = str(request.getfixturevalue("wc_weights_file"))
+    if "SPLITEDGE_TEST_MODEL" in code:
+        env["SPLITEDGE_TEST_MODEL"] = str(request.getfixturevalue("model_weights_file"))
     # Execute
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, timeout=120, env=env)

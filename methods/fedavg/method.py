@@ -16,6 +16,7 @@ class FedAvg(Method):
     Config = FedAvgConfig
     parts = {
         "device:torch": "splitedge.methods.fedavg.device:FedAvgDevice",
+        "device:onnx": "splitedge.methods.fedavg.device_thin:FedAvgThinDevice",
         "edge": "splitedge.methods.fedavg.edge:FedAvgEdge",
         "cloud": "splitedge.methods.fedavg.cloud:FedAvgCloud",
     }

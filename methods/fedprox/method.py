@@ -22,7 +22,9 @@ class FedProxConfig(FedAvgConfig):
 class FedProx(FedAvg):
     name = "fedprox"
     Config = FedProxConfig
-    parts = {**FedAvg.parts, "device:torch": "splitedge.methods.fedprox.device:FedProxDevice"}
+    # the proximal term is trained by torch devices only: FedAvg's thin device would drop it
+    parts = {**{k: v for k, v in FedAvg.parts.items() if k != "device:onnx"},
+             "device:torch": "splitedge.methods.fedprox.device:FedProxDevice"}
 
     def objective(self, role: str) -> list[Any]:
         """The device's CE plus (mu/2)||w - w_global||^2 (the `proximal` output of its forward)."""

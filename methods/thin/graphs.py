@@ -22,7 +22,7 @@ import numpy as np
 
 from splitedge.methods.checks import check_weight_map, weight_specs
 from splitedge.methods.thin.layers import (
-    BatchNorm2d, Conv2d, Layer, Linear, MaxPool2d, ReLU, Sequential, global_avg_pool,
+    BatchNorm2d, Conv2d, Layer, Linear, MaxPool2d, ReLU, Sequential, global_avg_pool, global_avg_pool_backward,
 )
 from splitedge.methods.thin.trainer import eval_forward
 from splitedge.methods.thin.wc_models import WIDTH, thin_wc
@@ -33,17 +33,29 @@ HIDDEN = 256
 
 
 class Flatten(Layer):
-    """[N, ...] -> [N, prod(...)] (nn.Flatten(1)); inference only."""
+    """[N, ...] -> [N, prod(...)] (nn.Flatten(1))."""
 
     def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        if train:
+            self._saved_shape = x.shape
         return x.reshape(len(x), -1)
+
+    def backward(self, grad: np.ndarray) -> np.ndarray:
+        shape, self._saved_shape = self._saved_shape, None
+        return grad.reshape(shape)
 
 
 class GlobalAvgPool(Layer):
-    """nn.AdaptiveAvgPool2d(1) followed by nothing: [N, C, H, W] -> [N, C, 1, 1]; inference only."""
+    """nn.AdaptiveAvgPool2d(1) followed by nothing: [N, C, H, W] -> [N, C, 1, 1]."""
 
     def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        if train:
+            self._saved_shape = x.shape
         return global_avg_pool(x)[:, :, None, None]
+
+    def backward(self, grad: np.ndarray) -> np.ndarray:
+        shape, self._saved_shape = self._saved_shape, None
+        return global_avg_pool_backward(grad.reshape(shape[:2]), shape)
 
 
 def _conv_block(c_in: int, c_out: int, stride: int = 1) -> Sequential:
