@@ -438,6 +438,8 @@ class DevicePart(Part):
         part holds the model in a calibration phase (methods/calibration)."""
         raise NotImplementedError
 
+    encodes_updates: bool = False
+    """Whether the part sends its model update through `update_codec` (methods/update_codec.py)."""
     layered_calibration: bool = False
     """Whether `stage_outputs` gives W_c's and W_e's outputs too, so the head may sit there
     (`calib_layer`, methods/calibration/layers.py); else only at the classifier's input."""
@@ -666,6 +668,10 @@ class Method:
                              f"hold no model the cloud could serve a head for; leave calibrate at none")
         if self.config.calibrate != "none":
             self._check_layers()
+        codec = getattr(self.config, "update_codec", "none")
+        if codec != "none" and not all(p.encodes_updates for p in self._device_parts()):
+            raise ValueError(f"{self.name} cannot compress its devices' updates (update_codec={codec}): it sends more "
+                             f"than a model update; leave update_codec at none")
         if self.config.dp_sigma > 0:
             self._check_private()
         if self.config.secagg != "off":

@@ -63,6 +63,8 @@ class Schema:
         out: dict[str, Any] = {}
         for name, spec in self.fields.items():
             value = body.get(name, _MISSING)
+            if value is None and spec.optional and spec.default is None:
+                value = _MISSING  # a receiver's filled-in absence, relayed: absent again (`wire`)
             path = f"{kind}.{name}"
             out[name] = spec.missing(path) if value is _MISSING else spec.check(path, value, dims)
         for key in body:

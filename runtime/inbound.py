@@ -22,6 +22,7 @@ from typing import Any
 from splitedge.methods.calibration import is_head_stats
 from splitedge.methods.calibration.layers import layer_names, selects
 from splitedge.methods.calibration.records import check_heads, is_heads
+from splitedge.methods.update_codec import decode_update
 from splitedge.methods.checks import check_within_samples
 from splitedge.methods.privacy.release import fit_to_allowance
 from splitedge.protocol.codec import Envelope
@@ -87,17 +88,37 @@ def candidate_heads(msg: Inbound, nxt: Next) -> bool:
     return True
 
 
+def unpack_update(msg: Inbound, nxt: Next) -> bool:
+    """A child's compressed update becomes the dense weights it stands for (the global model the
+    node relayed plus its delta, methods/update_codec.py) before the part's own checks see it;
+    one the node cannot decode is refused."""
+    body = msg.env.body
+    if msg.env.kind != "weights" or (body.get("codec") or "dense") == "dense":
+        return nxt(msg)
+    if msg.source != "child":
+        raise ProtocolError("state.codec", "a compressed update comes from a child")
+    reference = getattr(msg.part, "update_reference", lambda _: None)(body)
+    body["weights"] = decode_update(body, reference)
+    for key in ("codec", "scales", "indices"):  # now a dense update, as any other
+        body.pop(key, None)
+    return nxt(msg)
+
+
 def part_check(msg: Inbound, nxt: Next) -> bool:
     """The method's own rules: dimension, classes, model names and shapes, versions."""
     msg.part.check(msg.env, msg.source)
     return nxt(msg)
 
 
+NODE_STEPS: tuple[Step, ...] = (within_announced, head_statistics, candidate_heads, unpack_update, part_check)
+"""A node's inbound steps, in order (a compressed update is decoded before the part's checks)."""
+
+
 class NodeInbound:
     """The node's chain: `admit(message)` is True when the part may take it. Refusals are
     counted by rule in `refused`, messages of another session in `foreign`."""
 
-    def __init__(self, name: str, session: Callable[[], str], steps: Sequence[Step] = (within_announced, head_statistics, candidate_heads, part_check)):
+    def __init__(self, name: str, session: Callable[[], str], steps: Sequence[Step] = NODE_STEPS):
         self.name, self.session = name, session
         self.refused: Counter[str] = Counter()
         self.last_refusal: str | None = None  # the rule of the last message refused (None: it was admitted)

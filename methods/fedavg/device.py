@@ -16,14 +16,16 @@ from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.methods.privacy.dpsgd_torch import terms_loss, train_dpsgd
 from splitedge.methods.privacy.norm_stats import with_statistics
 from splitedge.methods.privacy.release import private_weights
+from splitedge.methods.update_codec import UpdateEncoder
 from splitedge.models import load_numpy_state, state_to_numpy
 from splitedge.models.split import head_features
 
 
 class FedAvgDevice(DevicePart):
     # the optimiser is made afresh each round; specs and the local tensors come from the spec and data
-    state = ("model", "version")
+    state = ("model", "version", "encoder")
     private, private_clips = True, ("dp_update_clip",)
+    encodes_updates = True
     dp_sgd = True  # dp_unit=sample: trains with DP-SGD (per-image clipping), sends the model as trained
     secure_kinds = ("weights",)
 
@@ -33,6 +35,7 @@ class FedAvgDevice(DevicePart):
         self.specs = weight_specs(state_to_numpy(self.model))
         self.x, self.y = local_tensors(data, self.spec)
         self.version = -1  # no global model yet: the announced one must arrive first
+        self.encoder = UpdateEncoder(self.cfg.update_codec, self.cfg.update_topk)  # the uplink's residual
 
     def ready(self, plan: RoundPlan) -> bool:
         return self.version >= plan.version(MODEL) and self.version >= 0
@@ -81,7 +84,8 @@ class FedAvgDevice(DevicePart):
         # differential privacy covers what training took from the data; with local_epochs 0 (a
         # public setting) the weights go back as received, an update of zero that costs no release
         private = self.cfg.dp_sigma > 0 and self.cfg.local_epochs > 0
-        start = state_to_numpy(self.model) if private else None
+        coded = self.cfg.update_codec != "none"
+        start = state_to_numpy(self.model) if private or coded else None
         norms = private_norms(self, self.model, input_batches(self.x)) if private else {}  # of the model received
         if private and self.cfg.dp_unit == "sample":  # DP-SGD: the model it sends is post-processing
             self.losses = train_dpsgd(self, self.model, self.sample_loss, lambda i: (self.x[i], self.y[i]),
@@ -92,9 +96,11 @@ class FedAvgDevice(DevicePart):
                                        tensor_batches(self.x, self.y, self.cfg.device_batch, gen), opt, [self.model],
                                        epochs=self.cfg.local_epochs)
             weights = state_to_numpy(self.model)
-        if start is not None and self.cfg.dp_unit == "device":  # DP-FedAvg: the update clipped and noised
+        if private and self.cfg.dp_unit == "device":  # DP-FedAvg: the update clipped and noised
             weights = private_weights(self, weights, start, norms)
         body = {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(self.y)),
                 "weights": weights}
+        if coded:  # the update compressed against the model it was trained from (methods/update_codec.py)
+            body.update(self.encoder.encode(weights, start, np.random.default_rng(int(self.ctx.rng.integers(2**31)))))
         yield Message("weights", body)
         yield DONE

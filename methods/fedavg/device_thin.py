@@ -20,10 +20,12 @@ from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, R
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.fedavg.method import MODEL
 from splitedge.methods.privacy.release import private_weights
+from splitedge.methods.update_codec import UpdateEncoder
 
 
 class FedAvgThinDevice(DevicePart):
-    state = ("trainer", "version")
+    state = ("trainer", "version", "encoder")
+    encodes_updates = True
     # A thin device trains with DP-FedAvg (an update clipped and noised per round); under
     # dp_unit=sample it refuses to take part (Unsupported, below), so nothing leaves it unprotected.
     private, private_clips = True, ("dp_update_clip",)
@@ -45,6 +47,7 @@ class FedAvgThinDevice(DevicePart):
         except ValueError as exc:
             raise Unsupported(str(exc)) from None
         self.version = -1  # no global model yet: the announced one must arrive first
+        self.encoder = UpdateEncoder(cfg.update_codec, cfg.update_topk)  # the uplink's residual
 
     def ready(self, plan: RoundPlan) -> bool:
         return self.version >= plan.version(MODEL) and self.version >= 0
@@ -75,7 +78,8 @@ class FedAvgThinDevice(DevicePart):
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         cfg = self.cfg
         private = cfg.dp_sigma > 0 and cfg.local_epochs > 0  # as the torch device: no training, no release
-        start = self.trainer.weights() if private else None
+        coded = cfg.update_codec != "none"
+        start = self.trainer.weights() if private or coded else None
         norms: dict[str, np.ndarray] = {}
         if private:
             from splitedge.methods.thin.norms import private_norms
@@ -90,9 +94,11 @@ class FedAvgThinDevice(DevicePart):
         if losses:
             self.losses = {"ce": float(np.mean(losses)), "total": float(np.mean(losses))}
         weights = self.trainer.weights()
-        if start is not None:  # DP-FedAvg: the update clipped and noised (methods/privacy)
+        if private:  # DP-FedAvg: the update clipped and noised (methods/privacy)
             weights = private_weights(self, weights, start, norms)
         body = {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(self.data[1])),
                 "weights": weights}
+        if coded:  # the update compressed against the model it was trained from (methods/update_codec.py)
+            body.update(self.encoder.encode(weights, start, np.random.default_rng(int(self.ctx.rng.integers(2**31)))))
         yield Message("weights", body)
         yield DONE

@@ -35,6 +35,10 @@ class FedAvgEdge(EdgePart):
         if source == "child":  # an update trains from a global version the edge has relayed
             check_version(MODEL, int(env.body["version"]), at_most=self.version)
 
+    def update_reference(self, body: Any) -> Any:
+        """The global model a compressed update was trained from (None: not held; it is refused)."""
+        return self.models.of(body)
+
     def on_message(self, env: Any) -> list[Message]:
         if env.kind == "weights" and env.body["part"] == MODEL:
             self.specs = self.specs or weight_specs(env.body["weights"])

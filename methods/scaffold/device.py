@@ -34,6 +34,7 @@ def parameter_map(model: torch.nn.Module) -> dict[str, np.ndarray]:
 
 
 class ScaffoldDevice(FedAvgDevice):
+    encodes_updates = False  # it sends its control variate beside the model, and reads the model it sent
     state = FedAvgDevice.state + ("c_local", "c_global", "c_version")
     private, private_clips = True, ("dp_update_clip",)  # the model; dc follows from what was sent
     dp_sgd = False  # its corrected steps have no DP-SGD form here: dp_unit=sample refuses it
