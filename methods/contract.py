@@ -357,6 +357,17 @@ class DevicePart(Part):
         self.dp_releases = 0  # differentially private releases this phase (methods/privacy/release.py)
         self.pending_release: Any = None  # a raw release that may only leave in a secure sum (distributed DP)
 
+    def training_data(self) -> tuple[Any, np.ndarray]:
+        """What the part trains on: its images, less those it holds back to choose the head's
+        layer (`calib_layer` naming several: a model trained on them would score itself, and
+        favour the layers that fit them best)."""
+        from splitedge.methods.calibration.layers import held_out, selects
+
+        if not selects(self.cfg):
+            return self.data
+        keep = ~held_out(self.data[1], self.cfg.calib_holdout, self.ctx.node_id)
+        return self.data[0][np.flatnonzero(keep)], np.asarray(self.data[1])[keep]
+
     stats_batch: int = 64
     """Images per forward pass while the part takes its head statistics (inference only): a
     thin device takes fewer, since onnxruntime's buffers grow with the batch."""

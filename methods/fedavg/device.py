@@ -33,7 +33,7 @@ class FedAvgDevice(DevicePart):
         super().__init__(ctx, data, backend)
         self.model = build_split(self.spec).eval()
         self.specs = weight_specs(state_to_numpy(self.model))
-        self.x, self.y = local_tensors(data, self.spec)
+        self.x, self.y = local_tensors(self.training_data(), self.spec)
         self.version = -1  # no global model yet: the announced one must arrive first
         self.encoder = UpdateEncoder(self.cfg.update_codec, self.cfg.update_topk)  # the uplink's residual
 

@@ -47,6 +47,7 @@ class FedAvgThinDevice(DevicePart):
         except ValueError as exc:
             raise Unsupported(str(exc)) from None
         self.version = -1  # no global model yet: the announced one must arrive first
+        self.train_set = self.training_data()  # less the images held back to choose the head's layer
         self.encoder = UpdateEncoder(cfg.update_codec, cfg.update_topk)  # the uplink's residual
 
     def ready(self, plan: RoundPlan) -> bool:
@@ -72,8 +73,8 @@ class FedAvgThinDevice(DevicePart):
 
     def images(self, size: int = 256) -> Iterator[np.ndarray]:
         """The local images, normalised a batch at a time, in order."""
-        for i in range(0, len(self.data[1]), size):
-            yield to_input(np.asarray(self.data[0][i:i + size]), self.spec.mean, self.spec.std)
+        for i in range(0, len(self.train_set[1]), size):
+            yield to_input(np.asarray(self.train_set[0][i:i + size]), self.spec.mean, self.spec.std)
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         cfg = self.cfg
@@ -89,14 +90,14 @@ class FedAvgThinDevice(DevicePart):
         losses = []
         for _ in range(cfg.local_epochs):
             rng = np.random.default_rng(int(self.ctx.rng.integers(2**31)))
-            losses.append(self.trainer.train_epoch(self.data[0], self.data[1], self.spec.mean, self.spec.std,
+            losses.append(self.trainer.train_epoch(self.train_set[0], self.train_set[1], self.spec.mean, self.spec.std,
                                                    cfg.device_batch, opt, rng))
         if losses:
             self.losses = {"ce": float(np.mean(losses)), "total": float(np.mean(losses))}
         weights = self.trainer.weights()
         if private:  # DP-FedAvg: the update clipped and noised (methods/privacy)
             weights = private_weights(self, weights, start, norms)
-        body = {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(self.data[1])),
+        body = {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(self.train_set[1])),
                 "weights": weights}
         if coded:  # the update compressed against the model it was trained from (methods/update_codec.py)
             body.update(self.encoder.encode(weights, start, np.random.default_rng(int(self.ctx.rng.integers(2**31)))))

@@ -35,7 +35,7 @@ class SplitFedDevice(DevicePart):
         split = build_split(self.spec)
         self.wc, self.wc_shape = split.wc.eval(), tuple(split.wc_shape)
         self.specs = weight_specs(state_to_numpy(self.wc))
-        self.x, self.y = local_tensors(data, self.spec)
+        self.x, self.y = local_tensors(self.training_data(), self.spec)
         self.version = -1
         self.samples_sent = 0
         self.calib: Any = None
