@@ -162,6 +162,14 @@ PLANS = {
             ("hsfp-cal", "hsfp-cal", ""))),
         notes="the calibrated head at W_c pooled to 8x8, W_e's output or fc1, whichever scores best on the 20 % of "
               "each device's images it holds back; the lower bound, FedAvg and hsfp-cal as in fedcnn-10dev, Dir(0.3)"),
+    # the same at the H-SFP paper's topology (issue 54's second setting)
+    "layers-fedcnn-200dev": Plan(
+        common=FEDCNN_200DEV, splits=("0.3",), seeds=(0, 1),
+        variants=tuple(f"{name}={method}:calibrate=lda,calib_layer={BEST_LAYER}{rest}" for name, method, rest in (
+            ("lower", "fedavg", f",local_epochs=0,{FEDCNN_LR}"), ("fedavg", "fedavg", f",{FEDCNN_LR}"),
+            ("hsfp-cal", "hsfp-cal", ""))),
+        jobs=1,
+        notes="layers-fedcnn-10dev's rows at 200 devices with 50 images each on 10 edges, Dir(0.3)"),
     "smoke": Plan(common=("--rounds", "2", "--max-train", "300", "--max-test", "100"), splits=("iid",), seeds=(0,),
                   variants=("upper=central", "lower=fedavg:local_epochs=0,calibrate=lda", "fedavg=fedavg:calibrate=lda"),
                   jobs=1, notes="digits, a two-round check that the machinery works"),
