@@ -48,6 +48,9 @@ FEDCNN_200DEV = ("--dataset", "cifar10", "--data", DATA, "--model", "fedcnn", "-
 images made a round about 2 minutes on this box (bench/results/fedcnn-200dev-round-cost)."""
 BEST_LAYER = "wc_8,we,classifier"
 """fedcnn's candidate head layers (issue 54): W_c's 32x16x16 map pooled to 8x8, W_e's 128x4x4 output, fc1."""
+BEST_LAYER_ROWS = tuple(f"{name}={method}:calibrate=lda,calib_layer={BEST_LAYER}{rest}" for name, method, rest in (
+    ("lower", "fedavg", f",local_epochs=0,{FEDCNN_LR}"), ("fedavg", "fedavg", f",{FEDCNN_LR}"), ("hsfp-cal", "hsfp-cal", "")))
+"""The lower bound, FedAvg and hsfp-cal, each with the head at the best of BEST_LAYER."""
 THIRD_SEED_ROWS = (f"fedavg=fedavg:calibrate=lda,{FEDCNN_LR}", f"splitfed=splitfed:calibrate=lda,{FEDCNN_LR}")
 """The fedcnn plans' rows a `-third` plan runs again: FedAvg and SplitFed, the pair that came within 2 points."""
 SSL_COMMON = ("--dataset", "cifar10", "--data", DATA, "--devices", "10", "--edges", "2",
@@ -157,17 +160,13 @@ PLANS = {
     # images its devices hold back, for the lower bound and the arms fedcnn-10dev compared at fc1
     "layers-fedcnn-10dev": Plan(
         common=FEDCNN_10DEV, splits=("0.3",), seeds=(0, 1),
-        variants=tuple(f"{name}={method}:calibrate=lda,calib_layer={BEST_LAYER}{rest}" for name, method, rest in (
-            ("lower", "fedavg", f",local_epochs=0,{FEDCNN_LR}"), ("fedavg", "fedavg", f",{FEDCNN_LR}"),
-            ("hsfp-cal", "hsfp-cal", ""))),
+        variants=BEST_LAYER_ROWS,
         notes="the calibrated head at W_c pooled to 8x8, W_e's output or fc1, whichever scores best on the 20 % of "
               "each device's images it holds back; the lower bound, FedAvg and hsfp-cal as in fedcnn-10dev, Dir(0.3)"),
     # the same at the H-SFP paper's topology (issue 54's second setting)
     "layers-fedcnn-200dev": Plan(
         common=FEDCNN_200DEV, splits=("0.3",), seeds=(0, 1),
-        variants=tuple(f"{name}={method}:calibrate=lda,calib_layer={BEST_LAYER}{rest}" for name, method, rest in (
-            ("lower", "fedavg", f",local_epochs=0,{FEDCNN_LR}"), ("fedavg", "fedavg", f",{FEDCNN_LR}"),
-            ("hsfp-cal", "hsfp-cal", ""))),
+        variants=BEST_LAYER_ROWS,
         jobs=1,
         notes="layers-fedcnn-10dev's rows at 200 devices with 50 images each on 10 edges, Dir(0.3)"),
     "smoke": Plan(common=("--rounds", "2", "--max-train", "300", "--max-test", "100"), splits=("iid",), seeds=(0,),

@@ -101,19 +101,24 @@ def held_back(part: Any, labels: np.ndarray) -> np.ndarray:
 def layer_stats(part: Any, data: tuple[Any, np.ndarray], keep: np.ndarray) -> dict[str, HeadStats]:
     """Head statistics of the `keep` images at every layer the run names, from one forward pass
     a batch (`DevicePart.stage_outputs`); float64 accumulators."""
-    x, y = data
     layers = parse_layers(part.cfg.calib_layer)
     accs: dict[str, HeadStatsAccumulator] = {}
-    for sl in batches(len(y), part.stats_batch):
-        rows = np.asarray(keep[sl], dtype=bool)
-        if not rows.any():
-            continue
-        outputs = part.stage_outputs(to_input(x[sl], part.spec.mean, part.spec.std))
-        labels = np.asarray(y[sl])[rows]
+    for outputs, rows, labels in stage_batches(part, data, keep):
         for layer in layers:
             feats = layer_features(outputs, layer)[rows]
             accs.setdefault(layer.name, HeadStatsAccumulator(feats.shape[1])).add(feats, labels)
     return {name: acc.result() for name, acc in accs.items()}
+
+
+def stage_batches(part: Any, data: tuple[Any, np.ndarray], keep: np.ndarray) -> Iterator[tuple[Any, np.ndarray,
+                                                                                                np.ndarray]]:
+    """(stage outputs, the batch's kept rows, their labels) of each batch of `stats_batch`
+    images holding a kept one (`DevicePart.stage_outputs` on the normalised images)."""
+    x, y = data
+    for sl in batches(len(y), part.stats_batch):
+        rows = np.asarray(keep[sl], dtype=bool)
+        if rows.any():
+            yield part.stage_outputs(to_input(x[sl], part.spec.mean, part.spec.std)), rows, np.asarray(y[sl])[rows]
 
 
 def private_record(part: Any, plan: RoundPlan) -> Iterator[Message]:
@@ -146,13 +151,7 @@ def layer_scores(part: Any, heads: Mapping[str, tuple[np.ndarray, np.ndarray]]) 
     rows = held_back(part, data[1]) & part.stats_floor(data[1]).keep
     layers = [layer for layer in parse_layers(part.cfg.calib_layer) if layer.name in heads]
     correct = dict.fromkeys((layer.name for layer in layers), 0)
-    x, y = data
-    for sl in batches(len(y), part.stats_batch):
-        keep = np.asarray(rows[sl], dtype=bool)
-        if not keep.any():
-            continue
-        outputs = part.stage_outputs(to_input(x[sl], part.spec.mean, part.spec.std))
-        labels = np.asarray(y[sl])[keep]
+    for outputs, keep, labels in stage_batches(part, data, rows):
         for layer in layers:
             weight, bias = heads[layer.name]
             feats = np.asarray(layer_features(outputs, layer)[keep], dtype=np.float64)
