@@ -97,18 +97,18 @@ def test_ram_quick(tmp_path: Path) -> None:
 
 
 def test_ram_measures_each_method_on_the_backends_it_has_device_parts_for(tmp_path: Path) -> None:
-    """`--methods fedavg`: FedAvg's torch device measured in a FedAvg run; a thin device has no FedAvg
-    part, so that pair is skipped with the reason, not run as a federation waiting for a device
-    that left (hsfp on both backends: test_ram_quick)."""
-    doc = run_bench(tmp_path, "ram", "--no-plots", "--methods", "fedavg", "--backends", "torch,onnx")
+    """`--methods fedprox`: FedProx's torch device measured in a FedProx run; a thin device has no
+    FedProx part, so that pair is skipped with the reason, not run as a federation waiting for a
+    device that left (hsfp on both backends: test_ram_quick)."""
+    doc = run_bench(tmp_path, "ram", "--no-plots", "--methods", "fedprox", "--backends", "torch,onnx")
     runs = {(r["method"], r["backend"]): r for r in doc["results"]["runs"]}
-    assert set(runs) == {("fedavg", "torch")}, set(runs)
-    assert runs[("fedavg", "torch")]["completed"], runs[("fedavg", "torch")].get("log_tails")
-    assert "fedavg has no device part for the onnx backend" in doc["results"]["skipped"]["fedavg on onnx"]
-    device = next(row for row in runs[("fedavg", "torch")]["rows"] if row["role"] == "device")
+    assert set(runs) == {("fedprox", "torch")}, set(runs)
+    assert runs[("fedprox", "torch")]["completed"], runs[("fedprox", "torch")].get("log_tails")
+    assert "fedprox has no device part for the onnx backend" in doc["results"]["skipped"]["fedprox on onnx"]
+    device = next(row for row in runs[("fedprox", "torch")]["rows"] if row["role"] == "device")
     assert device["peak_mb"] > 100 and device["exit_code"] == 0  # a torch process
     md = (tmp_path / "ram.md").read_text()
-    assert "| fedavg | torch | device |" in md and "rounds of fedavg" in md and "W_c averaged" not in md, md
+    assert "| fedprox | torch | device |" in md and "rounds of fedprox" in md and "W_c averaged" not in md, md
     assert main(["bench", "ram", "--methods", "fedavg,nope", "--out", str(tmp_path / "bad")]) == 2  # before any work
     assert not (tmp_path / "bad").exists()
 

@@ -102,17 +102,18 @@ def test_device_whose_data_cannot_fit_the_model_says_why_and_stops(x, y, message
 
 
 def test_a_thin_device_in_a_torch_only_method_says_why_and_stops() -> None:
-    """It used to log "fedavg has no device part for backend 'onnx'" every round, counted as
+    """It used to log "fedprox has no device part for backend 'onnx'" every round, counted as
     joined, while every round waited for it to its deadline."""
+    from splitedge.methods.fedprox.method import FedProxConfig
     from splitedge.device.agent import DeviceAgent
     from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
 
     agent = DeviceAgent(LoopbackTransport(LoopbackBus(), role="device", client_id="d0"), run="r", node_id="d0",
                         edge="e0", data=(np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), backend="onnx")
-    plan = RoundPlan(round=1, method="fedavg", deadline_s=10.0, config=RunConfig(SPEC, FedAvgConfig()).to_wire())
+    plan = RoundPlan(round=1, method="fedprox", deadline_s=10.0, config=RunConfig(SPEC, FedProxConfig()).to_wire())
     agent.handle("splitedge/r/edge/e0/down/round", env("round", plan.to_body(), "e0", 1))
     assert agent.stopped.is_set() and agent.part is None
-    assert "fedavg has no device part for backend 'onnx'" in agent.fatal and "--backend torch" in agent.fatal
+    assert "fedprox has no device part for backend 'onnx'" in agent.fatal and "--backend torch" in agent.fatal
 
 
 def test_an_edge_without_torch_in_a_torch_method_says_why_and_stops(monkeypatch) -> None:
@@ -359,14 +360,14 @@ def test_sigterm_stops_a_bench_and_the_broker_it_started(tmp_path) -> None:
 
 @pytest.mark.usefixtures("mosquitto_binary")
 def test_a_cloud_whose_every_device_left_stops_instead_of_running_rounds_with_nobody(tmp_path) -> None:
-    """A thin device in a fedavg run leaves at round 1 (it says why); it was the only one, and
+    """A thin device in a fedprox run leaves at round 1 (it says why); it was the only one, and
     the cloud used to run every round with nobody and end at chance with exit 0."""
     from federation import Federation
     from splitedge.protocol.broker import MosquittoBroker
 
     with MosquittoBroker() as broker:
         fed = Federation(tmp_path, broker.url, edges=1, devices=1, rounds=3,
-                         extra=["--method", "fedavg", "--deadline", "10", "--rejoin-timeout", "5"],
+                         extra=["--method", "fedprox", "--deadline", "10", "--rejoin-timeout", "5"],
                          node_extra={"d0": ["--backend", "onnx"]})
         try:
             assert fed.procs["cloud"].wait(120) == 1, fed.logs()
@@ -378,5 +379,5 @@ def test_a_cloud_whose_every_device_left_stops_instead_of_running_rounds_with_no
     assert len(fed.metrics()) in (1, 2) and f"no device is online before round {len(fed.metrics()) + 1}" in cloud
     assert "--rejoin-timeout" in cloud, cloud
     # ... saying why, as the device told its edge (its `done`) and the edge the cloud
-    assert "d0 (edge e0) left the run: device d0: fedavg has no device part for backend 'onnx'" in cloud, cloud
-    assert device.count("fedavg has no device part for backend 'onnx'") == 1, device  # one line, not two
+    assert "d0 (edge e0) left the run: device d0: fedprox has no device part for backend 'onnx'" in cloud, cloud
+    assert device.count("fedprox has no device part for backend 'onnx'") == 1, device  # one line, not two

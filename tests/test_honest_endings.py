@@ -22,27 +22,28 @@ from splitedge.sim import SimSettings, run_sim
 
 def test_a_sim_whose_method_has_no_device_part_for_a_backend_refuses_before_it_starts(tmp_path: Path) -> None:
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "splitedge", "sim", "--method", "fedavg", "--backends", "onnx",
+    proc = subprocess.run([sys.executable, "-m", "splitedge", "sim", "--method", "fedprox", "--backends", "onnx",
                            "--rounds", "1", "--out", str(tmp_path / "run")], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "fedavg has no device part for backend onnx" in lines[0], proc.stderr
+    assert len(lines) == 1 and "fedprox has no device part for backend onnx" in lines[0], proc.stderr
     assert "--backends" in lines[0] and "hsfp" in lines[0]  # what to do instead
     assert not (tmp_path / "run").exists() and "round" not in proc.stdout  # nothing started, nothing written
     assert time.monotonic() - started < 120
     # a mix that holds one such backend too; a method whose device part runs on both is let through
     with pytest.raises(ValueError, match="no device part for backend onnx"):
-        SimSettings(method="fedavg", backends=("torch", "onnx"), out=tmp_path / "mixed")
+        SimSettings(method="fedprox", backends=("torch", "onnx"), out=tmp_path / "mixed")
     SimSettings(method="hsfp", backends=("torch", "onnx"), out=tmp_path / "hsfp")
 
 
 def test_a_sim_in_which_every_device_left_does_not_report_complete(tmp_path: Path) -> None:
-    """The finding: fedavg with onnx devices only. Each device leaves at round 1 saying why;
+    """The finding: fedprox with onnx devices only (then fedavg, which has thin devices now). Each
+    device leaves at round 1 saying why;
     summary.json said "status": "complete", "closed_on_quorum": true (and chance accuracy). The
     up-front refusal above now stops that command, so the settings are changed after it."""
     torch.set_num_threads(1)
-    s = SimSettings(method="fedavg", rounds=1, devices=2, edges=1, max_train=200, max_test=100, out=tmp_path / "run")
+    s = SimSettings(method="fedprox", rounds=1, devices=2, edges=1, max_train=200, max_test=100, out=tmp_path / "run")
     s.backends = ("onnx",)  # past the check: every device leaves at round 1
     summary = run_sim(s)
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
