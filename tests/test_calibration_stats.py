@@ -178,3 +178,24 @@ def test_a_scaled_device_moves_the_robust_head_little_and_the_exact_one_far(how:
     assert accuracy(robust) > accuracy(clean) - 0.05 > accuracy(exact), (accuracy(robust), accuracy(clean), accuracy(exact))
     assert accuracy(honest) > accuracy(clean) - 0.02
     assert robust.counts.tolist() == clean.counts.tolist()  # counts stay exact sums
+
+
+def test_a_unit_constant_within_every_class_has_a_variance_of_zero_not_below() -> None:
+    """A dead ReLU (a unit 0 for every image) or any unit constant within each class: the scatter
+    minus the class means' outer products left -1e-17 on its diagonal, which every receiver
+    refuses (state.range); it is 0, with its row and column."""
+    from splitedge.methods.calibration.stats import HeadStatsAccumulator
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 5)) * 3 + 40.0
+    y = np.arange(300) % 3
+    x[:, 2] = 0.0  # dead
+    x[:, 4] = np.array([0.1, 7.3, 1e3])[y]  # constant within each class, far apart between them
+    acc = HeadStatsAccumulator(5)
+    for i in range(0, 300, 7):
+        acc.add(x[i:i + 7], y[i:i + 7])
+    s = acc.result()
+    assert (np.diagonal(s.cov) >= 0).all() and s.cov[2, 2] == 0 and s.cov[4, 4] < 1e-9
+    assert not s.cov[2].any()
+    want = sum(np.cov(x[y == c].T, bias=True) * (y == c).sum() for c in range(3)) / 300
+    np.testing.assert_allclose(s.cov, want, atol=1e-9)

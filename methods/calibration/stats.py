@@ -78,8 +78,10 @@ class HeadStatsAccumulator:
         counts = np.array([self.counts[c] for c in classes.tolist()], dtype=np.int64)
         centred = np.stack([self.sums[c] for c in classes.tolist()]) / counts[:, None]  # class means, shifted
         upper = np.triu(self.scatter)
-        within = upper + np.triu(upper, 1).T - (centred * counts[:, None]).T @ centred
-        return HeadStats(classes, counts, centred + self.shift, _symmetric(within) / counts.sum())
+        within = _symmetric(upper + np.triu(upper, 1).T - (centred * counts[:, None]).T @ centred)
+        flat = np.diagonal(within) <= 0  # a unit constant within every class (a dead ReLU): its variance is 0,
+        within[flat, :] = within[:, flat] = 0.0  # not the rounding left of a difference (-1e-17 was refused)
+        return HeadStats(classes, counts, centred + self.shift, within / counts.sum())
 
 
 def _add_scatter(into: np.ndarray, x: np.ndarray) -> np.ndarray:
