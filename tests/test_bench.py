@@ -627,11 +627,17 @@ def test_every_variant_of_a_matrix_plan_is_a_valid_run(plan: str) -> None:
     from splitedge.cloud.options import build_run_config
     from splitedge.methods.data.datasets import load_dataset
 
+    from splitedge.methods.data.datasets import DatasetInfo
+
+    common = PLANS[plan].common
+    model = common[common.index("--model") + 1] if "--model" in common else None
     info = load_dataset("digits", max_train=10, max_test=10)[2]
+    if "cifar10" in common:  # the plan's images (a head layer's pooling must fit its maps), not loaded
+        info = DatasetInfo("cifar10", 10, 3, 32, (0.5,) * 3, (0.25,) * 3, tuple(map(str, range(10))))
     for text in PLANS[plan].variants:
         _, method, overrides = parse_variant(text)
         if method != "central":
-            build_run_config(method, info, None, 0, overrides)
+            build_run_config(method, info, model, 0, overrides)
 
 
 def test_bench_cluster_reports_the_global_model_on_the_groups_where_devices_hold_it() -> None:
