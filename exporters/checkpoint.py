@@ -11,6 +11,7 @@ imports torch or safetensors (the header is 8 bytes of length and a JSON map).
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,15 +103,16 @@ def _clip(meta: Mapping[str, str]) -> float | None:
     return clip
 
 
+HEAD_LAYER = re.compile(r"(wc|we)(_[1-9][0-9]{0,2})?")
+"""A head's layer off the classifier as a checkpoint names it (methods/calibration/layers.py)."""
+
+
 def _layer(meta: Mapping[str, str]) -> str | None:
     if "head_layer" not in meta:
         return None
-    from splitedge.methods.calibration.layers import parse_layers
-
-    layers = parse_layers(meta["head_layer"])
-    if len(layers) != 1 or layers[0].stage == "classifier":
-        raise ValueError(f"head_layer={meta['head_layer']!r} is not one layer off the classifier")
-    return layers[0].name
+    if not HEAD_LAYER.fullmatch(meta["head_layer"]):
+        raise ValueError(f"head_layer={meta['head_layer']!r} is not one layer off the classifier (wc, wc_S, we, we_S)")
+    return meta["head_layer"]
 
 
 def model_metadata(*, model: str, dataset: str, channels: int, image_size: int, num_classes: int,
