@@ -62,8 +62,7 @@ class FedAvgDevice(DevicePart):
 
     def classifier_input(self, x: np.ndarray) -> np.ndarray:
         """The global model's classifier input (in a calibration phase: the model just merged)."""
-        with torch.inference_mode():
-            return self.model.features_and_logits(torch.from_numpy(x))[0].numpy()
+        return self.stage_outputs(x)["classifier"]
 
     def stage_outputs(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """W_c's and W_e's outputs and the classifier's input of the global model, in eval mode."""

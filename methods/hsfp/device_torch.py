@@ -81,9 +81,7 @@ class HSFPTorchDevice(HSFPDevice):
         load_numpy_state(self._calib_module(), weights)
 
     def classifier_input(self, x: np.ndarray) -> np.ndarray:
-        calib = self._calib_module()
-        with torch.inference_mode():
-            return calib(self.wc_global(torch.from_numpy(x))).numpy()
+        return self.stage_outputs(x)["classifier"]
 
     layered_calibration = True
 

@@ -55,8 +55,7 @@ class SplitFedDevice(DevicePart):
 
     def classifier_input(self, x: np.ndarray) -> np.ndarray:
         """W_c as merged, then the served W_e and W_g's trunk the cloud sent (CALIB)."""
-        with torch.inference_mode():
-            return self._upper()(self.wc(torch.from_numpy(x))).numpy()
+        return self.stage_outputs(x)["classifier"]
 
     def stage_outputs(self, x: np.ndarray) -> dict[str, np.ndarray]:
         with torch.inference_mode():
