@@ -357,15 +357,21 @@ class DevicePart(Part):
         self.dp_releases = 0  # differentially private releases this phase (methods/privacy/release.py)
         self.pending_release: Any = None  # a raw release that may only leave in a secure sum (distributed DP)
 
-    def training_data(self) -> tuple[Any, np.ndarray]:
-        """What the part trains on: its images, less those it holds back to choose the head's
-        layer (`calib_layer` naming several: a model trained on them would score itself, and
-        favour the layers that fit them best)."""
+    def held_back(self, labels: np.ndarray) -> np.ndarray:
+        """bool [N]: the images the part holds back to score the candidate layers of its head
+        (`calib_layer` naming several; none otherwise), the same rows every time."""
         from splitedge.methods.calibration.layers import held_out, selects
 
         if not selects(self.cfg):
+            return np.zeros(len(labels), dtype=bool)
+        return held_out(labels, self.cfg.calib_holdout, self.ctx.node_id)
+
+    def training_data(self) -> tuple[Any, np.ndarray]:
+        """What the part trains on: its images, less those it holds back (`held_back`: a model
+        trained on them would score itself, and favour the layers that fit them best)."""
+        keep = ~self.held_back(self.data[1])
+        if keep.all():
             return self.data
-        keep = ~held_out(self.data[1], self.cfg.calib_holdout, self.ctx.node_id)
         return self.data[0][np.flatnonzero(keep)], np.asarray(self.data[1])[keep]
 
     stats_batch: int = 64

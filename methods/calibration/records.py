@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from splitedge.methods.calibration import CALIBRATE, HEAD, HEADS, is_head_stats, stats_layer, stats_name
-from splitedge.methods.calibration.layers import CLASSIFIER, held_out, layer_features, parse_layers, selects
+from splitedge.methods.calibration.layers import CLASSIFIER, layer_features, parse_layers, selects
 from splitedge.methods.calibration.robust import robust_head_merge
 from splitedge.methods.calibration.stats import (
     HeadStats, HeadStatsAccumulator, check_head_stats, head_stats_arrays, head_stats_from_arrays,
@@ -84,18 +84,11 @@ def calibration_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:
         yield from private_record(part, plan)
     elif part.can_calibrate:
         data = part.calibration_data()
-        keep = part.stats_floor(data[1]).keep & ~held_back(part, data[1])
+        keep = part.stats_floor(data[1]).keep & ~part.held_back(data[1])
         if keep.any():
             for layer, stats in layer_stats(part, data, keep).items():
                 yield record(stats, plan, part.cfg, layer)
     yield DONE
-
-
-def held_back(part: Any, labels: np.ndarray) -> np.ndarray:
-    """bool [N]: the images the part holds back to score candidate layers (none with one layer)."""
-    if not selects(part.cfg):
-        return np.zeros(len(labels), dtype=bool)
-    return held_out(labels, part.cfg.calib_holdout, part.ctx.node_id)
 
 
 def layer_stats(part: Any, data: tuple[Any, np.ndarray], keep: np.ndarray) -> dict[str, HeadStats]:
@@ -148,7 +141,7 @@ def layer_scores(part: Any, heads: Mapping[str, tuple[np.ndarray, np.ndarray]]) 
     """`{"layer_scores": {layer: [correct, scored]}}`: each candidate head on the images the part
     held back (those above the minimum count per class; empty when it held none back)."""
     data = part.calibration_data()
-    rows = held_back(part, data[1]) & part.stats_floor(data[1]).keep
+    rows = part.held_back(data[1]) & part.stats_floor(data[1]).keep
     layers = [layer for layer in parse_layers(part.cfg.calib_layer) if layer.name in heads]
     correct = dict.fromkeys((layer.name for layer in layers), 0)
     for outputs, keep, labels in stage_batches(part, data, rows):
