@@ -77,16 +77,18 @@ def head_at_layer(model: "SplitModel", stage: str, side: int | None) -> "SplitMo
     """The served network of a head placed at W_c's ("wc") or W_e's ("we") output: the same
     W_c (and W_e) modules, then an average pool to `side` x `side` (None: none), a flatten and
     a fresh linear head ("wg.head.*") where W_g was (methods/calibration/layers.py).
-    The stages above the head are dropped; parameters below are shared with `model`."""
+    The stages above the head are dropped; parameters below are shared with `model`, and the
+    network is in `model`'s mode."""
     if stage not in ("wc", "we"):
         raise ValueError(f"a head off the classifier sits at wc or we, not {stage!r}")
     we = model.we if stage == "we" else nn.Identity()
     shape = model.we_shape if stage == "we" else model.wc_shape
     pool_ = nn.AdaptiveAvgPool2d(side) if side is not None else nn.Identity()
     dim = int(shape[0]) * side * side if side is not None else int(torch.Size(shape).numel())
-    wg = nn.Sequential(OrderedDict([("pool", pool_), ("flatten", nn.Flatten(1)),
-                                    ("head", nn.Linear(dim, model.num_classes))]))
-    return SplitModel(model.wc, we, wg, model.in_shape, model.num_classes)
+    with seeded_init(0):  # its weights are the calibrated head's; building it draws nothing from torch's RNG
+        head = nn.Linear(dim, model.num_classes)
+    wg = nn.Sequential(OrderedDict([("pool", pool_), ("flatten", nn.Flatten(1)), ("head", head)]))
+    return SplitModel(model.wc, we, wg, model.in_shape, model.num_classes).train(model.training)
 
 
 RELU_COMMUTES = (nn.MaxPool2d, nn.AdaptiveMaxPool2d, nn.Flatten, nn.Identity)

@@ -80,8 +80,11 @@ def test_a_device_computes_the_features_the_cloud_scores_and_serves() -> None:
     x = rng.normal(size=(6, 3, 32, 32)).astype(np.float32)
     outputs = part.stage_outputs(x)
     for layer in parse_layers("wc_4,we,classifier"):
-        with torch.no_grad():
-            want = stage_features(part.model, layer)(torch.from_numpy(x)).numpy()
+        for mode in (True, False):  # the cloud's model may be in either mode: its features are eval's, its mode kept
+            part.model.train(mode)
+            with torch.no_grad():
+                want = stage_features(part.model, layer)(torch.from_numpy(x)).numpy()
+            assert part.model.training == part.model.wc.training == part.model.we.training == mode
         got = layer_features(outputs, layer)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         if layer.stage == "classifier":

@@ -23,7 +23,7 @@ from splitedge.methods.calibration.stats import HeadStats
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.data.preprocess import batches, to_input
 from splitedge.models import SplitModel, state_to_numpy
-from splitedge.models.split import head_at_layer, head_features
+from splitedge.models.split import head_at_layer
 
 Head = tuple[np.ndarray, np.ndarray]
 """(weight [classes, D], bias [classes]) of a linear classifier."""
@@ -89,25 +89,9 @@ def with_head(model: SplitModel, head: Head) -> dict[str, np.ndarray]:
 
 def stage_features(model: SplitModel, layer: HeadLayer) -> Callable[[torch.Tensor], torch.Tensor]:
     """A split model's features at `layer` (W_c's or W_e's output pooled as the devices pool
-    it, or the classifier's input), in eval mode (the mode it was in is restored)."""
-    import torch.nn.functional as F
-
-    def features(x: torch.Tensor) -> torch.Tensor:
-        was = model.training
-        model.eval()
-        try:
-            h = model.wc(x)
-            if layer.stage != "wc":
-                h = model.we(h)
-            if layer.stage == CLASSIFIER:
-                return head_features(model.wg, h)[0]
-            if layer.side is not None:
-                h = F.adaptive_avg_pool2d(h, layer.side)
-            return h.reshape(len(h), -1)
-        finally:
-            model.train(was)
-
-    return features
+    it, or the classifier's input), in eval mode (the mode it was in is restored): the input of
+    the head in the network that would be served with it (`with_head_at`)."""
+    return penultimate(model if layer.stage == CLASSIFIER else head_at_layer(model, layer.stage, layer.side))
 
 
 def with_head_at(model: SplitModel, layer: HeadLayer, head: Head) -> dict[str, np.ndarray]:
