@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 from splitedge.methods.calibration.records import Gate
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundFailed, RoundPlan
-from splitedge.methods.privacy.floor import most_releases
+from splitedge.methods.privacy.floor import ReleaseLedger
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
@@ -64,7 +64,7 @@ class EdgeAggregator(Node):
         self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue), listed)
         self.unlisted: set[str] = set()  # ids refused at their hello (a manifest lists the devices), logged once
         self.rounds = RoundCollector()
-        self.late_releases: dict[str, int] = {}  # device -> DP releases its dones reported after their phase closed
+        self.releases = ReleaseLedger()  # each device's DP releases so far, late dones included
         self.refused_now: dict[str, str] = {}  # device -> rule of its message this phase refused (its phase failed)
         self.secure: SecureSums | None = None  # the phase's secure sums, with the run's secagg on
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
@@ -82,10 +82,11 @@ class EdgeAggregator(Node):
 
     # -- state (runtime/statefile.py) -----------------------------------------------------
     def own_state(self) -> dict[str, Any]:
-        return {"plan": self.plan.to_body() if self.plan is not None else None}
+        return {"plan": self.plan.to_body() if self.plan is not None else None, "dp_releases": self.releases.state()}
 
     def restore_own(self, state: Mapping[str, Any]) -> None:
         self.plan = RoundPlan.from_body(self.round, state["plan"]) if state.get("plan") is not None else None
+        self.releases.restore(state.get("dp_releases"))
 
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -264,12 +265,13 @@ class EdgeAggregator(Node):
 
     def _late_done(self, env: Envelope) -> None:
         """A device's `done` that came after its phase closed (its round ran past the deadline):
-        the differentially private releases it reports still count, summed per device until this
-        edge's next `done`, which adds the most of one device to its `device_dp_releases`."""
+        the differentially private releases it reports still count: they enter the device's
+        ledger, which this edge's next `done` reports from."""
         info = env.body.get("info")
-        made = most_releases([info.get("dp_releases")]) if isinstance(info, Mapping) else 0
+        before = self.releases.made.get(env.sender, 0)
+        self.releases.add(env.sender, info.get("dp_releases") if isinstance(info, Mapping) else None)
+        made = self.releases.made.get(env.sender, 0) - before
         if made:
-            self.late_releases[env.sender] = self.late_releases.get(env.sender, 0) + made
             log.info("edge %s: device %s's done of round %d came after its phase closed; its %d DP release(s) "
                      "count in this edge's next done", self.node_id, env.sender, env.round, made)
 
@@ -349,9 +351,11 @@ class EdgeAggregator(Node):
         info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
                               errors=self.errors, refused=self.rejections([self.down, self.up]),
                               trained=plan.phase == "train")
-        if self.late_releases:  # on top of this phase's: an upper bound of what each device released
-            info["device_dp_releases"] = int(info.get("device_dp_releases", 0)) + max(self.late_releases.values())
-            self.late_releases = {}
+        for dev, device_info in by_device.items():
+            self.releases.add(dev, device_info.get("dp_releases"))
+        grew = self.releases.take()
+        if grew:
+            info["device_dp_releases"] = grew
         self.send(self.up, "up", "done", {"phase": done_phase(plan.phase), "info": {**info, **extra}})
         crash_point("edge.done", plan.round)
         if plan.phase == "train":

@@ -36,9 +36,6 @@ def edge_done_info(part: Part, infos: Sequence[Mapping[str, Any]], *, reported: 
     withheld = summed_withheld([i.get("withheld") for i in infos])
     if withheld:
         info["device_withheld"] = withheld  # classes (and images) below the minimum count, summed
-    releases = most_releases([i.get("dp_releases") for i in infos])
-    if releases:
-        info["device_dp_releases"] = releases  # the most differentially private releases of one device
     if part.losses:
         info["loss"] = dict(part.losses)
     return info

@@ -233,3 +233,25 @@ def test_a_done_that_comes_after_its_round_closed_still_enters_the_run_s_epsilon
     assert [r["round"] for r in records] == [1, 2], records
     assert records[-1]["dp_releases_total"] == max(made.values()), (records, made)
     assert records[-1]["dp_epsilon"] == pytest.approx(epsilon(sigma, max(made.values()), 1e-5))
+
+
+def test_an_edge_s_reports_sum_to_the_most_one_device_released_when_a_done_comes_late() -> None:
+    """What failed CI once (cflhkd, 3 releases a round): in round 2 device a's done came after the
+    phase closed while b led; summing each phase's most, plus the late done's on top, counted a's
+    round-2 releases twice (3 + 3 + 6 = 12 for 9 made). The ledger reports 3 + 3 + 3."""
+    from splitedge.methods.privacy.floor import ReleaseLedger
+
+    ledger, reported = ReleaseLedger(), []
+    ledger.add("a", 3), ledger.add("b", 3)
+    reported.append(ledger.take())  # round 1
+    ledger.add("b", 3)
+    reported.append(ledger.take())  # round 2 closes without a
+    ledger.add("a", 3)  # a's late done of round 2
+    ledger.add("a", 3), ledger.add("b", 3), ledger.add("c", "3")  # round 3; c's count is no count
+    reported.append(ledger.take())
+    assert reported == [3, 3, 3] and sum(reported) == max(ledger.made.values()) == 9
+    assert ledger.take() == 0  # nothing new: nothing more to count
+    restarted = ReleaseLedger()
+    restarted.restore(ledger.state())  # a restarted edge carries its ledger on (its state file)
+    restarted.add("a", 1)
+    assert restarted.take() == 1 and restarted.made == {"a": 10, "b": 9}

@@ -75,3 +75,36 @@ def most_releases(counts: Sequence[Any]) -> int:
     `dp_releases`, an edge's `device_dp_releases`); entries that are no count >= 0 are skipped."""
     valid = [c for c in counts if _count(c, 2**31)]
     return max(valid, default=0)
+
+
+class ReleaseLedger:
+    """Each device's differentially private releases so far, as its dones say (on time or after
+    its phase closed), for an edge to report only what the most of one device grew by: summed
+    over an edge's dones this is the most any one of its devices released, not the sum of each
+    phase's most (which counts a device twice when its done of one phase comes late and another
+    device led that phase). Each device's privacy loss is its own releases (accountant.py)."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, int] = {}  # device -> releases its dones reported, all phases
+        self.reported = 0  # the most of one device, as far as this edge's dones have said it
+
+    def add(self, device: str, count: Any) -> None:
+        """`count` (a done info's `dp_releases`) more releases of `device`; no valid count, none."""
+        made = most_releases([count])
+        if made:
+            self.made[device] = self.made.get(device, 0) + made
+
+    def take(self) -> int:
+        """What the most of one device grew by since the last take (0: nothing new to count)."""
+        most = max(self.made.values(), default=0)
+        grew, self.reported = max(most - self.reported, 0), max(most, self.reported)
+        return grew
+
+    def state(self) -> dict[str, Any]:
+        return {"made": dict(self.made), "reported": self.reported}
+
+    def restore(self, state: Any) -> None:
+        """The ledger a restarted edge saved (runtime/statefile.py); none saved: a fresh one."""
+        if isinstance(state, Mapping):
+            self.made = {str(d): int(n) for d, n in dict(state.get("made") or {}).items()}
+            self.reported = int(state.get("reported", 0))
