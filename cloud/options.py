@@ -16,7 +16,8 @@ from typing import Any, Mapping
 
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig, from_wire, parse_settings
 from splitedge.methods.flags import add_method_flags
-from splitedge.methods.registry import get_method, list_methods
+from splitedge.methods.registry import get_method, list_methods, use_method
+from splitedge.runtime.plugin_args import add_plugin_argument
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,9 @@ DEFAULT_MODEL = {"digits": "cnn", "cifar10": "cnn"}
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="hsfp", choices=list_methods(), help="the learning method (docs/methods.md)")
+    p.add_argument("--method", default="hsfp", type=_registered(use_method), metavar="METHOD",
+                   help=f"the learning method: {', '.join(list_methods())} (docs/methods.md), or a plug-in's "
+                        f"package.module:Class (docs/plugins.md)")
     p.add_argument("--rounds", type=int, default=10, help="rounds to run (with --until-plateau: at most)")
     p.add_argument("--until-plateau", action="store_true",
                    help="stop once the accuracy (and the calibrated one) has plateaued: the best of the last 10 "
@@ -37,7 +40,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="digits", choices=("digits", "cifar10"),
                    help="digits (bundled with scikit-learn) or cifar10 (needs --data)")
     p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")
-    p.add_argument("--model", default=None, help="network split (cnn | fedcnn | fedcnn2 | resnet18); default by data set")
+    p.add_argument("--model", default=None, help="network split (cnn | fedcnn | fedcnn2 | resnet18, an installed "
+                   "plug-in's name, or one's own package.module:factory, docs/plugins.md); default by data set")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds before a round closes without stragglers")
     p.add_argument("--seed", type=int, default=0, help="seed of the data split, the models' initial weights and sampling")
     p.add_argument("--max-train", type=int, default=None, help="use at most this many training images")
@@ -47,7 +51,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="draw int(F x online devices) each round (default 1: all)")
     g.add_argument("--sample-count", type=int, default=0, metavar="N", help="draw N devices each round instead")
     g.add_argument("--sample-min", type=int, default=1, metavar="M", help="draw at least M devices (default 1)")
+    add_plugin_argument(p)
     add_method_flags(p)
+
+
+def _registered(use: Any) -> Any:
+    """An argparse type that registers a plug-in the command line names (its message on error)."""
+    def parse(value: str) -> str:
+        try:
+            return use(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
 
 
 def sampling_of(args: argparse.Namespace) -> Any:
@@ -117,7 +132,7 @@ def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None
     for flag, value in (("--max-train", max_train), ("--max-test", max_test)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}")
-    method_config(method, overrides)
+    method_config(use_method(method), overrides)
 
 
 def method_config(method: str, overrides: Mapping[str, Any]) -> MethodConfig:
@@ -134,6 +149,10 @@ def build_run_config(method: str, info: Any, model: str | None, seed: int, overr
     """The run's config, built once: the model spec from the data set, the method's settings,
     and what the method derives from the model before round 1 (`Method.settle`) for the
     settings the command line left open."""
+    if model is not None:  # a plug-in the owner named (models/registry.py); torch: only a named model imports it
+        from splitedge.models import use_model
+
+        use_model(model)
     spec = ModelSpec(model=model or DEFAULT_MODEL.get(info.name, "cnn"), num_classes=info.num_classes,
                      channels=info.channels, image_size=info.image_size, mean=tuple(info.mean),
                      std=tuple(info.std), seed=seed)

@@ -10,12 +10,14 @@ from typing import Any
 from splitedge.methods.contract import TRAIN_CHUNK
 from splitedge.protocol import credentials
 from splitedge.runtime import guard, metrics_http, uplink
+from splitedge.runtime.plugin_args import add_plugin_argument
 
 log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", required=True, help="broker URL, e.g. mqtt://edge-site:1883 or mqtts://...")
+    add_plugin_argument(p)
     p.add_argument("--id", required=True, help="this device's id (unique in the run)")
     p.add_argument("--edge", default=None, help="id of the edge aggregator this device reports to")
     p.add_argument("--peers", type=Path, default=None, metavar="PLAN",

@@ -7,10 +7,12 @@ from pathlib import Path
 
 from splitedge.protocol import credentials
 from splitedge.runtime import guard, metrics_http
+from splitedge.runtime.plugin_args import add_plugin_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", required=True, help="broker the devices use, e.g. mqtt://127.0.0.1:1883")
+    add_plugin_argument(p)
     p.add_argument("--id", required=True, help="this edge's id")
     p.add_argument("--upstream", default=None, help="the cloud's broker URL, when it differs from --broker")
     p.add_argument("--cloud", default="cloud", help="id of the cloud coordinator")

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from splitedge.methods.registry import get_method, list_methods
+from splitedge.methods.registry import built_in, get_method, list_methods
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,14 +39,25 @@ def method_flags() -> dict[str, Flag]:
     must agree on what the flag is (a boolean switch or a value, and its choices)."""
     out: dict[str, Flag] = {}
     for method in list_methods():
-        for f in dataclasses.fields(get_method(method).Config):
+        plugin = not built_in(method)
+        try:
+            config = get_method(method).Config
+        except ValueError as exc:  # a plug-in that does not load costs its own flags, not the command line
+            if not plugin:
+                raise
+            log.warning("%s; its settings get no flags", exc)
+            continue
+        for f in dataclasses.fields(config):
             if "flag" not in f.metadata:
                 continue
             new = Flag(f.name, f.metadata["flag"], f.default, f.metadata.get("choices"))
             old = out.setdefault(f.name, new)
             if (isinstance(old.default, bool), old.option, old.choices) != (isinstance(new.default, bool), new.option,
                                                                              new.choices):
-                raise ValueError(f"{method} flags setting {f.name!r} unlike another method does ({old} vs {new})")
+                if not plugin:
+                    raise ValueError(f"{method} flags setting {f.name!r} unlike another method does ({old} vs {new})")
+                log.warning("plug-in %s flags setting %r unlike another method does; set it with --set %s=VALUE",
+                            method, f.name, f.name)
     return out
 
 

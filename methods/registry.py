@@ -3,6 +3,9 @@
 A method registers itself from its own package: `register_method("name", "pkg.module:Class")`
 (or the class itself), in one line here for the methods we ship, or from anywhere else (a
 test, a plug-in) for more. Variants are Method subclasses registered under their own name.
+Plug-ins (protocol/plugins.py) join from the installed packages' `splitedge.methods` entry
+points, or by an import path on the node's own command line (`use_method`); a name off the
+wire only selects among them.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import importlib
 from typing import Any, Mapping
 
 from splitedge.methods.config import RunConfig, from_wire
+from splitedge.protocol import plugins
 
 # name -> "module:attribute" of a Method subclass (or the class); importing it must not import torch.
 _METHODS: dict[str, Any] = {
@@ -31,6 +35,22 @@ _METHODS: dict[str, Any] = {
     "fedmar": "splitedge.methods.mar.method:FedMAR",
     "decmar": "splitedge.methods.mar.method:DecMAR",
 }
+_BUILT_IN = frozenset(_METHODS)
+_entry_points_read = False
+
+
+def _read_entry_points() -> None:
+    """The installed plug-ins' methods, once per process; one that would shadow a built-in
+    method is ignored with a warning (a built-in name means what splitedge documents)."""
+    global _entry_points_read
+    if _entry_points_read:
+        return
+    _entry_points_read = True
+    for name, target in plugins.entry_points(plugins.METHODS_GROUP).items():
+        if name in _BUILT_IN:
+            plugins.log.warning("plug-in method %s (%s) shadows a built-in method; ignored", name, target)
+        else:
+            _METHODS.setdefault(name, target)
 
 
 def register_method(name: str, target: Any) -> None:
@@ -43,7 +63,32 @@ def register_method(name: str, target: Any) -> None:
 
 
 def list_methods() -> list[str]:
+    _read_entry_points()
     return sorted(_METHODS)
+
+
+def built_in(name: str) -> bool:
+    """Whether `name` is a method splitedge ships (not a plug-in)."""
+    return name in _BUILT_IN
+
+
+def use_method(value: str) -> str:
+    """The method a node's own command line names: a registered name, or an import path
+    `package.module:Class` of a Method subclass, registered under that path (so a sim's
+    devices and workers find it). ValueError in one line otherwise."""
+    _read_entry_points()
+    if value not in _METHODS:
+        if not plugins.is_import_path(value):
+            raise ValueError(f"unknown method {value!r}; choose one of {', '.join(list_methods())}, or name a "
+                             f"plug-in as package.module:Class")
+        _METHODS[value] = value
+    try:
+        get_method(value)
+    except ValueError:
+        if value not in _BUILT_IN and value not in plugins.entry_points(plugins.METHODS_GROUP):
+            del _METHODS[value]  # a path that does not load stays unregistered
+        raise
+    return value
 
 
 def get_method(name: str) -> Any:
@@ -52,13 +97,20 @@ def get_method(name: str) -> Any:
     Importing its entry module registers the method's own message kinds, so a runtime that
     looked the method up can decode its messages.
     """
+    _read_entry_points()
     if name not in _METHODS:
-        raise ValueError(f"unknown method {name!r}; choose one of {list_methods()}")
+        raise plugins.NotInstalled(f"unknown method {name!r}; choose one of {list_methods()}")
     target = _METHODS[name]
-    if not isinstance(target, str):
-        return target
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)
+    if name in _BUILT_IN and isinstance(target, str):
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+    cls = plugins.load(target, "method") if isinstance(target, str) else target
+    from splitedge.methods.contract import Method
+
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise ValueError(f"method {name!r} ({target}) is not a splitedge Method subclass "
+                         f"(splitedge.methods.contract.Method)")
+    return cls
 
 
 def create_method(name: str, config: Mapping[str, Any] | RunConfig) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -199,3 +199,50 @@ class SplitModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_shape={self.in_shape}, wc_shape={self.wc_shape}, we_shape={self.we_shape}"
+
+
+
+def split_module(module: nn.Module, *, wc: Sequence[Any], we: Sequence[Any], wg: Sequence[Any],
+                 in_shape: tuple[int, int, int], num_classes: int) -> SplitModel:
+    """Any network cut into W_c, W_e and W_g by its submodules' dotted names (as
+    `module.named_modules()` gives them), in forward order; an nn.Module instead of a name is
+    put in as is (e.g. nn.Flatten(1), where the network flattens in its forward). W_g must end
+    in its classifier, an nn.Linear piece of its own (head calibration refits it). What a
+    factory of one's own model returns (models/registry.py). ValueError naming the piece that
+    does not fit: an unknown name, a module used twice, or parts whose shapes do not chain to
+    `num_classes` logits."""
+    named = dict(module.named_modules())
+    used: set[int] = set()
+
+    def part(pieces: Sequence[Any], which: str) -> nn.Sequential:
+        if not pieces:
+            raise ValueError(f"{which} needs at least one module")
+        children: OrderedDict[str, nn.Module] = OrderedDict()
+        for i, piece in enumerate(pieces):
+            if isinstance(piece, str):
+                if piece not in named or not piece:
+                    raise ValueError(f"{which}: {type(module).__name__} has no submodule {piece!r}")
+                sub, key = named[piece], piece.replace(".", "_")
+            elif isinstance(piece, nn.Module):
+                sub, key = piece, f"{type(piece).__name__.lower()}{i}"
+            else:
+                raise ValueError(f"{which}: {piece!r} is neither a submodule's name nor an nn.Module")
+            if id(sub) in used:
+                raise ValueError(f"{which}: {piece!r} is already in another piece of the split")
+            used.add(id(sub))
+            children[key] = sub
+        return nn.Sequential(children)
+
+    parts = part(wc, "wc"), part(we, "we"), part(wg, "wg")
+    if len(parts[2]) < 2 or not isinstance(parts[2][-1], nn.Linear):
+        raise ValueError("wg ends in its classifier, an nn.Linear piece of its own after the pieces before it "
+                         "(e.g. [nn.Flatten(1), 'fc'], or [..., 'classifier.0', 'classifier.1'] for a container): "
+                         "calibration refits that layer")
+    try:
+        split = SplitModel(*parts, tuple(in_shape), num_classes)
+        logits = infer_shape(split.wg, split.we_shape)
+    except RuntimeError as exc:
+        raise ValueError(f"the split's parts do not chain on inputs of shape {tuple(in_shape)}: {exc}") from None
+    if logits != (int(num_classes),):
+        raise ValueError(f"wg ends in {logits} per image, not the {num_classes} class logits")
+    return split

@@ -23,6 +23,7 @@ from typing import Any, ContextManager
 import numpy as np
 
 from splitedge.methods.contract import Method, Part, Unsupported
+from splitedge.protocol.plugins import HINT, NotInstalled
 from splitedge.methods.registry import create_method
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,10 @@ class PartHost:
         wanted = (method, dict(config))
         if self.part is not None and self.key == wanted:
             return "kept"
-        built = create_method(method, config)
+        try:
+            built = create_method(method, config)
+        except NotInstalled as exc:
+            raise Misfit(f"{exc}: {HINT}") from exc
         if self.vet is not None:
             self.vet(built)
         if self.part is not None and self.key[0] == method and self.part.spec == built.spec:
@@ -67,6 +71,8 @@ class PartHost:
                 self.part = self.build(built)
             except Unsupported as exc:
                 raise Misfit(str(exc)) from exc
+            except NotInstalled as exc:  # a model this install lacks (models/registry.py)
+                raise Misfit(f"{exc}: {HINT}") from exc
             except ModuleNotFoundError as exc:  # a thin install asked for a torch part: every round would fail
                 needed = (exc.name or "a module").split(".")[0]
                 raise Misfit(f"{method}'s {self.name.split()[0]} part needs {needed}, which this install lacks: "

@@ -127,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cap_arenas()  # before any role starts its threads (splitedge/malloc.py says why)
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _chosen_command(argv)
+    _method_plugin(argv)
     try:
         parser = build_parser(command, argv)
     except ValueError as exc:  # a bad --config file or SPLITEDGE_* variable: before any work
@@ -134,6 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
+    try:
+        from splitedge.runtime.plugin_args import use_plugins
+
+        use_plugins(getattr(args, "plugin", None) or [])  # from a --config file or SPLITEDGE_PLUGIN too
+    except ValueError as exc:
+        print(f"splitedge {command}: error: {exc}", file=sys.stderr)
+        return 2
     previous = _terminate_like_interrupt()
     try:
         return int(importlib.import_module(args.module).run(args) or 0)
@@ -149,6 +157,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _method_plugin(argv: Sequence[str]) -> None:
+    """A method plug-in named by import path (`--method` or `--plugin package.module:Class`),
+    registered before the parser is built so its settings get their flags in `--help`; one
+    that does not load is left to the flag's own check, which says why."""
+    from splitedge.protocol.plugins import is_import_path
+
+    for i, arg in enumerate(argv):
+        for flag in ("--method", "--plugin"):
+            value = argv[i + 1] if arg == flag and i + 1 < len(argv) else arg.partition("=")[2] \
+                if arg.startswith(flag + "=") else None
+            if is_import_path(value):
+                from splitedge.methods.registry import use_method
+
+                try:
+                    use_method(value)
+                except ValueError:
+                    pass
 
 
 def _terminate_like_interrupt() -> Any:

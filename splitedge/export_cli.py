@@ -76,6 +76,23 @@ def check_checkpoint(given: Path, dataset: str | None = None, model: str | None 
     return Target(path, _dataset(info, dataset, path), _agreed("--model", model, info.model), info)
 
 
+def _plugin_model(name: str, typed: bool) -> None:
+    """A model of one's own the checkpoint names by import path (models/registry.py) is
+    imported only when this command line names it too (`--model`): a checkpoint is data."""
+    from splitedge.models import list_models, use_model
+    from splitedge.protocol.plugins import is_import_path
+
+    if not is_import_path(name) or name in list_models():
+        return
+    if not typed:
+        raise CheckpointError(f"the checkpoint's network is {name}, a model of one's own: give --model {name} "
+                              f"(its package importable here) to build it")
+    try:
+        use_model(name)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
 def exportable_methods() -> list[str]:
     """Registered methods whose cloud checkpoint is a SplitModel (Method.exportable)."""
     from splitedge.methods.registry import get_method, list_methods
@@ -194,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
     from splitedge.exporters.suite import export_split, markdown_table
 
     torch.set_num_threads(1)
+    if target.model:
+        _plugin_model(target.model, typed=args.model is not None)
     name, split = load_checkpoint(target.path, info, target.model, target.info.head_layer)
     if target.info.head_input_clip:  # a head calibrated on private statistics sees its input clipped
         from splitedge.models.split import clip_head_input

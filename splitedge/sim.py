@@ -121,6 +121,13 @@ def check_run_settings(s: Any) -> None:
     if unknown or not s.backends:
         raise ValueError(f"--backends takes a comma list of {', '.join(BACKENDS)}, got {','.join(s.backends) or '(empty)'}")
     check_backends(s.method, s.backends)
+    if "onnx" in s.backends and s.model:
+        from splitedge.methods.thin.graphs import thin_models
+
+        if s.model not in thin_models():
+            raise ValueError(f"--model {s.model}: a thin (onnx) device builds only the networks of its install, "
+                             f"{', '.join(thin_models())}; drop onnx from --backends (a model of one's own runs on "
+                             f"torch devices, docs/plugins.md)")
     if s.join_timeout_s is not None and not s.join_timeout_s > 0:
         raise ValueError(f"--join-timeout must be > 0 seconds, got {s.join_timeout_s}")
     if s.threads < 1:
@@ -705,6 +712,17 @@ def worker_spec(s: SimSettings) -> dict[str, Any]:
     return spec
 
 
+def _use_plugins(s: SimSettings) -> None:
+    """Register the method and model plug-ins the sim's settings name (protocol/plugins.py)."""
+    from splitedge.methods.registry import use_method
+
+    use_method(s.method)
+    if s.model:
+        from splitedge.models import use_model
+
+        use_model(s.model)
+
+
 def run_worker(s: SimSettings) -> dict[str, Any]:
     """Worker I of N: this share of the devices against the sim's broker, until the cloud's
     stop; leaves their byte counters in out/workers/worker-I.json."""
@@ -717,6 +735,7 @@ def run_worker(s: SimSettings) -> dict[str, Any]:
 
     torch.set_num_threads(s.threads)
     check_reachable(s.broker)
+    _use_plugins(s)  # the parent's command line named them: its devices here must find them too
     mine = worker_devices(s)
     ensure_fd_limit(len(mine) + 1)
     train, _, _ = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)

@@ -1,0 +1,40 @@
+"""`--plugin package.module:Attribute` on every role: a method or model of one's own, named by
+the node's owner (protocol/plugins.py), registered before the node hears any name off the wire.
+
+A device or edge that should run a plug-in not installed as a package (no entry point) is
+started with it: then a round announcement that names it finds it; one that names anything
+else this install lacks is refused as ever.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from splitedge.protocol import plugins
+
+
+def add_plugin_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", action="append", default=[], metavar="PACKAGE.MODULE:ATTR",
+                   help="a method (a Method subclass) or a model (a factory returning a SplitModel) of one's own for "
+                        "this node to run, by import path (repeatable; an installed plug-in package needs none: "
+                        "docs/plugins.md)")
+
+
+def use_plugins(paths: Sequence[str]) -> list[str]:
+    """Register each import path as the method or model it names; ValueError in one line for
+    one that loads as neither."""
+    from splitedge.methods.contract import Method
+    from splitedge.methods.registry import use_method
+
+    for path in paths:
+        obj = plugins.load(path, "--plugin")
+        if isinstance(obj, type) and issubclass(obj, Method):
+            use_method(path)
+        elif callable(obj):
+            from splitedge.models import use_model  # torch: a model plug-in needs it anyway
+
+            use_model(path)
+        else:
+            raise ValueError(f"--plugin {path}: neither a Method subclass nor a model factory")
+    return list(paths)
