@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from splitedge.methods.data.datasets import dataset_argument
+
 SUITES = {
     "bandwidth": "splitedge.bench.bandwidth",
     "ram": "splitedge.bench.ram",
@@ -69,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "checkout's report code")
     g = p.add_argument_group("federation (bandwidth, accuracy, ram)")
     g.add_argument("--methods", type=_csv, default=(), help="comma-separated; default: every registered method (accuracy with --variant: only the variants; ram: hsfp)")
-    g.add_argument("--dataset", default="digits", choices=("digits", "cifar10"), help="data set of the federations")
+    g.add_argument("--dataset", default="digits", type=dataset_argument, metavar="DATASET",
+                   help="data set of the federations (as splitedge sim --dataset)")
     g.add_argument("--data", default=None, help="CIFAR-10 archive / folder (see splitedge sim --help)")
     g.add_argument("--model", default=None, help="cnn | fedcnn | fedcnn2 | resnet18; default by data set")
     g.add_argument("--devices", type=int, default=None, help="devices per federation (default: the suite's)")

@@ -15,6 +15,7 @@ import logging
 from typing import Any, Mapping
 
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig, from_wire, parse_settings
+from splitedge.methods.data.datasets import BUILT_IN, DATASET_HELP, OWN_IMAGES, check_dataset_name, dataset_argument
 from splitedge.methods.flags import add_method_flags
 from splitedge.methods.registry import get_method, list_methods, use_method
 from splitedge.runtime.plugin_args import add_plugin_argument
@@ -37,9 +38,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until-plateau", action="store_true",
                    help="stop once the accuracy (and the calibrated one) has plateaued: the best of the last 10 "
                         "rounds beats the best before by less than 0.5 points, from round 20 on")
-    p.add_argument("--dataset", default="digits", choices=("digits", "cifar10"),
-                   help="digits (bundled with scikit-learn) or cifar10 (needs --data)")
-    p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")
+    p.add_argument("--dataset", default="digits", type=dataset_argument, metavar="DATASET", help=DATASET_HELP)
+    p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py; "
+                   "images: the .npz or folder; a loader of one's own: what it is called with")
     p.add_argument("--model", default=None, help="network split (cnn | fedcnn | fedcnn2 | resnet18, an installed "
                    "plug-in's name, or one's own package.module:factory, docs/plugins.md); default by data set")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds before a round closes without stragglers")
@@ -116,15 +117,19 @@ def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None
 
     if rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {rounds}")
-    if dataset not in DEFAULT_MODEL:
-        raise ValueError(f"--dataset must be one of {sorted(DEFAULT_MODEL)}, got {dataset!r}")
-    if data is not None:
+    check_dataset_name(dataset)
+    if dataset == OWN_IMAGES and data is None:
+        raise ValueError("--dataset images reads --data: an .npz (x_train, y_train, x_test, y_test[, classes]) or a "
+                         "folder of train/<class>/* and test/<class>/*")
+    if data is not None and dataset in BUILT_IN:
         if dataset != "cifar10":
-            raise ValueError("--data is read only with --dataset cifar10 (digits come with scikit-learn); "
-                             "add --dataset cifar10 or drop --data")
+            raise ValueError("--data is read only with --dataset cifar10, images or a loader of one's own (digits "
+                             "come with scikit-learn); add --dataset or drop --data")
         if not Path(data).exists():
             raise ValueError(f"--data {data}: no such file or folder (the CIFAR-10 .tar.gz, an ImageFolder tree "
                              f"or cifar-10-batches-py)")
+    if dataset == OWN_IMAGES and not Path(data).exists():
+        raise ValueError(f"--data {data}: no such file or folder (the .npz or the folder of train/ and test/)")
     if not deadline_s > 0:
         raise ValueError(f"--deadline must be > 0 seconds, got {deadline_s}")
     if seed < 0:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from splitedge.methods.data.datasets import file_sha256
+from splitedge.methods.data.datasets import DATASET_HELP, dataset_argument, file_sha256
 from splitedge.runtime.allowance import MANIFEST_NAME as MANIFEST
 
 KEYS = "keys"
@@ -58,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="cut a data set's training split into one shard per device",
                        description="Cut a data set's training split into one .npz shard per device, "
                                    "check each as a device opens it, and print each device's command.")
-    s.add_argument("--dataset", required=True, choices=("digits", "cifar10"), help="data set to split")
+    s.add_argument("--dataset", required=True, type=dataset_argument, metavar="DATASET",
+                   help="data set to split: " + DATASET_HELP)
     s.add_argument("--data", default=None, metavar="PATH",
                    help="CIFAR-10: the .tar.gz, an ImageFolder tree (train/, test/) or cifar-10-batches-py "
                         "(default: ../shared/data/cifar10-jpeg.tar.gz next to the checkout); digits ships "

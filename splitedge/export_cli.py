@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from splitedge.exporters.checkpoint import CheckpointError, ModelInfo, read_header
+from splitedge.methods.data.datasets import BUILT_IN, dataset_argument
 
 log = logging.getLogger(__name__)
 
-DATASETS = ("digits", "cifar10")
+DATASETS = BUILT_IN
 CHECKPOINT = "model.safetensors"
 """The cloud's checkpoint in its run folder (runtime/outputs.py RUN_FILES)."""
 
@@ -31,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, type=Path,
                    help="the cloud's model.safetensors, or the run folder holding it (the folder sim printed, "
                         "e.g. runs/fedavg-20250101-120000)")
-    p.add_argument("--dataset", default=None, choices=DATASETS,
+    p.add_argument("--dataset", default=None, type=dataset_argument, metavar="DATASET",
                    help="only for checkpoints that do not record their data set (older runs): gives the input "
                         "shape, normalisation and the real images parity is checked on")
     p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")
@@ -74,6 +75,19 @@ def check_checkpoint(given: Path, dataset: str | None = None, model: str | None 
     info = ModelInfo.from_metadata(read_header(path).metadata, path)
     check_exportable(info.method, path)
     return Target(path, _dataset(info, dataset, path), _agreed("--model", model, info.model), info)
+
+
+def _own_dataset(name: str, *, typed: bool, data: str | None) -> None:
+    """A data set of one's own needs what the run read: `--data` for "images"; and a loader
+    the checkpoint names by import path runs only when `--dataset` names it too."""
+    from splitedge.protocol.plugins import is_import_path
+
+    if name == "images" and data is None:
+        raise CheckpointError("the checkpoint's data set is one's own images: give --data (the .npz or folder the run "
+                              "read), whose test images parity is checked on")
+    if is_import_path(name) and not typed:
+        raise CheckpointError(f"the checkpoint's data set is {name}, a loader of one's own: give --dataset {name} "
+                              f"(and its --data) to run it")
 
 
 def _plugin_model(name: str, typed: bool) -> None:
@@ -200,6 +214,7 @@ def _shape(shape: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     target = check_checkpoint(args.checkpoint, args.dataset, args.model)  # before torch: wrong files fail at once
+    _own_dataset(target.dataset, typed=args.dataset is not None, data=args.data)
     out = args.out if args.out is not None else target.path.parent / "export"
     from splitedge.methods.data.datasets import load_dataset
     from splitedge.methods.data.preprocess import to_input

@@ -17,6 +17,8 @@ import argparse
 import uuid
 from pathlib import Path
 
+from splitedge.methods.data.datasets import dataset_argument
+
 PLAN = "plan.json"
 
 
@@ -33,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=10, help="rounds every device runs")
     p.add_argument("--deadline", type=float, default=300.0,
                    help="seconds a round may take; a device waits at most half of it for a neighbour")
-    p.add_argument("--dataset", default="digits", choices=("digits", "cifar10"),
+    p.add_argument("--dataset", default="digits", type=dataset_argument, metavar="DATASET",
                    help="the data set the devices' shards come from (fixes the model's input and normalisation)")
     p.add_argument("--data", default=None, help="CIFAR-10: the .tar.gz, an ImageFolder tree or cifar-10-batches-py")
     p.add_argument("--model", default=None, help="network split (cnn | fedcnn | fedcnn2 | resnet18) for methods that use one; default by data set")

@@ -141,13 +141,14 @@ def test_a_thin_device_with_a_model_of_one_s_own_is_refused_before_any_work(own_
     assert not (tmp_path / "r").exists()
 
 
-def test_a_process_federation_runs_a_model_its_nodes_were_started_with(own_models, mosquitto, tmp_path) -> None:
-    # every node but d3 is started with --plugin; d3 gets the same announcement naming the model
-    # by import path, with the module importable on its path, and leaves without importing it
+def test_a_process_federation_runs_a_model_and_data_set_of_one_s_own(own_models, mosquitto, tmp_path) -> None:
+    # the cloud evaluates on a loader of one's own; every node but d3 is started with --plugin; d3
+    # gets the same announcement naming the model by import path, with the module importable on
+    # its path, and leaves without importing it
     marker = tmp_path / "d3-imported"
     plugin = ["--plugin", MODEL]
-    fed = Federation(tmp_path, mosquitto.url, edges=2, devices=4, rounds=2,
-                     extra=["--method", "hsfp-cal", "--model", MODEL, "--deadline", "120"],
+    fed = Federation(tmp_path, mosquitto.url, edges=2, devices=4, rounds=2,  # the devices' shards are digits
+                     extra=["--method", "hsfp-cal", "--model", MODEL, "--dataset", "own_data:load", "--deadline", "120"],
                      node_extra={**{n: plugin for n in ("e0", "e1", "d0", "d1", "d2")}},
                      node_env={"d3": {"SPLITEDGE_TEST_IMPORTED": str(marker)}})
     try:
@@ -192,3 +193,40 @@ def test_a_plugin_method_s_objective_is_the_one_that_trains() -> None:
     assert smoothed > 4.0  # half the label on the wrong class costs ~ 0.25 * 20; plain CE costs ~ 0
     with pytest.raises(ValueError, match="label_smoothing"):
         FedAvgLabelSmoothing.Config(label_smoothing=1.0)
+
+
+def test_a_data_set_of_one_s_own_as_an_npz_a_folder_or_a_loader(own_models, tmp_path) -> None:
+    from PIL import Image
+
+    from splitedge.methods.data.datasets import load_dataset
+
+    (x, y), (xt, yt), names = __import__("own_data").load()
+    np.savez(tmp_path / "own.npz", x_train=x, y_train=y, x_test=xt, y_test=yt, classes=np.array(names))
+    for split, xs, ys in (("train", x[:60], y[:60]), ("test", xt[:30], yt[:30])):
+        for i, (image, label) in enumerate(zip(xs, ys)):
+            folder = tmp_path / "tree" / split / names[label]
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(folder / f"{i}.png")
+    npz = load_dataset("images", tmp_path / "own.npz")
+    tree = load_dataset("images", tmp_path / "tree")
+    loader = load_dataset("own_data:load", "1000")
+    assert npz[2].classes == loader[2].classes == tuple(names) and npz[2].image_size == 8 and npz[2].channels == 1
+    assert len(loader[0][1]) == 1000 and np.array_equal(npz[1][0], loader[1][0])
+    assert tree[0][0].shape == (60, 8, 8, 1) and tree[2].classes == tuple(sorted(set(names[c] for c in y[:60])))
+    run = run_sim(SimSettings(rounds=2, devices=3, edges=1, method="fedavg", dataset="images",
+                              data=str(tmp_path / "own.npz"), out=tmp_path / "run", max_test=200))
+    assert run["status"] == "complete" and run["final_accuracy"] > 0.5, run
+
+
+@pytest.mark.parametrize("loader, message", [
+    ("own_data:float_images", "train images are float32"), ("own_data:labels_past_the_classes", "outside 0..4"),
+    ("own_data:not_square", "square"), ("own_data:shapes_disagree", "test images"),
+    ("own_data:not_three_things", "not ((x_train"), ("own_data:nope", "has no 'nope'")])
+def test_a_data_set_that_does_not_fit_is_one_line(own_models, loader: str, message: str, tmp_path) -> None:
+    from splitedge.methods.data.datasets import load_dataset
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        load_dataset(loader)
+    np.savez(tmp_path / "half.npz", x_train=np.zeros((4, 8, 8), np.uint8), y_train=np.zeros(4, np.int64))
+    with pytest.raises(ValueError, match="lacks x_test, y_test"):
+        load_dataset("images", tmp_path / "half.npz")

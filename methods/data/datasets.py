@@ -3,6 +3,12 @@
 numpy + PIL only at import time (a thin device without torch or sklearn uses this module);
 sklearn is imported lazily for "digits". Decoded CIFAR-10 is cached as an .npz outside the
 repo so that only the first load pays for unpacking and JPEG decoding.
+
+Besides the two shipped ones, a data set of one's own: "images" reads `--data`, an .npz
+(x_train, y_train, x_test, y_test, optionally classes) or a folder of train/<class>/* and
+test/<class>/*; an import path `package.module:loader` (protocol/plugins.py) names a loader
+the owner wrote, called with `--data` (or nothing) and returning (train, test, classes). Every
+one is checked once (`checked_splits`): one line naming what does not fit.
 """
 from __future__ import annotations
 
@@ -21,12 +27,19 @@ from typing import Iterator
 
 import numpy as np
 
+from splitedge.protocol import plugins
+
 log = logging.getLogger(__name__)
 
 Split = tuple[np.ndarray, np.ndarray]  # (x uint8 [N,H,W,C], y int64 [N])
 Stats = tuple[tuple[float, ...], tuple[float, ...]]  # per-channel (mean, std) in [0, 1] units
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 CACHE_FORMAT = 1  # bump when the cached .npz layout changes, so stale caches are rebuilt
+BUILT_IN = ("digits", "cifar10")
+OWN_IMAGES = "images"
+DATASET_HELP = ("digits (bundled with scikit-learn), cifar10 (needs --data), images (one's own: --data an .npz of "
+                "x_train, y_train, x_test, y_test[, classes], or a folder of train/<class>/* and test/<class>/*), or "
+                "a loader of one's own as package.module:function (docs/plugins.md)")
 DEFAULT_CIFAR_ARCHIVE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "cifar10-jpeg.tar.gz"
 
 
@@ -57,13 +70,97 @@ def load_dataset(name: str, path: str | os.PathLike | None = None, cache_dir: st
         train, test, classes = _load_digits(seed=0)
     elif name == "cifar10":
         train, test, classes, stats = _load_cifar10(Path(path) if path else DEFAULT_CIFAR_ARCHIVE, cache_dir)
+    elif name == OWN_IMAGES:
+        train, test, classes = checked_splits(*_load_images(path), where=f"--data {path}")
+    elif plugins.is_import_path(name):
+        train, test, classes = checked_splits(*_load_with(name, path), where=f"data set {name}")
     else:
-        raise ValueError(f"unknown data set {name!r}; expected 'digits' or 'cifar10'")
+        raise ValueError(f"unknown data set {name!r}; expected {DATASET_HELP}")
     mean, std = stats or channel_stats(train[0])
     info = DatasetInfo(name, len(classes), train[0].shape[3], train[0].shape[1], mean, std, tuple(classes))
     train = subsample(train, seed=seed, limit_per_class=limit_per_class, max_n=max_train)
     test = subsample(test, seed=seed + 1, max_n=max_test)
     return train, test, info
+
+
+def check_dataset_name(name: str) -> str:
+    """`name` when it is a data set this module can load (the name's form only: nothing is read
+    or imported yet); ValueError saying what is accepted otherwise."""
+    if name in BUILT_IN or name == OWN_IMAGES or plugins.is_import_path(name):
+        return name
+    raise ValueError(f"unknown data set {name!r}; expected {DATASET_HELP}")
+
+
+def dataset_argument(value: str) -> str:
+    """check_dataset_name as an argparse type (its message on error)."""
+    import argparse
+
+    try:
+        return check_dataset_name(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _load_images(path: str | os.PathLike | None) -> tuple[Split, Split, list[str]]:
+    """One's own images: an .npz of both splits, or a train/ and test/ ImageFolder tree."""
+    if path is None:
+        raise ValueError("--dataset images reads --data: an .npz (x_train, y_train, x_test, y_test[, classes]) or a "
+                         "folder of train/<class>/* and test/<class>/*")
+    root = Path(path)
+    if root.is_file():
+        try:
+            with np.load(root, allow_pickle=False) as z:
+                missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in z.files]
+                if missing:
+                    raise ValueError(f"--data {root}: the .npz lacks {', '.join(missing)} (it holds {', '.join(z.files)})")
+                n = int(max(z["y_train"].max(initial=0), z["y_test"].max(initial=0))) + 1
+                classes = [str(c) for c in z["classes"]] if "classes" in z.files else [str(i) for i in range(n)]
+                return (z["x_train"], z["y_train"]), (z["x_test"], z["y_test"]), classes
+        except (OSError, zlib.error) as exc:
+            raise ValueError(f"--data {root}: not a readable .npz ({exc})") from None
+    if (root / "train").is_dir() and (root / "test").is_dir():
+        return _load_tree(root)
+    raise ValueError(f"--data {root}: --dataset images reads an .npz file or a folder with train/ and test/ "
+                     f"(each <class>/<image>)")
+
+
+def _load_with(name: str, path: str | os.PathLike | None) -> tuple[Split, Split, list[str]]:
+    """A loader of one's own, named by the owner's command line: `loader(data)` (or `loader()`
+    without --data) returning (train, test, classes), each split (x, y)."""
+    loader = plugins.load(name, "data set")
+    out = loader(path) if path is not None else loader()
+    try:
+        (xtr, ytr), (xte, yte), classes = out
+    except (TypeError, ValueError):
+        raise ValueError(f"data set {name} returned {type(out).__name__}, not ((x_train, y_train), (x_test, y_test), "
+                         f"classes)") from None
+    return (xtr, ytr), (xte, yte), [str(c) for c in classes]
+
+
+def checked_splits(train: Split, test: Split, classes: list[str], *, where: str) -> tuple[Split, Split, list[str]]:
+    """A data set of one's own as the shipped ones are: x uint8 [N, H, H, C] (a [N, H, H] array
+    gains its channel), y int64 [N] in 0..classes-1, both splits of one image shape, at least
+    two classes. ValueError naming the first thing that does not fit."""
+    if len(classes) < 2 or len(set(classes)) != len(classes):
+        raise ValueError(f"{where}: {len(classes)} class name(s) {list(classes)[:5]}: at least two, each once")
+    out = []
+    for split_name, (x, y) in (("train", train), ("test", test)):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.ndim == 3:
+            x = x[..., None]
+        if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1] != x.shape[2] or x.shape[1] < 4:
+            raise ValueError(f"{where}: {split_name} images are {x.dtype} {x.shape}; expected uint8 [N, H, H, C] "
+                             f"(square, H >= 4, values 0..255)")
+        if y.ndim != 1 or len(y) != len(x) or not len(y) or y.dtype.kind not in "iu":
+            raise ValueError(f"{where}: {split_name} labels are {y.dtype} {y.shape} for {len(x)} images; expected one "
+                             f"integer label per image")
+        if int(y.min()) < 0 or int(y.max()) >= len(classes):
+            raise ValueError(f"{where}: {split_name} labels run {int(y.min())}..{int(y.max())}, outside 0.."
+                             f"{len(classes) - 1} ({len(classes)} classes)")
+        out.append((np.ascontiguousarray(x), y.astype(np.int64)))
+    if out[0][0].shape[1:] != out[1][0].shape[1:]:
+        raise ValueError(f"{where}: train images are {out[0][0].shape[1:]}, test images {out[1][0].shape[1:]}")
+    return out[0], out[1], list(classes)
 
 
 def subsample(split: Split, *, seed: int, limit_per_class: int | None = None, max_n: int | None = None) -> Split:
