@@ -36,21 +36,11 @@ _METHODS: dict[str, Any] = {
     "decmar": "splitedge.methods.mar.method:DecMAR",
 }
 _BUILT_IN = frozenset(_METHODS)
-_entry_points_read = False
 
 
 def _read_entry_points() -> None:
-    """The installed plug-ins' methods, once per process; one that would shadow a built-in
-    method is ignored with a warning (a built-in name means what splitedge documents)."""
-    global _entry_points_read
-    if _entry_points_read:
-        return
-    _entry_points_read = True
-    for name, target in plugins.entry_points(plugins.METHODS_GROUP).items():
-        if name in _BUILT_IN:
-            plugins.log.warning("plug-in method %s (%s) shadows a built-in method; ignored", name, target)
-        else:
-            _METHODS.setdefault(name, target)
+    """The installed plug-ins' methods (protocol/plugins.py), once per process."""
+    plugins.join_entry_points(plugins.METHODS_GROUP, _METHODS, _BUILT_IN, "method")
 
 
 def register_method(name: str, target: Any) -> None:
@@ -77,18 +67,7 @@ def use_method(value: str) -> str:
     `package.module:Class` of a Method subclass, registered under that path (so a sim's
     devices and workers find it). ValueError in one line otherwise."""
     _read_entry_points()
-    if value not in _METHODS:
-        if not plugins.is_import_path(value):
-            raise ValueError(f"unknown method {value!r}; choose one of {', '.join(list_methods())}, or name a "
-                             f"plug-in as package.module:Class")
-        _METHODS[value] = value
-    try:
-        get_method(value)
-    except ValueError:
-        if value not in _BUILT_IN and value not in plugins.entry_points(plugins.METHODS_GROUP):
-            del _METHODS[value]  # a path that does not load stays unregistered
-        raise
-    return value
+    return plugins.use_named(value, _METHODS, get_method, "method", list_methods())
 
 
 def get_method(name: str) -> Any:

@@ -16,20 +16,11 @@ from splitedge.protocol import plugins
 ModelFn = Callable[..., SplitModel]
 _REGISTRY: dict[str, ModelFn] = {}
 _PLUGGED: dict[str, str] = {}  # name -> import path of a plug-in not imported yet
-_entry_points_read = False
 
 
 def _read_entry_points() -> None:
-    """The installed plug-ins' models, once per process (one shadowing a shipped model is ignored)."""
-    global _entry_points_read
-    if _entry_points_read:
-        return
-    _entry_points_read = True
-    for name, path in plugins.entry_points(plugins.MODELS_GROUP).items():
-        if name in _REGISTRY:
-            plugins.log.warning("plug-in model %s (%s) shadows a model splitedge ships; ignored", name, path)
-        else:
-            _PLUGGED.setdefault(name, path)
+    """The installed plug-ins' models (protocol/plugins.py), once per process."""
+    plugins.join_entry_points(plugins.MODELS_GROUP, _PLUGGED, _REGISTRY, "model")
 
 
 def _factory(name: str) -> ModelFn:
@@ -48,19 +39,9 @@ def use_model(value: str) -> str:
     """The model a node's own command line names: a registered name, or an import path
     `package.module:factory`, registered under that path. ValueError in one line otherwise."""
     _read_entry_points()
-    if value in _REGISTRY or value in _PLUGGED:
-        _factory(value)
+    if value in _REGISTRY:
         return value
-    if not plugins.is_import_path(value):
-        raise ValueError(f"unknown model {value!r}; choose one of {', '.join(list_models())}, or name your own as "
-                         f"package.module:factory")
-    _PLUGGED[value] = value
-    try:
-        _factory(value)
-    except ValueError:
-        del _PLUGGED[value]
-        raise
-    return value
+    return plugins.use_named(value, _PLUGGED, _factory, "model", list_models())
 
 
 def register_model(name: str) -> Callable[[ModelFn], ModelFn]:

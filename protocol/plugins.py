@@ -17,7 +17,7 @@ import importlib
 import logging
 import re
 from importlib import metadata
-from typing import Any
+from typing import Any, Callable, Container, Iterable, MutableMapping
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +71,40 @@ def entry_points(group: str) -> dict[str, str]:
         else:
             found[ep.name] = ep.value.replace(" ", "")
     return found
+
+
+_joined: set[str] = set()
+
+
+def join_entry_points(group: str, into: MutableMapping[str, Any], shipped: Container[str], what: str) -> None:
+    """The installed plug-ins of `group` added to a registry `into` as import paths, once per
+    process; a name splitedge ships (`shipped`) keeps its documented meaning: the plug-in of
+    that name is ignored, with a warning."""
+    if group in _joined:
+        return
+    _joined.add(group)
+    for name, path in entry_points(group).items():
+        if name in shipped:
+            log.warning("plug-in %s %s (%s) has the name of one splitedge ships; ignored", what, name, path)
+        else:
+            into.setdefault(name, path)
+
+
+def use_named(value: str, into: MutableMapping[str, Any], build: Callable[[str], Any], what: str,
+              choices: Iterable[str]) -> str:
+    """What a node's own command line names: a name `into` has, or an import path registered
+    there under itself; either is checked by `build` (which loads it). A path that does not
+    load stays unregistered. ValueError in one line."""
+    if value in into:
+        build(value)
+        return value
+    if not is_import_path(value):
+        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}, or name one of your own as "
+                         f"package.module:Attribute (docs/plugins.md)")
+    into[value] = value
+    try:
+        build(value)
+    except ValueError:
+        del into[value]
+        raise
+    return value
