@@ -53,6 +53,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sample-count", type=int, default=0, metavar="N", help="draw N devices each round instead")
     g.add_argument("--sample-min", type=int, default=1, metavar="M", help="draw at least M devices (default 1)")
     add_plugin_argument(p)
+    p.add_argument("--metric", action="append", default=[], metavar="PACKAGE.MODULE:FUNCTION",
+                   help="an evaluation metric of one's own beside accuracy, f(y_true, y_pred) -> float of the test "
+                        "split (e.g. sklearn.metrics:balanced_accuracy_score), in every evaluated round's record as "
+                        "metric_<function> (repeatable; docs/plugins.md)")
     add_method_flags(p)
 
 

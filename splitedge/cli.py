@@ -139,6 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from splitedge.runtime.plugin_args import use_plugins
 
         use_plugins(getattr(args, "plugin", None) or [])  # from a --config file or SPLITEDGE_PLUGIN too
+        if getattr(args, "metric", None):
+            from splitedge.methods.metrics.extra import use_metric
+
+            for path in args.metric:
+                use_metric(path)
     except ValueError as exc:
         print(f"splitedge {command}: error: {exc}", file=sys.stderr)
         return 2

@@ -30,10 +30,11 @@ EXAMPLE = HERE.parent / "examples" / "plugin-label-smoothing"
 def registries_as_they_were(monkeypatch):
     """What a test registers stays in that test (the registries are per process, and a worker
     runs other tests' modules after this one)."""
+    import splitedge.methods.metrics.extra as metrics
     import splitedge.methods.registry as methods
     import splitedge.models.registry as models
 
-    for module, name in ((models, "_REGISTRY"), (models, "_PLUGGED"), (methods, "_METHODS")):
+    for module, name in ((models, "_REGISTRY"), (models, "_PLUGGED"), (methods, "_METHODS"), (metrics, "_METRICS")):
         monkeypatch.setattr(module, name, dict(getattr(module, name)))
 
 
@@ -230,3 +231,17 @@ def test_a_data_set_that_does_not_fit_is_one_line(own_models, loader: str, messa
     np.savez(tmp_path / "half.npz", x_train=np.zeros((4, 8, 8), np.uint8), y_train=np.zeros(4, np.int64))
     with pytest.raises(ValueError, match="lacks x_test, y_test"):
         load_dataset("images", tmp_path / "half.npz")
+
+
+def test_a_metric_of_one_s_own_is_in_every_evaluated_round(own_models, tmp_path, caplog) -> None:
+    from splitedge.methods.metrics.extra import use_metric
+
+    assert use_metric("sklearn.metrics:balanced_accuracy_score") == "metric_balanced_accuracy_score"
+    assert use_metric("own_data:float_images") == "metric_float_images"  # fails on (y, pred): left out, logged
+    with pytest.raises(ValueError, match="not a function"):
+        use_metric("own_data:NAMES")
+    run_sim(SimSettings(rounds=2, devices=2, edges=1, method="fedavg", out=tmp_path / "run", max_test=150))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for r in records:
+        assert 0 < r["metric_balanced_accuracy_score"] <= 1 and "metric_float_images" not in r, r
+    assert "metric_float_images failed" in caplog.text

@@ -1,5 +1,6 @@
-"""A served model measured on a labelled split: top-1 accuracy, and how many directions its
-penultimate features use (effective rank and spectrum, methods/metrics/representation.py)."""
+"""A served model measured on a labelled split: top-1 accuracy, the owner's own metrics
+(methods/metrics/extra.py), and how many directions its penultimate features use (effective
+rank and spectrum, methods/metrics/representation.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from splitedge.methods import budget
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.data.preprocess import batches, to_input
 from splitedge.methods.errors import RoundFailed
+from splitedge.methods.metrics.extra import measured
 from splitedge.methods.metrics.representation import effective_rank, spectrum
 from splitedge.models import SplitModel
 
@@ -55,16 +57,17 @@ def _evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: Mode
     x, y = test
     was_training = model.training
     model.eval()
-    correct, feats = 0, []
+    preds, feats = [], []
     try:
         for sl in batches(len(y), batch):
             budget.checkpoint()  # the round's time budget and memory ceiling (runtime/guard.py)
             features, logits = model.features_and_logits(torch.from_numpy(to_input(x[sl], spec.mean, spec.std)))
-            correct += int((logits.argmax(1).numpy() == y[sl]).sum())
+            preds.append(logits.argmax(1).numpy())
             feats.append(features.numpy())
     finally:
         model.train(was_training)
-    out = {"accuracy": correct / max(1, len(y))}
+    predicted = np.concatenate(preds) if preds else np.zeros(0, np.int64)
+    out = {"accuracy": int((predicted == y).sum()) / max(1, len(y)), **measured(y, predicted)}
     if len(y) >= 2:
         features = np.concatenate(feats)
         out.update(representation_measures(features))
