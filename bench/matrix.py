@@ -184,6 +184,16 @@ PLANS = {
         jobs=1,
         notes="hsfp-cal with two stages of fedcnn on the device (fedcnn2), with and without the cloud's trunk "
               "frozen, beside fedcnn2's lower bound; the head at the best of W_c pooled to 4x4, W_e or fc1; Dir(0.3)"),
+    # issue 54, item 3: FedAvg of the whole network on thin devices (the numpy trainer) with a
+    # compressed uplink, against layers-fedcnn-10dev's FedAvg row (torch devices, dense updates;
+    # the same head rule and regime)
+    "thin-fedavg-fedcnn-10dev": Plan(
+        common=FEDCNN_10DEV, splits=("0.3",), seeds=(0, 1),
+        variants=tuple(f"{name}=fedavg:calibrate=lda,calib_layer={BEST_LAYER},{FEDCNN_LR},backends=onnx{rest}"
+                       for name, rest in (("thin-int8", ",update_codec=int8"), ("thin-topk", ",update_codec=topk"))),
+        jobs=1,
+        notes="FedAvg on thin devices (numpy, no torch) with int8 or top-1 % uplink updates and error feedback; "
+              "layers-fedcnn-10dev's fedavg row is the same run on torch devices with dense updates; Dir(0.3)"),
     "smoke": Plan(common=("--rounds", "2", "--max-train", "300", "--max-test", "100"), splits=("iid",), seeds=(0,),
                   variants=("upper=central", "lower=fedavg:local_epochs=0,calibrate=lda", "fedavg=fedavg:calibrate=lda"),
                   jobs=1, notes="digits, a two-round check that the machinery works"),
