@@ -623,7 +623,7 @@ def test_every_variant_of_a_matrix_plan_is_a_valid_run(plan: str) -> None:
     """A typo in a plan's settings would surface hours into a matrix: each variant's method and
     settings build a run config now."""
     from splitedge.bench.matrix import PLANS
-    from splitedge.bench.simrun import parse_variant
+    from splitedge.bench.simrun import SIM_KEYS, parse_variant
     from splitedge.cloud.options import build_run_config
     from splitedge.methods.data.datasets import load_dataset
 
@@ -636,6 +636,8 @@ def test_every_variant_of_a_matrix_plan_is_a_valid_run(plan: str) -> None:
         info = DatasetInfo("cifar10", 10, 3, 32, (0.5,) * 3, (0.25,) * 3, tuple(map(str, range(10))))
     for text in PLANS[plan].variants:
         _, method, overrides = parse_variant(text)
+        for key in set(overrides) & set(SIM_KEYS):  # the run's settings (backends=onnx), not the method's
+            SIM_KEYS[key](overrides.pop(key))
         if method != "central":
             build_run_config(method, info, model, 0, overrides)
 
