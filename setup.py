@@ -12,6 +12,6 @@ FOLDERS = ("protocol", "runtime", "device", "edge", "cloud", "models", "methods"
 
 setup(
     package_dir={"splitedge": "splitedge", **{f"splitedge.{f}": f for f in FOLDERS}},
-    packages=["splitedge", *(f"splitedge.{f}" for f in FOLDERS),
+    packages=["splitedge", *(f"splitedge.{sub}" for sub in find_packages("splitedge")), *(f"splitedge.{f}" for f in FOLDERS),
               *(f"splitedge.{f}.{sub}" for f in FOLDERS for sub in find_packages(f))],
 )

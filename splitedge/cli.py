@@ -24,6 +24,8 @@ COMMANDS = {
     "bench": ("splitedge.bench.cli", "run a bench suite (bandwidth, ram, throughput, accuracy) into JSON, markdown, plots"),
     "data": ("splitedge.data_cli", "cut a data set into per-device shards and check them"),
     "peers": ("splitedge.peers_cli", "plan a run with no cloud: peer graph, its broker ACL, the devices' commands"),
+    "provision": ("splitedge.provision.cli", "write a bundle per node (config, login, keys, data, systemd unit) and a "
+                  "broker config that serves every run of them"),
     "keys": ("splitedge.keys_cli", "make the Ed25519 keys that sign each node's messages (--sign-key/--verify-keys)"),
     "watch": ("splitedge.watch_cli", "show a run live from its broker, read-only: nodes, rounds, accuracy, costs, exits"),
 }

@@ -1,7 +1,9 @@
 """Where a role's flags come from when the command line does not give them: a SPLITEDGE_<FLAG>
 environment variable (what the systemd units set), else the role's section of a TOML run config
 (``--config FILE``: the settings a deployment repeats), else the flag's own default. A flag on
-the command line always wins. A setting the role does not have, or a value its flag would
+the command line always wins. A relative path in a config file is taken from the file's own
+folder (a bundle of `splitedge provision` works wherever it is copied); one in a variable or on
+the command line, from the working directory as usual. A setting the role does not have, or a value its flag would
 refuse, is one line naming the file or variable, before any work starts.
 """
 
@@ -69,6 +71,13 @@ def read_config(path: Path, role: str) -> dict[str, Any]:
     return merged
 
 
+def from_folder(action: argparse.Action, value: Any, folder: Path) -> Any:
+    """A path setting's relative value as a path below `folder` (the config file's); others as given."""
+    if action.type is not Path or not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+        return value
+    return str(folder / value)
+
+
 def convert(action: argparse.Action, value: Any, where: str) -> Any:
     """A file's or variable's value as the flag would have parsed it."""
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
@@ -131,7 +140,7 @@ def apply(parser: argparse.ArgumentParser, role: str, argv: Sequence[str],
             if key not in actions:
                 raise ValueError(f"--config {path}: splitedge {role} has no setting {key!r} "
                                  f"(settings: {', '.join(sorted(k.replace('_', '-') for k in actions))})")
-            values[key] = (value, f"--config {path}")
+            values[key] = (from_folder(actions[key], value, path.parent), f"--config {path}")
     for dest, action in actions.items():
         if environ.get(env_name(action)):  # an empty variable (a unit's placeholder) gives nothing
             values[dest] = (environ[env_name(action)], env_name(action))

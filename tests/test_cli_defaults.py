@@ -52,6 +52,21 @@ def test_the_command_line_wins_then_the_variable_then_the_file(tmp_path: Path, m
     assert (args.id, args.run, args.broker) == ("e0", "from-env", "mqtt://site:1883")
 
 
+def test_a_relative_path_in_a_config_file_is_from_the_file_s_folder(tmp_path: Path, monkeypatch) -> None:
+    """So a bundle of `splitedge provision` works wherever it is copied; a variable's or a flag's
+    relative path stays the working directory's, as a shell user expects."""
+    (tmp_path / "node").mkdir()
+    path = tmp_path / "node" / "run.toml"
+    path.write_text(CONFIG + 'data = "shard.npz"\npassword-file = "../secret"\nsign-key = "/abs/node.key"\n')
+    monkeypatch.chdir(tmp_path)
+    device = _parse("device", ["--config", str(path)], monkeypatch)
+    assert device.data == tmp_path / "node" / "shard.npz" and device.password_file == tmp_path / "node" / ".." / "secret"
+    assert device.sign_key == Path("/abs/node.key") and device.broker == "mqtt://site:1883"  # not a path: as given
+    by_hand = _parse("device", ["--config", str(path), "--data", "mine.npz"], monkeypatch,
+                     env={"SPLITEDGE_PASSWORD_FILE": "pw"})
+    assert by_hand.data == Path("mine.npz") and by_hand.password_file == Path("pw")
+
+
 def test_the_units_variables_start_a_role_without_flags(monkeypatch) -> None:
     """What deploy/env/device.env sets is what `splitedge device` needs."""
     env = {"SPLITEDGE_BROKER": "mqtt://edge-site.local:1883", "SPLITEDGE_ID": "d0", "SPLITEDGE_EDGE": "e0",
