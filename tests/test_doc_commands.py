@@ -37,6 +37,8 @@ NOT_RUN = {
     "needs the CIFAR-10 archive or a shard at a deployment's path": ("splitedge data split --dataset cifar10",
                                                                      "splitedge data check"),
     "a bench of minutes; its --quick form runs in its own test": ("splitedge bench",),
+    "needs the folder of a split; tests/test_provision.py provisions one and runs two federations from it":
+        ("splitedge provision",),
 }
 """Why the other documented commands are only parsed here (each run in tests of its own)."""
 

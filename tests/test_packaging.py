@@ -37,6 +37,7 @@ def test_wheel_top_level_is_only_splitedge(wheel: Path) -> None:
     for folder in FOLDERS:  # every folder, with its subpackages (one per method)
         assert f"splitedge/{folder}/__init__.py" in names
     assert "splitedge/methods/hsfp/method.py" in names
+    assert "splitedge/provision/cli.py" in names  # subpackages of the app folder too (setup.py)
 
 
 def test_installed_wheel_imports_namespaced_and_refuses_bare_names(wheel: Path, tmp_path: Path) -> None:
