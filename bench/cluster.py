@@ -60,7 +60,7 @@ def _global_on_groups(row: dict[str, Any]) -> float | None:
 
 
 def _summarise(row: dict[str, Any]) -> None:
-    from splitedge.methods.cflhkd.clustering import adjusted_rand
+    from splitedge.methods.clustering import adjusted_rand
 
     acc = _personalised(row)
     finite = [a for a in acc if a is not None and a == a]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from splitedge.methods.cflhkd.clustering import adjusted_rand
+from splitedge.methods.clustering import adjusted_rand
 from splitedge.methods.cflhkd.distill import merge_tables, teachers
 from splitedge.sim import SimSettings, run_sim
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from splitedge.methods.cflhkd.clustering import (adjusted_rand, cluster_devices, cosine_distances, drifted,
+from splitedge.methods.clustering import (adjusted_rand, cluster_devices, cosine_distances, drifted,
                                                  label_histogram, write_clusters)
 
 DIM = 16
@@ -187,7 +187,7 @@ def test_write_clusters_json_and_dendrogram(tmp_path) -> None:
 
 def test_import_pulls_in_no_heavy_module() -> None:
     code = ("import json, sys\n"
-            "import splitedge.methods.cflhkd.clustering\n"
+            "import splitedge.methods.clustering\n"
             "heavy = ('sklearn', 'scipy', 'matplotlib')\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

@@ -127,3 +127,112 @@ def test_the_check_sees_a_lazy_import_against_the_order_and_a_cycle() -> None:
     found = modules()
     lazy = imported("splitedge.cloud.cli", found["splitedge.cloud.cli"], set(found))
     assert any(m == "splitedge.runtime.session" for m, _ in lazy)  # imported inside cloud/cli.py's _run
+
+
+# -- inside methods/: the shared core and the method packages --------------------------------------
+
+METHODS = REPO / "methods"
+
+
+def method_packages() -> dict[str, dict[str, tuple[str, ...]]]:
+    """Each method package (a folder of methods/ with a method.py) -> its BUILDS_ON and SHARED,
+    read from its __init__.py's source (no import: the declaration is what the file says)."""
+    out = {}
+    for init in sorted(METHODS.glob("*/__init__.py")):
+        if not (init.parent / "method.py").exists():
+            continue
+        declared: dict[str, tuple[str, ...]] = {}
+        for node in ast.parse(init.read_text()).body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                declared[node.target.id] = tuple(ast.literal_eval(node.value))
+        out[init.parent.name] = {k: declared.get(k) for k in ("BUILDS_ON", "SHARED")}
+    assert len(out) >= 10, "the walk found too few method packages"
+    return out
+
+
+def method_of(module: str, packages: set[str]) -> str | None:
+    """The method package a module belongs to, or None for the shared core (or outside methods/)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "methods" and parts[2] in packages else None
+
+
+def undeclared_method_imports(graph: dict[str, list[tuple[str, int]]],
+                              declared: dict[str, dict[str, tuple[str, ...]]]) -> list[str]:
+    """Imports of a method package from the shared core, or from another method package that does
+    not list it in BUILDS_ON or whose target module it does not list in SHARED."""
+    bad, packages = [], set(declared)
+    for module, targets in sorted(graph.items()):
+        if not module.startswith("splitedge.methods."):
+            continue
+        mine = method_of(module, packages)
+        for target, line in targets:
+            theirs = method_of(target, packages)
+            if theirs is None or theirs == mine:
+                continue
+            leaf = target.split(".")[3] if len(target.split(".")) > 3 else "__init__"
+            if mine is None:
+                bad.append(f"{module}:{line} (shared core) imports {target} (method {theirs})")
+            elif theirs not in declared[mine]["BUILDS_ON"]:
+                bad.append(f"{module}:{line} imports {target}: {mine} does not list {theirs} in BUILDS_ON")
+            elif leaf not in declared[theirs]["SHARED"]:
+                bad.append(f"{module}:{line} imports {target}: {theirs} does not list {leaf!r} in SHARED")
+    return bad
+
+
+def test_every_method_package_declares_what_it_builds_on_and_shares() -> None:
+    declared = method_packages()
+    assert [p for p, d in declared.items() if None in d.values()] == []
+    for package, d in declared.items():
+        assert set(d["BUILDS_ON"]) <= set(declared) - {package}, package
+        assert all((METHODS / package / f"{m}.py").exists() for m in d["SHARED"]), package
+
+
+def test_the_shared_core_imports_no_method_and_a_method_only_what_another_shares(graph) -> None:
+    assert undeclared_method_imports(graph, method_packages()) == []
+
+
+def test_a_method_builds_on_no_package_it_does_not_import(graph) -> None:
+    """The declarations stay true: BUILDS_ON names only packages the method does import."""
+    declared = method_packages()
+    used: dict[str, set[str]] = defaultdict(set)
+    for module, targets in graph.items():
+        mine = method_of(module, set(declared))
+        used[mine or ""].update(method_of(t, set(declared)) or "" for t, _ in targets)
+    stale = {p: sorted(set(d["BUILDS_ON"]) - used[p]) for p, d in declared.items() if set(d["BUILDS_ON"]) - used[p]}
+    assert stale == {}
+
+
+def test_the_method_checks_see_a_core_import_and_an_undeclared_one() -> None:
+    declared = {"a": {"BUILDS_ON": (), "SHARED": ("cloud",)}, "b": {"BUILDS_ON": ("a",), "SHARED": ()},
+                "c": {"BUILDS_ON": (), "SHARED": ()}}
+    graph = {"splitedge.methods.thin.trainer": [("splitedge.methods.a.simplex", 20)],
+             "splitedge.methods.b.cloud": [("splitedge.methods.a.cloud", 3), ("splitedge.methods.a.device", 4)],
+             "splitedge.methods.c.edge": [("splitedge.methods.a.cloud", 5), ("splitedge.methods.c.config", 6)]}
+    assert undeclared_method_imports(graph, declared) == [
+        "splitedge.methods.b.cloud:4 imports splitedge.methods.a.device: a does not list 'device' in SHARED",
+        "splitedge.methods.c.edge:5 imports splitedge.methods.a.cloud: c does not list a in BUILDS_ON",
+        "splitedge.methods.thin.trainer:20 (shared core) imports splitedge.methods.a.simplex (method a)"]
+
+
+def test_the_registry_s_import_strings_name_each_method_and_parts_where_it_may_reach() -> None:
+    """Every built-in method's import string names a Method subclass in its own package, and each
+    of its parts a class of its package or of one it builds on (a typo fails here, not on a node)."""
+    import importlib
+
+    from splitedge.methods import registry
+    from splitedge.methods.contract import Method
+
+    declared = method_packages()
+    for name, target in registry._METHODS.items():  # the built-in table; plug-ins are checked as they load
+        if not registry.built_in(name):
+            continue
+        module, _, attr = target.partition(":")
+        package = method_of(module, set(declared))
+        assert package is not None and module == f"splitedge.methods.{package}.method", (name, target)
+        cls = getattr(importlib.import_module(module), attr)
+        assert isinstance(cls, type) and issubclass(cls, Method), (name, target)
+        for role, part in cls.parts.items():
+            part_module, _, part_attr = part.partition(":")
+            owner = method_of(part_module, set(declared))
+            assert owner == package or owner in declared[package]["BUILDS_ON"], (name, role, part)
+            assert isinstance(getattr(importlib.import_module(part_module), part_attr), type), (name, role, part)

@@ -97,7 +97,7 @@ class CFLHKDCloud(FedAvgCloud):
         if cfg.recluster_every and round_ - self.clustered_at >= cfg.recluster_every:
             return True
         if cfg.drift_threshold > 0:
-            from splitedge.methods.cflhkd.clustering import drifted
+            from splitedge.methods.clustering import drifted
 
             known = {d: v for d, v in self.signals.items() if d in self.assignment}
             moved = drifted(known, self.assignment, cfg.drift_threshold) if len(known) > 1 else []
@@ -107,7 +107,7 @@ class CFLHKDCloud(FedAvgCloud):
         return False
 
     def _cluster(self, round_: int) -> None:
-        from splitedge.methods.cflhkd.clustering import cluster_devices, write_clusters
+        from splitedge.methods.clustering import cluster_devices, write_clusters
 
         edges = sorted(self.ctx.view.members)
         live = {d: v for d, v in self.signals.items() if d in self.ctx.view.devices}

@@ -11,7 +11,7 @@ import numpy as np
 
 def by_clusters(hists: Mapping[str, np.ndarray], edges: Sequence[str]) -> dict[str, str]:
     """Similar devices together: CFLHKD's agglomerative clustering, one cluster per edge."""
-    from splitedge.methods.cflhkd.clustering import cluster_devices
+    from splitedge.methods.clustering import cluster_devices
 
     clusters = cluster_devices(hists, n_clusters=min(len(edges), len(hists)))
     return {d: edges[k] for d, k in clusters.items()}

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from splitedge.methods.hsfp.simplex import simplex_etf
+from splitedge.methods.simplex import simplex_etf
 
 
 class EtfHead(nn.Module):

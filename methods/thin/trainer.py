@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from splitedge.methods.data.preprocess import to_input
-from splitedge.methods.hsfp.simplex import simplex_etf
+from splitedge.methods.simplex import simplex_etf
 from splitedge.methods.thin.augment import two_views
 from splitedge.methods.thin.chunked import ChunkedStep
 from splitedge.methods.thin.layers import ReLU, Sequential, global_avg_pool, global_avg_pool_backward

@@ -1,4 +1,5 @@
 """Which devices belong together: agglomerative clustering on cosine distance (METHODS.md "CFLHKD").
+Shared: CFLHKD's clusters and H-SFP's device-to-edge assignment (methods/hsfp/assign.py) use it.
 
 After the warm-up round the cloud holds one signal vector per device (its flattened model
 update, or its label histogram) and groups devices whose signals point the same way: average
