@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dataset", default="digits", type=dataset_argument, metavar="DATASET",
                    help="data set of the federations (as splitedge sim --dataset)")
     g.add_argument("--data", default=None, help="CIFAR-10 archive / folder (see splitedge sim --help)")
-    g.add_argument("--model", default=None, help="cnn | fedcnn | fedcnn2 | resnet18; default by data set")
+    g.add_argument("--model", default=None, help="cnn | fedcnn | fedcnn2 | resnet18, a plug-in's name or "
+                   "package.module:factory (docs/plugins.md); default by data set")
     g.add_argument("--devices", type=int, default=None, help="devices per federation (default: the suite's)")
     g.add_argument("--edges", type=int, default=None, help="edges per federation (default: the suite's)")
     g.add_argument("--rounds", type=int, default=None, help="rounds per federation (default: the suite's)")
@@ -253,6 +254,10 @@ def run(args: argparse.Namespace) -> int:
         if not data.exists():
             raise ValueError(f"--data {args.data}: no such file or folder")
         args.data = str(data.resolve())
+    if args.model is not None:  # a model of a plug-in (package.module:factory) loads here, or one line says why
+        from splitedge.models.registry import use_model
+
+        use_model(args.model)
     names = [n for n in SUITES if n not in ("compare", "matrix")] if args.suite == "all" else [args.suite]
     for name in names:
         if args.out is None:

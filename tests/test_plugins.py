@@ -245,3 +245,24 @@ def test_a_metric_of_one_s_own_is_in_every_evaluated_round(own_models, tmp_path,
     for r in records:
         assert 0 < r["metric_balanced_accuracy_score"] <= 1 and "metric_float_images" not in r, r
     assert "metric_float_images failed" in caplog.text
+
+
+def test_the_bench_runs_a_model_of_one_s_own_and_refuses_a_wrong_one_before_work(own_models, tmp_path,
+                                                                                   capsys) -> None:
+    from splitedge.cli import main
+
+    out = tmp_path / "bench"
+    assert main(["bench", "accuracy", "--dataset", "digits", "--model", MODEL, "--methods", "fedavg",
+                 "--variant", "cal=fedavg:calibrate=lda", "--alphas", "iid", "--rounds", "2", "--max-train", "400",
+                 "--max-test", "200", "--backends", "torch", "--jobs", "1", "--no-plots", "--out", str(out)]) == 0
+    doc = json.loads((out / "accuracy.json").read_text())
+    assert doc["config"]["model"] == MODEL
+    runs = {r["method"]: r for r in doc["results"]["runs"]}
+    assert sorted(runs) == ["cal", "fedavg"] and all(len(r["accuracy_per_round"]) == 2 for r in runs.values())
+    assert runs["cal"]["accuracy_calibrated_per_round"][-1] is not None and runs["fedavg"]["effective_rank"] > 0
+    capsys.readouterr()
+    assert main(["bench", "accuracy", "--dataset", "digits", "--model", "tiny_mobilenet:nope", "--methods", "fedavg",
+                 "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tiny_mobilenet has no 'nope'" in err, err
+    assert not (tmp_path / "never").exists()
