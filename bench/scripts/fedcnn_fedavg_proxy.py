@@ -1,7 +1,7 @@
 """FedAvg proxy used to choose the network and learning rate (issue 12): 10 devices, Dirichlet(0.3) on
 N CIFAR-10 training images (load_dataset's seeded subsample; the sim's partition, seed 0), in process, no broker; test accuracy per round on
 2,000 test images. Run from the repo root:
-  .venv/bin/python bench/results/fedcnn-cifar10/fedavg_proxy.py "model=fedcnn;model=fedcnn|lr=0.01" 10000 3
+  .venv/bin/python bench/scripts/fedcnn_fedavg_proxy.py "model=fedcnn;model=fedcnn|lr=0.01" 10000 3
 Each variant is model=NAME[|lr=..][|mom=..][|norm=gn][|kw={...}] (norm=gn swaps BatchNorm2d for GroupNorm)."""
 import numpy as np, torch, sys, copy, time
 from torch import nn

@@ -2,8 +2,8 @@
 seconds per local epoch and the process's peak RSS, one fresh process per model.
 
 Run from the repo root:
-  .venv/bin/python bench/results/fedcnn-cifar10/device_cost.py --write-shard /tmp/shard5000.npz --images 5000
-  .venv/bin/python bench/results/fedcnn-cifar10/device_cost.py --shard /tmp/shard5000.npz --model fedcnn
+  .venv/bin/python bench/scripts/fedcnn_device_cost.py --write-shard /tmp/shard5000.npz --images 5000
+  .venv/bin/python bench/scripts/fedcnn_device_cost.py --shard /tmp/shard5000.npz --model fedcnn
 The first writes N random CIFAR-10 training images (seeded) as a device shard (.npz, the
 format `splitedge device --data` reads); the second, in a fresh process that never holds the
 whole data set, builds the real FedAvg device part (methods/fedavg/device.py) on it, runs `--epochs` rounds of one local epoch each (torch, 1 thread) and prints
