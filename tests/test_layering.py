@@ -236,3 +236,8 @@ def test_the_registry_s_import_strings_name_each_method_and_parts_where_it_may_r
             owner = method_of(part_module, set(declared))
             assert owner == package or owner in declared[package]["BUILDS_ON"], (name, role, part)
             assert isinstance(getattr(importlib.import_module(part_module), part_attr), type), (name, role, part)
+
+
+def test_no_code_lives_under_bench_results() -> None:
+    """bench/results holds results; a script that made one is in bench/scripts (issue 52, item 6)."""
+    assert sorted(str(p.relative_to(REPO)) for p in (REPO / "bench" / "results").rglob("*.py")) == []
