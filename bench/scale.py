@@ -85,7 +85,7 @@ class TreeSampler:
                     cmd = child.cmdline()
                     if cmd == parent_cmd:
                         continue
-                    found[f"{'worker' if 'splitedge.sim_worker' in cmd else 'child'}-{child.pid}"] = child
+                    found[f"{'worker' if 'splitedge.sim.worker' in cmd else 'child'}-{child.pid}"] = child
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue
         return found

@@ -118,7 +118,7 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True,
     given, starts a peer of the run's own on that broker (a rogue device, bench/rogues.py) before
     the federation, and its `close()` is called after.
 
-    With `keep`, the sim runs resumable in that folder (splitedge/sim_resume.py), the bench's
+    With `keep`, the sim runs resumable in that folder (splitedge/sim/resume.py), the bench's
     record of each round beside it: a bench killed in the middle of a run (hours on `fedcnn`)
     and started again carries that run on from its last finished round, on a new broker. The
     folder goes once the run has finished (its results are the bench's JSON). Without `resume`,

@@ -8,7 +8,7 @@ it was built with, so a restarted edge or cloud, or a device parked by a simulat
 exactly where it was.
 
 The round hooks (`begin_round`, `end_round`, `hold`, `working`) do nothing here: a simulation
-wraps a host to share training slots between thousands of virtual devices (splitedge/virtual.py),
+wraps a host to share training slots between thousands of virtual devices (splitedge/sim/virtual.py),
 and the runtimes call the hooks without knowing whether anyone listens.
 """
 

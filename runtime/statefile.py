@@ -1,5 +1,5 @@
 """A node's state on disk, so a restarted edge (after each of its rounds) or a resumed sim (every
-node, at each round's end: splitedge/sim_resume.py) carries on in the same session.
+node, at each round's end: splitedge/sim/resume.py) carries on in the same session.
 
 The file holds the node's session, its last round, its part (as the part host keeps it: method,
 config and the part's declared state), its randomness and its role's own (an edge's round

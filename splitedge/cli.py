@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 # subcommand -> (module with add_arguments/run, one-line help)
 COMMANDS = {
-    "sim": ("splitedge.sim_cli", "run cloud, edges and devices through one broker (embedded by default)"),
+    "sim": ("splitedge.sim.cli", "run cloud, edges and devices through one broker (embedded by default)"),
     "device": ("splitedge.device.cli", "run a device agent"),
     "edge": ("splitedge.edge.cli", "run an edge aggregator"),
     "cloud": ("splitedge.cloud.cli", "run the cloud coordinator"),

@@ -14,7 +14,7 @@ from splitedge.cli import main
 
 @pytest.mark.usefixtures("mosquitto_binary")
 def test_a_sim_across_bridged_site_brokers_learns_as_on_one(tmp_path: Path, monkeypatch) -> None:
-    from splitedge.broker_tree import BrokerTree
+    from splitedge.sim.broker_tree import BrokerTree
     from splitedge.protocol.mqtt import MqttTransport
     from splitedge.sim import SimSettings, run_sim
 

@@ -72,7 +72,7 @@ def test_a_parked_host_keeps_the_newest_message_of_each_slot() -> None:
     import threading
 
     from splitedge.protocol.topics import topic
-    from splitedge.virtual import ParkingHost
+    from splitedge.sim.virtual import ParkingHost
 
     host = ParkingHost(lambda method: None, slots=threading.Semaphore(1))
     host.parked = b"state"  # as after end_round

@@ -119,7 +119,7 @@ class Monitor:
         self.client.loop_stop()
 
 
-# -- one round with the runtimes in threads, as splitedge/sim.py's Federation does --------------
+# -- one round with the runtimes in threads, as splitedge/sim/federation.py's Federation does --------------
 def run_one_round(cloud_url: str, site_url: str, upstream_url: str | None, run: str) -> list[dict]:
     """Cloud on `cloud_url`; edge e0 on `site_url` (and `upstream_url` if given); d0, d1 on the site."""
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings

@@ -119,7 +119,7 @@ argv = ["-v", "device", "--broker", "mqtt://h:1883", "--id", "d0", "--edge", "e0
         "--backend", "onnx"]
 args = build_parser(_chosen_command(argv)).parse_args(argv)
 assert args.command == "device" and args.backend == "onnx", args
-others = [m for m in ("splitedge.bench.cli", "splitedge.cloud.cli", "splitedge.edge.cli", "splitedge.export_cli", "splitedge.sim_cli", "PIL")
+others = [m for m in ("splitedge.bench.cli", "splitedge.cloud.cli", "splitedge.edge.cli", "splitedge.export_cli", "splitedge.sim.cli", "PIL")
           if m in sys.modules]
 assert not others, others
 """

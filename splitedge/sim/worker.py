@@ -1,4 +1,4 @@
-"""`python -m splitedge.sim_worker SETTINGS.json`: one worker process of `splitedge sim --workers N`
+"""`python -m splitedge.sim.worker SETTINGS.json`: one worker process of `splitedge sim --workers N`
 (its share of the devices; splitedge.sim.run_worker). The parent writes the settings file."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m splitedge.sim_worker SETTINGS.json (started by splitedge sim --workers N)",
+        print("usage: python -m splitedge.sim.worker SETTINGS.json (started by splitedge sim --workers N)",
               file=sys.stderr)
         return 2
     spec = json.loads(Path(args[0]).read_text())

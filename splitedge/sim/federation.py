@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from splitedge.runtime.outputs import RunFolder, dumps
-from splitedge.sim_resume import SIM_STATE, Snapshots, carry_on, cloud_state, put_back
-from splitedge.sim_resume import load as load_sim_state
+from splitedge.sim.resume import SIM_STATE, Snapshots, carry_on, cloud_state, put_back
+from splitedge.sim.resume import load as load_sim_state
 
 log = logging.getLogger(__name__)
 status_log = logging.getLogger("splitedge.status")
@@ -62,7 +62,7 @@ class SimSettings:
     workers: int = 0  # > 0: the devices run in this many worker processes (this one: broker, cloud, edges)
     worker: str | None = None  # "I/N": this process is worker I of N, running devices d with d % N == I only
     spawn_workers: bool = True  # with workers: start them here (False: they run elsewhere, with --worker I/N)
-    broker_tree: bool = False  # one Mosquitto per edge site bridged to a cloud Mosquitto (splitedge.broker_tree)
+    broker_tree: bool = False  # one Mosquitto per edge site bridged to a cloud Mosquitto (splitedge.sim.broker_tree)
     site_brokers: dict[str, str] = field(default_factory=dict)  # a worker of a tree sim: edge -> its site broker
     split: str = "niid"  # with alpha: "niid" (NIID-Bench, per class) or "per-device" (Hsu et al.; many devices)
     join_timeout_s: float | None = None  # None: JOIN_BASE_S + JOIN_PER_DEVICE_S per device (join_timeout)
@@ -71,8 +71,8 @@ class SimSettings:
     sample_min: int = 1
     until_plateau: bool = False  # stop before `rounds` once the accuracy has plateaued
     listed_only: bool = False  # edges admit only these devices, each bounded by its shard (edge --manifest)
-    sign: bool = False  # every node signs and verifies (keys derived from the run id: splitedge/sim_keys.py)
-    resumable: bool = False  # every node's state in out/sim.state after each round; a rerun carries on (sim_resume.py)
+    sign: bool = False  # every node signs and verifies (keys derived from the run id: splitedge/sim/keys.py)
+    resumable: bool = False  # every node's state in out/sim.state after each round; a rerun carries on (sim/resume.py)
     round_memory_mb: float | None = None  # each device's round fails over it: the process's resident memory (runtime/guard.py)
     round_budget_s: float | None = None  # each device's round fails over it (None: the round's deadline)
 
@@ -243,7 +243,7 @@ def brokers(s: SimSettings, run: str) -> Iterator[tuple[str, Any]]:
     if s.broker:
         yield s.broker, None
     elif s.broker_tree:
-        from splitedge.broker_tree import BrokerTree
+        from splitedge.sim.broker_tree import BrokerTree
 
         with BrokerTree(run, [f"e{e}" for e in range(s.edges)]) as tree:
             yield tree.cloud.url, tree
@@ -339,7 +339,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None,
 
 
 def resumed_state(s: SimSettings, config: Any) -> Any:
-    """The saved sim to carry on (sim_resume.py): its run id, method, settings and seed must be
+    """The saved sim to carry on (sim/resume.py): its run id, method, settings and seed must be
     this command's, and it must not have finished; one ValueError naming what differs."""
     from splitedge.cloud.resume import check_same_run
 
@@ -388,7 +388,7 @@ class Federation:
         self.loop: Any = None
         self.keys: Any = None
         if s.sign:
-            from splitedge.sim_keys import SimKeys
+            from splitedge.sim.keys import SimKeys
 
             self.keys = SimKeys(run, s.edges, s.devices)
 
@@ -467,7 +467,7 @@ class Federation:
         """The part hosts of the cloud, edges and devices: with `--virtual N`, devices hold their
         part only while one of N shared training slots is theirs, and N edges aggregate at a time."""
         from splitedge.runtime.parts import PartHost
-        from splitedge.virtual import ParkingHost, SlottedHost
+        from splitedge.sim.virtual import ParkingHost, SlottedHost
 
         if not self.s.virtual:
             return PartHost, PartHost, PartHost
@@ -640,7 +640,7 @@ WORKERS_DIR = "workers"
 
 
 class WorkerPool:
-    """`--workers N`: the devices in N processes of their own (`python -m splitedge.sim_worker`),
+    """`--workers N`: the devices in N processes of their own (`python -m splitedge.sim.worker`),
     each computing the same partition from the seed and running devices d with d % N == I
     against this sim's broker; at exit each leaves its devices' byte counters in
     out/workers/worker-I.json. With `spawn_workers` False nothing is started here: the workers
@@ -668,7 +668,7 @@ class WorkerPool:
             spec = self.folder / f"worker-{i}.settings.json"
             spec.write_text(json.dumps(worker_spec(settings)))
             with open(self.folder / f"worker-{i}.log", "w") as log_file:
-                self.procs.append(spawn_tied([sys.executable, "-m", "splitedge.sim_worker", str(spec)],
+                self.procs.append(spawn_tied([sys.executable, "-m", "splitedge.sim.worker", str(spec)],
                                              stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         status_log.info("sim: %d worker process(es) started for %d devices", self.s.workers, self.s.devices)
         return self
