@@ -85,13 +85,12 @@ class DeviceAgent(Node):
         """Beside the part: the last round worked on, where the device is placed, and the
         messages its host keeps for a parked part (they arrived after its round)."""
         return {"last": list(self.last), "placement": snapshot.to_plain(self.placement),
-                "held": snapshot.to_plain(self.host.kept) if hasattr(self.host, "kept") else []}
+                "held": snapshot.to_plain(self.host.kept_for_part())}
 
     def restore_own(self, state: Mapping[str, Any]) -> None:
         self.last = tuple(int(v) for v in state["last"])
         self.placement = snapshot.from_plain(state["placement"])
-        if hasattr(self.host, "kept"):
-            self.host.kept = [tuple(e) for e in snapshot.from_plain(state["held"])]
+        self.host.keep_for_part([tuple(e) for e in snapshot.from_plain(state["held"])])
 
     # -- wiring ----------------------------------------------------------------------------
     def _sync_subscriptions(self, fresh: bool = False) -> None:

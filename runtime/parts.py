@@ -116,6 +116,13 @@ class PartHost:
         """Messages kept by `hold`, in order, to handle now that the part is back."""
         return []
 
+    def kept_for_part(self) -> list[tuple[str, Any]]:
+        """The messages `hold` keeps now, without giving them up (the node's saved state)."""
+        return []
+
+    def keep_for_part(self, events: list[tuple[str, Any]]) -> None:
+        """Hold `events` again, as saved by `kept_for_part` (a resumed node)."""
+
     def working(self) -> ContextManager[Any]:
         """Around an edge's aggregation (sampling and training)."""
         return contextlib.nullcontext()

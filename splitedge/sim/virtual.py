@@ -99,6 +99,12 @@ class ParkingHost(PartHost):
         kept, self.kept = self.kept, []
         return kept
 
+    def kept_for_part(self) -> list[tuple[str, Any]]:
+        return list(self.kept)
+
+    def keep_for_part(self, events: list[tuple[str, Any]]) -> None:
+        self.kept = list(events)
+
 
 class SlottedHost(PartHost):
     """An edge's part, aggregating only while it holds one of the sim's shared slots."""
