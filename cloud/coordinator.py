@@ -1,4 +1,4 @@
-"""The cloud coordinator: owns the round schedule, membership and placement, closes rounds on
+"""The cloud coordinator: owns the round schedule and placement (its edges: cloud/edges.py), closes rounds on
 quorum or deadline, runs the method's cloud part, writes metrics (JSON lines) and checkpoints
 (safetensors).
 """
@@ -24,6 +24,7 @@ from splitedge.methods.losslog import tier_losses
 from splitedge.methods.metrics.plateau import plateaued
 from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan, To
 from splitedge.cloud import resume
+from splitedge.cloud.edges import CloudEdges
 from splitedge.exporters.checkpoint import model_metadata
 from splitedge.methods import budget, snapshot
 from splitedge.runtime.outputs import dumps, save_checkpoint
@@ -31,20 +32,18 @@ from splitedge.protocol.codec import Envelope
 from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.faults import crash_point
 from splitedge.runtime.guard import RoundGuard
-from splitedge.runtime.node import EXIT_INTERRUPTED, INTERRUPTED, Node, status
+from splitedge.runtime.node import INTERRUPTED, Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.records import phase_failures, phase_privacy, round_rejections, wire_metrics
 from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
-from splitedge.runtime.presence import REJOIN_GRACE_S, Presence
+from splitedge.runtime.presence import REJOIN_GRACE_S
 from splitedge.runtime.rounds import RoundCollector
 from splitedge.runtime.sampling import Sampling
 from splitedge.protocol.topics import parse, pattern
 from splitedge.protocol.transport import Transport
 
 log = logging.getLogger(__name__)
-
-PLACEMENT_TIMEOUT_S = 30.0  # how long a round waits for moved devices to show up at their new edge
 
 
 @dataclass
@@ -85,12 +84,10 @@ class CloudCoordinator(Node):
             out_dir=settings.out_dir, run=run, view=self.view)), rng=self.rng, stopped=self.stopped, name="cloud")
         self.host.ensure(settings.method, settings.config.to_wire())  # registers the method's kinds
         self.method = self.part.method
-        self.presence = Presence()  # which edges are online, and who went offline a moment ago
-        self.left: dict[str, str] = {}  # node -> why it left the run (its `done`, or its edge's)
+        self.edges = CloudEdges(self.view, settings, self._dispatch_until)  # who is there (cloud/edges.py)
         self.rounds = RoundCollector()
         self.history: list[dict[str, Any]] = []
         self.costs: tuple[dict, dict] = ({}, {})  # this round's, per device and per edge (runtime/cost.py)
-        self.enough_edges = settings.min_edges  # lowered when edges stay away past the rejoin timeout
         self.pending: dict[str, Any] | None = None  # the round merged but not yet written (resume.CloudState)
         self.outbox: list[Message] = []  # what that round published since its merge, committed first
         self.resumed = resume_from
@@ -102,7 +99,7 @@ class CloudCoordinator(Node):
     def _restore(self, saved: resume.CloudState) -> None:
         """Carry on the run of `saved` (its session, round, part and randomness)."""
         self.session, self.round, self.attempt = saved.session, saved.round, saved.attempt + 1
-        self.enough_edges = saved.enough_edges
+        self.edges.enough = saved.enough_edges
         self.view.placements = snapshot.from_plain(saved.placements)
         self.part.restore_state(saved.part)
         self.rng.bit_generator.state = snapshot.from_plain(saved.rng).bit_generator.state
@@ -145,110 +142,30 @@ class CloudCoordinator(Node):
         if parse(topic).tier != "edge":
             return
         if env.kind == "hello" and env.body["parent"] == self.node_id:
-            self.view.members[env.sender] = list(env.body["members"])
+            self.edges.hello(env.sender, env.body["members"])
         elif env.kind == "status":
-            if self.presence.update(env.sender, env.body["state"]) and env.body["state"] == "online":
-                self.left.pop(env.sender, None)  # back (restarted, its install fixed): waited for again
+            self.edges.status(env.sender, env.body["state"])
         elif env.sender in self.view.members and self.current(env) and self.accepts(self.part, env, "child"):
             if env.kind == "done":
-                self._note_left(env.sender, env.body.get("info") or {})
+                self.edges.note_left(env.sender, env.body.get("info") or {})
             self.part.on_edge_message(env)
             self.rounds.add(env)
 
     @property
     def live(self) -> set[str]:
-        """Edges that said hello to this cloud and whose last status is online, but for those
-        that left the run saying why (until they come online again)."""
-        return self.presence.live(self.view.members) - self.left.keys()
+        return self.edges.live
 
     @property
     def awaited(self) -> set[str]:
-        """Edges a round waits for: online, or gone so recently they may be back (Presence); not
-        one that left the run saying why."""
-        return self.presence.awaited(self.view.members) - self.left.keys()
-
-    def live_devices(self) -> int:
-        return sum(len(self.view.members[e]) for e in self.live)
+        return self.edges.awaited
 
     def online_devices(self) -> set[str]:
-        """The devices the live edges list as live: those a round may draw."""
-        return {d for e in self.live for d in self.view.members[e]}
+        return self.edges.online_devices()
 
-    def wait_for_edges(self) -> None:
-        """Block until enough edges (and devices behind them, at least one: a round with nobody
-        trains nothing) joined, or the join timeout."""
-        s = self.settings
-        devices = max(1, s.min_devices)
-        deadline, shown = time.monotonic() + s.join_timeout_s, None
-        status.info("cloud: %s, %d rounds (run %s); waiting for %d edge(s) and %d device(s)", s.method, s.rounds,
-                    self.run_id, s.min_edges, devices)
-        while time.monotonic() < deadline:
-            joined = (len(self.live), self.live_devices())
-            if joined != shown:
-                status.info("cloud: %d/%d edge(s), %d/%d device(s) joined", *joined[:1], s.min_edges, joined[1], devices)
-                shown = joined
-            if joined[0] >= s.min_edges and joined[1] >= devices:
-                return
-            self.dispatch(self.next_event(min(1.0, deadline - time.monotonic())))
-        resumed = "" if self.resumed is None else (
-            f"; this cloud resumes run {self.run_id} after round {self.resumed.round}: if it was interrupted (Ctrl-C, "
-            f"SIGTERM), its stop told the edges and devices of that run so, and those that had taken part left (exit "
-            f"status {EXIT_INTERRUPTED}) unless a unit with Restart=on-failure started them again: start them again")
-        raise TimeoutError(f"only {len(self.live)} edge(s) with {self.live_devices()} device(s) joined within "
-                           f"{s.join_timeout_s:.0f} s (waiting for {s.min_edges} and {devices}); are the edges "
-                           f"and devices started with --run {self.run_id} and this broker? (if they are only slow to "
-                           f"start, raise --join-timeout){resumed}")
-
-    def wait_for_live_edges(self, r: int) -> None:
-        """Before round r, with fewer live edges than the run needs, wait for them. With none
-        live (a broker restart fires every node's will; the nodes are back within seconds) a
-        round opened now would close at once with nobody in it: wait up to `rejoin_timeout_s`
-        for one, else stop (TimeoutError). Then give the others `rejoin_grace_s`; an edge still
-        missing is not waited for again (it died: rounds go on with the edges that are left)."""
-        s = self.settings
-        if len(self.live) >= self.enough_edges:
-            self.wait_for_a_device(r)
-            return
-        if not self.live:
-            status.info("cloud: no edge online before round %d; waiting up to %.0f s for them to come back", r,
-                        s.rejoin_timeout_s)
-            self._dispatch_until(lambda: bool(self.live), s.rejoin_timeout_s)
-            if not self.live:
-                raise TimeoutError(f"no edge is online before round {r}, and none came back within "
-                                   f"{s.rejoin_timeout_s:g} s (--rejoin-timeout); the run stops here, its rounds "
-                                   f"so far are kept{self.left_note()}")
-        self._dispatch_until(lambda: len(self.live) >= self.enough_edges, s.rejoin_grace_s)
-        if len(self.live) < self.enough_edges:
-            log.warning("cloud: round %d goes on with %d of %d edge(s)", r, len(self.live), self.enough_edges)
-            self.enough_edges = len(self.live)
-        self.wait_for_a_device(r)
-
-    def _note_left(self, edge: str, info: Mapping[str, Any]) -> None:
-        """An edge that left the run (its `done` says why), or the devices its `done` says left."""
-        why = {edge: str(info["left"])} if info.get("left") else {}
-        why.update({f"{d} (edge {edge})": str(w) for d, w in dict(info.get("left_devices") or {}).items()})
-        for node, reason in why.items():
-            if self.left.get(node) != reason:
-                log.warning("cloud: %s left the run: %s", node, reason)
-        self.left.update(why)
-
-    def left_note(self) -> str:
-        """`; <node> left: <why>` for the nodes that said why they left, for a stopping run's line."""
-        return "".join(f"; {node} left: {why}" for node, why in sorted(self.left.items())[:3])
-
-    def wait_for_a_device(self, r: int) -> None:
-        """Before round r, with no device online behind the live edges (each left, saying why in its
-        own log: a backend the method cannot run, data of another data set), a round would train
-        nothing: wait up to `rejoin_timeout_s` for one, else stop (TimeoutError)."""
-        s = self.settings
-        if self.live_devices():
-            return
-        status.info("cloud: no device online before round %d; waiting up to %.0f s for one", r, s.rejoin_timeout_s)
-        self._dispatch_until(lambda: self.live_devices() > 0, s.rejoin_timeout_s)
-        if not self.live_devices():
-            raise TimeoutError(f"no device is online before round {r}: every device behind the edges left, and none "
-                               f"came back within {s.rejoin_timeout_s:g} s (--rejoin-timeout); the run stops here, its "
-                               f"rounds so far are kept{self.left_note()}")
+    @property
+    def left(self) -> dict[str, str]:
+        """Node -> why it left the run (for the run's summary)."""
+        return self.edges.left
 
     def _dispatch_until(self, done: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -256,27 +173,21 @@ class CloudCoordinator(Node):
             self.dispatch(self.next_event(min(0.5, max(0.0, deadline - time.monotonic()))))
 
     def place(self, moves: Mapping[str, Placement]) -> None:
-        """Send each moved device its placement (through its current edge) and wait, up to
-        PLACEMENT_TIMEOUT_S, until the new edges report them."""
+        """Send each moved device its placement (through its current edge) and wait until the new
+        edges report them (CloudEdges.wait_placed)."""
         for dev, where in moves.items():
             self.view.placements[dev] = where
             body = {"edge": where.edge, "groups": list(where.groups), "peers": list(where.peers)}
             self.send(self.transport, "down", "assign", body, retain=True, to=dev)
-
-        def pending() -> list[str]:  # moved devices not yet listed by their new edge alone
-            listed = {d: [e for e, ds in self.view.members.items() if d in ds] for d in moves}
-            return [d for d, w in moves.items() if listed[d] != [w.edge]]
-
-        self._dispatch_until(lambda: not pending(), PLACEMENT_TIMEOUT_S)
-        if pending():
-            log.warning("cloud: devices %s not at their assigned edge after %.0f s", pending()[:10], PLACEMENT_TIMEOUT_S)
+        self.edges.wait_placed(moves)
 
     # -- rounds -----------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
         """All rounds, then the stop announcement; returns the per-round metrics."""
         self.start()
         try:
-            self.wait_for_edges()
+            self.edges.wait_for_edges(self.run_id, self.settings.method,
+                                      None if self.resumed is None else self.resumed.round)
             empty = sorted(e for e in self.live if not self.view.members.get(e))
             if empty:
                 log.warning("cloud: edge(s) %s joined with no device; their rounds carry nothing", ", ".join(empty))
@@ -313,7 +224,7 @@ class CloudCoordinator(Node):
 
     def run_round(self, r: int) -> dict[str, Any]:
         started = time.monotonic()
-        self.wait_for_live_edges(r)
+        self.edges.wait_for_live_edges(r)
         moves = self.part.placement(r)
         if moves:
             self.place(moves)
@@ -344,7 +255,7 @@ class CloudCoordinator(Node):
         r = int(pending["round"])
         plan = dataclasses.replace(RoundPlan.from_body(r, pending["plan"]), attempt=self.attempt)
         self.round, self.costs = r, ({}, {})
-        self.wait_for_live_edges(r)
+        self.edges.wait_for_live_edges(r)
         self.publish_all(self.outbox)
         return self.finish_round(plan, [], time.monotonic())
 
@@ -593,7 +504,7 @@ class CloudCoordinator(Node):
         resume.save(s.out_dir, resume.CloudState(
             run=self.run_id, method=s.method, config=self.method.run_config.to_wire(), seed=s.seed,
             session=self.session, round=self.round if last_round is None else last_round, attempt=self.attempt,
-            enough_edges=self.enough_edges, placements=snapshot.to_plain(dict(self.view.placements)),
+            enough_edges=self.edges.enough, placements=snapshot.to_plain(dict(self.view.placements)),
             rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending,
             calibration=None if self.last_calibration is None else snapshot.to_plain(list(self.last_calibration))))
 

@@ -118,19 +118,19 @@ def test_before_a_round_the_cloud_waits_for_edges_that_went_offline_then_goes_on
     cloud.view.members.update({"e0": ["d0"], "e1": ["d1"]})
     # Execute / Assert: nobody back within the rejoin timeout: the run stops, saying why
     with pytest.raises(TimeoutError, match="no edge is online before round 2, and none came back within 0.5 s"):
-        cloud.wait_for_live_edges(2)
+        cloud.edges.wait_for_live_edges(2)
     # one edge back, the other dead: round 2 waits its grace once, later rounds no more
-    cloud.presence.update("e0", "online")
+    cloud.edges.status("e0", "online")
     started = time.monotonic()
-    cloud.wait_for_live_edges(2)
-    assert 4 < time.monotonic() - started < 10 and cloud.enough_edges == 1
+    cloud.edges.wait_for_live_edges(2)
+    assert 4 < time.monotonic() - started < 10 and cloud.edges.enough == 1
     started = time.monotonic()
-    cloud.wait_for_live_edges(3)
+    cloud.edges.wait_for_live_edges(3)
     assert time.monotonic() - started < 0.5
     # the live edge's device left (its edge's done said so): no round trains with nobody in it
     cloud.view.members["e0"] = []
     with pytest.raises(TimeoutError, match="no device is online before round 3"):
-        cloud.wait_for_live_edges(3)
+        cloud.edges.wait_for_live_edges(3)
 
 
 def test_a_node_that_finds_a_finished_run_waits_for_a_new_one_and_joins_it(mosquitto) -> None:
