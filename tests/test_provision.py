@@ -281,3 +281,12 @@ def test_two_runs_from_the_bundles_alone_on_one_untouched_broker(capsys) -> None
                 watcher.close()
     finally:
         remove(folder)
+
+
+def test_devices_that_hold_their_data_get_a_bundle_that_names_it(tmp_path: Path, capsys) -> None:
+    provision(tmp_path, 18830, "--device-data", "/var/lib/splitedge/shard.npz", "--backend", "torch", capsys=capsys)
+    bundle = tmp_path / "bundles" / "d1"
+    assert not (bundle / "shard.npz").exists()
+    argv = ["device", "--config", str(bundle / "splitedge.toml"), "--run", "r"]
+    args = build_parser("device", argv).parse_args(argv)
+    assert args.data == Path("/var/lib/splitedge/shard.npz") and args.backend == "torch"
