@@ -24,10 +24,10 @@ from splitedge.methods.losslog import tier_losses
 from splitedge.methods.metrics.plateau import plateaued
 from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan, To
 from splitedge.cloud import resume
+from splitedge.cloud.commit import RunWriter
 from splitedge.cloud.edges import CloudEdges
 from splitedge.exporters.checkpoint import model_metadata
 from splitedge.methods import budget, snapshot
-from splitedge.runtime.outputs import dumps, save_checkpoint
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.faults import crash_point
@@ -85,6 +85,7 @@ class CloudCoordinator(Node):
         self.host.ensure(settings.method, settings.config.to_wire())  # registers the method's kinds
         self.method = self.part.method
         self.edges = CloudEdges(self.view, settings, self._dispatch_until)  # who is there (cloud/edges.py)
+        self.writer = RunWriter(settings.out_dir)  # what the run folder gets (cloud/commit.py)
         self.rounds = RoundCollector()
         self.history: list[dict[str, Any]] = []
         self.costs: tuple[dict, dict] = ({}, {})  # this round's, per device and per edge (runtime/cost.py)
@@ -467,20 +468,8 @@ class CloudCoordinator(Node):
         return "calibrated" if getattr(self.part, "calibrated", None) is not None else "own"
 
     def _persist(self, record: dict[str, Any]) -> None:
-        out = self.settings.out_dir
-        if out is None:
-            return
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            with open(out / "metrics.jsonl", "a") as fh:
-                fh.write(dumps(record) + "\n")
-            crash_point("cloud.metrics", record["round"])
-            save_checkpoint(out / "model.safetensors", self.part.state_for_checkpoint(),
-                            self._checkpoint_metadata(record))
-            crash_point("cloud.checkpoint", record["round"])
-            self._save_state()
-        except OSError as exc:  # "[Errno 28] No space left on device" named no file
-            raise OSError(exc.errno, f"cannot write round {record['round']} into {out}: {exc.strerror or exc}") from exc
+        self.writer.round(record, self.part.state_for_checkpoint, lambda: self._checkpoint_metadata(record),
+                          self._state)
 
     def _checkpoint_metadata(self, record: dict[str, Any]) -> dict[str, str]:
         """The round and method, and what `splitedge export` rebuilds and feeds the network from,
@@ -493,20 +482,22 @@ class CloudCoordinator(Node):
                 **self.part.served_metadata()}
 
     def _save_state(self, finished: bool = False, last_round: int | None = None) -> None:
-        """The round's commit point (cloud.resume): what a restarted cloud carries on from. With
-        a merged round pending, `last_round` is the one before it and its outbox is saved too."""
-        if self.settings.out_dir is None:
-            return
+        """Commit the run as it stands (cloud/commit.py); with a merged round pending, `last_round`
+        is the one before it and its outbox is saved too."""
+        self.writer.commit(lambda: self._state(finished, last_round))
+
+    def _state(self, finished: bool = False, last_round: int | None = None) -> resume.CloudState:
+        """What a restarted cloud carries on from (cloud/resume.py)."""
         s = self.settings
         pending = None if self.pending is None else snapshot.to_plain({
             **self.pending, "outbox": [{"kind": m.kind, "body": m.body, "to": [m.to.role, m.to.node], "slot": m.slot}
                                        for m in self.outbox]})
-        resume.save(s.out_dir, resume.CloudState(
+        return resume.CloudState(
             run=self.run_id, method=s.method, config=self.method.run_config.to_wire(), seed=s.seed,
             session=self.session, round=self.round if last_round is None else last_round, attempt=self.attempt,
             enough_edges=self.edges.enough, placements=snapshot.to_plain(dict(self.view.placements)),
             rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending,
-            calibration=None if self.last_calibration is None else snapshot.to_plain(list(self.last_calibration))))
+            calibration=None if self.last_calibration is None else snapshot.to_plain(list(self.last_calibration)))
 
 
 def devices_reported(reports: list[Any]) -> int:
