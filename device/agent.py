@@ -29,7 +29,7 @@ from splitedge.runtime.exchange import Exchange
 from splitedge.runtime.filters import device_filters
 from splitedge.runtime.guard import OverBudget, RoundGuard
 from splitedge.runtime.uplink import UplinkBudget
-from splitedge.runtime.node import Node, status
+from splitedge.runtime.node import QUIET_WARN_S, Node, status
 from splitedge.runtime.parts import Misfit, PartHost
 from splitedge.runtime.phases import device_info, device_message, device_ready, device_work
 from splitedge.runtime.secure_sum import identity_of, secure_send, secured, unavailable
@@ -48,8 +48,8 @@ class DeviceAgent(Node):
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
                  min_class_count: int = 1, train_chunk: int = TRAIN_CHUNK, hide_classes: bool = False,
                  private_reports: bool = False, guard: RoundGuard | None = None,
-                 uplink: UplinkBudget | None = None) -> None:
-        super().__init__(run=run, tier="device", node_id=node_id)
+                 uplink: UplinkBudget | None = None, quiet_warn_s: float | None = QUIET_WARN_S) -> None:
+        super().__init__(run=run, tier="device", node_id=node_id, quiet_warn_s=quiet_warn_s)
         # what a round's compute may take (runtime/guard.py); by default its deadline, no memory ceiling
         self.guard = guard or RoundGuard(who=f"device {node_id}")
         self.uplink = uplink or UplinkBudget(who=f"device {node_id}")  # what a round may send up (runtime/uplink.py)

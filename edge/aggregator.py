@@ -30,7 +30,7 @@ from splitedge.runtime.cost import CostMeter, device_costs
 from splitedge.runtime.filters import edge_cloud_filters
 from splitedge.runtime.guard import OverBudget, RoundGuard
 from splitedge.runtime.membership import Members
-from splitedge.runtime.node import Node, status
+from splitedge.runtime.node import QUIET_WARN_S, Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.phases import edge_close, edge_scores
 from splitedge.runtime.records import edge_done_info
@@ -53,8 +53,9 @@ class EdgeAggregator(Node):
     def __init__(self, down: Transport, up: Transport | None = None, *, run: str, node_id: str,
                  cloud: str = "cloud", seed: int = 0, state_dir: Path | None = None,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
-                 listed: Mapping[str, Allowance] | None = None, guard: RoundGuard | None = None) -> None:
-        super().__init__(run=run, tier="edge", node_id=node_id)
+                 listed: Mapping[str, Allowance] | None = None, guard: RoundGuard | None = None,
+                 quiet_warn_s: float | None = QUIET_WARN_S, members_quiet_s: float = MEMBERS_QUIET_S) -> None:
+        super().__init__(run=run, tier="edge", node_id=node_id, quiet_warn_s=quiet_warn_s)
         self.guard = guard or RoundGuard(who=f"edge {node_id}")  # what its merge may take (runtime/guard.py)
         self.down, self.up, self.cloud = down, up or down, cloud
         self.rng = self.seeded_rng(seed)
@@ -72,7 +73,7 @@ class EdgeAggregator(Node):
         self.cost = CostMeter({id(t): t for t in (self.down, self.up)}.values(), shared_process=shared_process)
         self.closed_with: int | None = None  # devices its last closed training round had a done from
         self._settling = False  # start() is taking the members' retained hellos and statuses
-        self.members_quiet_s = MEMBERS_QUIET_S  # 0: take none (a sim starts its edges before any device)
+        self.members_quiet_s = members_quiet_s  # 0: take none (a sim starts its edges before any device)
 
     @property
     def members(self) -> dict[str, int]:

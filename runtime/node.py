@@ -58,7 +58,7 @@ class Node:
     router: Router
     host: PartHost
 
-    def __init__(self, *, run: str, tier: str, node_id: str) -> None:
+    def __init__(self, *, run: str, tier: str, node_id: str, quiet_warn_s: float | None = QUIET_WARN_S) -> None:
         self.run_id, self.tier, self.node_id = run, tier, node_id
         self.held_stop: str | None = None  # what a node that found a stop before any round waits for (hold_stop)
         self.inbox: "queue.Queue[tuple[str, Envelope]]" = queue.Queue()
@@ -74,7 +74,7 @@ class Node:
         self.interrupted: int | None = None  # the round after which the cloud was interrupted (on_interrupted)
         self.logs_fatal = True  # False: the caller prints `fatal` itself (a role's CLI: one line, not two)
         self._quiet_since: float | None = 0.0  # 0 before the first wait, then its start; None once heard (or warned)
-        self.quiet_warn_s: float | None = QUIET_WARN_S  # None: no such warning (a sim's own broker has no ACL)
+        self.quiet_warn_s = quiet_warn_s  # None: no such warning (a sim's own broker has no ACL)
 
     @property
     def part(self) -> Any:

@@ -415,7 +415,7 @@ class Federation:
 
     def __enter__(self) -> "Federation":
         from splitedge.device.agent import DeviceAgent
-        from splitedge.edge.aggregator import EdgeAggregator
+        from splitedge.edge.aggregator import MEMBERS_QUIET_S, EdgeAggregator
         from splitedge.protocol.mqtt_loop import ClientLoop
         from splitedge.runtime.guard import RoundGuard
 
@@ -426,7 +426,8 @@ class Federation:
         def edges() -> None:
             for e in range(self.s.edges if self.s.worker is None else 0):  # a worker runs devices only
                 edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed,
-                                      host=edge_host, shared_process=True, listed=listed)
+                                      host=edge_host, shared_process=True, listed=listed, quiet_warn_s=None,
+                                      members_quiet_s=MEMBERS_QUIET_S if self.saved is not None else 0.0)
                 self._start(edge)
 
         def devices() -> None:
@@ -439,7 +440,7 @@ class Federation:
                 agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
                                     edge=home_edge(d, self.s), data=data, backend=backend, seed=self.s.seed,
                                     host=device_host, shared_process=True, private_reports=private_run(self.s),
-                                    guard=guard)
+                                    guard=guard, quiet_warn_s=None)
                 self._start(agent)
 
         # a resumed sim's edges come back as a restarted edge does: their devices' hellos are
@@ -486,9 +487,6 @@ class Federation:
     def _start(self, node: Any) -> None:
         if self.saved is not None:
             put_back(self.saved, node)
-        node.quiet_warn_s = None  # hundreds of nodes start one by one here, and no ACL hides a run
-        if hasattr(node, "members_quiet_s") and self.saved is None:
-            node.members_quiet_s = 0.0  # the edges start before any device: no retained hello to wait for
         node.start()
         thread = threading.Thread(target=node.run_forever, name=node.node_id, daemon=True)
         thread.start()
