@@ -187,8 +187,7 @@ class CloudCoordinator(Node):
         """All rounds, then the stop announcement; returns the per-round metrics."""
         self.start()
         try:
-            self.edges.wait_for_edges(self.run_id, self.settings.method,
-                                      None if self.resumed is None else self.resumed.round)
+            self.edges.wait_for_edges(self.run_id, None if self.resumed is None else self.resumed.round)
             empty = sorted(e for e in self.live if not self.view.members.get(e))
             if empty:
                 log.warning("cloud: edge(s) %s joined with no device; their rounds carry nothing", ", ".join(empty))

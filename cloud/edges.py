@@ -75,13 +75,13 @@ class CloudEdges:
         return {d for e in self.live for d in self.view.members[e]}
 
     # -- waits -----------------------------------------------------------------------------------
-    def wait_for_edges(self, run: str, method: str, resumed_after: int | None) -> None:
+    def wait_for_edges(self, run: str, resumed_after: int | None) -> None:
         """Block until enough edges (and devices behind them, at least one: a round with nobody
         trains nothing) joined, or the join timeout."""
         s = self.settings
         devices = max(1, s.min_devices)
         deadline, shown = time.monotonic() + s.join_timeout_s, None
-        status.info("cloud: %s, %d rounds (run %s); waiting for %d edge(s) and %d device(s)", method, s.rounds,
+        status.info("cloud: %s, %d rounds (run %s); waiting for %d edge(s) and %d device(s)", s.method, s.rounds,
                     run, s.min_edges, devices)
         while time.monotonic() < deadline:
             joined = (len(self.live), self.live_devices())

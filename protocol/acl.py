@@ -294,7 +294,7 @@ BROKER_USER = "mosquitto"
 """The user Mosquitto runs as once started (its default `user`, and the Debian/Raspberry Pi OS package's)."""
 
 
-def broker_conf(run: str, acl_file: Path | str, password_file: Path | str, max_packet_size: int, *,
+def broker_conf(run: str, acl_file: Path | str, password_file: Path | str, max_packet_size: int | None = None, *,
                 port: int = 1883, address: str | None = None) -> str:
     """The Mosquitto settings that go with a generated ACL and password file, as one file that works
     on its own (``mosquitto -c broker.conf``) and dropped into a broker's ``include_dir``.
@@ -306,13 +306,17 @@ def broker_conf(run: str, acl_file: Path | str, password_file: Path | str, max_p
     every included file from its default listener on: a per-listener option above the file's own
     ``listener`` line would open a second listener on 1883 (and, when something holds 1883,
     keep the broker from starting). Then no anonymous client, the two files, and a
-    ``max_packet_size`` for model messages; a comment says how to make the password file
+    ``max_packet_size`` for model messages (by default protocol/limits.py's BROKER_PACKET_BYTES); a comment says how to make the password file
     readable by the broker's own user."""
     passwd, acl = Path(password_file).resolve(), Path(acl_file).resolve()
     bind = f" {address}" if address else ""
+    writer = "splitedge provision" if run == ANY_RUN else "splitedge data split --acl"
+    if max_packet_size is None:
+        from splitedge.protocol.limits import BROKER_PACKET_BYTES
+
+        max_packet_size = BROKER_PACKET_BYTES
     return "\n".join([
-        (f"# Mosquitto settings for {_run_label(run)} (written by "
-         f"`splitedge {'provision' if run == ANY_RUN else 'data split --acl'}`)."),
+        f"# Mosquitto settings for {_run_label(run)} (written by `{writer}`).",
         "# Use it on its own (mosquitto -c broker.conf) or copy it into the include_dir of a broker",
         "# (e.g. /etc/mosquitto/conf.d/splitedge.conf). It opens its own listener for the nodes, below: remove",
         f"# any other listener on port {port} from the broker's config (two on one port stop the broker). A",
@@ -333,8 +337,7 @@ def broker_conf(run: str, acl_file: Path | str, password_file: Path | str, max_p
         "# the two paths below:",
         f"#   sudo install -m 600 -o {BROKER_USER} -g {BROKER_USER} {passwd} /etc/mosquitto/splitedge.passwd",
         f"#   sudo install -m 644 {acl} /etc/mosquitto/splitedge.acl",
-        (f"# Re-running `{'provision' if run == ANY_RUN else 'data split --acl'}` rewrites broker.passwd as its own "
-         "user: chown or install it again."),
+        f"# Re-running `{writer}` rewrites broker.passwd as its own user: chown or install it again.",
         f"password_file {passwd}",
         f"acl_file {acl}",
         "# Model messages: a little above the receivers' frame cap (--max-frame-bytes). Mosquitto 2.1",

@@ -15,11 +15,14 @@ import numpy as np
 
 from .errors import ProtocolError
 
-__all__ = ["DEFAULT_MAX_BYTES", "MAX_ARRAY_LEN", "MAX_ELEMENTS", "MAX_STR_BYTES", "MAX_DEPTH", "FREE_ELEMENTS",
+__all__ = ["BROKER_PACKET_BYTES", "DEFAULT_MAX_BYTES", "MAX_ARRAY_LEN", "MAX_ELEMENTS", "MAX_STR_BYTES", "MAX_DEPTH", "FREE_ELEMENTS",
            "BYTES_PER_ELEMENT", "ARRAY_COST", "element_budget", "over_budget", "check_frame", "check_density"]
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """A receiver's default frame cap (the cap itself is each receiver's setting, --max-frame-bytes)."""
+BROKER_PACKET_BYTES = DEFAULT_MAX_BYTES + 1024 * 1024
+"""The `max_packet_size` of the broker configs splitedge writes: the default frame cap plus headroom
+for the topic, the MQTT header and a signature, so the broker never drops a frame a receiver takes."""
 MAX_ARRAY_LEN = 1024
 """Items of one msgpack array. msgpack preallocates a list before reading its items, so this
 bounds what a small hostile frame can allocate: <= MAX_DEPTH levels x 1024 x 8 B = 8 MiB.

@@ -194,7 +194,6 @@ def split(args: argparse.Namespace) -> int:
     os.replace(tmp, out / MANIFEST)
     if args.acl is not None:
         from splitedge.protocol.acl import broker_conf, write_acl
-        from splitedge.protocol.limits import DEFAULT_MAX_BYTES
         from splitedge.protocol.logins import PASSWD, write_logins
 
         homes = {d["id"]: f"e{i % args.edges}" for i, d in enumerate(devices)}
@@ -202,8 +201,7 @@ def split(args: argparse.Namespace) -> int:
         write_acl(out / ACL, federation_acl(args.acl, homes, watcher=watchers))
         nodes = [*homes, *sorted(set(homes.values())), "cloud"]
         write_logins(out, [*nodes, *watchers], probes=nodes)
-        packet = DEFAULT_MAX_BYTES + 1024 * 1024  # headroom for topic, MQTT header and a signature
-        (out / BROKER_CONF).write_text(broker_conf(args.acl, out / ACL, out / PASSWD, packet, port=listen[1],
+        (out / BROKER_CONF).write_text(broker_conf(args.acl, out / ACL, out / PASSWD, port=listen[1],
                                                    address=listen[0]))
     kept = write_keys(out / KEYS, node_roles(args.devices, args.edges)) if args.keys else []
 

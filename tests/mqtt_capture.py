@@ -13,11 +13,14 @@ class Capture:
     """A raw MQTT 5 client on `splitedge/#` that keeps every PUBLISH with the retain flag its
     publisher set (retain-as-published), as (topic, payload, retain, qos)."""
 
-    def __init__(self, broker, name: str, topic: str = "splitedge/#") -> None:
+    def __init__(self, broker, name: str, topic: str = "splitedge/#", password: str | None = None) -> None:
+        """With `password`, it logs in as `name` (a broker with logins: tests/test_provision.py)."""
         self.messages: list[tuple[str, bytes, bool, int]] = []
         self.lock = threading.Lock()
         self.subscribed = threading.Event()
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv5)
+        if password is not None:
+            self.client.username_pw_set(name, password)
         self.client.on_message = self._on_message
         self.client.on_subscribe = lambda *a: self.subscribed.set()
         self.client.connect("127.0.0.1", broker.port)

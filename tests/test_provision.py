@@ -14,15 +14,16 @@ import hashlib
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from brokers import require_mosquitto, wait_until
 from generated_broker import Broker, as_root, broker_user_exists
+from mqtt_capture import Capture
 from splitedge.cli import build_parser, main
 from splitedge.protocol.acl import ANY_RUN, federation_acl
 from splitedge.protocol.broker import free_port
@@ -198,28 +199,6 @@ def test_the_broker_acl_names_no_run_and_confines_each_login_to_its_node() -> No
 
 # -- on a real broker ------------------------------------------------------------------------------
 
-class Login:
-    """A plain paho client logged in as one of the bundles' logins."""
-
-    def __init__(self, port: int, user: str, password: str) -> None:
-        import paho.mqtt.client as paho
-        from paho.mqtt.enums import CallbackAPIVersion
-
-        self.got: list[tuple[str, bytes]] = []
-        self.ready = threading.Event()
-        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=user)
-        self.client.username_pw_set(user, password)
-        self.client.on_connect = lambda *a: self.ready.set()
-        self.client.on_message = lambda c, u, m: self.got.append((m.topic, m.payload))
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-        assert self.ready.wait(10), f"{user}: no CONNACK"
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
 def printed(stdout: str, run: str) -> dict[str, str]:
     """node -> the command `provision` printed for it, for run `run`."""
     lines = [line.strip().replace("RUN", run) for line in stdout.splitlines()
@@ -261,20 +240,20 @@ def test_two_runs_from_the_bundles_alone_on_one_untouched_broker(capsys) -> None
 
             # a device's login, in any run, writes only as its own node
             password = (folder / "bundles" / "d0" / "login.password").read_text().strip()
-            watcher = Login(port, "watcher", (folder / "bundles" / "operator" / "logins" /
-                                              "watcher.password").read_text().strip())
-            d0 = Login(port, "d0", password)
+            at = SimpleNamespace(port=port)
+            logins = folder / "bundles" / "operator" / "logins"
+            watcher = Capture(at, "watcher", password=(logins / "watcher.password").read_text().strip())
+            d0 = Capture(at, "d0", topic="splitedge/+/device/d0/#", password=password)
             try:
-                watcher.client.subscribe("splitedge/#", qos=1)
-                time.sleep(0.5)
                 mark = uuid.uuid4().hex[:8]
                 for run in ("field-2", f"new-{mark}"):
                     d0.client.publish(f"splitedge/{run}/device/d1/up/hello", b"forged", qos=1)
                     d0.client.publish(f"splitedge/{run}/edge/e0/down/round", b"forged", qos=1)
                     d0.client.publish(f"splitedge/{run}/device/d0/up/mark-{mark}", b"mine", qos=1)
-                assert wait_until(lambda: sum(f"mark-{mark}" in t for t, _ in watcher.got) == 2, 10), watcher.got
+                assert wait_until(lambda: sum(f"mark-{mark}" in m[0] for m in watcher.messages) == 2, 10), \
+                    watcher.messages
                 time.sleep(0.5)
-                forged = [t for t, payload in watcher.got if payload == b"forged"]
+                forged = [m[0] for m in watcher.messages if m[1] == b"forged"]
                 assert forged == [], forged
             finally:
                 d0.close()

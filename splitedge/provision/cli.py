@@ -50,13 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitedge.data_cli import listener_of, login_url, write_keys
+    from splitedge.data_cli import ACL, BROKER_CONF, listener_of, login_url, write_keys
     from splitedge.protocol.acl import ANY_RUN, broker_conf, federation_acl, watcher_logins, write_acl
-    from splitedge.protocol.limits import DEFAULT_MAX_BYTES
+    from splitedge.protocol.credentials import check_scheme
     from splitedge.protocol.logins import LOGINS, PASSWD, write_logins
     from splitedge.protocol.signing import INSTALL_HINT
-
-    from splitedge.protocol.credentials import check_scheme
 
     check_scheme(args.broker)
     manifest, doc = read_manifest(args.shards, need_shards=args.device_data is None)
@@ -81,9 +79,8 @@ def run(args: argparse.Namespace) -> int:
     broker = args.out / BROKER  # open: the broker reads it as its own user; its password file is 600
     broker.mkdir(parents=True, exist_ok=True)
     copy_private(operator / PASSWD, broker / PASSWD)
-    write_acl(broker / "broker.acl", acl)
-    packet = DEFAULT_MAX_BYTES + 1024 * 1024  # headroom for topic, MQTT header and a signature (as data split)
-    (broker / "broker.conf").write_text(broker_conf(ANY_RUN, broker / "broker.acl", broker / PASSWD, packet,
+    write_acl(broker / ACL, acl)
+    (broker / BROKER_CONF).write_text(broker_conf(ANY_RUN, broker / ACL, broker / PASSWD,
                                                     port=listen[1], address=listen[0]))
     for node in nodes:
         common = {"broker": login_url(args.broker, node.id), "password-file": LOGIN, "sign-key": KEY,
