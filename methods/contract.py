@@ -387,10 +387,13 @@ class DevicePart(Part):
     dp_sgd: bool = False
     """Whether, with `dp_unit = "sample"`, this part trains with DP-SGD (methods/privacy/dpsgd.py)
     and sends what it trained as it is; a method with a device part that does not is refused."""
-    sample_unbounded: str = ""
-    """Why a release of this part has no bounded sensitivity at one image (a statistic computed with
-    the model the device just trained on those images), so `dp_unit = "sample"` refuses it; ""
-    when every release is bounded."""
+    own_model_statistics: str = ""
+    """Why a release of this part is a statistic of a model the device trains on the same images
+    (FedProto's personal model), "" when none is. Such a release is bounded at one image only when
+    that training is itself DP-SGD, every step a counted release (adaptive composition,
+    methods/privacy/dpsgd.py); trained without it, removing one image moves the model and so
+    every image's vector, and no bound holds at any unit. So `dp_unit = "device"` refuses it and
+    `dp_unit = "sample"` needs the part's `dp_sgd`."""
     clear_private: str = ""
     """Why a private release of this part travels outside every secure sum (e.g. CFLHKD's
     clustering signal), so that it cannot share its noise with other devices and a run with
@@ -745,6 +748,11 @@ class Method:
         if self.config.dp_devices > 1 and clear:
             raise ValueError(f"dp_devices={self.config.dp_devices} needs every private release of {self.name} inside "
                              f"a secure sum, but {clear[0]}: leave dp_devices at 1")
+        own = sorted({p.own_model_statistics for p in parts if p.own_model_statistics})
+        if self.config.dp_unit == "device" and own:
+            raise ValueError(f"dp_unit=device refuses {self.name}: {own[0]} without DP-SGD, so removing one image "
+                             f"moves it by more than its clip; use dp_unit=sample (DP-SGD, docs/privacy.md, "
+                             f"'The privacy unit') or leave dp_sigma at 0")
         if self.config.dp_unit == "sample":
             self._check_sample(parts)
         skip = ("dp_update_clip",) if self.config.dp_unit == "sample" else ()  # DP-SGD clips gradients instead
@@ -754,15 +762,11 @@ class Method:
                              f"release is clipped to (docs/privacy.md)")
 
     def _check_sample(self, parts: Sequence[Any]) -> None:
-        """With dp_unit=sample, every device part trains with DP-SGD and releases nothing whose
-        sensitivity at one image is unbounded (methods/privacy/dpsgd.py)."""
-        unbounded = sorted({p.sample_unbounded for p in parts if p.sample_unbounded})
-        if unbounded:
-            raise ValueError(f"dp_unit=sample refuses {self.name}: {unbounded[0]}, so removing one image moves it by "
-                             f"more than its clip (docs/privacy.md, 'The privacy unit')")
+        """With dp_unit=sample, every device part trains with DP-SGD (methods/privacy/dpsgd.py), so
+        its statistics, even of the model it trained, are bounded at one image."""
         if not all(p.dp_sgd for p in parts):
             raise ValueError(f"{self.name}'s devices have no DP-SGD form: dp_unit=sample covers fedavg (and fedadam, "
-                             f"fedyogi, fedavgm), fedprox, hsfp and hsfp-cal (device_target=etf); use dp_unit=device")
+                             f"fedyogi, fedavgm), fedprox, fedproto, hsfp and hsfp-cal (device_target=etf); use dp_unit=device")
 
     def loss_terms(self, role: str) -> list[Any]:
         """Everything `role` minimises: objective plus switched-on regularisers."""

@@ -64,7 +64,7 @@ def test_a_private_update_is_clipped_noised_and_counted() -> None:
 @pytest.mark.parametrize("method, settings, message", [
     ("scaffold", {"dp_sigma": 1.0}, "dp_update_clip > 0"),
     ("splitfed", {"dp_sigma": 1.0, "dp_update_clip": 1.0}, "no differentially private form"),
-    ("fedproto", {"dp_sigma": 1.0}, "dp_clip > 0"),
+    ("fedproto", {"dp_sigma": 1.0, "dp_unit": "sample", "dp_grad_clip": 1.0, "dp_sample_rate": 0.1}, "dp_clip > 0"),
     ("cflhkd", {"dp_sigma": 1.0, "dp_clip": 1.0}, "dp_update_clip > 0"),
     ("fedavg", {"dp_sigma": 1.0}, "dp_update_clip > 0"),
     ("hsfp", {"dp_sigma": 1.0, "dp_update_clip": 1.0}, "dp_clip > 0"),
@@ -93,11 +93,11 @@ def test_a_private_federation_counts_its_releases_and_reports_epsilon(mosquitto,
     assert records[-1]["dp_epsilon"] > records[0]["dp_epsilon"]
 
 
-@pytest.mark.parametrize("method, per_round, extra", [("fedproto", 1, {}), ("cflhkd", 2, {}),
-                                                     ("cflhkd", 3, {"dp_bn_clip": 50.0}), ("scaffold", 1, {})])
-def test_fedproto_cflhkd_and_scaffold_release_privately(mosquitto, tmp_path, method: str, per_round: int,
+@pytest.mark.parametrize("method, per_round, extra", [("cflhkd", 2, {}), ("cflhkd", 3, {"dp_bn_clip": 50.0}),
+                                                     ("scaffold", 1, {})])
+def test_cflhkd_and_scaffold_release_privately(mosquitto, tmp_path, method: str, per_round: int,
                                                         extra: dict) -> None:
-    # FedProto: its prototypes, one release a round; CFLHKD: its mean logits and its model update
+    # (FedProto releases only under DP-SGD: tests/test_dp_sgd.py) CFLHKD: its mean logits and its model update
     # (the clustering signal is computed from the noised update, so it costs nothing more), and
     # with dp_bn_clip the model's BatchNorm statistics; SCAFFOLD: its model update (its control
     # variate follows from the noised model it sent)
@@ -106,10 +106,7 @@ def test_fedproto_cflhkd_and_scaffold_release_privately(mosquitto, tmp_path, met
     for r in records:
         assert r["dp_epsilon"] == pytest.approx(epsilon(1.0, r["dp_releases_total"], 1e-5))
         assert not any(r["rejected"].get(edge) for edge in ("e0", "e1")), r["rejected"]  # fitted to the hellos
-    if method == "fedproto":  # its accuracy is its devices' held-out scores, which private reports keep
-        assert records[-1]["accuracy"] is None  # (test_private_reports_clear.py)
-    else:
-        assert np.isfinite(records[-1]["accuracy"])
+    assert np.isfinite(records[-1]["accuracy"])
 
 
 def test_negligible_noise_changes_little_and_moments_stay_exact_in_their_counts(mosquitto, tmp_path) -> None:
@@ -286,3 +283,28 @@ def test_a_simulated_private_run_hides_its_devices_classes() -> None:
 
     assert private_run(SimSettings(overrides={"dp_sigma": "0.5"})) and not private_run(SimSettings())
 
+
+
+def test_fedmar_s_private_latent_is_taken_by_the_encoder_it_received_and_it_keeps_what_it_released() -> None:
+    # The mean latent is a statistic of the device's images: bounded at one image only when taken by
+    # an encoder that is a function of releases (the one the round starts from), not by the one it
+    # then trains on those images (docs/privacy.md, "The privacy unit"). After the round the device
+    # holds the update it released, so the next round's encoder is again a function of releases.
+    from splitedge.models import state_to_numpy
+
+    cfg = default_config("fedmar", ModelSpec(), dp_sigma=1e-9, dp_clip=1e6, dp_update_clip=1e6, patch=2, vit_dim=16,
+                         vit_depth=1, vit_heads=2, decoder_dim=8, decoder_depth=1, local_epochs=2)
+    m = create_method("fedmar", cfg)
+    rng = np.random.default_rng(0)
+    part = m.device_part(NodeContext("d0", m, rng), (rng.integers(0, 255, (40, 8, 8, 1), dtype=np.uint8),
+                                                     np.zeros(40, dtype=np.int64)), "torch")
+    start, seen = state_to_numpy(part.model), []
+    latent = part.private_latent
+    part.private_latent = lambda: (seen.append(state_to_numpy(part.model)), latent())[1]
+    body = part.released_round()
+    assert len(seen) == 1 and all(np.array_equal(seen[0][k], start[k]) for k in start)
+    trained = [k for k in start if not np.array_equal(body["weights"][k], start[k])]
+    assert trained, "the round trained nothing"
+    held = state_to_numpy(part.model)
+    assert all(np.array_equal(held[k], body["weights"][k]) for k in held)
+    assert part.mean_latent is not None and part.dp_releases == 2

@@ -42,12 +42,13 @@ def _torch_part(method: str, n: int = 10, **extra):
     return part
 
 
-def _loop_clipped(part, idx, clip: float) -> dict[str, torch.Tensor]:
+def _loop_clipped(part, idx, clip: float, loss_of=None) -> dict[str, torch.Tensor]:
     """The oracle: each image's own gradient by autograd, one at a time, clipped, summed."""
     out: dict[str, torch.Tensor] = {}
+    loss_of = loss_of or part.sample_loss
     for i in idx:
         part.model.zero_grad()
-        loss, _ = part.sample_loss(part.x[i:i + 1], part.y[i:i + 1])
+        loss, _ = loss_of(part.x[i:i + 1], part.y[i:i + 1])
         loss.backward()
         grads = {k: p.grad.double().clone() for k, p in part.model.named_parameters()}
         norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads.values()))
@@ -66,6 +67,20 @@ def test_torch_per_sample_clipping_is_the_loop_of_single_images_clipped(method: 
     want = _loop_clipped(part, range(len(part.y)), 0.5)
     norms = torch.sqrt(sum(g.double().reshape(len(part.y), -1).pow(2).sum(1) for g in grads.values()))
     assert (norms > 0.5).sum() >= 3  # the clip binds, so the test would see a wrong scale
+    for k in want:
+        assert torch.allclose(got[k], want[k], rtol=1e-4, atol=1e-6), k
+
+
+def test_fedproto_s_per_sample_clipping_is_the_loop_of_single_images_clipped() -> None:
+    # FedProto's loss reads its image's own class prototype: a per-image loss, so DP-SGD applies,
+    # and its prototypes, of the model DP-SGD trained, compose with its steps (docs/privacy.md)
+    part = _torch_part("fedproto", n=12, dp_clip=1.0)
+    rng = torch.Generator().manual_seed(0)
+    extra = {"protos": torch.randn(10, part.dim, generator=rng), "has_proto": torch.arange(10) % 3 != 0}
+    loss_of = lambda x, y: part.sample_loss(x, y, extra)  # noqa: E731
+    grads, terms = per_sample_grads(part.model, loss_of, part.x, part.y)
+    assert float(terms["proto"].abs().sum()) > 0  # the prototype term is on
+    got, want = clipped_sum(grads, 0.5), _loop_clipped(part, range(len(part.y)), 0.5, loss_of)
     for k in want:
         assert torch.allclose(got[k], want[k], rtol=1e-4, atol=1e-6), k
 
@@ -211,9 +226,8 @@ def test_the_accountant_drops_only_dp_accounting_s_warning_of_orders_it_leaves_o
 
 
 @pytest.mark.parametrize("method, settings, message", [
-    ("fedproto", {"dp_clip": 1.0}, "refuses fedproto: its prototypes and head statistics are computed with the model"),
-    ("cflhkd", {"dp_clip": 1.0}, "refuses cflhkd: its mean logits are computed with the model it just trained"),
-    ("hsfp", {"dp_clip": 1.0, "device_target": "etf", "moments_of": "local"}, "refuses moments_of=local"),
+    ("cflhkd", {"dp_clip": 1.0}, "cflhkd's devices have no DP-SGD form"),
+    ("fedmar", {"dp_clip": 1.0}, "fedmar's devices have no DP-SGD form"),
     ("hsfp", {"dp_clip": 1.0}, "refuses device_target=supcon"),
     ("scaffold", {}, "scaffold's devices have no DP-SGD form"),
     ("simsiam", {}, "simsiam's devices have no DP-SGD form"),
@@ -233,13 +247,34 @@ def test_releases_unbounded_at_one_image_are_refused_before_any_work(method: str
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("method, settings, message", [
+    ("fedproto", {"dp_clip": 1.0}, "dp_unit=device refuses fedproto: its prototypes and head statistics are computed "
+                                   "with the personal model it trains without DP-SGD"),
+    ("hsfp", {"dp_clip": 1.0, "moments_of": "local"}, "dp_unit=device refuses moments_of=local"),
+])
+def test_statistics_of_a_model_trained_without_dpsgd_are_refused_at_the_device_unit(method: str, settings: dict,
+                                                                                     message: str) -> None:
+    # Trained without DP-SGD on the same images, the model moves with every image, and so does
+    # every image's vector: no bound holds at one image, nor at the device (docs/privacy.md).
+    from splitedge.cloud.options import build_run_config
+    from splitedge.methods.data.datasets import load_dataset
+
+    info = load_dataset("digits", max_train=10, max_test=10)[2]
+    with pytest.raises(ValueError, match=message) as err:
+        build_run_config(method, info, None, 0, {"dp_sigma": 1.0, "dp_unit": "device", "dp_update_clip": 1.0,
+                                                 **settings})
+    assert "\n" not in str(err.value)
+
+
 def test_accepted_sample_level_runs_need_no_update_clip() -> None:
     from splitedge.cloud.options import build_run_config
     from splitedge.methods.data.datasets import load_dataset
 
     info = load_dataset("digits", max_train=10, max_test=10)[2]
     for method, extra in (("fedavg", {}), ("fedprox", {}), ("fedadam", {}), ("hsfp-cal", {"device_target": "etf",
-                          "dp_clip": 1.0, "dp_head_clip": 1.0, "dp_bn_clip": 5.0})):
+                          "dp_clip": 1.0, "dp_head_clip": 1.0, "dp_bn_clip": 5.0}),
+                          ("fedproto", {"dp_clip": 1.0}), ("hsfp", {"device_target": "etf", "dp_clip": 1.0,
+                                                                    "moments_of": "local"})):
         assert build_run_config(method, info, None, 0, {**SAMPLE, **extra}).method.dp_unit == "sample"
 
 
@@ -256,6 +291,10 @@ def _sim(url: str, run: str, out: Path, method: str, backends: tuple[str, ...], 
 @pytest.mark.parametrize("method, backends, extra, releases", [
     ("fedavg", ("torch",), {"dp_bn_clip": 5.0}, 1),  # the BatchNorm statistics of the received model
     ("hsfp", ("torch", "onnx"), {"device_target": "etf", "dp_clip": 5.0, "ic": 1}, 1),  # the moments
+    # statistics of the model the device trained with DP-SGD: FedProto's prototypes, the moments
+    # of H-SFP's local W_c (torch and the thin trainer), each one release a round
+    ("fedproto", ("torch",), {"dp_clip": 5.0}, 1),
+    ("hsfp", ("torch", "onnx"), {"device_target": "etf", "dp_clip": 5.0, "ic": 1, "moments_of": "local"}, 1),
 ])
 def test_a_digits_federation_with_dpsgd_reports_its_epsilon(embedded_broker, tmp_path, method: str,
                                                            backends: tuple[str, ...], extra: dict,

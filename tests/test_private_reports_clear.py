@@ -19,6 +19,8 @@ from splitedge.protocol.codec import decode
 # what a device's done info may say of its data with private reports: nothing of these
 SCORES = ("accuracy", "effective_rank", "eval_samples", "global_accuracy", "samples", "loss", "samples_sent")
 DP = {"dp_sigma": 1.0, "dp_clip": 20.0, "dp_head_clip": 1.0, "dp_update_clip": 20.0}
+DP_SGD = {"dp_unit": "sample", "dp_sample_rate": 0.25, "dp_grad_clip": 1.0}
+"""FedProto releases privately only with DP-SGD (its prototypes are of the model it trains)."""
 
 
 def test_private_info_keeps_only_what_is_listed() -> None:
@@ -73,7 +75,8 @@ def test_a_private_run_s_devices_and_edges_keep_devices_figures_off_the_broker(m
     capture = Capture(mosquitto, f"capture-{run}", topic=f"splitedge/{run}/#")
     try:
         run_sim(SimSettings(rounds=2, devices=4, edges=2, method=method, broker=mosquitto.url, run=run,
-                            out=tmp_path / run, max_train=600, max_test=200, deadline_s=60.0, overrides=dict(DP)))
+                            out=tmp_path / run, max_train=600, max_test=200, deadline_s=60.0,
+                            overrides={**DP, **(DP_SGD if method == "fedproto" else {})}))
         time.sleep(0.3)
     finally:
         capture.close()

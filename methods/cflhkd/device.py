@@ -39,7 +39,6 @@ class CFLHKDDevice(PersonalHead, DevicePart):
     clear_private = "its clustering signal, computed from its noisy update, goes to the cloud device by device"
     secure_kinds = ("logits", "weights")  # its clustering signal is the cloud's to compare, device by device
     private, private_clips = True, ("dp_clip", "dp_update_clip")  # logits; the model (the signal follows from it)
-    sample_unbounded = "its mean logits are computed with the model it just trained on the same images"
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -135,6 +134,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         weights, before = state_to_numpy(self.model), {k: v.numpy() for k, v in start.items()}
         if self.cfg.dp_sigma > 0:  # the update clipped and noised; the signal is computed from what is sent
             weights = private_weights(self, weights, before, norms)
+            load_numpy_state(self.model, weights)  # it holds what it released: whatever it computes next is of that
         yield Message("weights", {"part": MODEL, "version": self.version, "samples": self.reported_samples(len(self.y)),
                                   "weights": weights})
         yield Message("arrays", {"name": SIGNAL, "version": plan.round,
@@ -174,7 +174,8 @@ class CFLHKDDevice(PersonalHead, DevicePart):
     @torch.no_grad()
     def mean_logits(self) -> dict[str, Any]:
         """Class-wise mean logits of the model this device received, on its training share, of the
-        classes above the run's minimum count."""
+        classes above the run's minimum count. Under DP that model is a function of releases only
+        (its cluster's, or its own released update), so the release is bounded at one image."""
         self.model.eval()
         c = self.spec.num_classes
         if self.cfg.dp_sigma > 0:  # one noisy release of every class; the floor applies to its noisy counts

@@ -17,6 +17,7 @@ from splitedge.methods.calibration.personal import PersonalHead
 from splitedge.methods.fedproto.loss import representation
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, protos_body
 from splitedge.methods.moments import MomentAccumulator
+from splitedge.methods.privacy.dpsgd_torch import terms_loss, train_dpsgd
 from splitedge.methods.privacy.release import private_means_of
 from splitedge.methods.data.preprocess import batches
 from splitedge.methods.metrics.representation import effective_rank
@@ -51,7 +52,8 @@ class FedProtoDevice(PersonalHead, DevicePart):
     secure_kinds = ("moments",)  # its prototypes: the edge takes their mean over devices (protos.py)
     moments_per = "device"
     private, private_clips = True, ("dp_clip",)  # only prototypes (and head statistics) leave it
-    sample_unbounded = "its prototypes and head statistics are computed with the model it just trained on the same images"
+    own_model_statistics = "its prototypes and head statistics are computed with the personal model it trains"
+    dp_sgd = True  # dp_unit=sample: the personal model trains with DP-SGD, which bounds what is computed with it
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
@@ -114,6 +116,11 @@ class FedProtoDevice(PersonalHead, DevicePart):
         features, logits = representation(self.model, batch.x)
         return {"features": features, "logits": logits}
 
+    def sample_loss(self, x: torch.Tensor, y: torch.Tensor, extra: dict[str, Any]) -> tuple[torch.Tensor, dict]:
+        """One image's loss terms (DP-SGD's per-sample gradient: methods/privacy/dpsgd_torch.py)."""
+        batch = Batch(x, y, extra)
+        return terms_loss(self.method.loss_terms("device"), self.forward(batch), batch)
+
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
         protos = self.protos if self.protos.shape[1] else torch.zeros(self.spec.num_classes, self.dim)
@@ -122,8 +129,13 @@ class FedProtoDevice(PersonalHead, DevicePart):
             for idx in shuffled_batches(len(self.y), self.cfg.device_batch, gen):
                 yield Batch(self.x[idx], self.y[idx], {"protos": protos, "has_proto": self.has_proto})
 
-        self.losses = train_epochs(self.forward, self.method.loss_terms("device"), epoch, self.opt, [self.model],
-                                   epochs=self.cfg.local_epochs)
+        if self.cfg.dp_sigma > 0 and self.cfg.dp_unit == "sample":  # every step a counted release
+            extra = {"protos": protos, "has_proto": self.has_proto}
+            self.losses = train_dpsgd(self, self.model, lambda x, y: self.sample_loss(x, y, extra),
+                                      lambda i: (self.x[i], self.y[i]), len(self.y), self.opt)
+        else:
+            self.losses = train_epochs(self.forward, self.method.loss_terms("device"), epoch, self.opt, [self.model],
+                                       epochs=self.cfg.local_epochs)
         self.last_accuracy = accuracy(self.model, self.x_eval, self.y_eval)
         self.last_rank = self.held_out_rank()
         classes, counts, means = self.local_protos()
@@ -134,7 +146,8 @@ class FedProtoDevice(PersonalHead, DevicePart):
     def local_protos(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-class means (float64) of f(x) over the training share, eval mode, no augmentation;
         counts are the device's samples per class; only classes above the run's minimum count.
-        With DP on, a private release (methods/privacy/release.py)."""
+        With DP on, a private release (methods/privacy/release.py), bounded at one image because
+        the model trained with DP-SGD (dp_unit=device refuses it: methods/privacy/dpsgd.py)."""
         self.model.eval()
         if self.cfg.dp_sigma > 0:  # one noisy release of every class; the floor applies to its noisy counts
             rows = ((representation(self.model, self.x[sl])[0].numpy(), self.y[sl].numpy())

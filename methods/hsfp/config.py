@@ -109,15 +109,16 @@ class HSFPConfig(MethodConfig):
                              f"and {self.etf_tau}")
         if self.ic < 1 or self.ie < 0 or self.local_epochs < 0:
             raise ValueError("ic must be >= 1, ie >= 0 (0: W_e stays as initialised) and local_epochs >= 0")
+        if self.dp_sigma > 0 and self.moments_of == "local" and self.dp_unit == "device":
+            raise ValueError("dp_unit=device refuses moments_of=local: the local copy of W_c is trained on the same "
+                             "images without DP-SGD, so removing one image moves every feature and the moments by "
+                             "more than dp_clip; use dp_unit=sample (DP-SGD) or moments_of=global, the W_c every "
+                             "device received")
         if self.dp_sigma > 0 and self.dp_unit == "sample":
             self._check_sample_unit()
 
     def _check_sample_unit(self) -> None:
         """DP-SGD's refusals for H-SFP's devices (methods/privacy/dpsgd.py): each in one line."""
-        if self.moments_of == "local":
-            raise ValueError("dp_unit=sample refuses moments_of=local: the local copy was just trained on the same "
-                             "images, so removing one image moves every feature and the moments by more than dp_clip; "
-                             "moments_of=global takes them of the W_c every device received")
         if self.device_target == "supcon" and self.local_epochs > 0:
             raise ValueError("dp_unit=sample refuses device_target=supcon: SupCon compares the images of a batch, so "
                              "one image moves every other image's gradient; set device_target=etf (a per-image loss) "

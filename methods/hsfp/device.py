@@ -39,7 +39,7 @@ class HSFPDevice(DevicePart):
     moment_batch = MOMENT_BATCH  # images per extractor call while computing moments
     state = ("wc_version", "sent_version", "calib_version")  # the extractor is the runtime's backend
     private, private_clips = True, ("dp_clip",)  # it sends moments (and head statistics) only
-    dp_sgd = True  # trains nothing: moments of the global W_c (moments_of=local is refused with dp_unit=sample)
+    dp_sgd = True  # trains nothing here: moments of the global W_c, or of a copy its subclasses train with DP-SGD
     secure_kinds = ("moments",)
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:

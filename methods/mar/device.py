@@ -42,7 +42,6 @@ class MARDevice(DevicePart):
     # under DP (FedMAR): the model update clipped and noised as FedAvg's, and the mean latent one
     # noisy release of the images' latents clipped to dp_clip (private_latent)
     private, private_clips = True, ("dp_update_clip", "dp_clip")
-    sample_unbounded = "its mean latent is taken by the encoder it is training, on the same images"
     clear_private = "FedMAR's mean latents travel device by device (its edge forwards each to the cloud)"
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
@@ -127,11 +126,14 @@ class MARDevice(DevicePart):
 
     def private_latent(self) -> np.ndarray | None:
         """One differentially private release of the mean latent: each image's latent (masked as
-        in training, by the trained model) clipped to `dp_clip`, summed with noise; None when the
-        noisy count falls below the run's floor (the round then sends no latent)."""
+        in training) clipped to `dp_clip`, summed with noise; None when the noisy count falls below
+        the run's floor (the round then sends no latent). Taken by the encoder the round starts
+        from, a function of releases only, before it trains: by the encoder trained on the same
+        images every image's latent would move with every other image, unbounded."""
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
         x = self.data[0]
         rows = []
+        self.model.eval()
         with torch.inference_mode():
             for i in range(0, len(x), 256):
                 latent = self.model(normalise(to_unit(x[i:i + 256]), self.spec), generator=gen)["latent"]
@@ -143,14 +145,18 @@ class MARDevice(DevicePart):
 
     def released_round(self) -> dict[str, Any]:
         """Train this round; the model body to send and `mean_latent` set, both private under DP
-        (methods/privacy): the update clipped and noised, the latent one noisy release (None
-        when its noisy count fell below the floor)."""
-        start = state_to_numpy(self.model) if self.cfg.dp_sigma > 0 else None
+        (methods/privacy): the latent one noisy release by the encoder the round started from
+        (None when its noisy count fell below the floor), the update clipped and noised, and the
+        model then holds what it released, so the next round starts from releases only."""
+        private = self.cfg.dp_sigma > 0
+        start = state_to_numpy(self.model) if private else None
+        latent = self.private_latent() if private else None
         self.train_round()
         body = self.model_body()
         if start is not None:
             body["weights"] = private_weights(self, body["weights"], start)
-            self.mean_latent = self.private_latent()
+            load_numpy_state(self.model, body["weights"])
+            self.mean_latent = latent
         return body
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:

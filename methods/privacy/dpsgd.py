@@ -41,18 +41,24 @@ What else a device may release, at the unit of one image
 --------------------------------------------------------
 The model a device sends is a function of the DP-SGD steps only (and of public inputs): free.
 A statistic of the private images (moments, head statistics, prototypes, logits, BatchNorm
-statistics, latents) is a separate Gaussian release, and its per-image sensitivity is the clip
-(dp.py) only if every image's clipped vector f(x_i) depends on image i alone: f must be a model
-the device did not train on those images (the global model it received, public), or the data
-public. Computed with the model the device just trained, f itself depends on every image: removing
-x_j changes f, hence every f(x_i), and the sum moves by up to N times the clip (measured: 20.4
-noise units against a bound of 1.41). So with DP-SGD:
-- H-SFP's moments of the global W_c (`moments_of=global`), head statistics of the merged model
-  (`calibrate=lda`) and BatchNorm statistics of the received model (`dp_bn_clip`) are accepted,
-  each a Gaussian release at its stated sensitivity, composed;
-- H-SFP's moments of the local copy (`moments_of=local`), FedProto's prototypes and head
-  statistics, CFLHKD's logits and clustering signal, FedMAR's latents: computed with the model
-  the device trained, refused in one line at config validation (`DevicePart.sample_unbounded`).
+statistics, latents) is a separate Gaussian release whose per-image sensitivity is the clip
+(dp.py) for a FIXED model f: removing x_j removes one clipped vector and moves no other. Two
+cases keep f fixed where it matters:
+- f is a function of releases only (the global model it received, an encoder a round starts
+  from): public, as far as this device's images are concerned;
+- f was trained on those images by DP-SGD. Then (steps, statistic) is an adaptive composition:
+  each step is a Gaussian release given the model before it, the statistic a Gaussian release
+  given the model after the last step, and RDP composes adaptively, so the pair is DP at the
+  composed epsilon and the statistic alone is its post-processing. It is DP-SGD's own argument:
+  every step's gradients are of a model trained on the same images.
+Trained WITHOUT DP-SGD, f itself depends on every image: removing x_j moves f, hence every
+f(x_i), by an amount nothing bounds (measured: 20.4 noise units against a bound of 1.41). So:
+- H-SFP's moments of the global W_c, head statistics of the merged model, BatchNorm statistics
+  of the received model, CFLHKD's logits of the model it received, MAR's latent by the encoder
+  its round starts from: accepted (CFLHKD and MAR have no DP-SGD form, so dp_unit=device);
+- FedProto's prototypes and head statistics (its personal model) and H-SFP's moments of its
+  local copy (`moments_of=local`): accepted with dp_unit=sample, where that model trains by
+  DP-SGD; refused in one line with dp_unit=device (`DevicePart.own_model_statistics`).
 """
 
 from __future__ import annotations
