@@ -6,24 +6,23 @@ quorum or deadline, runs the method's cloud part, writes metrics (JSON lines) an
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from splitedge.methods.calibration import CALIBRATE, EVALUATE, HEAD, calibrates
-from splitedge.methods.calibration.layers import selects
-from splitedge.methods.calibration.records import Gate, merged_scores, records_of
+from splitedge.methods.calibration import calibrates
 from splitedge.methods.config import RunConfig
 from splitedge.methods.losslog import tier_losses
+from splitedge.methods.privacy.accountant import privacy_spent
 from splitedge.methods.metrics.plateau import plateaued
 from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan, To
 from splitedge.cloud import resume
+from splitedge.cloud.calibration_phase import CloudCalibration
 from splitedge.cloud.commit import RunWriter
 from splitedge.cloud.edges import CloudEdges
 from splitedge.exporters.checkpoint import model_metadata
@@ -92,8 +91,7 @@ class CloudCoordinator(Node):
         self.pending: dict[str, Any] | None = None  # the round merged but not yet written (resume.CloudState)
         self.outbox: list[Message] = []  # what that round published since its merge, committed first
         self.resumed = resume_from
-        self.partial_head_warned = False
-        self.last_calibration: tuple[str, dict[str, Any]] | None = None  # (its inputs, its metrics): reused when unchanged
+        self.calibration = CloudCalibration(self)  # the rounds' calibration and evaluation phases
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -109,7 +107,7 @@ class CloudCoordinator(Node):
         self.pending = snapshot.from_plain(saved.pending) if saved.pending else None
         if saved.calibration:
             inputs, metrics = snapshot.from_plain(saved.calibration)
-            self.last_calibration = (inputs, metrics)
+            self.calibration.last = (inputs, metrics)
         if self.pending is not None:
             self.outbox = [Message(m["kind"], m["body"], To(*m["to"]), m["slot"]) for m in self.pending["outbox"]]
         status.info("cloud: resuming run %s (session %s) after round %d%s", self.run_id, self.session, saved.round,
@@ -276,12 +274,12 @@ class CloudCoordinator(Node):
         if failed:
             metrics["failures"] = failed
         if calibrates(self.method.config, r, self.settings.rounds):
-            calibration, reports = self.calibration_phase(plan, reports)  # the edges' latest word on what they refused
+            calibration, reports = self.calibration.run(plan, reports)  # the edges' latest word on what they refused
             metrics.update(calibration)
             crash_point("cloud.calibrated", r)
         losses = pending["losses"]
         taking_part = len(plan.participants) if plan.participants else len(self.online_devices())
-        metrics.update(self.privacy_spent(metrics))
+        metrics.update(privacy_spent(self.method.config, self.history[-1] if self.history else {}, metrics))
         if pending.get("devices") is not None:  # the devices whose training phase reached the cloud
             metrics["devices_reported"] = pending["devices"]
         metrics["served_head"] = self.served_head()  # what the checkpoint of this round carries
@@ -299,31 +297,6 @@ class CloudCoordinator(Node):
         if self.settings.on_round:
             self.settings.on_round(record)
         return record
-
-    def privacy_spent(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """With DP on: the releases of the device that made the most (an upper bound, summed over
-        phases and rounds) and the epsilon at `dp_delta` they spend (methods/privacy/accountant.py),
-        composed under dp_unit=sample with every round's DP-SGD steps (dpsgd.steps, counted for
-        every round, an upper bound for a device that sat one out); with distributed DP, the
-        devices whose noise each sum adds up (methods/privacy/distributed.py)."""
-        cfg = self.method.config
-        if not cfg.dp_sigma > 0:
-            return {}
-        from splitedge.methods.privacy.accountant import run_epsilon
-        from splitedge.methods.privacy.dpsgd import steps
-
-        last = self.history[-1] if self.history else {}
-        total = int(last.get("dp_releases_total", 0)) + int(metrics.get("dp_releases", 0)) + \
-            int(metrics.get("calibration_dp_releases", 0))
-        spent: dict[str, Any] = {"dp_unit": cfg.dp_unit, "dp_releases_total": total}
-        sgd = 0
-        if cfg.dp_unit == "sample":  # every round, each device takes at most steps(cfg) DP-SGD steps (a public count)
-            sgd = int(last.get("dp_sgd_steps_total", 0)) + steps(cfg)
-            spent.update(dp_sgd_steps_total=sgd, dp_sample_rate=cfg.dp_sample_rate)
-        spent["dp_epsilon"] = run_epsilon(cfg.dp_sigma, total, sgd, cfg.dp_sample_rate, cfg.dp_delta)
-        if cfg.dp_devices > 1:  # the epsilon holds while each sum holds that many devices whose noise is unknown
-            spent["dp_devices"] = int(cfg.dp_devices)
-        return spent
 
     def run_phase(self, plan: RoundPlan) -> list[Any]:
         """Announce `plan` (a round, its calibration or its evaluation) and collect the edges'
@@ -352,96 +325,6 @@ class CloudCoordinator(Node):
         signed = roster.directive(self.run_id, plan, cfg.secagg, roster.minimum(cfg), members,
                                   getattr(self.transport, "signer", None))
         return dataclasses.replace(plan, directives={**plan.directives, roster.ROSTER: signed})
-
-    def calibration_phase(self, trained_plan: RoundPlan, trained: list[Any]) -> tuple[dict[str, Any], list[Any]]:
-        """The round's calibration (methods/calibration): its devices (those drawn, when
-        sampling) send head statistics of the model they now hold, edges merge them, the part
-        fits the head; where devices hold their own models, an evaluation phase follows.
-        Returns the metrics and the last phase's reports (`trained`, the round's, when no phase
-        could be opened)."""
-        r, layers = trained_plan.round, self.part.calibration_layers()
-        if layers is None:
-            log.warning("cloud: %s cannot calibrate its head; round %d is not calibrated", self.method.name, r)
-            return {}, trained
-        self.commit_and_publish(self.part.before_calibration(r), round_=r)
-        plan = dataclasses.replace(trained_plan, versions=dict(self.part.calibration_versions(r)),
-                                   directives={CALIBRATE: {"layers": dict(layers)}}, phase=CALIBRATE)
-        devices = self._calibration_devices(plan)
-        inputs = json.dumps([plan.versions, devices], sort_keys=True)  # plain: kept in the resume state
-        if self.last_calibration is not None and self.last_calibration[0] == inputs:
-            log.info("cloud: round %d's calibration inputs are those of the last one (models %s, the same devices): "
-                     "its head stands, no phase", r, dict(plan.versions))
-            return {**self.last_calibration[1], "calibration_reused": True}, trained
-        self.gate = Gate.of(plan, self.method)
-        reports, self.gate = self.run_phase(plan), None
-        sources, privacy = records_of(reports), phase_privacy(reports, prefix="calibration_")
-        silent = sorted({e for e, held in self.view.members.items() if held} -
-                        {rep.sender for rep in reports})  # down, or past the deadline: said first
-        if not sources:
-            if privacy.get("calibration_withheld"):  # every image under the floor: said once, with the fix
-                self._warn_partial_head({"calibrated_classes": 0, **privacy}, silent)
-            else:
-                log.warning("cloud: round %d's calibration got no head statistics; the head is not refitted", r)
-            return {"calibrated_edges": 0, **privacy}, reports
-        metrics = {**self.part.calibrate(plan, sources), "calibrated_edges": len({e for by in sources.values() for e in by}),
-                   "calibration_versions": dict(plan.versions)}
-        self._warn_partial_head({**metrics, **privacy}, silent)
-        answered = sum(int(rep.get("done").body["info"].get("devices", 0)) for rep in reports if rep.get("done"))
-        complete = answered == sum(map(len, devices.values())) and not silent and not phase_failures(reports)
-        heads = self.part.head_messages()
-        if heads:
-            scores, reports = self.evaluation_phase(plan, heads)
-            metrics.update(scores)
-        # every device answered: the same inputs next round give the same head, and the same floors
-        # (without DP: a DP release carries fresh noise and is accounted each time)
-        metrics.update(privacy)
-        self.last_calibration = (inputs, dict(metrics)) if complete and not self.method.config.dp_sigma > 0 else None
-        return metrics, reports
-
-    def _calibration_devices(self, plan: RoundPlan) -> dict[str, list[str]]:
-        """The devices that compute a calibration's head statistics (each edge's, those drawn
-        when sampling): with the models the phase names, all the statistics follow from. The same
-        inputs give the same head (58, item 5: hsfp-cal recomputed and resent identical
-        statistics every round until W_c was averaged)."""
-        drawn = set(plan.participants)
-        return {e: sorted(d for d in self.view.members.get(e, ()) if not drawn or d in drawn) for e in self.awaited}
-
-    def _warn_partial_head(self, metrics: dict[str, Any], silent: Sequence[str] = ()) -> None:
-        """Once a run: a calibrated head that lacks classes is scored but not served (serving.py),
-        or (0 classes) there is none, and why (`silent`: edges with devices that sent nothing)."""
-        classes, want = metrics.get("calibrated_classes"), self.method.spec.num_classes
-        if classes is None or classes >= want or self.partial_head_warned:
-            return
-        self.partial_head_warned = True
-        withheld = metrics.get("calibration_withheld") or {}
-        why = (f"the devices withheld {withheld.get('samples', 0)} of their images as classes they hold fewer than "
-               f"min_class_count={self.method.config.min_class_count} of" if withheld else "no device that reported "
-               "holds them")
-        if silent:  # an edge that is down sends nothing: that comes before any device's floor
-            why = f"edge{'s' if len(silent) > 1 else ''} {', '.join(silent)} sent no head statistics; {why}"
-        what = (f"calibration gets no head statistics ({why}): the head is not refitted" if not classes else
-                f"the calibrated head has {classes} of {want} classes ({why}): it is scored, the served model "
-                f"keeps its own head")
-        log.warning("cloud: %s. %s", what, "Give each device more images or lower min_class_count (docs/privacy.md)"
-                    if withheld else "Check the silent edges: their devices' classes come back with them" if silent
-                    else "Every class needs a device that holds it")
-
-    def evaluation_phase(self, calibrated: RoundPlan, heads: list[Message]) -> tuple[dict[str, Any], list[Any]]:
-        """Devices that hold their own models score the head they were sent on their held-out
-        data; each edge merges its devices' scores, the cloud its edges' (by samples scored)."""
-        r = calibrated.round
-        self.commit_and_publish(heads, round_=r)
-        plan = dataclasses.replace(calibrated, versions={**calibrated.versions, HEAD: r}, directives={}, phase=EVALUATE)
-        reports = self.run_phase(plan)
-        infos = {rep.sender: rep.get("done").body["info"] for rep in reports if rep.get("done") is not None}
-        merged = merged_scores(list(infos.values()))
-        if selects(self.method.config):  # the candidate layers, scored on the images devices held back
-            return self.part.heads_scored(merged.get("layer_scores", {})), reports
-        scores = {"personalised_accuracy_calibrated": merged.get("accuracy"),
-                  "cluster_accuracy_calibrated": {e: i["accuracy"] for e, i in infos.items() if "accuracy" in i}}
-        if self.method.personalised:  # its accuracy is the devices' own: so is the calibrated one
-            scores["accuracy_calibrated"] = merged.get("accuracy")
-        return scores, reports
 
     def _announce_stop(self, reason: str | None = None, interrupted: bool = False) -> None:
         """The end of the run: retained, so a node that (re)joins later still stops. A stop with
@@ -496,7 +379,7 @@ class CloudCoordinator(Node):
             session=self.session, round=self.round if last_round is None else last_round, attempt=self.attempt,
             enough_edges=self.edges.enough, placements=snapshot.to_plain(dict(self.view.placements)),
             rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending,
-            calibration=None if self.last_calibration is None else snapshot.to_plain(list(self.last_calibration)))
+            calibration=None if self.calibration.last is None else snapshot.to_plain(list(self.calibration.last)))
 
 
 def devices_reported(reports: list[Any]) -> int:

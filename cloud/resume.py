@@ -47,7 +47,7 @@ class CloudState:
     restarted cloud publishes the same again and finishes that round (coordinator.finish_round)."""
     calibration: list[Any] | None = None
     """The last calibration's inputs and metrics, while a round with the same inputs reuses its
-    head (coordinator.calibration_phase): a resumed cloud reuses it as the undisturbed one would."""
+    head (cloud/calibration_phase.py): a resumed cloud reuses it as the undisturbed one would."""
 
 
 def save(out: Path, state: CloudState) -> None:

@@ -201,13 +201,12 @@ def test_a_head_lacking_classes_because_an_edge_is_down_says_so_first(caplog) ->
     the silent edge, not the devices' minimum count (issue 56, 'Messages that mislead')."""
     from types import SimpleNamespace
 
-    from splitedge.cloud.coordinator import CloudCoordinator
+    from splitedge.cloud.calibration_phase import CloudCalibration
 
-    cloud = SimpleNamespace(method=SimpleNamespace(spec=SimpleNamespace(num_classes=10),
-                                                   config=SimpleNamespace(min_class_count=10)),
-                            partial_head_warned=False)
-    with caplog.at_level("WARNING", logger="splitedge.cloud.coordinator"):
-        CloudCoordinator._warn_partial_head(cloud, {"calibrated_classes": 6}, ["e1"])
+    driver = SimpleNamespace(method=SimpleNamespace(spec=SimpleNamespace(num_classes=10),
+                                                    config=SimpleNamespace(min_class_count=10)))
+    with caplog.at_level("WARNING", logger="splitedge.cloud.calibration_phase"):
+        CloudCalibration(driver).warn_partial_head({"calibrated_classes": 6}, ["e1"])
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "edge e1 sent no head statistics" in said[0], said
     assert "min_class_count" not in said[0] and "Check the silent edges" in said[0], said

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import math
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 Method = Literal["rdp", "pld"]
@@ -133,6 +133,30 @@ def run_epsilon(sigma: float, releases: int = 0, steps: int = 0, sample_rate: fl
     events = ([gaussian_event(sigma, releases)] if releases else []) + \
         ([dpsgd_event(sample_rate, sigma, steps)] if steps else [])
     return epsilon_of(dpa.ComposedDpEvent(events), delta, method)
+
+
+def privacy_spent(cfg: Any, last: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """A round record's privacy fields with DP on (`cfg.dp_sigma` > 0; else none): the releases
+    of the device that made the most (an upper bound, summed over phases and rounds: the `last`
+    record's total plus this round's `metrics`) and the epsilon at `dp_delta` they spend,
+    composed under dp_unit=sample with every round's DP-SGD steps (dpsgd.steps, counted for every
+    round, an upper bound for a device that sat one out); with distributed DP, the devices whose
+    noise each sum adds up (distributed.py)."""
+    if not cfg.dp_sigma > 0:
+        return {}
+    from splitedge.methods.privacy.dpsgd import steps
+
+    total = int(last.get("dp_releases_total", 0)) + int(metrics.get("dp_releases", 0)) + \
+        int(metrics.get("calibration_dp_releases", 0))
+    spent: dict[str, Any] = {"dp_unit": cfg.dp_unit, "dp_releases_total": total}
+    sgd = 0
+    if cfg.dp_unit == "sample":  # every round, each device takes at most steps(cfg) DP-SGD steps (a public count)
+        sgd = int(last.get("dp_sgd_steps_total", 0)) + steps(cfg)
+        spent.update(dp_sgd_steps_total=sgd, dp_sample_rate=cfg.dp_sample_rate)
+    spent["dp_epsilon"] = run_epsilon(cfg.dp_sigma, total, sgd, cfg.dp_sample_rate, cfg.dp_delta)
+    if cfg.dp_devices > 1:  # the epsilon holds while each sum holds that many devices whose noise is unknown
+        spent["dp_devices"] = int(cfg.dp_devices)
+    return spent
 
 
 def sigma_for_epsilon(target: float, releases: int = 1, delta: float = DELTA, method: Method = "rdp",
