@@ -30,6 +30,19 @@ class RecordingHSFP(HSFP):
 register_method("hsfp-recording-test", RecordingHSFP)
 
 
+def _closing(part, plan, reports):
+    """A round's close as the runtime makes it: every message handed to the part as it arrived
+    (edge/aggregator.py, cloud/coordinator.py), then aggregate() with the round's reports, which
+    hold the same messages and are not walked again for them."""
+    from splitedge.methods.contract import EdgePart
+
+    for report in reports:
+        for envs in report.messages.values():
+            for env in envs:
+                (part.on_device_message if isinstance(part, EdgePart) else part.on_edge_message)(env)
+    return part.aggregate(plan, reports)
+
+
 @pytest.fixture(scope="module")
 def digits():
     torch.set_num_threads(1)
@@ -84,14 +97,14 @@ def test_edges_and_cloud_sample_from_the_exact_merge_of_what_they_received(digit
     # Execute: each edge merges its three devices' messages (through the codec); the cloud merges both edges
     ups, edge_merged = [], []
     for g, e in enumerate(edges):
-        ups.append(e.aggregate(_plan(1), [_moments_report(d) for d in devices[g::2]]))
+        ups.append(_closing(e, _plan(1), [_moments_report(d) for d in devices[g::2]]))
         edge_merged.append(RecordingHSFP.merged[-1])  # what the edge sampled from (W_c space)
     reports = []
     for g, up in enumerate(ups):
         r = Report(f"e{g}")
         r.messages["moments"] = [_wire(m.kind, m.body, f"e{g}") for m in up if m.kind == "moments"]
         reports.append(r)
-    cloud.aggregate(_plan(1), reports)
+    _closing(cloud, _plan(1), reports)
     # Assert: each edge sampled from the moments of its devices' pooled f4 features (1e-9 relative) ...
     for g, merged in enumerate(edge_merged):
         feats = [np.asarray(d.features(_inputs(d, x[i])), np.float64).reshape(len(i), -1)
@@ -177,13 +190,13 @@ def test_cloud_serves_previous_triple_until_head_trained_on_new_wc(digits):
         return report
 
     # Execute: round 1 averages W_c (version 0 -> 1)
-    out, metrics1 = cloud.aggregate(_cloud_plan(cloud, 1), [edge_report(0, with_wc=True)])
+    out, metrics1 = _closing(cloud, _cloud_plan(cloud, 1), [edge_report(0, with_wc=True)])
     served_after_avg = {k: v.clone() for k, v in cloud.served.wc.state_dict().items()}
     # round 2: the edge still reports moments of W_c version 0 (stale): served triple must not change
-    _, metrics2 = cloud.aggregate(_cloud_plan(cloud, 2), [edge_report(0, with_wc=False)])
+    _, metrics2 = _closing(cloud, _cloud_plan(cloud, 2), [edge_report(0, with_wc=False)])
     stale_served = {k: v.clone() for k, v in cloud.served.wc.state_dict().items()}
     # round 3: moments of version 1 arrive; W_g trains on them and the new W_c is served
-    _, metrics3 = cloud.aggregate(_cloud_plan(cloud, 3), [edge_report(1, with_wc=False)])
+    _, metrics3 = _closing(cloud, _cloud_plan(cloud, 3), [edge_report(1, with_wc=False)])
     # Assert
     assert [m.body["version"] for m in out if m.kind == "weights"] == [1] and cloud.wc_version == 1
     assert all(torch.equal(served_after_avg[k], v) for k, v in stale_served.items())
@@ -191,6 +204,36 @@ def test_cloud_serves_previous_triple_until_head_trained_on_new_wc(digits):
     assert cloud.served_versions == (1, 0)
     assert any(not torch.equal(served_after_avg[k], v) for k, v in cloud.served.wc.state_dict().items())
     assert metrics1["accuracy"] == metrics1["accuracy"]  # evaluated (not NaN) from round 1 on
+
+
+def test_moments_are_taken_once_when_they_arrive_not_again_from_the_reports(digits, monkeypatch) -> None:
+    """Issue 52, item 5: an edge and the cloud take a moments message when it arrives (decoded
+    once) and do not walk the round's reports for it again; before, each tier handled every
+    moments message twice and dropped the copy by its message id."""
+    import splitedge.methods.hsfp.cloud as cloud_mod
+    import splitedge.methods.hsfp.edge as edge_mod
+
+    (x, y), test, _ = digits
+    cloud, edge = _cloud(test), _edge(edge_samples=256)
+    for msg in cloud.initial_messages():
+        edge.on_message(_wire(msg.kind, msg.body, "cloud", 0))
+    reports = _moment_reports(x, y, cloud)
+    decoded = {"edge": 0, "cloud": 0}
+    for mod, tier in ((edge_mod, "edge"), (cloud_mod, "cloud")):
+        real = mod.moments_from_body
+        monkeypatch.setattr(mod, "moments_from_body",
+                            lambda body, _real=real, _tier=tier: (decoded.__setitem__(_tier, decoded[_tier] + 1),
+                                                                   _real(body))[1])
+    up = _closing(edge, _plan(1), reports)
+    report = Report("e0")
+    report.messages["moments"] = [_wire(m.kind, m.body, "e0") for m in up if m.kind == "moments"]
+    _closing(cloud, _plan(1), [report])
+    assert decoded == {"edge": 2, "cloud": 1}  # two devices' messages, one edge's
+    # a report's message the part was never handed on arrival is not the round's: aggregate() does not read it
+    stray = Report("d2")
+    stray.messages["moments"] = [_wire("moments", reports[0].messages["moments"][0].body, "d2", 2)]
+    edge.aggregate(_plan(2), [stray])
+    assert edge.cache.keys() == {"d0", "d1"} and decoded["edge"] == 2
 
 
 def _cloud_plan(cloud, r: int):
@@ -229,8 +272,8 @@ def test_edge_merges_cached_moments_and_reports_we_moments(digits):
         assert edge.on_message(_wire(msg.kind, msg.body, "cloud", 0)) == []
     reports = _moment_reports(x, y, cloud)
     # Execute: round 1 with moments; round 2 with none (on-change) must reuse the cache
-    up1 = edge.aggregate(_plan(1), reports)
-    up2 = edge.aggregate(_plan(2), [Report("d0"), Report("d1")])
+    up1 = _closing(edge, _plan(1), reports)
+    up2 = _closing(edge, _plan(2), [Report("d0"), Report("d1")])
     # Assert
     routes = {(m.body.get("part"), m.kind): (m.to.role, m.slot) for m in initial}
     assert routes[("wc", "weights")] == ("devices", "wc") and routes[("we", "weights")] == ("children", "we")
@@ -272,7 +315,7 @@ def test_ie_zero_keeps_we_as_initialised(digits):
     before = {k: v.clone() for k, v in edge.we_local.state_dict().items()}
     reports = _moment_reports(x, y, cloud, ie=0)
     # Execute
-    up = edge.aggregate(_plan(1), reports)
+    up = _closing(edge, _plan(1), reports)
     # Assert: the edge still reports its W_e moments, trained nothing, and no round averages W_e
     assert [m.kind for m in up] == ["moments"]
     assert all(torch.equal(before[k], v) for k, v in edge.we_local.state_dict().items())
@@ -310,13 +353,13 @@ def test_edges_train_we_on_the_federations_wc_moments_when_asked(digits):
         for e, edge in edges.items():
             edge.on_round_open(_plan(round_), {r.sender for r in device_reports[e]})
             r = Report(e)
-            sent_up = edge.aggregate(_plan(round_), device_reports[e])
+            sent_up = _closing(edge, _plan(round_), device_reports[e])
             for msg in [*sent_up, Message("done", {"phase": "round", "info": edge.round_info()})]:
                 env = _wire(msg.kind, msg.body, e, round_)
                 cloud.check(env, "child")  # what the cloud's runtime validates first
                 r.messages.setdefault(msg.kind, []).append(env)
             up.append(r)
-        out, metrics = cloud.aggregate(_plan(round_), up)
+        out, metrics = _closing(cloud, _plan(round_), up)
         for msg in out:
             for edge in edges.values():
                 if msg.kind == "moments":

@@ -161,13 +161,14 @@ class HSFPCloud(CalibratedCloud, CloudPart):
 
     def on_edge_message(self, env: Any) -> None:
         """Edge moments are state: kept whenever they arrive, even after their round closed;
-        never replaced by older ones."""
+        never replaced by older ones, nor by the same message again. Only here: aggregate() does
+        not walk the round's reports, which hold the same messages."""
         if env.kind == "moments" and env.body["space"] == WC:
             version = int(env.body["versions"].get(WC, 0))
             held = self.wc_sources.get(env.sender)
             if held is None or (version, env.msg_id) != held[:2] and version >= held[0]:
                 self.wc_sources[env.sender] = (version, env.msg_id, moments_from_body(env.body))
-        elif env.kind == "moments" and self.cached_ids.get(env.sender) != env.msg_id:  # not twice
+        elif env.kind == "moments":
             at = self._stamp(env)
             if at <= self.cached_at.get(env.sender, (-1, -1, -1)):
                 return
@@ -175,10 +176,7 @@ class HSFPCloud(CalibratedCloud, CloudPart):
             self.cached_ids[env.sender], self.cached_at[env.sender] = env.msg_id, at
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, float]]:
-        for report in reports:
-            for env in report.all("moments"):
-                self.on_edge_message(env)
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = {}  # the edges' moments are in the cache already (on_edge_message)
         versions = (self.wc_version, self.we_version)
         current = [m for wc, we, m in (self.cache[e] for e in sorted(self.cache)) if (wc, we) == versions]  # one order, one sum
         if current:

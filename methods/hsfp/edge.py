@@ -117,15 +117,15 @@ class HSFPEdge(EdgePart):
             self.cached_at.pop(dev, None)
 
     def on_device_message(self, env: Any) -> list[Message]:
-        """Moments are state, kept whenever they arrive: a device sends them only when they change."""
+        """Moments are state, kept whenever they arrive (a device sends them only when they
+        change), and only here: the round's reports hold the same messages, which aggregate()
+        does not walk again (a secure sum's result comes through here too, edge/aggregator.py)."""
         if env.kind == "moments":
             self._remember(env)
         return []
 
     def _remember(self, env: Any) -> None:
-        """Cache a device's moments; the same message seen again (in the round's reports) is not decoded twice."""
-        if self.cached_ids.get(env.sender) == env.msg_id:
-            return
+        """Cache a device's moments, decoded once."""
         at = (int(env.body["versions"].get(WC, 0)), int(env.round))
         if at <= self.cached_at.get(env.sender, (-1, -1)):
             return  # refused by check() on arrival; never replaces newer moments
@@ -146,10 +146,7 @@ class HSFPEdge(EdgePart):
         return [Message("request", {"what": "moments"}, to=device(d)) for d in missing]
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
-        for report in reports:
-            for env in report.all("moments"):
-                self._remember(env)
-        version = plan.version(WC)
+        version = plan.version(WC)  # the moments are in the cache already (on_device_message)
         merged_ids = tuple(sorted((d, self.cached_ids[d]) for d, (v, _) in self.cache.items() if v == version))
         current = [self.cache[d][1] for d, _ in merged_ids]  # one order, one sum
         out: list[Message] = []
