@@ -20,7 +20,7 @@ from splitedge.methods.config import RunConfig
 from splitedge.methods.losslog import tier_losses
 from splitedge.methods.privacy.accountant import privacy_spent
 from splitedge.methods.metrics.plateau import plateaued
-from splitedge.methods.contract import FederationView, Message, NodeContext, Placement, RoundPlan, To
+from splitedge.methods.contract import DEVICES, FederationView, Message, NodeContext, Placement, RoundPlan, To
 from splitedge.cloud import resume
 from splitedge.cloud.calibration_phase import CloudCalibration
 from splitedge.cloud.commit import RunWriter
@@ -29,6 +29,7 @@ from splitedge.exporters.checkpoint import model_metadata
 from splitedge.methods import budget, snapshot
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.cost import add_costs, phase_costs
+from splitedge.runtime.downlink import DownlinkEncoder
 from splitedge.runtime.faults import crash_point
 from splitedge.runtime.guard import RoundGuard
 from splitedge.runtime.node import INTERRUPTED, Node, status
@@ -92,6 +93,7 @@ class CloudCoordinator(Node):
         self.outbox: list[Message] = []  # what that round published since its merge, committed first
         self.resumed = resume_from
         self.calibration = CloudCalibration(self)  # the rounds' calibration and evaluation phases
+        self.downlink = DownlinkEncoder.of(self.method.config, seed=settings.seed)  # models to every device
         if resume_from is not None:
             self._restore(resume_from)
 
@@ -108,6 +110,8 @@ class CloudCoordinator(Node):
         if saved.calibration:
             inputs, metrics = snapshot.from_plain(saved.calibration)
             self.calibration.last = (inputs, metrics)
+        if saved.downlink:
+            self.downlink.load_state_dict(snapshot.from_plain(saved.downlink))
         if self.pending is not None:
             self.outbox = [Message(m["kind"], m["body"], To(*m["to"]), m["slot"]) for m in self.pending["outbox"]]
         status.info("cloud: resuming run %s (session %s) after round %d%s", self.run_id, self.session, saved.round,
@@ -124,17 +128,24 @@ class CloudCoordinator(Node):
         if self.resumed is None:
             for msg in self.part.initial_messages():
                 self.publish(msg, round_=0)
+        else:  # the compressed downlink's bases again: a broker that restarted too has lost them
+            for msg in self.downlink.bases(DEVICES):
+                super().publish(msg, round_=self.round)
 
     # -- routing ----------------------------------------------------------------------------
     def publish(self, msg: Message, round_: int | None = None) -> Envelope | None:
         """Route a part's message (runtime/router.py); one for a device no edge reports is kept
-        for it when it has a slot (retained), else dropped."""
+        for it when it has a slot (retained), else dropped. A model for every device goes as
+        the downlink codec has it (runtime/downlink.py: its base when due, its compressed form)."""
         if msg.to.role == "device" and msg.to.node and msg.to.node not in self.view.devices:
             log.warning("cloud: %s for device %s, which no edge reports; it waits for it (retained)" if msg.slot
                         else "cloud: %s for unknown device %s is dropped", msg.kind, msg.to.node)
             if not msg.slot:
                 return None
-        return super().publish(msg, round_=round_)
+        env = None
+        for out in self.downlink.encode(msg):
+            env = super().publish(out, round_=round_)
+        return env
 
     # -- membership -------------------------------------------------------------------------
     def handle(self, topic: str, env: Envelope) -> None:
@@ -379,7 +390,8 @@ class CloudCoordinator(Node):
             session=self.session, round=self.round if last_round is None else last_round, attempt=self.attempt,
             enough_edges=self.edges.enough, placements=snapshot.to_plain(dict(self.view.placements)),
             rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending,
-            calibration=None if self.calibration.last is None else snapshot.to_plain(list(self.calibration.last)))
+            calibration=None if self.calibration.last is None else snapshot.to_plain(list(self.calibration.last)),
+            downlink=snapshot.to_plain(self.downlink.state_dict()) if self.downlink.slots else None)
 
 
 def devices_reported(reports: list[Any]) -> int:

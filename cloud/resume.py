@@ -45,6 +45,9 @@ class CloudState:
     """Round `round + 1` merged but not yet written: what it had measured so far and every
     message it published since the merge (its outbox), committed before any of them left, so a
     restarted cloud publishes the same again and finishes that round (coordinator.finish_round)."""
+    downlink: dict[str, Any] | None = None
+    """The downlink codec's bases and what it has not sent yet (runtime/downlink.py), as of the
+    commit: a restarted cloud encodes its outbox again to the same bytes."""
     calibration: list[Any] | None = None
     """The last calibration's inputs and metrics, while a round with the same inputs reuses its
     head (cloud/calibration_phase.py): a resumed cloud reuses it as the undisturbed one would."""

@@ -129,6 +129,11 @@ class MethodConfig:
                        choices=("off", "full", "plus"))
     secagg_min_devices: int = flag(3, "the fewest devices a secure sum may be over: a device refuses a smaller "
                                       "roster before it sends any share (dp_devices, when larger, applies instead)")
+    downlink_codec: str = flag("none", "how a model the cloud sends every device travels: none (whole), int8 or topk "
+                                       "(its distance from a base sent whole every downlink_base_every versions, "
+                                       "with error feedback; runtime/downlink.py)", choices=("none", "int8", "topk"))
+    downlink_topk: float = 0.01
+    downlink_base_every: int = 10
 
     def __post_init__(self) -> None:
         if self.feddecorr_beta < 0:
@@ -181,6 +186,11 @@ class MethodConfig:
                              f"(robust={self.robust}) has nothing to work on: use one of them")
         if self.min_class_count < 1:
             raise ValueError(f"min_class_count must be >= 1, got {self.min_class_count}")
+        if self.downlink_codec not in ("none", "int8", "topk") or not 0 < self.downlink_topk <= 1 \
+                or self.downlink_base_every < 1:
+            raise ValueError(f"downlink_codec must be none, int8 or topk, downlink_topk in (0, 1] and "
+                             f"downlink_base_every >= 1, got {self.downlink_codec!r}, {self.downlink_topk} and "
+                             f"{self.downlink_base_every}")
         if not self.robust_clip_k > 0 or not 0 <= self.robust_trim < 0.5:
             raise ValueError(f"robust_clip_k must be > 0 and robust_trim in [0, 0.5), got {self.robust_clip_k} and "
                              f"{self.robust_trim}")

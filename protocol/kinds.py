@@ -65,13 +65,16 @@ BUILTIN_KINDS: dict[str, Schema] = {
     "weights": Schema({
         "part": _NAME, "version": _VERSION, "samples": Int(ge=0),
         "weights": Map(values=Array(dtypes=ALL_DTYPES, finite=True)), "session": _SESSION,
-        "codec": Str(choices=("dense", "int8", "topk"), optional=True),
+        "codec": Str(choices=("dense", "int8", "topk", "base"), optional=True),
         "scales": Map(values=Array(dtypes=FLOAT_DTYPES, finite=True), optional=True),
         "indices": Map(values=Array(dtypes="i4"), optional=True),
+        "base": Int(ge=0, optional=True),
     }, doc="a named model `part` as name -> array (a state dict without torch); float arrays must "
            "be finite (int buffers such as num_batches_tracked allowed); a device's compressed update "
            "(`codec` int8: int8 deltas and their `scales`; topk: delta values at `indices`) against the "
-           "model `version` it was trained from"),
+           "model `version` it was trained from; from the cloud, a model compressed against the `base` "
+           "version the node holds (runtime/downlink.py; `codec` base: the model is that base), or a "
+           "dense model that is a base (`base` = its `version`)"),
     "arrays": Schema({
         "name": _NAME, "version": _VERSION,
         "arrays": Map(values=Array(dtypes=ALL_DTYPES, finite=True)),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from splitedge.protocol.codec import Envelope
 from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.schema import get_schema
 from splitedge.runtime.allowance import Allowance
+from splitedge.runtime.downlink import DownlinkBases
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class Inbound:
     part: Any = None
     announced: Allowance | None = None
     gate: Any = None
+    bases: Any = None  # the node's downlink bases (runtime/downlink.py), set by NodeInbound
 
 
 Next = Callable[[Inbound], bool]
@@ -89,17 +92,34 @@ def candidate_heads(msg: Inbound, nxt: Next) -> bool:
 
 
 def unpack_update(msg: Inbound, nxt: Next) -> bool:
-    """A child's compressed update becomes the dense weights it stands for (the global model the
-    node relayed plus its delta, methods/update_codec.py) before the part's own checks see it;
-    one the node cannot decode is refused."""
+    """A compressed model becomes the dense weights it stands for before the part's own checks
+    see it, so parts only ever see dense models; one the node cannot decode is refused.
+    - From a child, an update: the global model the node relayed plus its delta
+      (methods/update_codec.py).
+    - From the parent, a model compressed against a base (runtime/downlink.py): the base the
+      node holds plus the distance; a dense model that names itself as a base is kept as one."""
     body = msg.env.body
-    if msg.env.kind != "weights" or (body.get("codec") or "dense") == "dense":
+    if msg.env.kind != "weights":
         return nxt(msg)
-    if msg.source != "child":
+    codec = body.get("codec") or "dense"
+    if msg.source == "parent" and msg.bases is not None:
+        if codec == "dense":
+            if body.get("base") is not None and int(body["base"]) == int(body["version"]):
+                msg.bases.note(body)
+            body.pop("base", None)
+            return nxt(msg)
+        weights = msg.bases.decode(body)
+        if weights is None:
+            return False  # its base has not come (it brings this model along), or a newer base has
+        body["weights"] = weights
+    elif codec == "dense":
+        return nxt(msg)
+    elif msg.source != "child":
         raise ProtocolError("state.codec", "a compressed update comes from a child")
-    reference = getattr(msg.part, "update_reference", lambda _: None)(body)
-    body["weights"] = decode_update(body, reference)
-    for key in ("codec", "scales", "indices"):  # now a dense update, as any other
+    else:
+        reference = getattr(msg.part, "update_reference", lambda _: None)(body)
+        body["weights"] = decode_update(body, reference)
+    for key in ("codec", "scales", "indices", "base"):  # now a dense model, as any other
         body.pop(key, None)
     return nxt(msg)
 
@@ -123,6 +143,7 @@ class NodeInbound:
         self.refused: Counter[str] = Counter()
         self.last_refusal: str | None = None  # the rule of the last message refused (None: it was admitted)
         self.foreign = 0
+        self.bases = DownlinkBases()  # the models' bases this node's parent sent (runtime/downlink.py)
         chain: Next = lambda msg: True  # noqa: E731 - the end of the chain: admitted
         for step in reversed(steps):
             chain = (lambda s, n: lambda msg: s(msg, n))(step, chain)
@@ -145,7 +166,7 @@ class NodeInbound:
         if msg.part is None:  # no method loaded yet: nothing for the steps to judge against
             return True
         try:
-            return self._chain(msg)
+            return self._chain(dataclasses.replace(msg, bases=self.bases))
         except ProtocolError as exc:
             self.refused[exc.rule] += 1
             self.last_refusal = exc.rule
