@@ -194,6 +194,16 @@ PLANS = {
         jobs=1,
         notes="FedAvg on thin devices (numpy, no torch) with int8 or top-1 % uplink updates and error feedback; "
               "layers-fedcnn-10dev's fedavg row is the same run on torch devices with dense updates; Dir(0.3)"),
+    # issue 54, item 3: the same thin top-1 % row with the model's downlink compressed too
+    # (runtime/downlink.py: a base every 10 versions, top-1 % of the distance from it between)
+    "thin-fedavg-down-fedcnn-10dev": Plan(
+        common=FEDCNN_10DEV, splits=("0.3",), seeds=(0, 1),
+        variants=(f"thin-topk-down=fedavg:calibrate=lda,calib_layer={BEST_LAYER},{FEDCNN_LR},backends=onnx,"
+                  f"update_codec=topk,downlink_codec=topk,downlink_topk=0.01,downlink_base_every=10",),
+        jobs=1,
+        notes="thin-fedavg-fedcnn-10dev's thin-topk row with the downlink compressed as well: the model whole "
+              "every 10 versions, top-1 % of its distance from that base between, error feedback at the cloud; "
+              "Dir(0.3)"),
     "smoke": Plan(common=("--rounds", "2", "--max-train", "300", "--max-test", "100"), splits=("iid",), seeds=(0,),
                   variants=("upper=central", "lower=fedavg:local_epochs=0,calibrate=lda", "fedavg=fedavg:calibrate=lda"),
                   jobs=1, notes="digits, a two-round check that the machinery works"),
