@@ -232,14 +232,26 @@ class Replica:
         for e, edge in self.edges[stack].items():
             mine = [r for d, r in reports.items() if self.home[d] == e]
             edge.on_round_open(plan, {r.sender for r in mine})
+            arrived(mine, edge.on_device_message)
             report = RoundReport(e)
             for msg in [*edge.aggregate(plan, mine), Message("done", {"info": edge.round_info()})]:
                 report.messages.setdefault(msg.kind, []).append(self._env(msg, e, plan.round))
             up.append(report)
+        arrived(up, self.clouds[stack].on_edge_message)
         out, metrics = self.clouds[stack].aggregate(plan, up)
         for msg in out:
             self._deliver(stack, msg, "cloud")
         return metrics
+
+
+def arrived(reports: list[Any], take: Any) -> None:
+    """Every message of `reports` handed to a part as it arrives, as the runtime does
+    (edge/aggregator.py, cloud/coordinator.py): parts take state such as moments there, and
+    aggregate() does not walk the reports for it again."""
+    for report in reports:
+        for envs in report.messages.values():
+            for env in envs:
+                take(env)
 
 
 # -- diagnostics ------------------------------------------------------------------------------

@@ -167,8 +167,8 @@ class DownlinkBases:
         come: kept, the base brings it) or any more (the node holds a newer base: it is older
         than that base). ProtocolError naming the rule when its arrays do not fit the base."""
         part, base = str(body.get("part")), body.get("base")
-        if base is None:
-            raise ProtocolError("state.reference", f"a {body.get('codec')} model of {part} names no base")
+        if base is None:  # a compressed model from a parent is a downlink model: it names its base
+            raise ProtocolError("state.codec", f"a {body.get('codec')} model of {part} from a parent names no base")
         held = self.held.get(part)
         if held is None or held[0] < int(base):
             waiting = self.waiting.get(part)

@@ -93,7 +93,8 @@ class _Edge:
 
 def test_the_node_chain_rebuilds_a_compressed_update_before_the_part_sees_it() -> None:
     """The part checks dense weights; an update of a version the edge does not hold never reaches
-    it and is counted by rule; a parent does not send compressed weights."""
+    it and is counted by rule; compressed weights from a parent name the base they are compressed
+    against (runtime/downlink.py), else they are refused."""
     rng = np.random.default_rng(3)
     start = _model(rng)
     trained = {**start, "conv.weight": start["conv.weight"] + 0.02}
