@@ -145,6 +145,8 @@ class CloudCoordinator(Node):
         env = None
         for out in self.downlink.encode(msg):
             env = super().publish(out, round_=round_)
+        if self.downlink.codes(msg):  # the part holds what devices decode (its merge's rest is the codec's residual)
+            self.part.adopt_sent(msg.slot, self.downlink.held(msg.slot))
         return env
 
     # -- membership -------------------------------------------------------------------------

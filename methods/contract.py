@@ -519,6 +519,12 @@ class CloudPart(Part):
         """Every message from an edge as it arrives, whatever round it belongs to (state such as
         moments must not be lost because it came after its round closed)."""
 
+    def adopt_sent(self, slot: str, weights: Mapping[str, np.ndarray] | None) -> None:
+        """With a compressed downlink (runtime/downlink.py): `weights` is the model every device
+        now holds of `slot`, the base plus what reached them. A part whose evaluation, head and
+        checkpoint should be of that model (not of its merge, whose rest the codec carries into
+        the next version) takes it here; by default nothing changes."""
+
     def plan(self, round_: int) -> RoundSpec:
         """The model versions and directives of round `round_`."""
         return RoundSpec()

@@ -80,6 +80,7 @@ class DownlinkEncoder:
                              f"downlink_base_every >= 1, got {codec!r}, {share} and {base_every}")
         self.codec, self.share, self.base_every, self.seed = codec, float(share), int(base_every), int(seed)
         self.slots: dict[str, SlotCoder] = {}
+        self.sent: dict[str, dict[str, np.ndarray]] = {}  # slot -> the model nodes decode from the last message
 
     @classmethod
     def of(cls, cfg: Any, seed: int = 0) -> "DownlinkEncoder":
@@ -107,6 +108,7 @@ class DownlinkEncoder:
             base = {**body, "weights": target, "base": version}
             pointer = {k: v for k, v in body.items() if k != "weights"}
             pointer.update(weights={}, codec=BASE_CODEC, base=version)
+            self.sent[slot] = _dense(target)
             return [dataclasses.replace(msg, body=base, slot=base_slot(slot)), dataclasses.replace(msg, body=pointer)]
         rng = np.random.default_rng([self.seed, version, sum(map(ord, slot))])
         coded = coder.encoder.encode(weights, coder.base, rng)  # distance from the base, with the residual
@@ -115,7 +117,14 @@ class DownlinkEncoder:
             out.pop("indices", None)
         else:
             out.pop("scales", None)
+        self.sent[slot] = decode_update(out, coder.base)
         return [dataclasses.replace(msg, body=out)]
+
+    def held(self, slot: str) -> dict[str, np.ndarray] | None:
+        """The model nodes hold after the last message of `slot` (the base plus the decoded
+        distance), for a cloud part to adopt (CloudPart.adopt_sent): its evaluation, calibration
+        and checkpoint are then of what devices train from and take head statistics of."""
+        return self.sent.get(slot)
 
     def bases(self, to: Any) -> list[Message]:
         """Every slot's base as its message again (addressed `to`), for a cloud that restarted: a

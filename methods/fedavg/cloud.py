@@ -74,6 +74,12 @@ class FedAvgCloud(CalibratedCloud, CloudPart):
             log.warning("cloud: round %d without any edge model; keeping version %d", plan.round, self.version)
         return out, {**self.evaluate(plan), "model_version": self.version, "samples": self.samples}
 
+    def adopt_sent(self, slot: str, weights: Any) -> None:
+        """The model devices decoded (compressed downlink): evaluated, calibrated and served from
+        here on, so the head fits the features devices compute; a server optimiser steps from it."""
+        if slot == MODEL and weights is not None:
+            load_numpy_state(self.model, weights)
+
     def server_update(self, merged: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The new global model from the merge of the devices' (FedAvg: the merge itself; a
         server optimiser steps on the pseudo-gradient, the merge minus the current model)."""
