@@ -20,6 +20,7 @@ from typing import Any, Mapping, TypeVar
 import numpy as np
 
 from splitedge.methods.moments import ROBUST_MERGES
+from splitedge.methods.update_codec import CODECS
 
 T = TypeVar("T")
 
@@ -131,7 +132,7 @@ class MethodConfig:
                                       "roster before it sends any share (dp_devices, when larger, applies instead)")
     downlink_codec: str = flag("none", "how a model the cloud sends every device travels: none (whole), int8 or topk "
                                        "(its distance from a base sent whole every downlink_base_every versions, "
-                                       "with error feedback; runtime/downlink.py)", choices=("none", "int8", "topk"))
+                                       "with error feedback; runtime/downlink.py)", choices=CODECS)
     downlink_topk: float = 0.01
     downlink_base_every: int = 10
 
@@ -186,7 +187,7 @@ class MethodConfig:
                              f"(robust={self.robust}) has nothing to work on: use one of them")
         if self.min_class_count < 1:
             raise ValueError(f"min_class_count must be >= 1, got {self.min_class_count}")
-        if self.downlink_codec not in ("none", "int8", "topk") or not 0 < self.downlink_topk <= 1 \
+        if self.downlink_codec not in CODECS or not 0 < self.downlink_topk <= 1 \
                 or self.downlink_base_every < 1:
             raise ValueError(f"downlink_codec must be none, int8 or topk, downlink_topk in (0, 1] and "
                              f"downlink_base_every >= 1, got {self.downlink_codec!r}, {self.downlink_topk} and "

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from splitedge.protocol.limits import BROKER_PACKET_BYTES
 from splitedge.protocol.topics import ALL_DEVICES, PREFIX, pattern, topic
 
 WATCHER = "watcher"
@@ -306,14 +307,12 @@ def broker_conf(run: str, acl_file: Path | str, password_file: Path | str, max_p
     every included file from its default listener on: a per-listener option above the file's own
     ``listener`` line would open a second listener on 1883 (and, when something holds 1883,
     keep the broker from starting). Then no anonymous client, the two files, and a
-    ``max_packet_size`` for model messages (by default protocol/limits.py's BROKER_PACKET_BYTES); a comment says how to make the password file
-    readable by the broker's own user."""
+    ``max_packet_size`` for model messages (by default protocol/limits.py's BROKER_PACKET_BYTES); a
+    comment says how to make the password file readable by the broker's own user."""
     passwd, acl = Path(password_file).resolve(), Path(acl_file).resolve()
     bind = f" {address}" if address else ""
     writer = "splitedge provision" if run == ANY_RUN else "splitedge data split --acl"
     if max_packet_size is None:
-        from splitedge.protocol.limits import BROKER_PACKET_BYTES
-
         max_packet_size = BROKER_PACKET_BYTES
     return "\n".join([
         f"# Mosquitto settings for {_run_label(run)} (written by `{writer}`).",

@@ -15,8 +15,8 @@ import numpy as np
 
 from .errors import ProtocolError
 
-__all__ = ["BROKER_PACKET_BYTES", "DEFAULT_MAX_BYTES", "MAX_ARRAY_LEN", "MAX_ELEMENTS", "MAX_STR_BYTES", "MAX_DEPTH", "FREE_ELEMENTS",
-           "BYTES_PER_ELEMENT", "ARRAY_COST", "element_budget", "over_budget", "check_frame", "check_density"]
+__all__ = ["BROKER_PACKET_BYTES", "DEFAULT_MAX_BYTES", "MAX_ARRAY_LEN", "MAX_ELEMENTS", "MAX_STR_BYTES", "MAX_DEPTH",
+           "FREE_ELEMENTS", "BYTES_PER_ELEMENT", "ARRAY_COST", "element_budget", "over_budget", "check_frame", "check_density"]
 
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """A receiver's default frame cap (the cap itself is each receiver's setting, --max-frame-bytes)."""

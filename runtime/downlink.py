@@ -36,12 +36,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from splitedge.methods.contract import Message
-from splitedge.methods.update_codec import UpdateEncoder, decode_update
+from splitedge.methods.update_codec import CODECS, UpdateEncoder, decode_update
 from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
-CODECS = ("none", "int8", "topk")
 BASE_SLOT = "{slot}_base"
 """The slot a base is retained in, beside the slot of the model itself."""
 BASE_CODEC = "base"
@@ -108,7 +107,7 @@ class DownlinkEncoder:
             base = {**body, "weights": target, "base": version}
             pointer = {k: v for k, v in body.items() if k != "weights"}
             pointer.update(weights={}, codec=BASE_CODEC, base=version)
-            self.sent[slot] = _dense(target)
+            self.sent[slot] = coder.base  # read only, as the base itself
             return [dataclasses.replace(msg, body=base, slot=base_slot(slot)), dataclasses.replace(msg, body=pointer)]
         rng = np.random.default_rng([self.seed, version, sum(map(ord, slot))])
         coded = coder.encoder.encode(weights, coder.base, rng)  # distance from the base, with the residual
@@ -167,9 +166,15 @@ class DownlinkBases:
             return
         self.held[part] = (version, _dense(body["weights"]))
         early = self.waiting.pop(part, None)
-        if early is not None and int(early["base"]) == version and int(early["version"]) >= version:
-            body.update(weights=self._decoded(early, self.held[part][1]), version=int(early["version"]),
-                        samples=early.get("samples", body.get("samples")))
+        if early is None or int(early["base"]) != version or int(early["version"]) < version:
+            return
+        try:
+            weights = self._decoded(early, self.held[part][1])
+        except ProtocolError as exc:  # the base stands; only the early model is dropped
+            log.warning("a %s model of %s v%s that came before its base does not fit it, dropped [%s]: %s",
+                        early.get("codec"), part, early.get("version"), exc.rule, exc)
+            return
+        body.update(weights=weights, version=int(early["version"]), samples=early.get("samples", body.get("samples")))
 
     def decode(self, body: dict[str, Any]) -> dict[str, np.ndarray] | None:
         """The dense model a delta stands for, or None when it cannot be yet (its base has not

@@ -13,10 +13,10 @@ the message never touches the part's state. Steps take `(message, next)` like th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 

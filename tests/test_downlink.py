@@ -122,6 +122,24 @@ def test_a_delta_that_comes_before_its_base_waits_for_it_and_the_part_sees_only_
     assert inbound.refused["state.weights"] == 1
 
 
+def test_an_early_delta_that_does_not_fit_its_base_is_dropped_and_the_base_stands() -> None:
+    ctx = ctx_for("fedavg", "d0")
+    part = ctx.method.device_part(ctx, (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
+    from splitedge.models import state_to_numpy
+
+    model = state_to_numpy(part.model)
+    enc = DownlinkEncoder("topk", 0.01, base_every=5)
+    base, _ = enc.encode(_message(model, 0))
+    (delta,) = enc.encode(_message({k: v + np.float32(0.01) if v.dtype.kind == "f" else v
+                                    for k, v in model.items()}, 1))
+    bad = {**delta.body, "indices": {k: v[:-1] for k, v in delta.body["indices"].items()}}
+    inbound = NodeInbound("device d0", lambda: "")
+    assert not inbound.admit(Inbound(wire("weights", bad, "e0"), "parent", part))  # waits for its base
+    first = wire("weights", base.body, "e0")
+    assert inbound.admit(Inbound(first, "parent", part))  # the base is taken, as it is
+    assert first.body["version"] == 0 and not inbound.refused
+
+
 def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 

@@ -124,13 +124,13 @@ class FedProtoDevice(PersonalHead, DevicePart):
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
         protos = self.protos if self.protos.shape[1] else torch.zeros(self.spec.num_classes, self.dim)
+        extra = {"protos": protos, "has_proto": self.has_proto}
 
         def epoch() -> Iterator[Batch]:
             for idx in shuffled_batches(len(self.y), self.cfg.device_batch, gen):
-                yield Batch(self.x[idx], self.y[idx], {"protos": protos, "has_proto": self.has_proto})
+                yield Batch(self.x[idx], self.y[idx], extra)
 
         if self.cfg.dp_sigma > 0 and self.cfg.dp_unit == "sample":  # every step a counted release
-            extra = {"protos": protos, "has_proto": self.has_proto}
             self.losses = train_dpsgd(self, self.model, lambda x, y: self.sample_loss(x, y, extra),
                                       lambda i: (self.x[i], self.y[i]), len(self.y), self.opt)
         else:
