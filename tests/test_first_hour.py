@@ -44,7 +44,8 @@ def _shard(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
     (["--set", "no_such=1"], "unknown setting(s) ['no_such']"),
     (["--data", "x.tar.gz"], "--data is read only with --dataset cifar10"),
     (["--dataset", "cifar10", "--data", "/nonexistent/cifar.tar.gz"], "no such file or folder"),
-    (["--devices", "4000"], "more than the 3100 it is measured to hold"),
+    (["--devices", "4000"], "more than the 3100 one process is measured to hold: give the devices worker "
+                            "processes (--workers 2 or more"),
     (["--virtual", "-1"], "--virtual must be >= 0"),
     (["--split", "per-device", "--workers", "9"], "--workers must be in 0..--devices"),
     (["--deadline", "0"], "--deadline must be > 0"),

@@ -104,11 +104,18 @@ def test_the_named_subcommand_is_found_after_global_flags_only() -> None:
 
 
 def test_sim_settings_refuse_more_nodes_than_one_process_can_connect() -> None:
+    """The limit is per process: workers each hold their share of the devices."""
     from splitedge.sim import MAX_SIM_NODES, SimSettings
 
     SimSettings(devices=MAX_SIM_NODES - 11, edges=10)
-    with pytest.raises(ValueError, match="select"):
+    with pytest.raises(ValueError, match=f"would run {MAX_SIM_NODES + 11} nodes.*--workers 2 or more"):
         SimSettings(devices=MAX_SIM_NODES, edges=10)
+    SimSettings(devices=10_000, edges=100, workers=4, split="per-device")  # 2,500 a worker, 101 here
+    SimSettings(devices=10_000, edges=100, worker="3/4", broker="mqtt://h", run="r")
+    with pytest.raises(ValueError, match="would run 5000 nodes"):  # a remote worker's share is its own
+        SimSettings(devices=10_000, edges=100, worker="1/2", broker="mqtt://h", run="r")
+    with pytest.raises(ValueError, match="would run 3101 nodes.*and fewer edges"):
+        SimSettings(devices=4000, edges=3100, workers=2)
     with pytest.raises(ValueError, match="at least one device"):
         SimSettings(devices=0, edges=1)
 

@@ -90,17 +90,17 @@ class SimSettings:
         return self.join_timeout_s if self.join_timeout_s is not None else JOIN_BASE_S + JOIN_PER_DEVICE_S * self.devices
 
     def __post_init__(self) -> None:
-        nodes = self.devices + self.edges + 1
-        if nodes > MAX_SIM_NODES:
-            raise ValueError(f"a sim runs every node (its MQTT session, thread, model and data) in one process; "
-                             f"{nodes} nodes is more than the {MAX_SIM_NODES} it is measured to hold. The sessions "
-                             f"share one epoll loop, so paho's select() and its 1023 descriptors no longer limit "
-                             f"this; memory does (the 200-device CIFAR-10 run held 9 to 16 GB). Run larger "
-                             f"federations as separate device processes.")
         if self.devices < 1 or self.edges < 1:
             raise ValueError(f"need at least one device and one edge, got {self.devices} and {self.edges}")
         check_run_settings(self)
         check_scale_settings(self)
+        nodes = nodes_in_process(self)
+        if nodes > MAX_SIM_NODES:
+            share = f"--workers {-(-self.devices // (MAX_SIM_NODES - 1))} or more"
+            raise ValueError(f"this process would run {nodes} nodes (their MQTT sessions, threads, models and data), "
+                             f"more than the {MAX_SIM_NODES} one process is measured to hold: give the devices "
+                             f"worker processes ({share}; each holds its share)"
+                             + (" and fewer edges" if self.edges + 1 > MAX_SIM_NODES else ""))
         if self.out is None:
             self.out = Path("runs") / f"{self.method}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -190,6 +190,13 @@ def worker_devices(s: SimSettings) -> list[int]:
     return [] if s.workers else list(range(s.devices))
 
 
+def nodes_in_process(s: SimSettings) -> int:
+    """The nodes this process runs: its devices (all, none, or a worker's share), and the cloud
+    and edges unless it is a worker. The node limit is per process: each worker holds only its
+    share of the devices' sessions, models and data."""
+    return len(worker_devices(s)) + (s.edges + 1 if s.worker is None else 0)
+
+
 def home_edge(device: int, s: SimSettings) -> str:
     """The edge a device starts at (and, with a broker tree, whose site broker it connects to)."""
     return f"e{device % s.edges}"
@@ -214,11 +221,11 @@ def plant(data: tuple[np.ndarray, np.ndarray], group: int, s: SimSettings) -> tu
 
 
 MAX_SIM_NODES = 3100
-"""3,000 devices, their edges and the cloud. The nodes' MQTT clients share one ClientLoop (one
-descriptor each; before it, paho's select() stopped a process at 320 nodes); 3,000 device
-sessions were held in one process for 10 minutes (bench/results/scale-clients). Every device
-still keeps its model and data in this process, so memory, not descriptors, is what a large
-sim runs out of first."""
+"""Nodes in one process (nodes_in_process): 3,000 devices, their edges and the cloud. The nodes'
+MQTT clients share one ClientLoop (one descriptor each; before it, paho's select() stopped a
+process at 320 nodes); 3,000 device sessions were held in one process for 10 minutes
+(bench/results/scale-clients). A larger run gives its devices worker processes (`--workers`),
+each holding its share."""
 
 
 def partition(labels: np.ndarray, settings: SimSettings) -> list[np.ndarray]:
@@ -275,7 +282,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None,
         check_reachable(s.broker)
     from splitedge.protocol.mqtt_loop import ensure_fd_limit
 
-    ensure_fd_limit(s.devices + s.edges + 1)  # one socket per node; a limit too low is one RuntimeError now
+    ensure_fd_limit(nodes_in_process(s))  # one socket per node; a limit too low is one RuntimeError now
     # claimed before any work, released at the end; a resumable sim's folder with a sim.state is carried on
     with RunFolder(s.out, overwrite=s.overwrite, resumable=s.resumable, resume_file=SIM_STATE) as folder:
         train, test, info = load_dataset(s.dataset, s.data, max_train=s.max_train, max_test=s.max_test, seed=s.seed)
