@@ -119,7 +119,7 @@ class DeviceAgent(Node):
     def run_forever(self, poll: float = 0.5) -> None:
         """Process events until the cloud announces the end of the run (or stop() is called)."""
         while not self.stopped.is_set():
-            self.dispatch(self.next_event(poll))
+            self.dispatch(self.next_event(self.idle_wait(poll)))
 
     def next_event(self, timeout: float) -> tuple[str, Envelope] | None:
         """Events deferred during a round's `request`/`gather` calls come first, in arrival order."""

@@ -113,6 +113,7 @@ def test_splitfed_edge_returns_the_activation_gradient_per_device():
 
 
 def test_agent_request_waits_for_matching_reply_and_defers_the_rest():
+    import splitedge.methods.splitfed.kinds  # noqa: F401  (registers activations and gradients, as a lookup does)
     from splitedge.device.agent import DeviceAgent
     from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
 
