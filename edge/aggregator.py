@@ -73,6 +73,7 @@ class EdgeAggregator(Node):
         self.cost = CostMeter({id(t): t for t in (self.down, self.up)}.values(), shared_process=shared_process)
         self.closed_with: int | None = None  # devices its last closed training round had a done from
         self._settling = False  # start() is taking the members' retained hellos and statuses
+        self._online = False  # its online status published (each transport republishes it after a reconnect)
         self.members_quiet_s = members_quiet_s  # 0: take none (a sim starts its edges before any device)
 
     @property
@@ -125,9 +126,15 @@ class EdgeAggregator(Node):
                                                 self.roster.group_addresses(), loaded=self.part is not None), fresh=fresh)
 
     def _announce(self) -> None:
+        """The hello (who is live) every time it changes; the online status once, since each
+        transport republishes it after a reconnect. Announced again with every member's status,
+        it went to every member: an edge of m devices sent m^2/2 of them while they joined."""
         self.send(self.up, "up", "hello", self.roster.hello_body(self.cloud), round_=0, retain=True)
+        if self._online:
+            return
         for transport in {id(self.up): self.up, id(self.down): self.down}.values():
             self.announce_online(transport)  # the cloud reads it upstream, the devices on the site broker
+        self._online = True
 
     def run_forever(self, poll: float = 0.2) -> None:
         while not self.stopped.is_set():
