@@ -37,6 +37,7 @@ SUITES = {
     "dp": "splitedge.bench.dp",
     "floods": "splitedge.bench.floods",
     "merge": "splitedge.bench.merge",
+    "flower": "splitedge.bench.flower",
 }
 DEFAULT_OUT = Path("runs/bench")
 """Where a suite writes without --out: a new folder per run, never the committed bench/results."""
@@ -147,6 +148,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("merge")
     g.add_argument("--before", nargs="?", const="52b8928", default=None, metavar="COMMIT",
                    help="merge: also measure methods/moments.py as it was at COMMIT (default 52b8928, before issue 58)")
+    g = p.add_argument_group("flower")
+    g.add_argument("--flower-venv", default=None, metavar="PATH",
+                   help="flower: the venv with flwr, torch and splitedge (--no-deps -e) the Flower arm runs in "
+                        "(default ~/.cache/splitedge/flower-venv)")
+    g.add_argument("--setup", action="store_true", help="flower: make the Flower venv first if it is not there")
+    g.add_argument("--arms", type=_csv, default=(), help="flower: which arms to run (default floor,splitedge,flower)")
 
 
 def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str]) -> Path:
@@ -217,7 +224,9 @@ def rerender(module: Any, out_dir: Path, *, plots: bool, suite: str) -> Path:
 
 
 ONLY_OPTIONS = {"matrix": ("out", "plan", "cells", "ram", "rerender"), "compare": ("inputs", "target", "ram", "out", "no_plots"),
-                "merge": ("quick", "out", "no_plots", "counts", "dims", "seed", "before")}
+                "merge": ("quick", "out", "no_plots", "counts", "dims", "seed", "before"),
+                "flower": ("quick", "out", "no_plots", "dataset", "data", "model", "devices", "edges", "rounds", "alpha",
+                           "seed", "max_train", "max_test", "set", "deadline", "flower_venv", "setup", "arms")}
 """Suites that read only these options: their record leaves out the other suites' defaults (a
 matrix's plan holds its data set; `--dataset digits` in its record misled)."""
 
@@ -258,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
         from splitedge.models.registry import use_model
 
         use_model(args.model)
-    names = [n for n in SUITES if n not in ("compare", "matrix")] if args.suite == "all" else [args.suite]
+    # compare and matrix read other runs; flower needs a venv of its own
+    names = [n for n in SUITES if n not in ("compare", "matrix", "flower")] if args.suite == "all" else [args.suite]
     for name in names:
         if args.out is None:
             out_dir = DEFAULT_OUT / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
