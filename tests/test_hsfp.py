@@ -284,6 +284,30 @@ def test_edge_merges_cached_moments_and_reports_we_moments(digits):
         assert msg.body["mean"].shape[1] == int(np.prod(edge.we_shape))
 
 
+def test_an_edge_whose_devices_withheld_every_class_trains_nothing_and_says_so(digits, caplog):
+    """Devices of 5 images each (10,000 on CIFAR-10) hold fewer than min_class_count of every
+    class, so each sends moments without a class: the edge's merge is empty. It used to stop on
+    an AssertionError ("no samples") in every such edge; now it trains nothing, sends no moments
+    and says why in one line, and the round goes on."""
+    from splitedge.methods.moments import ClassMoments
+
+    (x, y), test, _ = digits
+    cloud = _cloud(test)
+    edge = _edge()
+    _give_model(edge, cloud)
+    empty = moments_to_body(ClassMoments.empty(int(np.prod(edge.wc_shape))), dtype="f4", space="wc",
+                            versions={"wc": 0})
+    reports = []
+    for d in ("d0", "d1"):
+        reports.append(Report(d))
+        reports[-1].messages["moments"] = [_wire("moments", empty, d, 1)]
+    with caplog.at_level("WARNING"):
+        up = _closing(edge, _plan(1), reports)
+    assert [m for m in up if m.kind == "moments"] == []
+    assert edge.round_info() == {"merged": 2, "no_classes": 1}
+    assert "none of its 2 devices sent a class's statistics" in caplog.text and "min_class_count=10" in caplog.text
+
+
 def test_edge_that_lost_moments_asks_devices_to_resend(digits):
     # Prepare: a fresh edge (as after a restart) in a steady W_c version, one device it never heard from
     (x, y), test, _ = digits
