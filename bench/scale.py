@@ -47,7 +47,10 @@ class ScaleSettings:
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "ScaleSettings":
         if a.quick:
-            return cls(counts=(20, 40), edges_per=10, dataset="digits", alpha=None, rounds=2, workers=2)
+            # 36 to 72 digits a device, fewer than the privacy floor's 10 of every class: without
+            # min_class_count=1 no device would send a class's statistics and nothing would train
+            return cls(counts=(20, 40), edges_per=10, dataset="digits", alpha=None, rounds=2, workers=2,
+                       extra=["--set", "min_class_count=1"])
         counts = tuple(int(c) for c in a.counts) if a.counts else cls.counts
         return cls(counts=counts, dataset=a.dataset, data=a.data, alpha=a.alpha if a.alpha is not None else cls.alpha,
                    rounds=a.rounds or cls.rounds, method=a.methods[0] if a.methods else cls.method, seed=a.seed,
@@ -113,12 +116,16 @@ class TreeSampler:
         self._thread.join(5)
 
 
-def broker_received(url: str) -> float:
-    """How many messages the broker has received so far (its $SYS counter)."""
+BROKER_COUNTERS = ("messages/received", "messages/sent", "bytes/received", "bytes/sent")
+
+
+def broker_counters(url: str) -> dict[str, float]:
+    """The broker's own totals so far ($SYS): messages and bytes it received and sent."""
     from splitedge.protocol.broker import read_sys
 
-    topic = "$SYS/broker/messages/received"
-    return float(read_sys(url, topic, timeout=5.0, done=lambda v: topic in v).get(topic, 0))
+    topics = [f"$SYS/broker/{c}" for c in BROKER_COUNTERS]
+    values = read_sys(url, "$SYS/broker/#", timeout=5.0, done=lambda v: all(t in v for t in topics))
+    return {c: float(values.get(t, 0)) for c, t in zip(BROKER_COUNTERS, topics)}
 
 
 def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
@@ -133,7 +140,7 @@ def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
                "--broker", broker.url, "--workers", str(s.workers), "--virtual", str(s.virtual), "--out", str(out),
                "--deadline", "3600", "--split", s.split, *(["--data", s.data] if s.data else []),
                *(["--alpha", str(s.alpha)] if s.alpha is not None else []), *s.extra]
-        before = broker_received(broker.url)
+        before = broker_counters(broker.url)
         with open(work / f"sim-{devices}.log", "w") as log:
             started = time.monotonic()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -143,10 +150,11 @@ def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
             seconds = time.monotonic() - started
             sampler.stop()
         time.sleep(1.5)  # $SYS is republished every sys_interval (1 s)
-        after = broker_received(broker.url)
+        after = broker_counters(broker.url)
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     workers = {k: v for k, v in sampler.peak.items() if k.startswith("worker")}
-    received = after - before
+    through = {c: after[c] - before[c] for c in BROKER_COUNTERS}
+    received = through["messages/received"]
     wall = summary.get("wall_seconds") or seconds
     per_edge = sorted((m["in"] + m["out"]) / wall for m in (summary.get("edge_messages") or {}).values())
     return {
@@ -161,6 +169,8 @@ def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
                                                                       if k.startswith("worker")),
                         "broker": sampler.cpu.get("broker")},
         "broker_messages_received": received, "broker_messages_per_s": received / seconds if seconds else None,
+        "broker": through,  # messages and bytes into and out of the broker over the whole run
+        "bytes_by_tier": summary.get("bytes"),  # payload and packet bytes each tier sent and received
         "edge_messages_per_s": {"median": per_edge[len(per_edge) // 2], "max": per_edge[-1]} if per_edge else None,
         "log_tail": None if code == 0 else (work / f"sim-{devices}.log").read_text()[-2000:],
     }
@@ -180,8 +190,8 @@ def run(s: ScaleSettings, progress: Progress | None = None) -> tuple[dict[str, A
 
 def markdown(r: dict[str, Any]) -> str:
     head = ["devices", "edges", "rounds", "median round (s)", "sim peak (MB)", "worker peak (MB)", "broker peak (MB)",
-            "sum of peaks (MB)", "CPU s sim / workers / broker", "broker msg/s", "edge msg/s median / max",
-            "final accuracy"]
+            "sum of peaks (MB)", "CPU s sim / workers / broker", "broker msg/s", "broker MB in / out",
+            "edge msg/s median / max", "final accuracy"]
     rows = []
     for row in r["rows"]:
         rs = sorted(row["round_seconds"] or [])
@@ -190,9 +200,15 @@ def markdown(r: dict[str, Any]) -> str:
                      row["peak_rss_mb"]["sim (cloud + edges)"], row["peak_rss_mb"]["device worker (largest)"],
                      row["peak_rss_mb"]["broker"], row["sum_of_peaks_mb"],
                      f"{cpu['sim'] or 0:.0f} / {cpu['workers'] or 0:.0f} / {cpu['broker'] or 0:.0f}",
-                     row["broker_messages_per_s"], edge_rate(row.get("edge_messages_per_s")), row["final_accuracy"]])
+                     row["broker_messages_per_s"], broker_mb(row.get("broker")),
+                     edge_rate(row.get("edge_messages_per_s")), row["final_accuracy"]])
     return "\n".join(["Each size: one `splitedge sim` process (cloud and edges) with its device workers and a "
                       "private Mosquitto; peaks are per process, sampled every 0.5 s.", "", table(head, rows), ""])
+
+
+def broker_mb(through: dict[str, float] | None) -> str | None:
+    """'in / out' megabytes through the broker over the run, or None (older runs)."""
+    return None if not through else f"{through['bytes/received'] / MB:,.0f} / {through['bytes/sent'] / MB:,.0f}"
 
 
 def edge_rate(rate: dict[str, float] | None) -> str | None:

@@ -374,6 +374,8 @@ def test_scale_reports_every_process_of_each_size(tmp_path: Path) -> None:
         assert r["rounds_done"] == 2 and r["final_accuracy"] > 0.3
         assert all(v > 1 for v in r["peak_rss_mb"].values()), r["peak_rss_mb"]
         assert r["sum_of_peaks_mb"] >= r["peak_total_mb"] > 0 and r["broker_messages_received"] > 0
+        # the broker relays each message at least to its sender's parent: as many bytes out as in, or more
+        assert r["broker"]["bytes/sent"] >= r["broker"]["bytes/received"] > r["bytes_by_tier"]["device"]["out_payload"]
         # each edge relays every message of its devices' rounds: busy, never busier than the broker
         rate = r["edge_messages_per_s"]
         assert 0 < rate["median"] <= rate["max"] <= 2 * r["broker_messages_per_s"], (rate, r["broker_messages_per_s"])
