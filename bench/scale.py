@@ -57,10 +57,26 @@ class ScaleSettings:
                    edges_per=a.edges_per or cls.edges_per, split=a.split or cls.split,
                    virtual=cls.virtual if a.virtual is None else a.virtual,
                    workers=cls.workers if a.workers is None else a.workers,
-                   extra=list(a.set and [x for kv in a.set for x in ("--set", kv)] or []))
+                   extra=sim_arguments(a.set or []))
 
 
 Settings = ScaleSettings
+
+
+def sim_arguments(settings: list[str]) -> list[str]:
+    """`--set KEY=VALUE`s as the sim's arguments: the run's own keys (client sampling,
+    simrun.SIM_KEYS) as its flags (sample_fraction=0.1 -> --sample-fraction 0.1), the rest as
+    method settings."""
+    from splitedge.bench.simrun import SIM_KEYS
+
+    out: list[str] = []
+    for kv in settings:
+        key, _, value = kv.partition("=")
+        if key in SIM_KEYS and key != "backends":
+            out += [f"--{key.replace('_', '-')}", value]
+        else:
+            out += ["--set", kv]
+    return out
 
 
 class TreeSampler:

@@ -672,3 +672,10 @@ def test_feddecorr_units_effective_rank_counts_the_directions_features_spread_ov
     assert 7.5 < effective_rank(spread) <= 8.0
     collapsed = torch.randn(4000, 1, generator=g, dtype=torch.float64) @ torch.randn(1, 8, generator=g, dtype=torch.float64)
     assert effective_rank(collapsed) < 1.01
+
+
+def test_scale_passes_client_sampling_as_the_sims_flags() -> None:
+    from splitedge.bench.scale import sim_arguments
+
+    assert sim_arguments(["sample_fraction=0.1", "local_epochs=0", "sample_min=5"]) == [
+        "--sample-fraction", "0.1", "--set", "local_epochs=0", "--sample-min", "5"]
