@@ -37,7 +37,7 @@ import numpy as np
 
 from splitedge.bench.flower_side.venv import DEFAULT_VENV, FlowerMissing, flower_python, flower_version, make_venv
 from splitedge.bench.report import Progress, pyplot, save_figure, table
-from splitedge.bench.scale import MB, TreeSampler
+from splitedge.bench.scale import MB, MOSQUITTO_CONF, TreeSampler
 
 METHOD = "fedavg"
 ARMS = ("floor", "splitedge", "flower")
@@ -47,7 +47,6 @@ FEDAVG_SETTINGS = {"device_lr": "0.01", "robust": "none"}
 0.05 diverges) and the exact sample-weighted merge that Flower's FedAvg computes (splitedge's
 default, robust=auto, clips each update)."""
 JOIN_TIMEOUT_S = 900  # each worker imports torch and loads the data set first: a minute was not enough at load 200
-MOSQUITTO_CONF = "max_connections -1\nmax_packet_size 68157440\nmax_inflight_messages 0\nmax_queued_messages 100000\n"
 
 
 @dataclass

@@ -27,6 +27,9 @@ import psutil
 from splitedge.bench.report import Progress, pyplot, save_figure, table
 
 MB = 1024 * 1024
+MOSQUITTO_CONF = "max_connections -1\nmax_packet_size 68157440\nmax_inflight_messages 0\nmax_queued_messages 100000\n"
+"""A bench's private Mosquitto: any number of sessions, model-sized messages, no cap on what is
+in flight or queued for a slow subscriber (bench scale, bench flower)."""
 
 
 @dataclass
@@ -149,8 +152,7 @@ def run_one(s: ScaleSettings, devices: int, work: Path) -> dict[str, Any]:
 
     edges = max(1, devices // s.edges_per)
     out = work / f"sim-{devices}"
-    conf = "max_connections -1\nmax_packet_size 68157440\nmax_inflight_messages 0\nmax_queued_messages 100000\n"
-    with MosquittoBroker(extra_conf=conf) as broker:
+    with MosquittoBroker(extra_conf=MOSQUITTO_CONF) as broker:
         cmd = [sys.executable, "-m", "splitedge", "sim", "--method", s.method, "--dataset", s.dataset,
                "--devices", str(devices), "--edges", str(edges), "--rounds", str(s.rounds), "--seed", str(s.seed),
                "--broker", broker.url, "--workers", str(s.workers), "--virtual", str(s.virtual), "--out", str(out),
