@@ -32,7 +32,7 @@ class VariantResult:
     bytes: int
     max_abs_diff: float
     rel_diff: float  # max_abs_diff / max|torch output|
-    top1_agreement: float | None  # share of argmax equal to torch (global model only)
+    top1_agreement: float | None  # share of argmax equal to torch where torch decides (global model only)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,13 +65,23 @@ def _write(graph: str, variant: str, model: onnx.ModelProto, module: nn.Module, 
     diff = max_abs_diff(data, module, x, tol, reference=ref)
     top1 = None
     if graph == "model":
-        top1 = float(np.mean(run_onnx(data, x).argmax(1) == ref.argmax(1)))
+        top1 = top1_agreement(run_onnx(data, x), ref, diff)
     name = graph if variant == "fp32" else f"{graph}.{variant}"
     path = out_dir / f"{name}.onnx"
     path.write_bytes(data)
     scale = float(np.max(np.abs(ref), initial=0.0)) or 1.0
     log.info("%s %s: %d bytes, max abs diff %.3g", graph, variant, len(data), diff)
     return VariantResult(graph, variant, str(path), len(data), diff, diff / scale, top1)
+
+
+def top1_agreement(logits: np.ndarray, ref: np.ndarray, diff: float) -> float:
+    """The share of samples whose argmax is torch's, among those torch decides by more than
+    twice the graph's largest difference: a near-tie (two logits closer than that) may flip
+    either way in a correct export (a trained tiny network gave 0.997 on such ties)."""
+    agree = logits.argmax(1) == ref.argmax(1)
+    top2 = np.sort(ref, axis=1)[:, -2:] if ref.shape[1] > 1 else np.concatenate([ref, ref], axis=1)
+    decided = (top2[:, 1] - top2[:, 0]) > 2 * diff
+    return float(np.mean(agree[decided])) if decided.any() else 1.0
 
 
 def markdown_table(rows: list[VariantResult]) -> str:

@@ -146,3 +146,17 @@ def test_export_cli_from_checkpoint(cnn, tmp_path, capsys):
     assert {(v["graph"], v["variant"]) for v in report["variants"]} == {
         ("wc", "fp32"), ("wc", "fp16"), ("model", "fp32"), ("model", "fp16")}
     assert all(v["max_abs_diff"] < 1e-4 for v in report["variants"] if v["variant"] == "fp32")
+
+
+def test_top1_agreement_counts_only_what_torch_decides() -> None:
+    """A near-tie flipped by a difference the export is allowed is no disagreement; a decided
+    sample flipped is."""
+    import numpy as np
+
+    from splitedge.exporters.suite import top1_agreement
+
+    ref = np.array([[1.0, 0.0], [0.5, 0.5 + 1e-7], [0.0, 2.0]], np.float32)
+    tie_flipped = np.array([[1.0, 0.0], [0.5 + 1e-7, 0.5], [0.0, 2.0]], np.float32)
+    assert top1_agreement(tie_flipped, ref, diff=1e-6) == 1.0
+    decided_flipped = np.array([[0.0, 1.0], [0.5, 0.5], [0.0, 2.0]], np.float32)
+    assert top1_agreement(decided_flipped, ref, diff=1e-6) == 0.5
