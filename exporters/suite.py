@@ -79,7 +79,9 @@ def top1_agreement(logits: np.ndarray, ref: np.ndarray, diff: float) -> float:
     twice the graph's largest difference: a near-tie (two logits closer than that) may flip
     either way in a correct export (a trained tiny network gave 0.997 on such ties)."""
     agree = logits.argmax(1) == ref.argmax(1)
-    top2 = np.sort(ref, axis=1)[:, -2:] if ref.shape[1] > 1 else np.concatenate([ref, ref], axis=1)
+    if ref.shape[1] < 2:  # one output: nothing to tie with
+        return float(np.mean(agree))
+    top2 = np.sort(ref, axis=1)[:, -2:]
     decided = (top2[:, 1] - top2[:, 0]) > 2 * diff
     return float(np.mean(agree[decided])) if decided.any() else 1.0
 

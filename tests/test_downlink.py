@@ -91,17 +91,23 @@ def test_a_restarted_cloud_encodes_its_outbox_again_to_the_same_bytes() -> None:
     assert frames[0] == frames[1]
 
 
-def test_a_delta_that_comes_before_its_base_waits_for_it_and_the_part_sees_only_dense_models() -> None:
-    # retained messages of two topics (the base's slot and the model's) reach a node in either order
-    ctx = ctx_for("fedavg", "d0")
-    part = ctx.method.device_part(ctx, (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
+def _device_base_and_delta() -> tuple:
+    """A FedAvg device part, its model, and a top-k downlink's base (v0), pointer and delta (v1)."""
     from splitedge.models import state_to_numpy
 
+    ctx = ctx_for("fedavg", "d0")
+    part = ctx.method.device_part(ctx, (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
     model = state_to_numpy(part.model)
     enc = DownlinkEncoder("topk", 0.01, base_every=5)
     base, pointer = enc.encode(_message(model, 0))
     moved = {k: v + np.float32(0.01) if v.dtype.kind == "f" else v for k, v in model.items()}
     (delta,) = enc.encode(_message(moved, 1))
+    return part, model, base, pointer, delta
+
+
+def test_a_delta_that_comes_before_its_base_waits_for_it_and_the_part_sees_only_dense_models() -> None:
+    # retained messages of two topics (the base's slot and the model's) reach a node in either order
+    part, model, base, pointer, delta = _device_base_and_delta()
     inbound = NodeInbound("device d0", lambda: "")
     early = wire("weights", delta.body, "e0")
     assert not inbound.admit(Inbound(early, "parent", part))  # kept, not refused
@@ -123,15 +129,7 @@ def test_a_delta_that_comes_before_its_base_waits_for_it_and_the_part_sees_only_
 
 
 def test_an_early_delta_that_does_not_fit_its_base_is_dropped_and_the_base_stands() -> None:
-    ctx = ctx_for("fedavg", "d0")
-    part = ctx.method.device_part(ctx, (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
-    from splitedge.models import state_to_numpy
-
-    model = state_to_numpy(part.model)
-    enc = DownlinkEncoder("topk", 0.01, base_every=5)
-    base, _ = enc.encode(_message(model, 0))
-    (delta,) = enc.encode(_message({k: v + np.float32(0.01) if v.dtype.kind == "f" else v
-                                    for k, v in model.items()}, 1))
+    part, _, base, _, delta = _device_base_and_delta()
     bad = {**delta.body, "indices": {k: v[:-1] for k, v in delta.body["indices"].items()}}
     inbound = NodeInbound("device d0", lambda: "")
     assert not inbound.admit(Inbound(wire("weights", bad, "e0"), "parent", part))  # waits for its base

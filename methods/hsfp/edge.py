@@ -151,14 +151,13 @@ class HSFPEdge(EdgePart):
         current = [self.cache[d][1] for d, _ in merged_ids]  # one order, one sum
         out: list[Message] = []
         self.info = {"merged": len(current)}
-        if current:
-            merged = self._merge(version, current)
-        if current and not len(merged.classes):  # every device withheld every class it holds
+        merged = self._merge(version, current) if current else None
+        if merged is not None and not len(merged.classes):  # every device withheld every class it holds
             self.info["no_classes"] = 1
             log.warning("edge %s: round %d: none of its %d devices sent a class's statistics (each holds fewer than "
                         "min_class_count=%d images of every class); W_e is not trained and no moments go up",
                         self.ctx.node_id, plan.round, len(current), self.cfg.min_class_count)
-        elif current:
+        elif merged is not None:
             out.append(self._train_and_report(plan, merged, current))
             if self.cfg.edge_features == "global" and (self.sent_wc is None or self.sent_wc[0] != (version, merged_ids)):
                 self.sent_wc = ((version, merged_ids), merged)
