@@ -83,6 +83,11 @@ class MethodConfig:
     each device adds 1/sqrt(N) of the noise to its raw sums, the edge sees only the sum of at
     least N devices (it aborts a smaller one), whose noise is then at least one release's.
 
+    report_every: the cloud's representation report comes every `report_every` rounds and after
+    the last: the effective rank and spectrum of the served model's features (each needs every
+    test sample's features and an SVD), and for the self-supervised methods their whole report
+    (linear probe, kNN, alignment, uniformity). Accuracy is measured every round.
+
     secagg: "full" or "plus" sends H-SFP's moments and every head-statistics record to the edge
     only inside a secure sum over the round's devices (runtime/secure_sum.py); needs robust
     "none" (a robust merge needs each device's own values). The devices of each sum are the ones
@@ -135,6 +140,8 @@ class MethodConfig:
                                        "with error feedback; runtime/downlink.py)", choices=CODECS)
     downlink_topk: float = 0.01
     downlink_base_every: int = 10
+    report_every: int = flag(5, "rounds between the cloud's representation reports (effective rank, spectrum; the "
+                                "self-supervised methods' probe and kNN), and the last round always")
 
     def __post_init__(self) -> None:
         if self.feddecorr_beta < 0:
@@ -187,6 +194,8 @@ class MethodConfig:
                              f"(robust={self.robust}) has nothing to work on: use one of them")
         if self.min_class_count < 1:
             raise ValueError(f"min_class_count must be >= 1, got {self.min_class_count}")
+        if self.report_every < 1:
+            raise ValueError(f"report_every must be >= 1, got {self.report_every}")
         if self.downlink_codec not in CODECS or not 0 < self.downlink_topk <= 1 \
                 or self.downlink_base_every < 1:
             raise ValueError(f"downlink_codec must be none, int8 or topk, downlink_topk in (0, 1] and "

@@ -549,6 +549,11 @@ class CloudPart(Part):
         """Close the round: returns (messages, metrics such as accuracy)."""
         raise NotImplementedError
 
+    def report_due(self, round_: int) -> bool:
+        """Whether the metrics of round `round_` carry the representation report (effective rank,
+        spectrum, the self-supervised probe): every `report_every` rounds and the last."""
+        return round_ % self.cfg.report_every == 0 or round_ == self.ctx.rounds
+
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
         """The served global model as a flat name -> array map (saved without pickle)."""
         return {}

@@ -47,6 +47,24 @@ def test_method_learns_over_broker(tmp_path, method):
     assert (tmp_path / method / "metrics.jsonl").exists()
 
 
+def test_the_representation_report_comes_every_report_every_rounds_and_after_the_last(tmp_path):
+    """Effective rank and spectrum keep every test sample's features and take an SVD: the cloud
+    measures them every `report_every` rounds and after the last (issue 58, item 2); accuracy
+    and dead units every round."""
+    from splitedge.methods.fedavg.config import FedAvgConfig
+
+    # Execute
+    sim(tmp_path, "fedavg", rounds=3, report_every=2)
+    # Assert
+    rows = [json.loads(line) for line in (tmp_path / "fedavg" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert ["effective_rank" in r for r in rows] == ["spectrum" in r for r in rows] == [False, True, True]
+    assert all("accuracy" in r and 0 <= r["dead_units"] <= 1 for r in rows)
+    assert math.isclose(rows[1]["effective_rank"], math.exp(-sum(p * math.log(p) for p in rows[1]["spectrum"] if p > 1e-12)))
+    with pytest.raises(ValueError, match="report_every must be >= 1"):
+        FedAvgConfig(report_every=0)
+
+
 def test_method_lookup_is_torch_free():
     # Prepare: a fresh interpreter, so other tests' imports cannot hide a leak
     code = ("import json, sys\nfrom splitedge.methods.registry import get_method, list_methods\n"

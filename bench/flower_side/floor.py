@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         updates = [(t.train(global_), t.samples) for t in trainers]
         load_numpy_state(model, method.merge_weights(updates, reference=global_))
         global_ = state(model)  # as the cloud sends it: the merge as the model holds it
-        log.write(round_, start, **evaluate(plan, model, test))
+        log.write(round_, start, **evaluate(plan, model, test, round_))
     return 0
 
 

@@ -93,7 +93,7 @@ class MeteredFedAvg(FedAvg):
         from splitedge.models import load_numpy_state
 
         load_numpy_state(self.model, dict(zip(self.names, parameters_to_ndarrays(parameters))))
-        metrics = evaluate(self.plan, self.model, self.test)
+        metrics = evaluate(self.plan, self.model, self.test, server_round)
         self.log.write(server_round, self.started, **metrics, params_down_per_client=self.down,
                        params_up=self.up, sockets=connection_bytes(self.port))
         return 0.0, metrics

@@ -39,7 +39,7 @@ class FedAvgCloud(CalibratedCloud, CloudPart):
 
     def evaluate(self, plan: RoundPlan) -> dict[str, Any]:
         """Metrics of the merged model after round `plan.round`."""
-        return evaluate(self.model, self.ctx.test, self.spec)
+        return evaluate(self.model, self.ctx.test, self.spec, represent=self.report_due(plan.round))
 
     def current(self) -> dict[str, np.ndarray]:
         """The global model as numpy (a copy): what this round's updates were trained from."""

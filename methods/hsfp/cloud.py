@@ -192,7 +192,7 @@ class HSFPCloud(CalibratedCloud, CloudPart):
         if self.cfg.edge_features == "global":
             metrics["edges_global"] = sum(int(i.get("global", 0)) for i in infos)  # edges that trained on it
         if self.served_versions:
-            metrics.update(evaluate(self.served, self.ctx.test, self.spec))
+            metrics.update(evaluate(self.served, self.ctx.test, self.spec, represent=self.report_due(plan.round)))
         else:
             metrics["accuracy"] = float("nan")
         metrics["wc_version"], metrics["we_version"] = self.wc_version, self.we_version

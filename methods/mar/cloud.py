@@ -98,8 +98,7 @@ class DecMARCloud(MARCloud):
         acl.write_acl(Path(out) / "peers.acl", acl.peer_acl(self.ctx.run or "run", self.graph, edges=edges))
 
     def plan(self, round_: int) -> RoundSpec:
-        last = self.ctx.rounds
-        report = round_ % self.cfg.report_every == 0 or round_ == last
+        report = self.report_due(round_)
         return RoundSpec(versions={MODEL: 0}, directives={UPLOAD: True} if report else {})
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:

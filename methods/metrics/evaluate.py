@@ -16,7 +16,7 @@ from splitedge.methods.config import ModelSpec
 from splitedge.methods.data.preprocess import batches, to_input
 from splitedge.methods.errors import RoundFailed
 from splitedge.methods.metrics.extra import measured
-from splitedge.methods.metrics.representation import effective_rank, spectrum
+from splitedge.methods.metrics.representation import rank_of_spectrum, spectrum
 from splitedge.models import SplitModel
 
 log = logging.getLogger(__name__)
@@ -34,53 +34,61 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 51
     return correct / max(1, len(y))
 
 
-def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int = 512) -> dict[str, float]:
-    """A global model on a uint8 test split: top-1 accuracy, and the effective rank and the
-    normalised singular-value spectrum of its penultimate features (how many directions its
-    representation uses; methods/metrics/representation.py, methods/metrics/report.py). Normalised a batch at a
-    time, so a float copy of the whole split is never held. Under the cloud's round guard
-    (methods/budget.py `evaluations`), an evaluation over its memory ceiling or time budget is
-    skipped in one logged line: nothing measured this round, the merge goes on."""
+def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int = 512, *,
+             represent: bool = True) -> dict[str, float]:
+    """A global model on a uint8 test split: top-1 accuracy, the share of dead head inputs, and
+    with `represent` the effective rank and the normalised singular-value spectrum of its
+    penultimate features (how many directions its representation uses;
+    methods/metrics/representation.py). Those need every sample's features kept and an SVD, so
+    clouds ask for them every `report_every` rounds (`CloudPart.report_due`), not every round.
+    Normalised a batch at a time, so a float copy of the whole split is never held. Under the
+    cloud's round guard (methods/budget.py `evaluations`), an evaluation over its memory ceiling
+    or time budget is skipped in one logged line: nothing measured this round, the merge goes on."""
     guard = budget.evaluation_guard()
     if guard is None:
-        return _evaluate(model, test, spec, batch)
+        return _evaluate(model, test, spec, batch, represent)
     try:
         with guard:
-            return _evaluate(model, test, spec, batch)
+            return _evaluate(model, test, spec, batch, represent)
     except RoundFailed as exc:
         log.error("evaluation skipped: %s", exc)
         return {}
 
 
 @torch.no_grad()
-def _evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int) -> dict[str, float]:
+def _evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int,
+              represent: bool) -> dict[str, float]:
     x, y = test
     was_training = model.training
     model.eval()
     preds, feats = [], []
+    peak: np.ndarray | None = None  # each head input's largest value so far (dead_units)
     try:
         for sl in batches(len(y), batch):
             budget.checkpoint()  # the round's time budget and memory ceiling (runtime/guard.py)
             features, logits = model.features_and_logits(torch.from_numpy(to_input(x[sl], spec.mean, spec.std)))
             preds.append(logits.argmax(1).numpy())
-            feats.append(features.numpy())
+            flat = features.numpy().reshape(len(features), -1)
+            peak = flat.max(axis=0) if peak is None else np.maximum(peak, flat.max(axis=0))
+            if represent:
+                feats.append(flat)
     finally:
         model.train(was_training)
     predicted = np.concatenate(preds) if preds else np.zeros(0, np.int64)
     out = {"accuracy": int((predicted == y).sum()) / max(1, len(y)), **measured(y, predicted)}
     if len(y) >= 2:
-        features = np.concatenate(feats)
-        out.update(representation_measures(features))
-        out["dead_units"] = dead_units(features)
+        if represent:
+            out.update(representation_measures(np.concatenate(feats)))
+        out["dead_units"] = dead_units(peak)
     return out
 
 
-def dead_units(features: np.ndarray) -> float:
+def dead_units(peak: np.ndarray | None) -> float:
     """The share of the head's input units that are 0 (or below) on every sample: ReLUs a
     training step killed for these inputs (issue 54: the cloud's training on synthetic
-    features can kill most of the trunk's units in one round). Of the flattened features."""
-    flat = features.reshape(len(features), -1)
-    return float(np.mean(flat.max(axis=0) <= 0)) if flat.size else 0.0
+    features can kill most of the trunk's units in one round). From each flattened unit's
+    largest value over the samples, kept a batch at a time."""
+    return float(np.mean(peak <= 0)) if peak is not None and peak.size else 0.0
 
 
 def representation_measures(features: np.ndarray) -> dict[str, Any]:
@@ -90,7 +98,8 @@ def representation_measures(features: np.ndarray) -> dict[str, Any]:
         log.warning("evaluate: the model's features are not finite; no effective rank this round")
         return {}
     try:
-        return {"effective_rank": effective_rank(features), "spectrum": [float(v) for v in spectrum(features)]}
+        p = spectrum(features)  # one SVD for both
+        return {"effective_rank": rank_of_spectrum(p), "spectrum": [float(v) for v in p]}
     except np.linalg.LinAlgError as exc:
         log.warning("evaluate: no effective rank this round (%s)", exc)
         return {}

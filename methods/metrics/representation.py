@@ -13,13 +13,12 @@ import numpy as np
 
 def effective_rank(features: np.ndarray, eps: float = 1e-12) -> float:
     """exp(entropy of the L1-normalised singular values of the centred [N, D] features)."""
-    x = np.asarray(features, dtype=np.float64)
-    if x.ndim != 2 or len(x) < 2:
-        raise ValueError(f"features must be [N >= 2, D], got shape {x.shape}")
-    s = np.linalg.svd(x - x.mean(axis=0), compute_uv=False)
-    if s.sum() <= eps:
-        return 1.0  # all features equal: nothing spans any direction
-    p = s / s.sum()
+    return rank_of_spectrum(spectrum(features, eps), eps)
+
+
+def rank_of_spectrum(p: np.ndarray, eps: float = 1e-12) -> float:
+    """exp(H(p)) of a normalised spectrum (`spectrum`): the effective rank without a second SVD."""
+    p = np.asarray(p, dtype=np.float64)
     p = p[p > eps]
     return float(np.exp(-(p * np.log(p)).sum()))
 

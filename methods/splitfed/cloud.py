@@ -72,7 +72,7 @@ class SplitFedCloud(CalibratedCloud, CloudPart):
                     log.warning("cloud: round %d without %s updates; keeping it", plan.round, part)
             self.version += 1
             out = [self._message(part, samples[part]) for part in PART_NAMES]
-        metrics = {**evaluate(self.model, self.ctx.test, self.spec),
+        metrics = {**evaluate(self.model, self.ctx.test, self.spec, represent=self.report_due(plan.round)),
                    "model_version": self.version, "server_samples": samples["we"]}
         return out, metrics
 

@@ -54,8 +54,7 @@ class SSLCloud(FedAvgCloud):
         return None  # the probe measures the encoder; the served model stays the encoder
 
     def evaluate(self, plan: RoundPlan) -> dict[str, Any]:
-        last = self.ctx.rounds
-        if plan.round % self.cfg.report_every == 0 or plan.round == last:
+        if self.report_due(plan.round):
             return self.report()
         return {}
 

@@ -18,8 +18,6 @@ class SSLConfig(FedAvgConfig):
     proj_hidden: int = 4
     # align-uniform: L = align + beta * (unif(z1) + unif(z2)) / 2
     beta: float = 1.0
-    # representation report at the cloud every `report_every` rounds and at the last one
-    report_every: int = 5
     probe_epochs: int = 100
     knn_k: int = 20
     # the encoder: "split" (the run's split model up to its classifier) or "vit" (the small ViT
@@ -34,7 +32,7 @@ class SSLConfig(FedAvgConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0 < self.crop_scale_min <= 1 or self.proj_hidden < 1 or self.report_every < 1 or self.beta < 0:
+        if not 0 < self.crop_scale_min <= 1 or self.proj_hidden < 1 or self.beta < 0:
             raise ValueError(f"bad self-supervised config: {self}")
         if self.encoder not in ("split", "vit") or self.optimizer not in ("sgd", "adamw"):
             raise ValueError(f"encoder must be split or vit (got {self.encoder!r}), "
