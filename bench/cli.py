@@ -139,7 +139,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="scale: how --alpha splits the devices (default per-device; see splitedge sim --help)")
     g.add_argument("--virtual", type=int, default=None, help="scale (default 1), accuracy (default 0: every device keeps its model): virtual devices, "
                         "this many training at a time per process")
-    g.add_argument("--workers", type=int, default=None, help="scale: device worker processes (default 2)")
+    g.add_argument("--workers", type=int, default=None, help="scale: device worker processes (default 2); flower: "
+                                                             "the splitedge arm's (default one per device, as "
+                                                             "Flower's one process per client)")
     g = p.add_argument_group("throughput")
     g.add_argument("--counts", type=_csv, default=None, help="throughput, merge: devices' worth of messages, e.g. 10,100,1000; leak: images of "
                    "the class on the device (default 1,2,5,10,50)")
@@ -226,7 +228,8 @@ def rerender(module: Any, out_dir: Path, *, plots: bool, suite: str) -> Path:
 ONLY_OPTIONS = {"matrix": ("out", "plan", "cells", "ram", "rerender"), "compare": ("inputs", "target", "ram", "out", "no_plots"),
                 "merge": ("quick", "out", "no_plots", "counts", "dims", "seed", "before"),
                 "flower": ("quick", "out", "no_plots", "dataset", "data", "model", "devices", "edges", "rounds", "alpha",
-                           "seed", "max_train", "max_test", "set", "deadline", "flower_venv", "setup", "arms")}
+                           "seed", "max_train", "max_test", "set", "deadline", "flower_venv", "setup", "arms",
+                           "workers")}
 """Suites that read only these options: their record leaves out the other suites' defaults (a
 matrix's plan holds its data set; `--dataset digits` in its record misled)."""
 

@@ -3,7 +3,8 @@ each arm a set of processes watched from outside (CPU and peak RSS of every proc
 
 - `floor`: the rounds' own work in one process, no framework (bench/flower_side/floor.py).
 - `splitedge`: `splitedge sim --method fedavg` on a private Mosquitto, one edge, each device in a
-  worker process of its own (`--workers` = devices): the sim process holds the cloud and the edge.
+  worker process of its own (or `--workers N` processes sharing them): the sim process holds the
+  cloud and the edge.
 - `flower`: Flower 1.42's gRPC server (its FedAvg strategy) and one client process per device
   (bench/flower_side/server.py, client.py), in a venv of their own (--flower-venv; --setup makes it).
 
@@ -64,6 +65,7 @@ class FlowerSettings:
     overrides: dict[str, str] = field(default_factory=lambda: dict(FEDAVG_SETTINGS))
     deadline: float = 1800.0
     arms: tuple[str, ...] = ARMS
+    workers: int | None = None  # the splitedge arm's device processes (None: one per device)
     flower_venv: str = str(DEFAULT_VENV)
     setup: bool = False
 
@@ -77,7 +79,7 @@ class FlowerSettings:
         common = dict(model=a.model or cls.model, seed=a.seed, overrides={**FEDAVG_SETTINGS, **parse_sets(a.set)},
                       arms=arms, flower_venv=str(Path(getattr(a, "flower_venv", None) or DEFAULT_VENV).expanduser()),
                       setup=bool(getattr(a, "setup", False)), edges=a.edges or cls.edges,
-                      deadline=a.deadline or cls.deadline)
+                      deadline=a.deadline or cls.deadline, workers=getattr(a, "workers", None))
         if a.quick:  # about a minute: scikit-learn's digits, a few devices
             return cls(dataset="digits", devices=a.devices or 4, rounds=a.rounds or 3, alpha=a.alpha or 0.3,
                        **common)
@@ -119,7 +121,7 @@ def sim_command(s: FlowerSettings, broker: str, out: Path) -> list[str]:
             "--rounds", str(s.rounds), "--seed", str(s.seed),
             *(["--max-train", str(s.max_train)] if s.max_train else []),
             *(["--max-test", str(s.max_test)] if s.max_test else []),
-            "--broker", broker, "--workers", str(s.devices), "--deadline", str(s.deadline), "--out", str(out),
+            "--broker", broker, "--workers", str(s.workers or s.devices), "--deadline", str(s.deadline), "--out", str(out),
             "--join-timeout", str(JOIN_TIMEOUT_S), *sets]
 
 
