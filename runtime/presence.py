@@ -38,6 +38,13 @@ class Presence:
         """The children in `among` whose last status is online."""
         return self.online.intersection(among)
 
+    def next_change_in(self) -> float | None:
+        """Seconds until the next child still within its grace stops being awaited (None: no
+        such child): when a round waiting on presence alone can next close, with no message."""
+        now = self.clock()
+        ends = [t + self.grace_s - now for t in self.gone_since.values() if now - t < self.grace_s]
+        return max(0.0, min(ends)) if ends else None
+
     def awaited(self, among: Collection[str]) -> set[str]:
         """The children in `among` a round waits for: online, or offline for less than the grace.
         (An edge asks after every event it handles: one set intersection, plus the few just gone.)"""

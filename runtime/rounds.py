@@ -80,6 +80,10 @@ class RoundCollector:
             return False
         return self.is_open and not alive - self.done
 
+    def remaining_s(self) -> float:
+        """Seconds to the open round's deadline (0 when past it or when no round is open)."""
+        return max(0.0, self.deadline - self.clock()) if self.is_open else 0.0
+
     def expired(self) -> bool:
         return self.is_open and self.clock() >= self.deadline
 

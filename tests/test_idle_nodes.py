@@ -73,3 +73,30 @@ def test_an_edge_says_online_once_while_its_devices_join() -> None:
     assert len(edge.roster.live) == 20
     assert seen["hello"] >= 20  # the cloud hears every change of who is live
     assert seen["status"] == 1
+
+
+def test_an_edge_with_an_open_round_sleeps_until_the_round_can_next_close_on_time_alone() -> None:
+    """An edge checked its round every 0.2 s, every member's presence each time: most of a
+    10,000-device sim's CPU. Now it blocks until a message, the round's deadline, or the moment
+    a just-gone device stops being awaited; it polls only a round due but not closable yet."""
+    from splitedge.edge.aggregator import EdgeAggregator
+    from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
+
+    now = [1000.0]
+    edge = EdgeAggregator(LoopbackTransport(LoopbackBus(), role="edge", client_id="e0"), run="r", node_id="e0",
+                          quiet_warn_s=None)
+    edge.rounds.clock = edge.roster.presence.clock = lambda: now[0]
+    assert edge._wait_s(0.2) == IDLE_WAKE_S  # no round: nothing timed
+    edge.rounds.open(1, 120.0, {"d0", "d1"})
+    assert edge._wait_s(0.2) == IDLE_WAKE_S  # the deadline is further off than the safety net
+    now[0] += 100.0
+    assert edge._wait_s(0.2) == 20.0  # the deadline
+    presence = edge.roster.presence
+    presence.update("d0", "online")
+    presence.update("d0", "offline")  # gone: awaited for the grace still
+    now[0] += 2.0
+    assert edge._wait_s(0.2) == presence.grace_s - 2.0  # then the round may close without it
+    now[0] += presence.grace_s
+    assert presence.next_change_in() is None
+    now[0] += 30.0  # past the deadline, but not closed (say, a model it needs is on its way)
+    assert edge.rounds.expired() and edge._wait_s(0.2) == 0.2
