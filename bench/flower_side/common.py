@@ -121,18 +121,14 @@ class LocalTrainer:
 
     def train(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The global model `weights` trained on this device's images; returns the trained weights."""
-        import torch
-
-        from splitedge.methods.torch_utils import model_outputs, sgd, tensor_batches
-        from splitedge.methods.training import train_epochs
+        from splitedge.methods.fedavg.device import round_optimiser, train_local
+        from splitedge.methods.torch_utils import model_outputs
         from splitedge.models import load_numpy_state
 
         load_numpy_state(self.model, weights)
-        opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
-        gen = torch.Generator().manual_seed(int(self.rng.integers(2**31)))
-        self.losses = train_epochs(lambda batch: model_outputs(self.model, batch.x), self.method.loss_terms("device"),
-                                   tensor_batches(self.x, self.y, self.cfg.device_batch, gen), opt, [self.model],
-                                   epochs=self.cfg.local_epochs)
+        opt, gen = round_optimiser(self.model, self.cfg, self.rng)
+        self.losses = train_local(self.model, lambda batch: model_outputs(self.model, batch.x),
+                                  self.method.loss_terms("device"), self.x, self.y, self.cfg, opt, gen)
         return state(self.model)
 
 

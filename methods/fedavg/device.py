@@ -21,6 +21,22 @@ from splitedge.models import load_numpy_state, state_to_numpy
 from splitedge.models.split import head_features
 
 
+def round_optimiser(model: torch.nn.Module, cfg: Any, rng: np.random.Generator) -> tuple[Any, torch.Generator]:
+    """A fresh optimiser (momentum from the last local model does not fit the new global one) and
+    the generator of this round's batch order, drawn from the device's rng (in that order: a run
+    reproduces its batches only if every FedAvg-style device draws the same way)."""
+    opt = sgd(model.parameters(), cfg.device_lr, cfg.momentum, cfg.weight_decay)
+    return opt, torch.Generator().manual_seed(int(rng.integers(2**31)))
+
+
+def train_local(model: torch.nn.Module, forward: Any, terms: Any, x: torch.Tensor, y: torch.Tensor, cfg: Any,
+                opt: Any, gen: torch.Generator) -> dict[str, float]:
+    """`local_epochs` passes of the method's device loss terms over (x, y) in batches of
+    `device_batch`; the mean loss terms."""
+    return train_epochs(forward, terms, tensor_batches(x, y, cfg.device_batch, gen), opt, [model],
+                        epochs=cfg.local_epochs)
+
+
 class FedAvgDevice(DevicePart):
     # the optimiser is made afresh each round; specs and the local tensors come from the spec and data
     state = ("model", "version", "encoder")
@@ -77,9 +93,7 @@ class FedAvgDevice(DevicePart):
             model.train(was)
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
-        # A fresh optimiser each round: momentum from the last local model does not fit the new global one.
-        opt = sgd(self.model.parameters(), self.cfg.device_lr, self.cfg.momentum, self.cfg.weight_decay)
-        gen = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**31)))
+        opt, gen = round_optimiser(self.model, self.cfg, self.ctx.rng)
         # differential privacy covers what training took from the data; with local_epochs 0 (a
         # public setting) the weights go back as received, an update of zero that costs no release
         private = self.cfg.dp_sigma > 0 and self.cfg.local_epochs > 0
@@ -91,9 +105,8 @@ class FedAvgDevice(DevicePart):
                                       len(self.y), opt)
             weights = with_statistics(state_to_numpy(self.model), norms)
         else:
-            self.losses = train_epochs(self.forward, self.method.loss_terms("device"),
-                                       tensor_batches(self.x, self.y, self.cfg.device_batch, gen), opt, [self.model],
-                                       epochs=self.cfg.local_epochs)
+            self.losses = train_local(self.model, self.forward, self.method.loss_terms("device"), self.x, self.y,
+                                      self.cfg, opt, gen)
             weights = state_to_numpy(self.model)
         if private and self.cfg.dp_unit == "device":  # DP-FedAvg: the update clipped and noised
             weights = private_weights(self, weights, start, norms)
