@@ -46,7 +46,9 @@ class Layer:
 
 def channel_sums(a: np.ndarray, b: np.ndarray | None = None, chunk: int = 16) -> np.ndarray:
     """Per-channel sums (float64) of a [N, C, H, W], or of a * b, a few samples at a time: no
-    temporary of the whole batch's size."""
+    temporary of the whole batch's size. float64 as torch's CPU BatchNorm accumulates: a float32
+    dot product's rounding moves a near-constant channel's xhat by up to 1/sqrt(eps) times it
+    (and flips ReLUs)."""
     out = np.zeros(a.shape[1], np.float64)
     for i in range(0, len(a), chunk):
         part = a[i:i + chunk] if b is None else a[i:i + chunk] * b[i:i + chunk]
@@ -57,9 +59,11 @@ def channel_sums(a: np.ndarray, b: np.ndarray | None = None, chunk: int = 16) ->
 class Conv2d(Layer):
     """Square-kernel convolution, zero padding, no bias (a BatchNorm follows every one here).
 
-    im2col and one matrix product per `chunk` samples, each chunk padded on its own: the unfolded
-    windows of a SupCon batch of the cnn's first layer (128 views) are 38 MB at once, under 5 MB
-    per chunk of 16. It keeps its (unpadded) input for backward, which unfolds it again."""
+    im2col and one batched matrix product per `chunk` samples, each chunk padded on its own: the
+    unfolded windows of a SupCon batch of the cnn's first layer (128 views) are 14 MB at once,
+    under 2 MB per chunk of 16. Windows are laid out per sample, [n, C * k * k, Ho * Wo], so the
+    product lands in NCHW order and nothing is transposed. It keeps its (unpadded) input for
+    backward, which unfolds it again."""
 
     chunk = 16
 
@@ -74,26 +78,43 @@ class Conv2d(Layer):
         return (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
 
     def _cols(self, x: np.ndarray) -> np.ndarray:
-        """[C * k * k, n * Ho * Wo] windows of a chunk, rows in the weight's (C, k, k) order."""
+        """[n, C * k * k, Ho * Wo] windows of a chunk, rows in the weight's (C, k, k) order."""
         n, c, h, w = x.shape
         k, s, p = self.kernel, self.stride, self.padding
         ho, wo = self._out_size(h, w)
-        xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p))) if p else x
-        cols = np.empty((c, k, k, n, ho, wo), F32)
+        xp = x
+        if p:  # not np.pad: its bookkeeping costs more than the copy on a chunk
+            xp = np.zeros((n, c, h + 2 * p, w + 2 * p), F32)
+            xp[:, :, p:p + h, p:p + w] = x
+        cols = np.empty((n, c, k, k, ho, wo), F32)
         for i in range(k):
             for j in range(k):
-                cols[:, i, j] = xp[:, :, i:i + s * ho:s, j:j + s * wo:s].transpose(1, 0, 2, 3)
-        return cols.reshape(c * k * k, n * ho * wo)
+                cols[:, :, i, j] = xp[:, :, i:i + s * ho:s, j:j + s * wo:s]
+        return cols.reshape(n, c * k * k, ho * wo)
+
+    def _matrix(self) -> np.ndarray:
+        return self.params["weight"].reshape(len(self.params["weight"]), -1)
 
     def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
-        w = self.params["weight"].reshape(len(self.params["weight"]), -1)
+        w = self._matrix()
         ho, wo = self._out_size(x.shape[2], x.shape[3])
         out = np.empty((len(x), len(w), ho, wo), F32)
         for i in range(0, len(x), self.chunk):
             part = x[i:i + self.chunk]
-            out[i:i + len(part)] = (w @ self._cols(part)).reshape(len(w), len(part), ho, wo).transpose(1, 0, 2, 3)
+            np.matmul(w, self._cols(part), out=out[i:i + len(part)].reshape(len(part), len(w), ho * wo))
         if train:
             self._saved_x = x
+        return out
+
+    def weight_grad(self, grad: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Sum over samples and positions of `grad` [N, G, Ho, Wo] times the windows of `x`:
+        [G, C * k * k], float64. G is the weight's output channels for its gradient; a chunked
+        step stacks more maps on the same windows (methods/thin/chunked.py)."""
+        out = np.zeros((grad.shape[1], self._matrix().shape[1]), np.float64)
+        for start in range(0, len(x), self.chunk):
+            cols = self._cols(x[start:start + self.chunk])
+            g = grad[start:start + len(cols)].reshape(len(cols), grad.shape[1], -1)
+            out += np.matmul(g, cols.transpose(0, 2, 1)).sum(axis=0, dtype=np.float64)
         return out
 
     def backward(self, grad: np.ndarray) -> np.ndarray:
@@ -101,36 +122,33 @@ class Conv2d(Layer):
         x = self._saved_x
         assert x is not None, "backward before a training forward"
         weight = self.params["weight"]
-        w = weight.reshape(len(weight), -1)
+        self.grads["weight"] = self.weight_grad(grad, x).astype(F32).reshape(weight.shape)
         shape = x.shape
-        dw = np.zeros(w.shape, np.float64)
-        for start in range(0, len(x), self.chunk):
-            g = grad[start:start + self.chunk].transpose(1, 0, 2, 3).reshape(len(w), -1)  # [O, n * Ho * Wo]
-            dw += g @ self._cols(x[start:start + self.chunk]).T
-        self.grads["weight"] = dw.astype(F32).reshape(weight.shape)
         self._saved_x = x = None
-        return self._input_grad(grad, w, shape)
+        return self.input_grad(grad, shape)
 
     def backward_input(self, grad: np.ndarray) -> np.ndarray:
-        """The input's gradient alone (a chunked step whose pass does not want this weight's)."""
+        """The input's gradient alone (per-sample gradients build the weight's their own way)."""
         x = self._saved_x
         assert x is not None, "backward before a training forward"
         self._saved_x = None
-        return self._input_grad(grad, self.params["weight"].reshape(len(self.params["weight"]), -1), x.shape)
+        return self.input_grad(grad, x.shape)
 
-    def _input_grad(self, grad: np.ndarray, w: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    def input_grad(self, grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """The gradient of an input of `shape` for the output gradient `grad` (col2im of W^T grad)."""
         n_all, c, h, wd = shape
         p, s, k = self.padding, self.stride, self.kernel
         ho, wo = grad.shape[2], grad.shape[3]
+        w = self._matrix()
         dx = np.empty(shape, F32)
         for start in range(0, n_all, self.chunk):
             g = grad[start:start + self.chunk]
             n = len(g)
-            dcols = (w.T @ g.transpose(1, 0, 2, 3).reshape(len(w), -1)).reshape(c, k, k, n, ho, wo)
+            dcols = np.matmul(w.T, g.reshape(n, len(w), ho * wo)).reshape(n, c, k, k, ho, wo)
             dxp = np.zeros((n, c, h + 2 * p, wd + 2 * p), F32)
             for i in range(k):
                 for j in range(k):
-                    dxp[:, :, i:i + s * ho:s, j:j + s * wo:s] += dcols[:, i, j].transpose(1, 0, 2, 3)
+                    dxp[:, :, i:i + s * ho:s, j:j + s * wo:s] += dcols[:, :, i, j]
             dx[start:start + n] = dxp[:, :, p:p + h, p:p + wd]
         return dx
 
@@ -176,16 +194,28 @@ class BatchNorm2d(Layer):
 
     def forward_fixed(self, x: np.ndarray, mean: np.ndarray, invstd: np.ndarray, keep: bool) -> np.ndarray:
         """Training-mode normalisation with given batch statistics (a whole batch's, when a chunk
-        of it passes: methods/thin/chunked.py), in place; keeps the normalised input if `keep`."""
-        xhat = x
-        if np.any(mean):
-            xhat -= mean.astype(F32)[:, None, None]
-        xhat *= invstd.astype(F32)[:, None, None]
-        if keep:
-            self._saved_xhat, self._saved_invstd = xhat, invstd.astype(F32)
-        out = xhat * self.params["weight"][:, None, None]
+        of it passes: methods/thin/chunked.py). With `keep`, x is normalised in place and kept for
+        backward; without, x is left as it is (a chunked step passes its kept maps)."""
+        gamma = self.params["weight"]
+        if not keep:
+            scale = gamma * invstd.astype(F32)
+            out = x * scale[:, None, None]
+            out += (self.params["bias"] - mean.astype(F32) * scale)[:, None, None]
+            return out
+        xhat = self.normalise(x, mean, invstd, keep)
+        out = xhat * gamma[:, None, None]
         out += self.params["bias"][:, None, None]
         return out
+
+    def normalise(self, x: np.ndarray, mean: np.ndarray, invstd: np.ndarray, keep: bool) -> np.ndarray:
+        """xhat = (x - mean) * invstd in place; kept for backward if `keep` (a chunked step
+        re-normalises a kept map to build its input gradient)."""
+        if np.any(mean):
+            x -= mean.astype(F32)[:, None, None]
+        x *= invstd.astype(F32)[:, None, None]
+        if keep:
+            self._saved_xhat, self._saved_invstd = x, invstd.astype(F32)
+        return x
 
     def _update_running(self, mean: np.ndarray, var: np.ndarray) -> None:
         b, mom = self.buffers, self.momentum

@@ -31,9 +31,9 @@ def _conv(layer: Conv2d, grad: np.ndarray) -> np.ndarray:
     out = np.empty((len(x),) + weight.shape, np.float64)
     for start in range(0, len(x), layer.chunk):
         n = len(x[start:start + layer.chunk])
-        cols = layer._cols(x[start:start + n]).reshape(-1, n, grad.shape[2] * grad.shape[3])  # [CKK, n, P]
+        cols = layer._cols(x[start:start + n])  # [n, CKK, P]
         g = grad[start:start + n].reshape(n, len(weight), -1)  # [n, O, P]
-        out[start:start + n] = np.einsum("nop,knp->nok", g, cols, dtype=np.float64).reshape((n,) + weight.shape)
+        out[start:start + n] = np.einsum("nop,nkp->nok", g, cols, dtype=np.float64).reshape((n,) + weight.shape)
     return out
 
 
