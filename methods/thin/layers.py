@@ -279,7 +279,9 @@ class ReLU(Layer):
 class MaxPool2d(Layer):
     """2x2 max-pooling with stride 2 (torch's: the gradient goes to the first maximum of a window).
 
-    Works on the four strided quarter views, so no copy of the input is made."""
+    Works on the four strided quarter views, so no copy of the input is made; the window's
+    argmax comes from two pairwise comparisons and one between the pairs (strict, so the first
+    maximum wins), not from a search over the four."""
 
     @staticmethod
     def _quarters(x: np.ndarray) -> list[np.ndarray]:
@@ -288,19 +290,22 @@ class MaxPool2d(Layer):
 
     def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
         q = self._quarters(x)
-        out = np.maximum(np.maximum(q[0], q[1]), np.maximum(q[2], q[3]))
+        top, bottom = np.maximum(q[0], q[1]), np.maximum(q[2], q[3])
         if train:
-            arg = np.full(out.shape, 3, np.uint8)
-            for i in (2, 1, 0):  # the first maximum wins, as in torch
-                arg[q[i] == out] = i
+            arg = np.where(bottom > top, (q[3] > q[2]).view(np.uint8) + np.uint8(2), (q[1] > q[0]).view(np.uint8))
             self._saved_arg, self._saved_shape = arg, x.shape
-        return out
+        return np.maximum(top, bottom, out=top)
 
     def backward(self, grad: np.ndarray) -> np.ndarray:
-        dx = np.zeros(self._saved_shape, F32)
-        for i, view in enumerate(self._quarters(dx)):
-            view[...] = np.where(self._saved_arg == i, grad, 0)
+        n, c, h, w = self._saved_shape
+        h2, w2 = grad.shape[2], grad.shape[3]
+        dx = np.zeros((n, c, h2, 2, w2, 2), F32)  # [.., row, window row, column, window column]
+        for i in range(4):
+            np.multiply(grad, self._saved_arg == i, out=dx[:, :, :, i // 2, :, i % 2])
         self._saved_arg = None
+        dx = dx.reshape(n, c, 2 * h2, 2 * w2)
+        if (2 * h2, 2 * w2) != (h, w):  # an odd side: its last row or column is in no window
+            dx = np.pad(dx, ((0, 0), (0, 0), (0, h - 2 * h2), (0, w - 2 * w2)))
         return dx
 
 
