@@ -2,7 +2,7 @@
 
 The bandwidth numbers are only worth publishing if the transports' own counters agree with
 an outside witness, so the bench follows Mosquitto's ``$SYS/broker/bytes/received`` the way
-``tests/test_broker.py`` does (a plain paho client, QoS 0, retained values ignored) and
+``tests/broker/test_broker.py`` does (a plain paho client, QoS 0, retained values ignored) and
 collects every transport a run opens through :func:`capture_transports`, so the counters can
 be read after the run without the bench touching strategies or runtimes.
 """

@@ -1,6 +1,6 @@
 """The fixed simplex ETF target of H-SFP's `device_target="etf"` (methods/hsfp/etf.py), torch-free so
 the thin trainer (methods/thin/trainer.py) builds the same matrix from the run's seed. In the shared
-core because both use it: no shared module imports a method's package (tests/test_layering.py)."""
+core because both use it: no shared module imports a method's package (tests/app/test_layering.py)."""
 
 from __future__ import annotations
 

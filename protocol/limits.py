@@ -2,7 +2,7 @@
 
 One source of truth: ``decode`` (codec.py) hands these to msgpack's Unpacker, ``check_frame``
 walks an outgoing envelope with them, and PROTOCOL.md's limits and budget tables are tested equal
-to them (tests/test_wire_limits.py, tests/test_floods.py).
+to them (tests/protocol/test_wire_limits.py, tests/runtime/test_floods.py).
 A sender that checked less would publish frames every receiver drops (`frame.invalid`), as an
 edge with more than MAX_ARRAY_LEN members once did.
 """

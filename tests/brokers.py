@@ -1,6 +1,6 @@
 """Broker fixtures and the one rule for a missing Mosquitto, importable on their own.
 
-conftest.py re-exports the fixtures; tests/test_ci_mosquitto.py imports this module in a
+conftest.py re-exports the fixtures; tests/broker/test_ci_mosquitto.py imports this module in a
 throwaway pytest run to check the rule. Locally a missing binary skips the broker tests; on
 CI (``CI=true`` or ``CI=1``) it fails them, so a runner without Mosquitto cannot pass green
 with the transport, bridge and process tests silently skipped.

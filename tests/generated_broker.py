@@ -1,7 +1,7 @@
 """Mosquitto started from the files `splitedge data split --acl` writes, the way deploy/README.md
 says: on its own (`mosquitto -c shards/broker.conf`) or dropped into the include_dir of a main
 config that has a listener of its own. Free ports only, never 1883. Shared by
-tests/test_broker_config_dropin.py and tests/test_identity_binding.py."""
+tests/broker/test_broker_config_dropin.py and tests/protocol/test_identity_binding.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ class Capture:
     publisher set (retain-as-published), as (topic, payload, retain, qos)."""
 
     def __init__(self, broker, name: str, topic: str = "splitedge/#", password: str | None = None) -> None:
-        """With `password`, it logs in as `name` (a broker with logins: tests/test_provision.py)."""
+        """With `password`, it logs in as `name` (a broker with logins: tests/app/test_provision.py)."""
         self.messages: list[tuple[str, bytes, bool, int]] = []
         self.lock = threading.Lock()
         self.subscribed = threading.Event()

@@ -10,7 +10,7 @@ import pytest
 
 from splitedge.methods.data.local import NpzImages, open_local_data
 from splitedge.methods.data.datasets import load_image_folder, save_shard
-from test_datasets import make_tree
+from image_tree import make_tree
 
 
 @pytest.fixture()

@@ -1,7 +1,7 @@
 """Run `splitedge` commands as a user types them (from a doc, or as `splitedge data split` prints
 them): each role in a process of its own from a scratch folder, its output in a log file, every
-process gone when the test ends. Shared by tests/test_doc_commands.py and
-tests/test_split_federation.py."""
+process gone when the test ends. Shared by tests/app/test_doc_commands.py and
+tests/sim/test_split_federation.py."""
 
 from __future__ import annotations
 

@@ -2,6 +2,6 @@
 through edges and the cloud, or peer to peer on a random graph of devices."""
 
 BUILDS_ON: tuple[str, ...] = ("fedavg", "ssl")
-"""The method packages this one imports from, only their SHARED modules (tests/test_layering.py)."""
+"""The method packages this one imports from, only their SHARED modules (tests/app/test_layering.py)."""
 SHARED: tuple[str, ...] = ()
 """No other method imports from this one."""

@@ -24,7 +24,7 @@ statistics of one W_c version, one round's update) to at most one secure sum, or
 only over the same member set (`Contributions`): a resend over another set is refused before
 the device reveals anything, so the difference of two sums never isolates a device. Under DP a
 resend is computed afresh with fresh noise: another value, so it passes, and another release,
-counted in the device's `dp_releases` like the first (tests/test_dp_resend.py).
+counted in the device's `dp_releases` like the first (tests/privacy/test_dp_resend.py).
 
 An unsigned federation cannot authenticate the cloud: its edge can rewrite the membership and
 make up keys for devices that do not exist, so there only the size, role (no edge id) and

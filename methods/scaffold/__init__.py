@@ -2,6 +2,6 @@
 variates that correct each local step for the device's drift; the variates travel as weight maps."""
 
 BUILDS_ON: tuple[str, ...] = ("fedavg",)
-"""The method packages this one imports from, only their SHARED modules (tests/test_layering.py)."""
+"""The method packages this one imports from, only their SHARED modules (tests/app/test_layering.py)."""
 SHARED: tuple[str, ...] = ()
 """No other method imports from this one."""

@@ -2,7 +2,7 @@
 is the run id (`systemctl start splitedge-device@run-7`), started with the bundle's config.
 
 The service settings are those of deploy/splitedge-<role>.service, the units a hand-made install
-uses (tests/test_provision.py holds the two to the same directives); only how the node gets its
+uses (tests/app/test_provision.py holds the two to the same directives); only how the node gets its
 settings differs: `--config` and `--run %i` instead of an env file.
 """
 

@@ -11,7 +11,7 @@ randomness, its last round; a parked device's bytes as they are), their connecti
 counters and the wall time so far. That file is the sim's commit point: restarted with the same
 command, the sim puts the cloud back at that round (its later metrics lines are dropped) and
 every node back as it was, on a fresh broker, and the run carries on as it would have
-(tests/test_sim_resume.py: two rounds, a kill, two more equal four in one go).
+(tests/sim/test_sim_resume.py: two rounds, a kill, two more equal four in one go).
 """
 
 from __future__ import annotations

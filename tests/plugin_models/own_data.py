@@ -1,4 +1,4 @@
-"""A data set of one's own, defined only here (tests/test_plugins.py): a loader named on the
+"""A data set of one's own, defined only here (tests/methods/test_plugins.py): a loader named on the
 command line as own_data:load, returning ((x_train, y_train), (x_test, y_test), classes)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A model of one's own, defined only here (tests/test_plugins.py): a MobileNet-like net of
+"""A model of one's own, defined only here (tests/methods/test_plugins.py): a MobileNet-like net of
 inverted residual blocks written with plain torch layers, cut by module names."""
 
 from __future__ import annotations
