@@ -8,31 +8,19 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
 
+from secagg_wire import make_inputs, wire
 from splitedge.methods.privacy import crypto, fixedpoint, shamir
 from splitedge.methods.privacy.secagg import (
     AdvertiseKeys, Device, EncryptedShares, KeyRoster, MaskedInput, SecAggConfig, SecAggError, Server, ShareInbox,
     UnmaskRequest, UnmaskShares,
 )
-from splitedge.protocol.arrays import ext_default, ext_hook
 
 F = fixedpoint.FRAC_BITS
-
-
-def wire(msg: Any) -> Any:
-    """``msg`` through to_body, msgpack (as the codec packs arrays) and from_body."""
-    data = msgpack.packb(msg.to_body(), default=ext_default, use_bin_type=True)
-    return type(msg).from_body(msgpack.unpackb(data, ext_hook=ext_hook, raw=False))
-
-
-def make_inputs(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    return {"sum": (rng.normal(size=(10, 16)) * 50).astype(np.float32), "sumsq": rng.random((10, 16)) * 1e4,
-            "count": rng.integers(0, 1000, 10), "flag": rng.random(3) < 0.5}
 
 
 @dataclass

@@ -16,7 +16,7 @@ from splitedge.methods.privacy.secagg import (
 )
 from splitedge.bench.secagg_cost import identities  # each node's signer, one keyring of every node's key
 
-from test_secagg import make_inputs, wire
+from secagg_wire import make_inputs, wire
 
 
 class Signed:
