@@ -198,18 +198,19 @@ def test_split_step_matches_torch_for_a_given_gradient(model, chunk):
             assert rel_err(got[name], ref[name]) < 1e-3, name
 
 
-@pytest.mark.parametrize("model", ["cnn", "fedcnn"])
-def test_a_chunked_step_gives_the_whole_batch_gradients(model):
+@pytest.mark.parametrize("chunk", [1, 7])
+@pytest.mark.parametrize("model", ["cnn", "fedcnn", "fedcnn2"])
+def test_a_chunked_step_gives_the_whole_batch_gradients(model, chunk):
     # Prepare: two copies of one W_c (BatchNorm scales moved off 1 / 0); a CIFAR-size SupCon batch
     weights = state_to_numpy(torch_wc(model, 3, 32))
     whole = SupConTrainer(model, 3, proj_dim=16, lr=0.05, tau=0.5, seed=0)
-    chunked = SupConTrainer(model, 3, proj_dim=16, lr=0.05, tau=0.5, seed=0, chunk=7)
+    chunked = SupConTrainer(model, 3, proj_dim=16, lr=0.05, tau=0.5, seed=0, chunk=chunk)
     whole.load(weights)
     chunked.load(weights)
     rng = np.random.default_rng(10)
     views = rng.standard_normal((40, 3, 32, 32)).astype(np.float32)
     labels = np.arange(40) % 5
-    # Execute: one step each (chunks of 7 of 40: the last one short)
+    # Execute: one step each (chunks of 7 of 40: the last one short; of 1: each sample alone)
     loss_whole = whole.step_views(views.copy(), labels)
     loss_chunked = chunked.step_views(views.copy(), labels)
     # Assert: the same loss, every gradient and the running statistics (updated once, from the batch)
@@ -221,6 +222,69 @@ def test_a_chunked_step_gives_the_whole_batch_gradients(model):
             assert rel_err(chunked.wc.state()[name], value) < 1e-5, name
         else:
             assert int(chunked.wc.state()[name]) == int(value) == 1, name
+
+
+@pytest.mark.parametrize("model", ["cnn", "fedcnn"])
+def test_a_chunked_step_keeps_memory_flat_and_builds_no_input_gradient_for_the_image(model, monkeypatch):
+    # Prepare: a SupCon batch of 64 CIFAR images in two views; count the input gradients built
+    import tracemalloc
+
+    from splitedge.methods.thin.layers import Conv2d
+
+    weights = state_to_numpy(torch_wc(model, 3, 32))
+    views = np.random.default_rng(11).standard_normal((128, 3, 32, 32)).astype(np.float32)
+    built: list[int] = []  # input channels of each input gradient built
+    input_grad = Conv2d.input_grad
+
+    def counted(self, grad, shape):
+        built.append(shape[1])
+        return input_grad(self, grad, shape)
+
+    monkeypatch.setattr(Conv2d, "input_grad", counted)
+    peaks, inputs = {}, {}
+    for chunk in (0, 8):
+        trainer = SupConTrainer(model, 3, proj_dim=16, lr=0.05, tau=0.5, seed=0, chunk=chunk)
+        trainer.load(weights)
+        built.clear()
+        # Execute
+        tracemalloc.start()
+        trainer.step_views(views.copy(), np.arange(128) % 10)
+        peaks[chunk] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        inputs[chunk] = set(built)
+    # Assert: the whole batch's activations are not held (the cnn: ~60 MB whole, ~14 MB in
+    # chunks), and no gradient of the 3-channel images is built in chunks
+    assert peaks[8] < peaks[0] / 3, peaks
+    assert 3 not in inputs[8], inputs
+
+
+def test_a_chunked_step_refuses_a_chain_it_cannot_split():
+    from splitedge.methods.thin.chunked import ChunkedStep
+    from splitedge.methods.thin.layers import BatchNorm2d, Conv2d, ReLU, Sequential
+
+    no_norm = Sequential([("conv", Conv2d(3, 4)), ("relu", ReLU())])
+    norm_first = Sequential([("bn", BatchNorm2d(3)), ("conv", Conv2d(3, 4)), ("bn2", BatchNorm2d(4))])
+    for wc in (no_norm, norm_first):
+        with pytest.raises(TypeError, match="chunked step"):
+            ChunkedStep(wc, 4)
+
+
+def test_max_pool_sends_the_gradient_to_the_first_maximum_as_torch():
+    # Ties everywhere (rounded values) and odd sides, whose last row or column is in no window
+    from splitedge.methods.thin.layers import MaxPool2d
+
+    rng = np.random.default_rng(12)
+    for shape in [(4, 3, 8, 8), (2, 5, 7, 9)]:
+        x = np.round(rng.standard_normal(shape) * 2).astype(np.float32)
+        pool = MaxPool2d()
+        out = pool.forward(x.copy(), train=True)
+        grad = rng.standard_normal(out.shape).astype(np.float32)
+        dx = pool.backward(grad.copy())
+        xt = torch.from_numpy(x).requires_grad_()
+        ref = nn.functional.max_pool2d(xt, 2)
+        ref.backward(torch.from_numpy(grad))
+        np.testing.assert_array_equal(out, ref.detach().numpy())
+        np.testing.assert_array_equal(dx, xt.grad.numpy())
 
 
 def test_trainer_state_survives_capture_and_restore():
