@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Every value, before any data is loaded or anything connects."""
-    from splitedge.cloud.options import check_run_arguments, check_shared_noise, sampling_of
+    from splitedge.cloud.options import check_run_arguments, check_shared_noise, run_compute, sampling_of
     from splitedge.methods.flags import method_overrides
 
     overrides = method_overrides(args)
@@ -65,6 +65,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--rejoin-timeout must be > 0 seconds, got {args.rejoin_timeout}")
     if not args.rejoin_grace >= 0:
         raise ValueError(f"--rejoin-grace must be >= 0 seconds, got {args.rejoin_grace}")
+    run_compute(args.method, args.device)  # a GPU torch cannot see, or one the method cannot use
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,7 +100,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint, resuming: boo
     import torch
 
     from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
-    from splitedge.cloud.options import build_run_config, sampling_of
+    from splitedge.cloud.options import build_run_config, run_compute, sampling_of
     from splitedge.methods.flags import method_overrides
     from splitedge.methods.data.datasets import load_dataset
     from splitedge.runtime.session import check_identity_free, connect
@@ -118,7 +119,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint, resuming: boo
                              rejoin_timeout_s=args.rejoin_timeout, rejoin_grace_s=args.rejoin_grace,
                              out_dir=args.out, seed=args.seed, sampling=sampling_of(args),
                              until_plateau=args.until_plateau, dataset=args.dataset,
-                             on_round=_round_printer(args.rounds))
+                             compute=run_compute(args.method, args.device), on_round=_round_printer(args.rounds))
     transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     try:
         evaluations.limit_process()  # after torch and the test split are in: the ceiling as RLIMIT_DATA

@@ -20,6 +20,7 @@ from splitedge.methods.config import RunConfig
 from splitedge.methods.losslog import tier_losses
 from splitedge.methods.privacy.accountant import privacy_spent
 from splitedge.methods.metrics.plateau import plateaued
+from splitedge.methods.compute import CPU, Compute
 from splitedge.methods.contract import DEVICES, FederationView, Message, NodeContext, Placement, RoundPlan, To
 from splitedge.cloud import resume
 from splitedge.cloud.calibration_phase import CloudCalibration
@@ -62,6 +63,7 @@ class CloudSettings:
     sampling: Sampling = field(default_factory=Sampling)  # which online devices train each round
     until_plateau: bool = False  # stop before `rounds` once the accuracy has plateaued (methods/metrics/plateau.py)
     dataset: str = ""  # the data set's name, written into the checkpoint so export finds its test images
+    compute: Compute = CPU  # the torch device its part trains and evaluates on (--device, methods/compute.py)
     on_round: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False)
 
 
@@ -81,7 +83,7 @@ class CloudCoordinator(Node):
         self.rng = np.random.default_rng(settings.seed)
         self.host = host(lambda method: method.cloud_part(NodeContext(
             node_id=node_id, method=method, rng=self.rng, test=test, rounds=settings.rounds,
-            out_dir=settings.out_dir, run=run, view=self.view)), rng=self.rng, stopped=self.stopped, name="cloud")
+            out_dir=settings.out_dir, run=run, view=self.view, compute=settings.compute)), rng=self.rng, stopped=self.stopped, name="cloud")
         self.host.ensure(settings.method, settings.config.to_wire())  # registers the method's kinds
         self.method = self.part.method
         self.edges = CloudEdges(self.view, settings, self._dispatch_until)  # who is there (cloud/edges.py)

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from typing import Any, Mapping
 
+from splitedge.methods import compute
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig, from_wire, parse_settings
 from splitedge.methods.data.datasets import BUILT_IN, DATASET_HELP, OWN_IMAGES, check_dataset_name, dataset_argument
 from splitedge.methods.flags import add_method_flags
@@ -47,6 +48,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the data split, the models' initial weights and sampling")
     p.add_argument("--max-train", type=int, default=None, help="use at most this many training images")
     p.add_argument("--max-test", type=int, default=None, help="evaluate on at most this many test images")
+    compute.add_argument(p)
     g = p.add_argument_group("client sampling", "which online devices train each round (seeded by --seed)")
     g.add_argument("--sample-fraction", type=float, default=1.0, metavar="F",
                    help="draw int(F x online devices) each round (default 1: all)")
@@ -111,6 +113,15 @@ def _check_secure_sums(overrides: dict[str, Any], devices: int, edges: int) -> N
         raise ValueError(f"--secagg {mode}: a device takes part in no secure sum of fewer than {need} devices "
                          f"(--secagg-min-devices), but {devices} devices on {edges} edges leave at most {smallest} on "
                          f"the smallest; use fewer edges, more devices, or a lower --secagg-min-devices (at least 2)")
+
+
+def run_compute(method: str, device: str) -> compute.Compute:
+    """The device the cloud (and a sim's nodes) compute `method` on: `--device` resolved on this
+    machine, a GPU that torch cannot see or one named for a method not ported to it refused in one
+    line before any work (methods/compute.py)."""
+    resolved = compute.resolve(device)
+    resolved.for_method(method, get_method(use_method(method)).runs_on_cuda)  # a named GPU refused; auto: said once
+    return resolved
 
 
 def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None, deadline_s: float, seed: int,

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from splitedge.methods.compute import CPU, Compute
 from splitedge.methods.contract import (DONE, TRAIN_CHUNK, DevicePart, Method, NodeContext, Placement, RoundPlan,
                                         coarse_samples)
 from splitedge.methods import snapshot
@@ -48,7 +49,8 @@ class DeviceAgent(Node):
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
                  min_class_count: int = 1, train_chunk: int = TRAIN_CHUNK, hide_classes: bool = False,
                  private_reports: bool = False, guard: RoundGuard | None = None,
-                 uplink: UplinkBudget | None = None, quiet_warn_s: float | None = QUIET_WARN_S) -> None:
+                 uplink: UplinkBudget | None = None, quiet_warn_s: float | None = QUIET_WARN_S,
+                 compute: Compute = CPU) -> None:
         super().__init__(run=run, tier="device", node_id=node_id, quiet_warn_s=quiet_warn_s)
         # what a round's compute may take (runtime/guard.py); by default its deadline, no memory ceiling
         self.guard = guard or RoundGuard(who=f"device {node_id}")
@@ -56,6 +58,7 @@ class DeviceAgent(Node):
         self.transport, self.data, self.backend = transport, data, backend
         self.min_class_count = min_class_count  # the owner's floor; the run's applies when it is higher
         self.train_chunk = train_chunk  # samples a thin trainer's W_c step takes at a time (0: whole batches)
+        self.compute = compute  # the torch device its part may train on (--device, methods/compute.py)
         # private reports (runs with DP): the hello names no class and only a power of two at or above the
         # samples held, and `done` carries neither the samples nor the training losses (coarse_samples)
         self.private_reports = private_reports
@@ -264,7 +267,7 @@ class DeviceAgent(Node):
         ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement, run=self.run_id,
                           request=self.exchange.request, gather=self.exchange.gather,
                           min_class_count=self.min_class_count, train_chunk=self.train_chunk,
-                          hide_classes=self.hide_classes, private_reports=self.private_reports)
+                          hide_classes=self.hide_classes, private_reports=self.private_reports, compute=self.compute)
         return method.device_part(ctx, self.data, self.backend)
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from splitedge.methods import compute
 from splitedge.methods.contract import TRAIN_CHUNK
 from splitedge.protocol import credentials
 from splitedge.runtime import guard, metrics_http, uplink
@@ -35,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="write this node's byte counters here at exit (with --peers also its rounds and model)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch backend)")
+    compute.add_argument(p)
     p.add_argument("--min-class-count", type=int, default=1, metavar="K",
                    help="send no statistic of a class this device holds fewer than K images of (privacy: a class "
                         "mean over one image is that image's features); the run's own floor applies when higher")
@@ -75,6 +77,17 @@ def resolve_backend(name: str) -> str:
     return "torch" if importlib.util.find_spec("torch") is not None else "onnx"
 
 
+def backend_compute(request: str, backend: str) -> compute.Compute:
+    """The device a backend trains on: torch's `--device` resolved; a thin device computes in
+    numpy on the CPU (torch is not imported for `auto`, and a named GPU is refused)."""
+    if backend == "torch":
+        return compute.resolve(request)
+    if compute.check_request(request).startswith("cuda"):
+        raise ValueError(f"--device {request}: a thin device (--backend {backend}) computes in numpy on the CPU; "
+                         f"use --backend torch for the GPU, or --device cpu or auto")
+    return compute.CPU
+
+
 def run(args: argparse.Namespace) -> int:
     if (args.edge is None) == (args.peers is None):
         raise ValueError("give --edge ID (a device of a federated run) or --peers PLAN (a run with no cloud), not "
@@ -97,18 +110,19 @@ def run_federated(args: argparse.Namespace, options: dict[str, Any], metrics: me
     rounds = guard.RoundGuard.from_args(args, f"device {args.id}")
     sends = uplink.UplinkBudget.from_args(args, f"device {args.id}")
     backend = resolve_backend(args.backend)
+    device = backend_compute(args.device, backend)
     data = load_local_data(args.data, backend)  # a shard that cannot work is refused before connecting
     transport = _connect(args, args.run, backend, options)
     agent = DeviceAgent(transport, run=args.run, node_id=args.id, edge=args.edge, data=data,
                         backend=backend, seed=args.seed, min_class_count=args.min_class_count,
                         train_chunk=args.train_chunk, hide_classes=args.hide_classes,
-                        private_reports=args.private_reports, guard=rounds, uplink=sends)
+                        private_reports=args.private_reports, guard=rounds, uplink=sends, compute=device)
     agent.logs_fatal = False  # said once, below, as the command's error line
     metrics.attach(agent, [transport])
     try:
         rounds.limit_process()  # after torch and the data are in: the round's ceiling as RLIMIT_DATA
-        status.info("device %s: backend %s, broker %s; %s; %s", args.id, backend, getattr(transport, "url", args.broker),
-                    rounds.describe(), sends.describe())
+        status.info("device %s: backend %s on %s, broker %s; %s; %s", args.id, backend, device.device,
+                    getattr(transport, "url", args.broker), rounds.describe(), sends.describe())
         if credentials.unsigned(args):
             status.warning("device %s: %s", args.id, credentials.UNSIGNED)
         agent.start()
@@ -153,12 +167,16 @@ def run_peer(args: argparse.Namespace, options: dict[str, Any], metrics: metrics
     backend = resolve_backend(args.backend)
     if backend != "torch":
         raise ValueError(f"{plan.method} trains on the device: it needs the torch backend (pip install torch)")
+    method = create_method(plan.method, plan.config)
+    device = compute.resolve(args.device)
+    device.for_method(method.name, method.runs_on_cuda)  # a GPU named for a method not ported: refused now
     data = load_local_data(args.data, backend)
-    misfit = fits_model(data[0], data[1], create_method(plan.method, plan.config).spec)
+    misfit = fits_model(data[0], data[1], method.spec)
     if misfit:
         raise ValueError(f"--data {args.data}: {misfit}")
     transport = _connect(args, plan.run, backend, options)
-    agent = PeerAgent(transport, plan=plan, node_id=args.id, data=data, backend=backend, seed=args.seed)
+    agent = PeerAgent(transport, plan=plan, node_id=args.id, data=data, backend=backend, seed=args.seed,
+                      compute=device)
     metrics.attach(agent, [transport])
     status.info("device %s: broker %s, no cloud", args.id, transport.url)
     try:

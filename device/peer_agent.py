@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from splitedge.device.agent import DeviceAgent
+from splitedge.methods.compute import CPU, Compute
 from splitedge.methods.contract import Placement, RoundPlan
 from splitedge.runtime.node import status
 from splitedge.protocol.topics import pattern
@@ -80,11 +81,12 @@ class PeerAgent(DeviceAgent):
     """DeviceAgent with its own round clock, peers from the plan and no edge."""
 
     def __init__(self, transport: Transport, *, plan: PeerPlan, node_id: str, data: tuple[np.ndarray, np.ndarray],
-                 backend: Any = "torch", seed: int = 0) -> None:
+                 backend: Any = "torch", seed: int = 0, compute: Compute = CPU) -> None:
         if node_id not in plan.graph:
             raise ValueError(f"device {node_id!r} is not in the peer plan's graph "
                              f"(its devices: {', '.join(sorted(plan.graph))})")
-        super().__init__(transport, run=plan.run, node_id=node_id, edge="", data=data, backend=backend, seed=seed)
+        super().__init__(transport, run=plan.run, node_id=node_id, edge="", data=data, backend=backend, seed=seed,
+                         compute=compute)
         self.plan = plan
         self.session = hashlib.sha256(f"peers/{plan.run}".encode()).hexdigest()[:16]  # the same on every peer
         self.placement = Placement(edge="", peers=tuple(plan.graph[node_id]))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from splitedge.methods.calibration.records import Gate
+from splitedge.methods.compute import CPU, Compute
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundFailed, RoundPlan
 from splitedge.methods.privacy.floor import ReleaseLedger
 from splitedge.protocol.codec import Envelope
@@ -54,8 +55,10 @@ class EdgeAggregator(Node):
                  cloud: str = "cloud", seed: int = 0, state_dir: Path | None = None,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,
                  listed: Mapping[str, Allowance] | None = None, guard: RoundGuard | None = None,
-                 quiet_warn_s: float | None = QUIET_WARN_S, members_quiet_s: float = MEMBERS_QUIET_S) -> None:
+                 quiet_warn_s: float | None = QUIET_WARN_S, members_quiet_s: float = MEMBERS_QUIET_S,
+                 compute: Compute = CPU) -> None:
         super().__init__(run=run, tier="edge", node_id=node_id, quiet_warn_s=quiet_warn_s)
+        self.compute = compute  # the torch device its parts may train on (--device, methods/compute.py)
         self.guard = guard or RoundGuard(who=f"edge {node_id}")  # what its merge may take (runtime/guard.py)
         self.down, self.up, self.cloud = down, up or down, cloud
         self.rng = self.seeded_rng(seed)
@@ -252,7 +255,8 @@ class EdgeAggregator(Node):
         return outcome is not None
 
     def _build_part(self, method: Method) -> EdgePart:
-        part = method.edge_part(NodeContext(node_id=self.node_id, method=method, rng=self.rng, run=self.run_id))
+        part = method.edge_part(NodeContext(node_id=self.node_id, method=method, rng=self.rng, run=self.run_id,
+                                            compute=self.compute))
         part.members_changed(set(self.members))
         return part
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from splitedge.methods import compute
 from splitedge.protocol import credentials
 from splitedge.runtime import guard, metrics_http
 from splitedge.runtime.plugin_args import add_plugin_argument
@@ -20,6 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of this edge's randomness (feature sampling)")
     p.add_argument("--out", type=Path, default=None, help="write this node's byte counters here at exit")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    compute.add_argument(p)
     p.add_argument("--state-dir", type=Path, default=None,
                    help="save this edge's state here after every round and resume from it when restarted")
     p.add_argument("--takeover", action="store_true",
@@ -62,6 +64,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     listed = None if args.manifest is None else manifest_allowances(args.manifest)
     merges = guard.RoundGuard.from_args(args, f"edge {args.id}")
     options = credentials.connect_options(args, args.broker, args.upstream)
+    device = compute.resolve(args.device)  # a method not ported to it is refused when the cloud names it
     if importlib.util.find_spec("torch") is not None:  # numpy-only methods' edges run without it
         import torch
 
@@ -71,12 +74,12 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     down = connect(args.broker, run=args.run, tier="edge", node_id=args.id, **options)
     up = connect(args.upstream, run=args.run, tier="edge", node_id=args.id, **options) if args.upstream else down
     edge = EdgeAggregator(down, up, run=args.run, node_id=args.id, cloud=args.cloud, seed=args.seed,
-                          state_dir=args.state_dir, listed=listed, guard=merges)
+                          state_dir=args.state_dir, listed=listed, guard=merges, compute=device)
     edge.logs_fatal = False  # said once, below, as the command's error line
     metrics.attach(edge, [down, up])
     try:
         merges.limit_process()  # after torch is in: the merge's ceiling as RLIMIT_DATA
-        status.info("edge %s: merges with %s", args.id, merges.describe())
+        status.info("edge %s: merges with %s, trains on %s", args.id, merges.describe(), device.device)
         if credentials.unsigned(args):
             status.warning("edge %s: %s", args.id, credentials.UNSIGNED)
         if listed is not None:

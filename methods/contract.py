@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from splitedge.methods.compute import CPU, Compute
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig
 from splitedge.methods.errors import RoundFailed  # noqa: F401 - part of the contract (parts raise it)
 from splitedge.methods.privacy.floor import ClassFloor
@@ -271,6 +272,10 @@ class NodeContext:
     """Device: how many samples a thin (numpy) trainer passes through W_c at a time, exactly as
     the whole batch (methods/thin/chunked.py): memory flat in the batch size for ~2-3 times the
     compute; 0 trains whole batches (`splitedge device --train-chunk`)."""
+    compute: Compute = CPU
+    """The torch device the node's parts compute on, resolved at start from `--device`
+    (methods/compute.py); the method's parts builder narrows it to the CPU for a method whose
+    parts are not ported to CUDA (`Method.runs_on_cuda`). Parts read it as `Part.device`."""
 
 
 class Unsupported(ValueError):
@@ -310,6 +315,12 @@ class Part:
     def cfg(self) -> Any:
         """The method's typed config (an instance of its `Config`)."""
         return self.ctx.method.config
+
+    @property
+    def device(self) -> str:
+        """The torch device this part computes on ("cpu", "cuda", "cuda:N"): a part of a method
+        ported to CUDA keeps its models there and moves each batch to it, its data staying on the CPU."""
+        return self.ctx.compute.device
 
     def check(self, env: Any, source: str) -> None:
         """Refuse a message that the schema let through but that does not fit the federation
@@ -636,6 +647,11 @@ class Method:
     """Whether the cloud's checkpoint (`state_for_checkpoint`) is the served SplitModel, which
     `splitedge export` turns into ONNX; False for a prototype table (FedProto) or a network of
     another shape (the self-supervised encoders, the MAE)."""
+    runs_on_cuda: bool = False
+    """Whether this method's torch parts compute on the node's `--device` (models, batches and
+    evaluation there: methods/compute.py). False: they compute on the CPU, `auto` leaves a GPU
+    unused and `--device cuda` is refused in one line. A subclass inherits its base's: set it
+    back to False for one whose parts are not ported."""
 
     def __init__(self, config: RunConfig, name: str | None = None) -> None:
         if not isinstance(config.method, self.Config):
@@ -668,13 +684,22 @@ class Method:
         if key not in self.parts:
             raise ValueError(f"{self.name} has no device part for backend {backend!r}; it runs on "
                              f"{self.device_backends()}")
-        return self._part_class(key)(ctx, data, backend)
+        return self._part_class(key)(self._placed(ctx), data, backend)
 
     def edge_part(self, ctx: NodeContext) -> EdgePart:
-        return self._part_class("edge")(ctx)
+        return self._part_class("edge")(self._placed(ctx))
 
     def cloud_part(self, ctx: NodeContext) -> CloudPart:
-        return self._part_class("cloud")(ctx)
+        return self._part_class("cloud")(self._placed(ctx))
+
+    def _placed(self, ctx: NodeContext) -> NodeContext:
+        """`ctx` with the device this method's parts compute on (`runs_on_cuda`); a GPU the
+        operator named for a method not ported to it is Unsupported (the node says why and leaves)."""
+        try:
+            ctx.compute = ctx.compute.for_method(self.name, self.runs_on_cuda)
+        except ValueError as exc:
+            raise Unsupported(str(exc)) from None
+        return ctx
 
     # -- hooks
     def objective(self, role: str) -> list[Any]:

@@ -29,7 +29,8 @@ def build_split(spec: ModelSpec) -> SplitModel:
 
 
 def local_tensors(data: tuple[np.ndarray, np.ndarray], spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """A device's uint8 images and labels as normalised float32 [N,C,H,W] and int64 [N] tensors."""
+    """A device's uint8 images and labels as normalised float32 [N,C,H,W] and int64 [N] tensors,
+    on the CPU (a part computing on a GPU moves each batch there: `tensor_batches`)."""
     x = torch.from_numpy(to_input(data[0], spec.mean, spec.std))
     y = torch.from_numpy(np.asarray(data[1], dtype=np.int64))
     return x, y
@@ -42,13 +43,23 @@ def shuffled_batches(n: int, size: int, gen: torch.Generator, min_size: int = 2)
     return [order[i:i + size] for i in range(0, n, size) if len(order[i:i + size]) >= min_size]
 
 
-def tensor_batches(x: torch.Tensor, y: torch.Tensor, batch: int, gen: torch.Generator) -> Callable[[], Iterator[Batch]]:
-    """One shuffled epoch of (x, y) minibatches per call (methods.training.train_epochs' input)."""
+def tensor_batches(x: torch.Tensor, y: torch.Tensor, batch: int, gen: torch.Generator,
+                   device: torch.device | str = "cpu") -> Callable[[], Iterator[Batch]]:
+    """One shuffled epoch of (x, y) minibatches per call (methods.training.train_epochs' input),
+    each moved to `device`. The order comes from `gen`, a CPU generator, so it is the same
+    whichever device trains."""
     def epoch() -> Iterator[Batch]:
         for idx in shuffled_batches(len(y), batch, gen):
-            yield Batch(x[idx], y[idx])
+            yield Batch(x[idx].to(device), y[idx].to(device))
 
     return epoch
+
+
+def device_of(module: nn.Module) -> torch.device:
+    """Where `module` computes: its first parameter's (or buffer's) device, the CPU when it has none."""
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        return tensor.device
+    return torch.device("cpu")
 
 
 def model_outputs(model: SplitModel, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -112,7 +123,7 @@ class PlainSGD:
         if len(buffers) != len(self.params):
             raise ValueError(f"{len(buffers)} momentum buffers for {len(self.params)} parameters")
         self.lr, self.momentum, self.weight_decay = (float(state[k]) for k in ("lr", "momentum", "weight_decay"))
-        self.momentum_buffers = [None if b is None else torch.as_tensor(b).to(p.dtype).clone().reshape(p.shape)
+        self.momentum_buffers = [None if b is None else torch.as_tensor(b).to(p.device, p.dtype).clone().reshape(p.shape)
                                  for b, p in zip(buffers, self.params)]
 
 
@@ -159,16 +170,16 @@ def norm_input_moments(model: nn.Module, inputs: Iterable[torch.Tensor],
         return tap
 
     hooks = [m.register_forward_pre_hook(tapper(name)) for name, m in norms.items()]
-    was_training, out, layout = model.training, [], None
+    was_training, out, layout, device = model.training, [], None, device_of(model)
     try:
         model.eval()
         with torch.inference_mode():
             for x in inputs:
                 taken.clear()
-                model(x)
+                model(x.to(device))
                 if layout is None:  # the layers this forward runs (a model's unused heads are not)
                     layout = [(name, int(m.num_features)) for name, m in norms.items() if name in taken]
-                out.append(torch.cat([taken[name] for name, _ in layout], dim=1).numpy())
+                out.append(torch.cat([taken[name] for name, _ in layout], dim=1).cpu().numpy())
     finally:
         for h in hooks:
             h.remove()

@@ -22,6 +22,7 @@ from splitedge.methods.calibration.records import merge
 from splitedge.methods.calibration.stats import HeadStats
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.data.preprocess import batches, to_input
+from splitedge.methods.torch_utils import device_of
 from splitedge.models import SplitModel, state_to_numpy
 from splitedge.models.split import head_at_layer
 
@@ -65,12 +66,15 @@ def classifier_dim(model: SplitModel) -> int:
 
 
 def penultimate(model: SplitModel) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A split model's classifier input, in eval mode (the mode it was in is restored)."""
+    """A split model's classifier input, in eval mode (the mode it was in is restored), for CPU
+    images and on the CPU, wherever the model computes."""
+    device = device_of(model)
+
     def features(x: torch.Tensor) -> torch.Tensor:
         was = model.training
         model.eval()
         try:
-            return model.features_and_logits(x)[0]
+            return model.features_and_logits(x.to(device))[0].cpu()
         finally:
             model.train(was)
 

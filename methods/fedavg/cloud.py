@@ -29,7 +29,7 @@ class FedAvgCloud(CalibratedCloud, CloudPart):
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
-        self.model = self.build_model().eval()
+        self.model = self.build_model().to(self.device).eval()
         self.specs = weight_specs(state_to_numpy(self.model))
         self.version = 0
         self.samples = 0

@@ -10,8 +10,8 @@ import torch
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import (build_split, input_batches, local_tensors, model_outputs, private_norms, sgd,
-                                          tensor_batches)
+from splitedge.methods.torch_utils import (build_split, device_of, input_batches, local_tensors, model_outputs,
+                                          private_norms, sgd, tensor_batches)
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.methods.privacy.dpsgd_torch import terms_loss, train_dpsgd
 from splitedge.methods.privacy.norm_stats import with_statistics
@@ -32,8 +32,8 @@ def round_optimiser(model: torch.nn.Module, cfg: Any, rng: np.random.Generator) 
 def train_local(model: torch.nn.Module, forward: Any, terms: Any, x: torch.Tensor, y: torch.Tensor, cfg: Any,
                 opt: Any, gen: torch.Generator) -> dict[str, float]:
     """`local_epochs` passes of the method's device loss terms over (x, y) in batches of
-    `device_batch`; the mean loss terms."""
-    return train_epochs(forward, terms, tensor_batches(x, y, cfg.device_batch, gen), opt, [model],
+    `device_batch`, each moved to the model's device; the mean loss terms."""
+    return train_epochs(forward, terms, tensor_batches(x, y, cfg.device_batch, gen, device_of(model)), opt, [model],
                         epochs=cfg.local_epochs)
 
 
@@ -47,7 +47,7 @@ class FedAvgDevice(DevicePart):
 
     def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
-        self.model = build_split(self.spec).eval()
+        self.model = build_split(self.spec).to(self.device).eval()
         self.specs = weight_specs(state_to_numpy(self.model))
         self.x, self.y = local_tensors(self.training_data(), self.spec)
         self.version = -1  # no global model yet: the announced one must arrive first
@@ -74,6 +74,10 @@ class FedAvgDevice(DevicePart):
         batch = Batch(x, y)
         return terms_loss(self.method.loss_terms("device"), self.forward(batch), batch)
 
+    def load_samples(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The images and labels at `idx`, on the part's device (DP-SGD's draws)."""
+        return self.x[idx].to(self.device), self.y[idx].to(self.device)
+
     can_calibrate = layered_calibration = True
 
     def classifier_input(self, x: np.ndarray) -> np.ndarray:
@@ -86,9 +90,10 @@ class FedAvgDevice(DevicePart):
         model.eval()
         try:
             with torch.inference_mode():
-                h = model.wc(torch.from_numpy(x))
+                h = model.wc(torch.from_numpy(x).to(self.device))
                 e = model.we(h)
-                return {"wc": h.numpy(), "we": e.numpy(), "classifier": head_features(model.wg, e)[0].numpy()}
+                return {"wc": h.cpu().numpy(), "we": e.cpu().numpy(),
+                        "classifier": head_features(model.wg, e)[0].cpu().numpy()}
         finally:
             model.train(was)
 
@@ -101,8 +106,7 @@ class FedAvgDevice(DevicePart):
         start = state_to_numpy(self.model) if private or coded else None
         norms = private_norms(self, self.model, input_batches(self.x)) if private else {}  # of the model received
         if private and self.cfg.dp_unit == "sample":  # DP-SGD: the model it sends is post-processing
-            self.losses = train_dpsgd(self, self.model, self.sample_loss, lambda i: (self.x[i], self.y[i]),
-                                      len(self.y), opt)
+            self.losses = train_dpsgd(self, self.model, self.sample_loss, self.load_samples, len(self.y), opt)
             weights = with_statistics(state_to_numpy(self.model), norms)
         else:
             self.losses = train_local(self.model, self.forward, self.method.loss_terms("device"), self.x, self.y,

@@ -14,6 +14,7 @@ MODEL = "model"
 class FedAvg(Method):
     name = "fedavg"
     Config = FedAvgConfig
+    runs_on_cuda = True  # FedProx, SCAFFOLD and FedOpt too: their parts build on FedAvg's
     parts = {
         "device:torch": "splitedge.methods.fedavg.device:FedAvgDevice",
         "device:onnx": "splitedge.methods.fedavg.device_thin:FedAvgThinDevice",

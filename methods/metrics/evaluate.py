@@ -17,6 +17,7 @@ from splitedge.methods.data.preprocess import batches, to_input
 from splitedge.methods.errors import RoundFailed
 from splitedge.methods.metrics.extra import measured
 from splitedge.methods.metrics.representation import rank_of_spectrum, spectrum
+from splitedge.methods.torch_utils import device_of
 from splitedge.models import SplitModel
 
 log = logging.getLogger(__name__)
@@ -27,9 +28,9 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 51
     """Top-1 accuracy of `model` on prepared tensors (eval mode; the mode is restored)."""
     was_training = model.training
     model.eval()
-    correct = 0
+    correct, device = 0, device_of(model)
     for sl in batches(len(y), batch):
-        correct += int((model(x[sl]).argmax(1) == y[sl]).sum())
+        correct += int((model(x[sl].to(device)).argmax(1).cpu() == y[sl]).sum())
     model.train(was_training)
     return correct / max(1, len(y))
 
@@ -59,16 +60,17 @@ def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: Model
 def _evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int,
               represent: bool) -> dict[str, float]:
     x, y = test
-    was_training = model.training
+    was_training, device = model.training, device_of(model)  # the split stays on the CPU, a batch at a time moved
     model.eval()
     preds, feats = [], []
     peak: np.ndarray | None = None  # each head input's largest value so far (dead_units)
     try:
         for sl in batches(len(y), batch):
             budget.checkpoint()  # the round's time budget and memory ceiling (runtime/guard.py)
-            features, logits = model.features_and_logits(torch.from_numpy(to_input(x[sl], spec.mean, spec.std)))
-            preds.append(logits.argmax(1).numpy())
-            flat = features.numpy().reshape(len(features), -1)
+            features, logits = model.features_and_logits(
+                torch.from_numpy(to_input(x[sl], spec.mean, spec.std)).to(device))
+            preds.append(logits.argmax(1).cpu().numpy())
+            flat = features.cpu().numpy().reshape(len(features), -1)
             peak = flat.max(axis=0) if peak is None else np.maximum(peak, flat.max(axis=0))
             if represent:
                 feats.append(flat)

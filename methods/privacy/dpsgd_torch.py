@@ -85,7 +85,7 @@ def train_dpsgd(part: Any, module: nn.Module, loss_of: LossOf, load: Load, n: in
     for _ in range(steps(cfg)):
         checkpoint()  # the round's time budget and memory ceiling (runtime/guard.py)
         idx = poisson_batch(n, cfg.dp_sample_rate, rng)
-        total = {k: torch.zeros(p.shape, dtype=torch.float64) for k, p in params}
+        total = {k: torch.zeros(p.shape, dtype=torch.float64, device=p.device) for k, p in params}
         for start in range(0, len(idx), CHUNK):
             x, y = load(idx[start:start + CHUNK])
             grads, parts = per_sample_grads(module, loss_of, x, y)
@@ -97,7 +97,8 @@ def train_dpsgd(part: Any, module: nn.Module, loss_of: LossOf, load: Load, n: in
         opt.zero_grad()
         with torch.no_grad():
             for k, p in params:
-                noise = torch.normal(0.0, cfg.dp_sigma * cfg.dp_grad_clip, p.shape, generator=gen, dtype=torch.float64)
+                noise = torch.normal(0.0, cfg.dp_sigma * cfg.dp_grad_clip, p.shape, generator=gen,
+                                     dtype=torch.float64).to(p.device)  # drawn on the CPU: gen is a CPU generator
                 p.grad = ((total[k] + noise) / cfg.device_batch).to(p.dtype)
         opt.step()
     return {k: v / max(seen, 1) for k, v in sums.items()}

@@ -30,7 +30,7 @@ from splitedge.methods.training import Batch, Outputs
 
 def parameter_map(model: torch.nn.Module) -> dict[str, np.ndarray]:
     """The trainable parameters as name -> float32 array (control variates have their shapes)."""
-    return {n: p.detach().numpy().astype(np.float32, copy=True) for n, p in model.named_parameters()}
+    return {n: p.detach().cpu().numpy().astype(np.float32, copy=True) for n, p in model.named_parameters()}
 
 
 class ScaffoldDevice(FedAvgDevice):
@@ -75,7 +75,7 @@ class ScaffoldDevice(FedAvgDevice):
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         start = parameter_map(self.model)
-        self.correction = [torch.from_numpy(self.c_global[n] - self.c_local[n]) for n in start]
+        self.correction = [torch.from_numpy(self.c_global[n] - self.c_local[n]).to(self.device) for n in start]
         self.steps = 0
         sent: dict[str, np.ndarray] = {}
         try:

@@ -51,6 +51,7 @@ class SimSettings:
     overwrite: bool = False
     run: str = ""
     threads: int = 1
+    device: str = "auto"  # the torch device of the cloud, edges and torch devices (methods/compute.py)
     max_train: int | None = None
     max_test: int | None = None
     backends: tuple[str, ...] = ("torch",)
@@ -83,6 +84,13 @@ class SimSettings:
         return Sampling(fraction=self.sample_fraction, count=self.sample_count, minimum=self.sample_min, seed=self.seed)
 
     @property
+    def compute(self) -> Any:
+        """`device` resolved on this machine (methods/compute.py)."""
+        from splitedge.methods.compute import resolve
+
+        return resolve(self.device)
+
+    @property
     def join_timeout(self) -> float:
         """Seconds the cloud waits for every edge and device to join before it gives up: given,
         or a minute plus 0.1 s per device (workers load the data and start thousands of
@@ -111,10 +119,11 @@ BACKENDS = ("torch", "onnx")
 def check_run_settings(s: Any) -> None:
     """Every value the command line gives, checked before any data is loaded or node started:
     each mistake is one ValueError naming the flag and what to do."""
-    from splitedge.cloud.options import check_run_arguments, check_shared_noise
+    from splitedge.cloud.options import check_run_arguments, check_shared_noise, run_compute
 
     check_run_arguments(s.method, s.rounds, s.dataset, s.data, s.deadline_s, s.seed, s.max_train, s.max_test,
                         s.overrides)
+    run_compute(s.method, s.device)  # a GPU torch cannot see, or one the method cannot use
     if s.alpha is not None and not s.alpha > 0:
         raise ValueError(f"--alpha must be > 0 (a Dirichlet concentration), got {s.alpha}; omit it for IID")
     unknown = [b for b in s.backends if b not in BACKENDS]
@@ -308,7 +317,7 @@ def run_sim(s: SimSettings, on_round: Callable[[dict], None] | None = None,
                                      min_edges=s.edges, min_devices=s.devices, join_timeout_s=s.join_timeout,
                                      out_dir=s.out, seed=s.seed, sampling=s.sampling,
                                      until_plateau=s.until_plateau, dataset=s.dataset,
-                                     on_round=after_round)
+                                     compute=fed.compute, on_round=after_round)
             cloud = CloudCoordinator(fed.connect("cloud", "cloud"), settings, run=run, test=test, host=fed.hosts()[0],
                                      resume_from=cloud_state(saved) if saved else None)
             if s.resumable:
@@ -402,6 +411,7 @@ class Federation:
         self.threads: list[threading.Thread] = []
         self.loop: Any = None
         self.keys: Any = None
+        self.compute = s.compute  # one GPU for every node's torch parts; thin devices compute in numpy
         if s.sign:
             from splitedge.sim.keys import SimKeys
 
@@ -431,6 +441,7 @@ class Federation:
     def __enter__(self) -> "Federation":
         from splitedge.device.agent import DeviceAgent
         from splitedge.edge.aggregator import MEMBERS_QUIET_S, EdgeAggregator
+        from splitedge.methods.compute import CPU
         from splitedge.protocol.mqtt_loop import ClientLoop
         from splitedge.runtime.guard import RoundGuard
 
@@ -442,7 +453,8 @@ class Federation:
             for e in range(self.s.edges if self.s.worker is None else 0):  # a worker runs devices only
                 edge = EdgeAggregator(self.connect("edge", f"e{e}"), run=self.run, node_id=f"e{e}", seed=self.s.seed,
                                       host=edge_host, shared_process=True, listed=listed, quiet_warn_s=None,
-                                      members_quiet_s=MEMBERS_QUIET_S if self.saved is not None else 0.0)
+                                      members_quiet_s=MEMBERS_QUIET_S if self.saved is not None else 0.0,
+                                      compute=self.compute)
                 self._start(edge)
 
         def devices() -> None:
@@ -455,7 +467,8 @@ class Federation:
                 agent = DeviceAgent(self.connect("device", f"d{d}"), run=self.run, node_id=f"d{d}",
                                     edge=home_edge(d, self.s), data=data, backend=backend, seed=self.s.seed,
                                     host=device_host, shared_process=True, private_reports=private_run(self.s),
-                                    guard=guard, quiet_warn_s=None)
+                                    guard=guard, quiet_warn_s=None,
+                                    compute=self.compute if backend == "torch" else CPU)
                 self._start(agent)
 
         # a resumed sim's edges come back as a restarted edge does: their devices' hellos are
