@@ -86,7 +86,7 @@ def head_at_layer(model: "SplitModel", stage: str, side: int | None) -> "SplitMo
     pool_ = nn.AdaptiveAvgPool2d(side) if side is not None else nn.Identity()
     dim = int(shape[0]) * side * side if side is not None else int(torch.Size(shape).numel())
     with seeded_init(0):  # its weights are the calibrated head's; building it draws nothing from torch's RNG
-        head = nn.Linear(dim, model.num_classes).to(next(model.wc.parameters()).device)  # where W_c computes
+        head = nn.Linear(dim, model.num_classes).to(next(model.parameters()).device)  # where the model computes
     wg = nn.Sequential(OrderedDict([("pool", pool_), ("flatten", nn.Flatten(1)), ("head", head)]))
     return SplitModel(model.wc, we, wg, model.in_shape, model.num_classes).train(model.training)
 
