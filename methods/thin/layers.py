@@ -135,34 +135,21 @@ class Conv2d(Layer):
         return self.input_grad(grad, x.shape)
 
     def input_grad(self, grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        """The gradient of an input of `shape` for the output gradient `grad`: col2im of W^T grad
-        into the padded input's stride x stride phase planes (rows r, r + s, ...; columns likewise),
-        where each tap's windows are one contiguous run once the output rows are widened to a
-        plane's width (the extra columns' gradient is zero): long copies, not strided ones."""
+        """The gradient of an input of `shape` for the output gradient `grad` (col2im of W^T grad)."""
         n_all, c, h, wd = shape
         p, s, k = self.padding, self.stride, self.kernel
         ho, wo = grad.shape[2], grad.shape[3]
-        rows, cols = -(-(h + 2 * p) // s), -(-(wd + 2 * p) // s)  # a phase plane's size
-        run = ho * cols
         w = self._matrix()
         dx = np.empty(shape, F32)
         for start in range(0, n_all, self.chunk):
             g = grad[start:start + self.chunk]
             n = len(g)
-            wide = np.zeros((n, len(w), ho, cols), F32)
-            wide[..., :wo] = g
-            dcols = np.matmul(w.T, wide.reshape(n, len(w), run)).reshape(n, c, k, k, run)
-            planes = np.zeros((s, s, n, c, (rows + 1) * cols), F32)  # a spare row: the last taps' runs end past the plane
+            dcols = np.matmul(w.T, g.reshape(n, len(w), ho * wo)).reshape(n, c, k, k, ho, wo)
+            dxp = np.zeros((n, c, h + 2 * p, wd + 2 * p), F32)
             for i in range(k):
                 for j in range(k):
-                    at = (i // s) * cols + j // s
-                    planes[i % s, j % s, :, :, at:at + run] += dcols[:, :, i, j]
-            planes = planes.reshape(s, s, n, c, rows + 1, cols)
-            padded = np.empty((n, c, rows * s, cols * s), F32)
-            for a in range(s):
-                for b in range(s):
-                    padded[:, :, a::s, b::s] = planes[a, b, :, :, :rows]
-            dx[start:start + n] = padded[:, :, p:p + h, p:p + wd]
+                    dxp[:, :, i:i + s * ho:s, j:j + s * wo:s] += dcols[:, :, i, j]
+            dx[start:start + n] = dxp[:, :, p:p + h, p:p + wd]
         return dx
 
 
