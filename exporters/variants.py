@@ -75,7 +75,7 @@ def to_int8(model: onnx.ModelProto, calibration: np.ndarray) -> onnx.ModelProto:
     Weights use 7 of their 8 bits (`reduce_range`): x86 CPUs without VNNI (AVX2 only, e.g. AMD
     EPYC Zen 2/3) multiply u8 activations by s8 weights with 16-bit saturation, and full-range
     weights overflowed there (random-init ResNet-18 W_c, output scale 6.7: max error 1.15, 0.27 with
-    reduce_range; tests/test_onnx_export.py).
+    reduce_range; tests/thin/test_onnx_export.py).
 
     The graph is pre-processed first (onnxruntime's optimiser folds BatchNorm into Conv), so BN
     is not quantized as a layer of its own.

@@ -30,7 +30,7 @@ chunk of `chunk` samples at a time:
 Each convolution runs forward once, backward once (weight and input gradient), except the first:
 three forwards (statistics, the kept map above it, the backward pass), one weight-gradient
 product and no input gradient. The result equals the whole-batch step to float32 rounding
-(tests/test_thin_trainer.py); the running statistics are updated once per step with the whole
+(tests/thin/test_thin_trainer.py); the running statistics are updated once per step with the whole
 batch's, as torch does.
 """
 

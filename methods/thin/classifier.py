@@ -3,7 +3,7 @@
 The network is built from the device's own install (W_c from methods/thin/wc_models.py, W_e and
 W_g's trunk from methods/thin/graphs.py, a linear classifier on top), with the torch split's
 state names ("wc.*", "we.*", "wg.*"), so the global model a FedAvg cloud sends loads as it is
-after it was checked against this network. One step is torch's (tests/test_thin_classifier.py):
+after it was checked against this network. One step is torch's (tests/thin/test_thin_classifier.py):
 BatchNorm in training mode, mean cross-entropy, SGD with momentum and weight decay in float32.
 Issue 54 asks whether FedAvg of the whole network on a thin device, with compressed updates, is
 the thin-device method within 3 points of FedAvg; this is its first half.

@@ -4,7 +4,7 @@ Each layer computes what its torch counterpart computes, float32 in and out, and
 backward needs from the last training forward. Parameters and buffers carry torch's state-dict
 names, so a `Sequential` of them loads and produces the weight maps the rest of the federation
 sends (`conv.weight`, `bn.running_var`, `bn.num_batches_tracked`, ...). Parity with torch
-autograd is tested in tests/test_thin_trainer.py.
+autograd is tested in tests/thin/test_thin_trainer.py.
 
 Why numpy and not an engine: onnxruntime-training has no aarch64 wheel, MNN's training API gave
 NaN losses on a toy net and peaks near 110 MB, while these few layers are short, exact to float32

@@ -1,6 +1,6 @@
 """The device losses of H-SFP in numpy, each returning (loss, gradient of its input).
 
-The same formulas as methods/losses.py (torch, autograd); tests/test_thin_trainer.py checks each
+The same formulas as methods/losses.py (torch, autograd); tests/thin/test_thin_trainer.py checks each
 value and gradient against torch's.
 """
 

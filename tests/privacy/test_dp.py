@@ -204,7 +204,7 @@ def test_accountant_without_dp_accounting_says_what_to_install(monkeypatch):
         accountant.epsilon(1.0, 1)
 
 
-# In the manner of tests/test_thin_imports.py: the device side stays torch-free (and needs no
+# In the manner of tests/thin/test_thin_imports.py: the device side stays torch-free (and needs no
 # dp-accounting), checked in a fresh interpreter.
 _THIN_DP = """
 import json, sys
