@@ -20,10 +20,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from splitedge.methods.metrics import plateau
 from splitedge.bench.bandwidth import TARGET_REFERENCE, selected_methods
-from splitedge.bench.central import CENTRAL, central_run
-from splitedge.bench.plotstyle import Series, draw, new_figure
-from splitedge.bench.report import Progress, table, save_figure
-from splitedge.bench.simrun import (FederationSettings, bytes_to_target, device_bytes, parse_sets, parse_variant,
+from splitedge.bench.lib.central import CENTRAL, central_run
+from splitedge.bench.lib.plotstyle import Series, draw, new_figure
+from splitedge.bench.lib.report import Progress, table, save_figure
+from splitedge.bench.lib.simrun import (FederationSettings, bytes_to_target, device_bytes, parse_sets, parse_variant,
                                     run_on_mosquitto, sim_folder, slim_rounds)
 from splitedge.runtime.cost import summed
 
@@ -371,7 +371,7 @@ def series(results: dict[str, Any]) -> list[Series]:
 
 
 def figure(results: dict[str, Any]) -> Any:
-    """Accuracy per round, a colour per method (bench/plotstyle.py); bars after one round."""
+    """Accuracy per round, a colour per method (bench/lib/plotstyle.py); bars after one round."""
     curves = series(results)
     fig = new_figure(curves)
     draw(fig.axes[0], curves, xlabel="round", ylabel="test accuracy")

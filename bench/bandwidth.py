@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from splitedge.bench.plotstyle import Series, draw, new_figure
-from splitedge.bench.report import Progress, table, save_figure
-from splitedge.bench.simrun import FederationSettings, all_out_wire, bytes_to_target, run_on_mosquitto
+from splitedge.bench.lib.plotstyle import Series, draw, new_figure
+from splitedge.bench.lib.report import Progress, table, save_figure
+from splitedge.bench.lib.simrun import FederationSettings, all_out_wire, bytes_to_target, run_on_mosquitto
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def series(results: dict[str, Any]) -> list[Series]:
 
 def figure(results: dict[str, Any]) -> Any:
     """Accuracy against cumulative device bytes, a line per method in its colour
-    (bench/plotstyle.py); one bar per method, its bytes written by it, after one round."""
+    (bench/lib/plotstyle.py); one bar per method, its bytes written by it, after one round."""
     curves = series(results)
     fig = new_figure(curves)
     draw(fig.axes[0], curves, xlabel="cumulative device bytes (MB, payload up + down)", ylabel="test accuracy")

@@ -160,7 +160,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_suite(name: str, args: argparse.Namespace, out_dir: Path, argv: list[str]) -> Path:
     """Run one suite and write its files; returns the JSON path."""
-    from splitedge.bench import report
+    from splitedge.bench.lib import report
 
     module = importlib.import_module(SUITES[name])
     if args.rerender and not getattr(module, "RERENDERS_ITSELF", False):
@@ -211,7 +211,7 @@ def rerender(module: Any, out_dir: Path, *, plots: bool, suite: str) -> Path:
     a suite's ``refresh(results)``, when it has one, recomputes what is derived from them)."""
     import json
 
-    from splitedge.bench import report
+    from splitedge.bench.lib import report
 
     json_path = out_dir / f"{suite}.json"  # as report.write names it (hsfp-diagnose: not the module's name)
     doc = json.loads(json_path.read_text())

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from splitedge.bench import accuracy
-from splitedge.bench.plotstyle import Series, draw, new_figure
-from splitedge.bench.report import Progress, save_figure, table
+from splitedge.bench.lib.plotstyle import Series, draw, new_figure
+from splitedge.bench.lib.report import Progress, save_figure, table
 from splitedge.methods.metrics import plateau
 
 DEFAULT_VARIANTS = ("clustered-fl=cflhkd:kd=false", "global-model=cflhkd:clustering=false,kd=false")
@@ -140,7 +140,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def figure(results: dict[str, Any]) -> Any:
     """Each row's held-out accuracy on its devices' own data per round, a colour per row
-    (bench/plotstyle.py); bars after one round."""
+    (bench/lib/plotstyle.py); bars after one round."""
     curves = [Series(r["method"], _personalised(r), split=r["split"]) for r in results["runs"] if "error" not in r]
     fig = new_figure(curves)
     draw(fig.axes[0], curves, xlabel="round", ylabel="held-out accuracy on the devices' own data")

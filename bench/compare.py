@@ -22,8 +22,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from splitedge.bench.plotstyle import Series, lines, new_figure
-from splitedge.bench.report import save_figure, table
+from splitedge.bench.lib.plotstyle import Series, lines, new_figure
+from splitedge.bench.lib.report import save_figure, table
 from splitedge.methods.metrics import plateau
 
 
@@ -236,7 +236,7 @@ def marker_size(mb: float | None) -> float | None:
 
 def figure(results: dict[str, Any]) -> Any:
     """Final accuracy against bytes per device, a point per row: colour = method as in every
-    bench plot, marker = split (bench/plotstyle.py)."""
+    bench plot, marker = split (bench/lib/plotstyle.py)."""
     rows = points(results)
     fig = new_figure([])
     ax = fig.axes[0]

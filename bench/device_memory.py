@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from splitedge.bench.ram import device_environment, interpreter_info, write_shard, RamSettings
-from splitedge.bench.report import pyplot, save_figure, table
+from splitedge.bench.lib.report import pyplot, save_figure, table
 
 PROBE = r"""
 import json, sys, time

@@ -7,7 +7,7 @@ bound) and the lower bound: `fedavg --calibrate lda --set local_epochs=0`, a ran
 the calibrated head, what a device gets without the federation's training (README), without DP
 and at each epsilon (its only release is the head statistics: a device that trains nothing sends
 its weights back as received, which costs no release). Every run goes through its own Mosquitto
-(bench/simrun.py).
+(bench/lib/simrun.py).
 
 Each DP run is set before it starts from what the cloud can know (no tuning on devices' data,
 except the update clip, see below):
@@ -63,9 +63,9 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from splitedge.bench.accuracy import jobs_of, parse_splits, refuse_other_settings, split_name
-from splitedge.bench.plotstyle import Series, lines, method_colour, new_figure
-from splitedge.bench.report import Progress, save_figure, table
-from splitedge.bench.simrun import FederationSettings, parse_sets, run_on_mosquitto
+from splitedge.bench.lib.plotstyle import Series, lines, method_colour, new_figure
+from splitedge.bench.lib.report import Progress, save_figure, table
+from splitedge.bench.lib.simrun import FederationSettings, parse_sets, run_on_mosquitto
 from splitedge.methods.metrics import plateau
 
 log = logging.getLogger(__name__)

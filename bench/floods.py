@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not 0 < a.connections <= 5000 or not 0 < a.big_mb <= 200:
         p.error("--connections 1..5000 and --big-mb 1..200 (a bounded load)")
-    from splitedge.bench import report
+    from splitedge.bench.lib import report
 
     settings = Settings(connections=a.connections, big_mb=a.big_mb, before=a.before, repeats=a.repeats)
     started = time.monotonic()

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from splitedge.bench.flower_side.venv import DEFAULT_VENV, FlowerMissing, flower_python, flower_version, make_venv
-from splitedge.bench.report import Progress, pyplot, save_figure, table
+from splitedge.bench.lib.report import Progress, pyplot, save_figure, table
 from splitedge.bench.scale import MB, MOSQUITTO_CONF, TreeSampler
 
 METHOD = "fedavg"
@@ -71,7 +71,7 @@ class FlowerSettings:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "FlowerSettings":
-        from splitedge.bench.simrun import parse_sets
+        from splitedge.bench.lib.simrun import parse_sets
 
         arms = tuple(getattr(a, "arms", ()) or ARMS)
         if set(arms) - set(ARMS):

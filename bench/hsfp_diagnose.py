@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from splitedge.bench.plotstyle import Series, draw, new_figure
-from splitedge.bench.report import save_figure, table
+from splitedge.bench.lib.plotstyle import Series, draw, new_figure
+from splitedge.bench.lib.report import save_figure, table
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class DiagnoseSettings:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> DiagnoseSettings:
-        from splitedge.bench.simrun import parse_variant
+        from splitedge.bench.lib.simrun import parse_variant
 
         overrides = parse_variant("x=hsfp:" + ",".join(a.set))[2] if getattr(a, "set", None) else {}
         if a.quick:
@@ -394,7 +394,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def figure(results: dict[str, Any]) -> Any:
-    """Each stack's served accuracy per round, a colour per stack (bench/plotstyle.py: the
+    """Each stack's served accuracy per round, a colour per stack (bench/lib/plotstyle.py: the
     H-SFP stack in hsfp's); bars after one round."""
     rounds = [r["round"] for r in results["rounds"]]
     curves = [Series(stack, [r[stack]["accuracy"] for r in results["rounds"]], x=rounds) for stack in results["stacks"]]

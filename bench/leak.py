@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from splitedge.bench.plotstyle import Series, draw, new_figure
-from splitedge.bench.report import Progress, save_figure, table
+from splitedge.bench.lib.plotstyle import Series, draw, new_figure
+from splitedge.bench.lib.report import Progress, save_figure, table
 
 MODELS = ("cnn", "fedcnn")
 STATES = ("random", "trained")

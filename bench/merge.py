@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from splitedge.bench.report import pyplot, save_figure, table
+from splitedge.bench.lib.report import pyplot, save_figure, table
 
 BEFORE = "52b8928"
 """main before issue 58: the commit the issue measured."""
@@ -74,7 +74,7 @@ Settings = MergeSettings
 
 def decoded_bodies(count: int, s: MergeSettings) -> list[Mapping[str, Any]]:
     """`count` device moments bodies, each decoded from its own payload."""
-    from splitedge.bench.mqtt_load import moments_payloads
+    from splitedge.bench.lib.mqtt_load import moments_payloads
     from splitedge.protocol.codec import decode
 
     return [decode(payload).body for _, payload in moments_payloads(count, s.dim, s.classes, s.dtype, seed=s.seed)]

@@ -2,10 +2,10 @@
 
 Per robust rule (the run's `robust` setting, docs/methods.md "Robust merging") and seed, the
 same federation twice on a fresh Mosquitto: clean, and with one extra device of edge e0 running
-`--attack` (bench/rogues.py). Reports final and best accuracy of both, the drop, and what the
+`--attack` (bench/lib/rogues.py). Reports final and best accuracy of both, the drop, and what the
 receivers refused; the clean column is the rule's cost on clean data.
 
-Attacks (bench/rogues.py): `scale-weights`, a device sending 100x the global model as its
+Attacks (bench/lib/rogues.py): `scale-weights`, a device sending 100x the global model as its
 update, every value inside the absolute bound (the reliability issue's row: FedAvg on digits fell
 from 97.5 to 66.4 % and froze); `scale-moments`, an H-SFP device sending the moments of its own
 images through the relayed W_c with every class mean 100x (the trust issue's row: `hsfp` on
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from splitedge.bench.plotstyle import Series, draw, new_figure
-from splitedge.bench.report import Progress, save_figure, table
-from splitedge.bench.rogues import ATTACKS
-from splitedge.bench.simrun import FederationSettings, parse_sets, run_on_mosquitto
+from splitedge.bench.lib.plotstyle import Series, draw, new_figure
+from splitedge.bench.lib.report import Progress, save_figure, table
+from splitedge.bench.lib.rogues import ATTACKS
+from splitedge.bench.lib.simrun import FederationSettings, parse_sets, run_on_mosquitto
 from splitedge.methods.moments import ROBUST_MERGES
 
 

@@ -3,7 +3,7 @@
 Per method (``--methods``, default H-SFP) and device backend (torch; onnx when
 ``methods.thin.graphs`` imports and the method has a thin device part), a private Mosquitto,
 one ``splitedge cloud``, one ``splitedge edge`` and one ``splitedge device`` reading an .npz
-shard run a few rounds while :class:`bench.procmem.PeakSampler` watches every pid. The goals
+shard run a few rounds while :class:`bench.lib.procmem.PeakSampler` watches every pid. The goals
 come from the issues: with CIFAR-10 W_c and 5,000 local images a thin (onnx) device that only
 sends statistics (`--set local_epochs=0`) stays within 80 MB, a thin device that trains its W_c
 (the default) within 100 MB, and a torch device within 300 MB.
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitedge.bench.procmem import PeakSampler, REPO, spawn_splitedge, wait_all
-from splitedge.bench.report import pyplot, table, save_figure
+from splitedge.bench.lib.procmem import PeakSampler, REPO, spawn_splitedge, wait_all
+from splitedge.bench.lib.report import pyplot, table, save_figure
 from splitedge.methods.hsfp.device import WC_IN_USE
 
 log = logging.getLogger(__name__)

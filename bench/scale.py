@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from splitedge.bench.report import Progress, pyplot, save_figure, table
+from splitedge.bench.lib.report import Progress, pyplot, save_figure, table
 
 MB = 1024 * 1024
 MOSQUITTO_CONF = "max_connections -1\nmax_packet_size 68157440\nmax_inflight_messages 0\nmax_queued_messages 100000\n"
@@ -70,7 +70,7 @@ def sim_arguments(settings: list[str]) -> list[str]:
     """`--set KEY=VALUE`s as the sim's arguments: the run's own keys (client sampling,
     simrun.SIM_KEYS) as its flags (sample_fraction=0.1 -> --sample-fraction 0.1), the rest as
     method settings."""
-    from splitedge.bench.simrun import SIM_KEYS
+    from splitedge.bench.lib.simrun import SIM_KEYS
 
     out: list[str] = []
     for kv in settings:

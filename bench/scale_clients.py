@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import psutil
 
-from splitedge.bench.procmem import vm_hwm_bytes
-from splitedge.bench.report import machine
+from splitedge.bench.lib.procmem import vm_hwm_bytes
+from splitedge.bench.lib.report import machine
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.mqtt import MqttTransport
 from splitedge.protocol.mqtt_loop import ClientLoop, ensure_fd_limit
@@ -137,7 +137,7 @@ class Sampler:
 
 
 def peak_mb(pid: int, sampled: list[int]) -> float:
-    """MiB: the larger of the kernel's VmHWM and the highest sampled RSS (as bench/procmem.py)."""
+    """MiB: the larger of the kernel's VmHWM and the highest sampled RSS (as bench/lib/procmem.py)."""
     return round(max([vm_hwm_bytes(pid) or 0, *sampled]) / 2**20, 1)
 
 
@@ -237,7 +237,7 @@ def run(s: Settings) -> dict[str, Any]:
 
 
 def _measure(s: Settings, url: str, bproc: psutil.Process | None, me: psutil.Process, limit: int) -> dict:
-    from splitedge.bench.sysbytes import SysMonitor
+    from splitedge.bench.lib.sysbytes import SysMonitor
 
     rss_before, cpu0, bcpu0 = me.memory_info().rss, cpu_seconds(me), cpu_seconds(bproc)
     witness = SysMonitor(url, "$SYS/broker/clients/connected")

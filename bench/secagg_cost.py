@@ -31,7 +31,7 @@ from typing import Any, Callable
 import msgpack
 import numpy as np
 
-from splitedge.bench.report import pyplot, save_figure, table
+from splitedge.bench.lib.report import pyplot, save_figure, table
 from splitedge.methods.moments import merge_moments
 from splitedge.methods.privacy import additive, fixedpoint
 from splitedge.methods.privacy.secagg import Device, SecAggConfig, Server

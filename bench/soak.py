@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import psutil
 
-from splitedge.bench.procmem import spawn_splitedge, wait_all
-from splitedge.bench.report import pyplot, save_figure, table
+from splitedge.bench.lib.procmem import spawn_splitedge, wait_all
+from splitedge.bench.lib.report import pyplot, save_figure, table
 
 MB = 1024 * 1024
 

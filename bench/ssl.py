@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from splitedge.bench import accuracy
-from splitedge.bench.plotstyle import Series, lines, new_figure
-from splitedge.bench.report import Progress, save_figure, table
-from splitedge.bench.simrun import REPRESENTATION_KEYS
+from splitedge.bench.lib.plotstyle import Series, lines, new_figure
+from splitedge.bench.lib.report import Progress, save_figure, table
+from splitedge.bench.lib.simrun import REPRESENTATION_KEYS
 
 DEFAULT_METHODS = ("fedavg", "simsiam", "align-uniform")
 DEFAULT_VARIANTS = tuple(f"{m}+decorr={m}:feddecorr_beta=0.1" for m in DEFAULT_METHODS)
@@ -87,7 +87,7 @@ def drops(rows: list[dict[str, Any]]) -> list[str]:
 
 def spectrum_figure(results: dict[str, Any]) -> Any | None:
     """Each row's final normalised singular values, log y, coloured by method as in every bench
-    plot (bench/plotstyle.py), marker by split; None when no row has a spectrum. Values below
+    plot (bench/lib/plotstyle.py), marker by split; None when no row has a spectrum. Values below
     FLOOR are left out (a log axis cannot show zeros; see plot_spectra)."""
     from splitedge.methods.metrics.report import FLOOR
 

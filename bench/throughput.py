@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitedge.bench.mqtt_load import moments_payloads
+from splitedge.bench.lib.mqtt_load import moments_payloads
 
-from splitedge.bench.report import pyplot, table, save_figure
+from splitedge.bench.lib.report import pyplot, table, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def end_to_end(count: int, dim: int, s: ThroughputSettings, url: str) -> dict[st
 
     with MqttTransport(url, client_id=f"bench-edge-{run}", role="edge") as edge:
         edge.subscribe(pattern(run, "device", "+", "up", "moments"), on_moments)
-        pub = subprocess.Popen([sys.executable, "-m", "splitedge.bench.mqtt_load", "--url", url, "--run", run, "--count",
+        pub = subprocess.Popen([sys.executable, "-m", "splitedge.bench.lib.mqtt_load", "--url", url, "--run", run, "--count",
                                 str(count), "--dim", str(dim), "--classes", str(s.classes), "--dtype", s.dtype],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ok = False  # an interrupt before the wait ends kills the publisher
@@ -136,7 +136,7 @@ def end_to_end(count: int, dim: int, s: ThroughputSettings, url: str) -> dict[st
 
 def round_time(devices: int, s: ThroughputSettings) -> dict[str, Any]:
     """run_sim on digits through Mosquitto with ``devices`` devices behind 2 edges."""
-    from splitedge.bench.simrun import run_on_mosquitto
+    from splitedge.bench.lib.simrun import run_on_mosquitto
     from splitedge.sim import SimSettings
 
     settings = SimSettings(rounds=s.grow_rounds, devices=devices, edges=2, dataset="digits", seed=s.seed,

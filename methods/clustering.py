@@ -246,7 +246,7 @@ def _dendrogram(path: Path, signals: Mapping[str, np.ndarray], assignment: Mappi
 
 
 def _pyplot() -> Any:
-    """pyplot on the Agg backend (the cloud is headless). Not bench.report.pyplot: methods/
+    """pyplot on the Agg backend (the cloud is headless). Not bench.lib.report.pyplot: methods/
     sits below bench/, so it must not import bench."""
     import matplotlib
 

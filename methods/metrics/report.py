@@ -202,7 +202,7 @@ def plot_spectra(curves: Mapping[str, Sequence[float]], path: Path, title: str =
 
 
 def _pyplot() -> Any:
-    """pyplot on the Agg backend (headless cloud and bench boxes). Not bench.report.pyplot:
+    """pyplot on the Agg backend (headless cloud and bench boxes). Not bench.lib.report.pyplot:
     methods/ sits below bench/ and the cloud imports this module, so it must not import bench."""
     import matplotlib
 

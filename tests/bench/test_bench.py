@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from splitedge.bench import ram
-from splitedge.bench.procmem import spawn_splitedge
+from splitedge.bench.lib.procmem import spawn_splitedge
 from splitedge.bench.matrix import PLANS as MATRIX_PLANS
-from splitedge.bench.report import table
-from splitedge.bench.simrun import bytes_to_target
+from splitedge.bench.lib.report import table
+from splitedge.bench.lib.simrun import bytes_to_target
 from parts import shipped_methods
 from splitedge.cli import build_parser, main
 
@@ -219,7 +219,7 @@ def test_accuracy_runs_in_parallel_and_resumes_keeping_the_runs_it_finished(tmp_
 
 def test_the_central_upper_bound_trains_the_same_network_on_every_training_image() -> None:
     from splitedge.bench.accuracy import AccuracySettings
-    from splitedge.bench.central import central_run
+    from splitedge.bench.lib.central import central_run
 
     s = AccuracySettings(rounds=3, devices=4, max_train=400, max_test=200, seed=1)
     row = central_run(s, "upper", {"device_lr": "0.05"}, None, "IID")
@@ -259,7 +259,7 @@ def test_markdown_table_formats_floats_and_missing_values() -> None:
 
 
 def test_variant_parses_name_method_and_settings() -> None:
-    from splitedge.bench.simrun import parse_variant
+    from splitedge.bench.lib.simrun import parse_variant
 
     assert parse_variant("hsfp-ic2=hsfp:ic=2, ie=2") == ("hsfp-ic2", "hsfp", {"ic": "2", "ie": "2"})
     assert parse_variant("plain=fedavg") == ("plain", "fedavg", {})
@@ -293,7 +293,7 @@ def test_every_row_gets_rounds_and_bytes_to_fedavg_final_accuracy_of_its_split()
 
 
 def test_rerender_rewrites_markdown_from_the_json_without_running(tmp_path: Path) -> None:
-    from splitedge.bench import report
+    from splitedge.bench.lib import report
 
     rows = [{"method": "fedavg", "base_method": "fedavg", "split": "IID", "final_accuracy": 0.5, "best_accuracy": 0.5,
              "accuracy_per_round": [0.5], "device_payload_per_device_per_round": 10.0, "wall_seconds": 1.0,
@@ -625,7 +625,7 @@ def test_every_variant_of_a_matrix_plan_is_a_valid_run(plan: str) -> None:
     """A typo in a plan's settings would surface hours into a matrix: each variant's method and
     settings build a run config now."""
     from splitedge.bench.matrix import PLANS
-    from splitedge.bench.simrun import SIM_KEYS, parse_variant
+    from splitedge.bench.lib.simrun import SIM_KEYS, parse_variant
     from splitedge.cloud.options import build_run_config
     from splitedge.methods.data.datasets import load_dataset
 

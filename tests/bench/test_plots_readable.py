@@ -19,7 +19,7 @@ from matplotlib.colors import to_hex  # noqa: E402 - after the backend is chosen
 from matplotlib.lines import Line2D  # noqa: E402
 
 from splitedge.bench import accuracy, bandwidth, cluster, compare, hsfp_diagnose, ssl  # noqa: E402
-from splitedge.bench.plotstyle import method_colour, method_colours, palette  # noqa: E402
+from splitedge.bench.lib.plotstyle import method_colour, method_colours, palette  # noqa: E402
 from splitedge.methods.registry import list_methods  # noqa: E402
 from splitedge.runtime.outputs import plot_spectra_per_round, spectra_per_round_figure  # noqa: E402
 
@@ -245,7 +245,8 @@ def test_no_finished_runs_still_plots(tmp_path: Path) -> None:
 # -- the machine a bench ran on: measured, not a sentence written for one box -------------------
 
 def test_bench_reports_state_the_measured_machine() -> None:
-    from splitedge.bench import report, scale_clients
+    from splitedge.bench import scale_clients
+    from splitedge.bench.lib import report
 
     doc = report.document("accuracy", ["bench", "accuracy"], {}, {}, 1.0)
     header = report.header_markdown(doc)

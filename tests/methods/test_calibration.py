@@ -16,7 +16,7 @@ from splitedge.methods.calibration.lda import lda_classifier
 from splitedge.methods.calibration.stats import HeadStatsAccumulator
 from splitedge.sim import SimSettings, run_sim
 
-from splitedge.bench.rogues import RogueDevice
+from splitedge.bench.lib.rogues import RogueDevice
 
 ROUNDS = 3
 

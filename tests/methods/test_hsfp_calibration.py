@@ -18,7 +18,7 @@ from splitedge.methods.registry import default_config
 from splitedge.protocol.codec import Envelope
 from splitedge.sim import SimSettings, run_sim
 
-from splitedge.bench.rogues import RogueDevice
+from splitedge.bench.lib.rogues import RogueDevice
 
 ROUNDS = 3
 HEAD_DIM = 64  # the digits cnn's classifier input

@@ -74,7 +74,7 @@ def test_no_oracles_with_the_sampling_flags(tmp_path):
     assert 0.0 <= v["head_fit_sampled"] <= 1.0 and v["we_input_per_position"]["mean"] > 0
     assert "oracle-edge" not in diag.markdown(results)
     # its files re-render from the JSON (named after the suite, hsfp-diagnose.json)
-    from splitedge.bench import report
+    from splitedge.bench.lib import report
     from splitedge.cli import main
 
     report.write(tmp_path, report.document("hsfp-diagnose", ["bench", "hsfp-diagnose"], config, results, 1.0), "stale")

@@ -21,7 +21,7 @@ from splitedge.runtime.session import connect
 from splitedge.protocol.topics import pattern, topic
 from splitedge.sim import SimSettings, run_sim
 
-from splitedge.bench.rogues import RogueDevice
+from splitedge.bench.lib.rogues import RogueDevice
 
 BIG_DIM = 50 * 2**20 // (2 * 4 * 3)
 """A moments body of 3 classes whose f4 mean and var take 50 MiB together: schema-valid, under

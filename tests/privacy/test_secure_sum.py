@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from splitedge.bench.rogues import RogueDevice
+from splitedge.bench.lib.rogues import RogueDevice
 from splitedge.methods.calibration.stats import HeadStats, head_stats_arrays
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.moments import ClassMoments, merge_moments, moments_from_body, moments_to_body

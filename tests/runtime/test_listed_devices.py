@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from splitedge.bench.rogues import ScaledWeights
-from splitedge.bench.simrun import run_on_mosquitto
+from splitedge.bench.lib.rogues import ScaledWeights
+from splitedge.bench.lib.simrun import run_on_mosquitto
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.allowance import Allowance, listed, manifest_allowances
 from splitedge.runtime.membership import Members

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from splitedge.bench.sysbytes import SysMonitor, agreement, capture_transports, tier_totals
+from splitedge.bench.lib.sysbytes import SysMonitor, agreement, capture_transports, tier_totals
 from splitedge.runtime.outputs import dumps
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ def run_on_mosquitto(settings: Any, *, check_sys: bool = True,
                      attach: Callable[[str, str], Any] | None = None, keep: Path | None = None,
                      resume: bool = True) -> dict[str, Any]:
     """Run ``splitedge.sim.run_sim(settings)`` on a fresh Mosquitto; `attach(url, run)`, if
-    given, starts a peer of the run's own on that broker (a rogue device, bench/rogues.py) before
+    given, starts a peer of the run's own on that broker (a rogue device, bench/lib/rogues.py) before
     the federation, and its `close()` is called after.
 
     With `keep`, the sim runs resumable in that folder (splitedge/sim/resume.py), the bench's

@@ -2,7 +2,7 @@
 
 The end-to-end throughput bench needs the sender in another OS process: on a 2-core box a
 publisher thread would share the receiver's GIL and the measurement would be of Python's
-scheduler, not of the edge. ``python -m bench.mqtt_load --url ... --count N`` encodes its
+scheduler, not of the edge. ``python -m bench.lib.mqtt_load --url ... --count N`` encodes its
 messages and connects first, prints ``ready``, waits for one line on stdin, then publishes them all (QoS 1,
 as devices do) and prints ``sent``.
 """

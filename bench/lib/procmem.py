@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def vm_hwm_bytes(pid: int) -> int | None:

@@ -158,7 +158,7 @@ def pyplot() -> Any:
 
 def save_figure(fig: Any, path: Path) -> list[Path]:
     """Lay out, write and close a figure; returns [path] for the suite's list of outputs. A figure
-    with a layout engine of its own (constrained: bench/plotstyle.py) keeps it: tight_layout
+    with a layout engine of its own (constrained: bench/lib/plotstyle.py) keeps it: tight_layout
     would replace it, with a warning."""
     if fig.get_layout_engine() is None:
         fig.tight_layout()
