@@ -16,7 +16,7 @@ import pytest
 from splitedge.cli import main
 from splitedge.exporters.checkpoint import read_header
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
