@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 METHODS_GROUP = "splitedge.methods"
 MODELS_GROUP = "splitedge.models"
+THIN_MODELS_GROUP = "splitedge.thin_models"  # a model's numpy layers for thin devices (methods/thin/plugins.py)
 _PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 

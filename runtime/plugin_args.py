@@ -16,25 +16,31 @@ from splitedge.protocol import plugins
 
 def add_plugin_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", action="append", default=[], metavar="PACKAGE.MODULE:ATTR",
-                   help="a method (a Method subclass) or a model (a factory returning a SplitModel) of one's own for "
-                        "this node to run, by import path (repeatable; an installed plug-in package needs none: "
-                        "docs/plugins.md)")
+                   help="a method (a Method subclass), a model (a factory returning a SplitModel) or a thin model "
+                        "(a ThinModel: its numpy layers for devices without torch) of one's own for this node to "
+                        "run, by import path (repeatable; an installed plug-in package needs none: docs/plugins.md)")
 
 
 def use_plugins(paths: Sequence[str]) -> list[str]:
     """Register each import path as the method or model it names; ValueError in one line for
     one that loads as neither."""
+    if not paths:
+        return []
     from splitedge.methods.contract import Method
     from splitedge.methods.registry import use_method
+    from splitedge.methods.thin.graphs import CALIB_BUILDERS
+    from splitedge.methods.thin.plugins import ThinModel, register_thin_model
 
     for path in paths:
         obj = plugins.load(path, "--plugin")
         if isinstance(obj, type) and issubclass(obj, Method):
             use_method(path)
+        elif isinstance(obj, ThinModel):  # numpy only: a thin device stays torch-free
+            register_thin_model(obj, shipped=tuple(CALIB_BUILDERS))
         elif callable(obj):
             from splitedge.models import use_model  # torch: a model plug-in needs it anyway
 
             use_model(path)
         else:
-            raise ValueError(f"--plugin {path}: neither a Method subclass nor a model factory")
+            raise ValueError(f"--plugin {path}: neither a Method subclass, a model factory nor a ThinModel")
     return list(paths)

@@ -16,20 +16,18 @@ from typing import Any, Mapping
 import numpy as np
 
 from splitedge.methods.checks import weight_specs
-from splitedge.methods.thin.graphs import CALIB_BUILDERS
+from splitedge.methods.thin.graphs import calib_net
 from splitedge.methods.thin.layers import F32, Linear, Sequential
 from splitedge.methods.thin.optim import NumpySGD
 from splitedge.methods.thin.trainer import epoch_order, load_batch
-from splitedge.methods.thin.wc_models import WIDTH, thin_wc
+from splitedge.methods.thin.wc_models import thin_wc
 
 
 def thin_network(model: str, channels: int, image_size: int, classes: int) -> Sequential:
     """W_c, W_e and W_g of `model` in numpy layers, named as the torch split (ValueError for a
     model whose W_c the thin trainer cannot train)."""
     wc = thin_wc(model, channels)
-    if model not in CALIB_BUILDERS:
-        raise ValueError(f"this install defines no thin W_e and W_g for {model!r}")
-    (_, we), (_, trunk) = CALIB_BUILDERS[model](int(channels), int(image_size), int(classes), WIDTH).children
+    (_, we), (_, trunk) = calib_net(model, channels, image_size, classes).children
     probe = np.zeros((1, int(channels), int(image_size), int(image_size)), F32)
     dim = int(np.prod(trunk.forward(we.forward(wc.forward(probe, False), False), False).shape[1:]))
     trunk.children.append(("fc", Linear(dim, int(classes))))

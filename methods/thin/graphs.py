@@ -25,6 +25,7 @@ from splitedge.methods.thin.layers import (
     BatchNorm2d, Conv2d, Layer, Linear, MaxPool2d, ReLU, Sequential, global_avg_pool, global_avg_pool_backward,
 )
 from splitedge.methods.thin.trainer import eval_forward
+from splitedge.methods.thin.plugins import thin_plugin, thin_plugins
 from splitedge.methods.thin.wc_models import WIDTH, thin_wc
 from splitedge.protocol.errors import ProtocolError
 
@@ -135,8 +136,21 @@ CALIB_BUILDERS: dict[str, Callable[[int, int, int, int], Sequential]] = {
 
 
 def thin_models() -> list[str]:
-    """The models a thin device can run: those whose W_c and trunk this install defines."""
-    return sorted(CALIB_BUILDERS)
+    """The models a thin device can run: those whose W_c and trunk this install defines, and
+    the thin models of one's own this process registered (methods/thin/plugins.py)."""
+    return sorted(CALIB_BUILDERS) + thin_plugins()
+
+
+def calib_net(model: str, channels: int, image_size: int, classes: int, width: int = WIDTH) -> Sequential:
+    """Sequential([("we", W_e), ("wg", W_g's trunk)]) of `model` in numpy layers; ValueError
+    for a model of one's own whose ThinModel has no `calib`."""
+    if model in CALIB_BUILDERS:
+        return CALIB_BUILDERS[model](int(channels), int(image_size), int(classes), int(width))
+    plugged = thin_plugin(model)
+    if plugged is None or plugged.calib is None:
+        raise ValueError(f"this install defines no thin W_e and W_g for {model!r} (its ThinModel has no calib: "
+                         f"thin devices of it cannot calibrate a head or run FedAvg)")
+    return plugged.calib(int(channels), int(image_size), int(classes))
 
 
 class LocalGraph:
@@ -198,7 +212,7 @@ class LocalGraph:
 
 
 def _check_model(model: str) -> None:
-    if model not in CALIB_BUILDERS:
+    if model not in thin_models():
         raise ValueError(f"a thin device runs the models of its install, {thin_models()}, not {model!r} "
                          f"(a device with torch can: --backend torch)")
 
@@ -216,4 +230,4 @@ def wc_graph(model: str, channels: int, *, pre_relu: bool = False, width: int = 
 def calib_graph(model: str, channels: int, image_size: int, classes: int, *, width: int = WIDTH) -> LocalGraph:
     """W_e and W_g's trunk of `model` on W_c's output (models.ClassifierInput's state names)."""
     _check_model(model)
-    return LocalGraph(CALIB_BUILDERS[model](int(channels), int(image_size), int(classes), int(width)))
+    return LocalGraph(calib_net(model, channels, image_size, classes, width))

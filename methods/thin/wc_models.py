@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from splitedge.methods.thin.layers import BatchNorm2d, Conv2d, Linear, MaxPool2d, ReLU, Sequential
+from splitedge.methods.thin.plugins import thin_plugin, thin_plugins
 
 WIDTH = 32
 """The default width of the cnn and fedcnn splits (models/cnn.py, models/fedcnn.py)."""
@@ -43,11 +44,16 @@ BUILDERS = {"cnn": _cnn, "fedcnn": _fedcnn, "fedcnn2": _fedcnn2}
 
 
 def thin_wc(model: str, channels: int, width: int = WIDTH) -> Sequential:
-    """The numpy W_c of `model`; ValueError for a model the thin trainer cannot train."""
-    if model not in BUILDERS:
-        raise ValueError(f"the thin trainer trains the W_c of {sorted(BUILDERS)}, not {model!r} "
-                         f"(a device with torch can: --backend torch)")
-    return BUILDERS[model](int(channels), int(width))
+    """The numpy W_c of `model`: a shipped network's, or that of a thin model of one's own
+    (methods/thin/plugins.py); ValueError for a model this install cannot build."""
+    if model in BUILDERS:
+        return BUILDERS[model](int(channels), int(width))
+    plugged = thin_plugin(model)
+    if plugged is None:
+        raise ValueError(f"the thin trainer trains the W_c of {sorted(BUILDERS) + thin_plugins()}, not {model!r} "
+                         f"(a device with torch can: --backend torch; a model of one's own needs its ThinModel, "
+                         f"docs/plugins.md)")
+    return plugged.wc(int(channels))
 
 
 def out_channels(wc: Sequential) -> int:

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
                     dataset=args.dataset, data=args.data, model=args.model, alpha=args.alpha, seed=args.seed,
                     deadline_s=args.deadline, broker=args.broker, out=args.out, overwrite=args.overwrite,
                     threads=args.threads, device=args.device, max_train=args.max_train, max_test=args.max_test,
+                    plugins=tuple(args.plugin or ()),
                     backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
                     overrides=method_overrides(args), groups=args.groups, group_skew=args.group_skew,
                     virtual=args.virtual, park_dtype=args.park_dtype, workers=args.workers, worker=args.worker,

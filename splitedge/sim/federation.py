@@ -52,6 +52,7 @@ class SimSettings:
     run: str = ""
     threads: int = 1
     device: str = "auto"  # the torch device of the cloud, edges and torch devices (methods/compute.py)
+    plugins: tuple[str, ...] = ()  # --plugin import paths: registered here and in every worker process
     max_train: int | None = None
     max_test: int | None = None
     backends: tuple[str, ...] = ("torch",)
@@ -100,6 +101,10 @@ class SimSettings:
     def __post_init__(self) -> None:
         if self.devices < 1 or self.edges < 1:
             raise ValueError(f"need at least one device and one edge, got {self.devices} and {self.edges}")
+        if self.plugins:  # before the checks: a thin model of one's own makes its model a thin one
+            from splitedge.runtime.plugin_args import use_plugins
+
+            use_plugins(self.plugins)
         check_run_settings(self)
         check_scale_settings(self)
         nodes = nodes_in_process(self)
@@ -135,8 +140,8 @@ def check_run_settings(s: Any) -> None:
 
         if s.model not in thin_models():
             raise ValueError(f"--model {s.model}: a thin (onnx) device builds only the networks of its install, "
-                             f"{', '.join(thin_models())}; drop onnx from --backends (a model of one's own runs on "
-                             f"torch devices, docs/plugins.md)")
+                             f"{', '.join(thin_models())}; drop onnx from --backends, or give thin devices the model's "
+                             f"numpy layers with --plugin package.module:THIN_MODEL (docs/plugins.md)")
     if s.join_timeout_s is not None and not s.join_timeout_s > 0:
         raise ValueError(f"--join-timeout must be > 0 seconds, got {s.join_timeout_s}")
     if s.threads < 1:
@@ -735,6 +740,7 @@ def worker_spec(s: SimSettings) -> dict[str, Any]:
     spec = dataclasses.asdict(s)
     spec["out"] = str(s.out)
     spec["backends"] = list(s.backends)
+    spec["plugins"] = list(s.plugins)
     return spec
 
 

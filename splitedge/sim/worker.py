@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(args[0]).read_text())
     spec["out"] = Path(spec["out"]) if spec.get("out") else None
     spec["backends"] = tuple(spec["backends"])
+    spec["plugins"] = tuple(spec.get("plugins", ()))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("splitedge.status").setLevel(logging.INFO)
     run_worker(SimSettings(**spec))

@@ -32,9 +32,11 @@ def registries_as_they_were(monkeypatch):
     runs other tests' modules after this one)."""
     import splitedge.methods.metrics.extra as metrics
     import splitedge.methods.registry as methods
+    import splitedge.methods.thin.plugins as thin
     import splitedge.models.registry as models
 
-    for module, name in ((models, "_REGISTRY"), (models, "_PLUGGED"), (methods, "_METHODS"), (metrics, "_METRICS")):
+    for module, name in ((models, "_REGISTRY"), (models, "_PLUGGED"), (methods, "_METHODS"), (metrics, "_METRICS"),
+                         (thin, "_REGISTRY")):
         monkeypatch.setattr(module, name, dict(getattr(module, name)))
 
 
@@ -140,6 +142,54 @@ def test_a_thin_device_with_a_model_of_one_s_own_is_refused_before_any_work(own_
     with pytest.raises(ValueError, match="builds only the networks of its install"):
         run_sim(SimSettings(rounds=1, method="hsfp-cal", model=MODEL, backends=("torch", "onnx"), out=tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+THIN_MODEL, THIN_PLUGIN = "plain_net:factory", "plain_net_thin:THIN"
+
+
+def test_thin_devices_train_a_model_of_one_s_own_from_the_thin_model_their_owner_names(own_models, mosquitto,
+                                                                                          tmp_path) -> None:
+    """A thin device builds a model of one's own from the numpy layers its owner gives it (a
+    ThinModel, --plugin or an entry point), never from the wire: beside torch devices, in the
+    sim's worker processes, it sends moments and head statistics of it, trains its W_c and sends
+    that up on averaging rounds."""
+    import threading
+
+    from splitedge.protocol.mqtt import MqttTransport
+    from splitedge.protocol.topics import pattern
+
+    with pytest.raises(ValueError, match="builds only the networks of its install"):
+        run_sim(SimSettings(rounds=1, method="hsfp-cal", model=THIN_MODEL, backends=("torch", "onnx"),
+                            out=tmp_path / "refused"))
+    run, sent, lock = "thin-own-model", [], threading.Lock()
+
+    def record(topic, env) -> None:
+        if env.body.get("part") == "wc":
+            with lock:
+                sent.append((env.sender, env.round))
+
+    observer = MqttTransport(mosquitto.url, client_id="observer-thin-own", role="observer")
+    observer.subscribe(pattern(run, "device", "+", "up", "weights"), record)
+    try:
+        summary = run_sim(SimSettings(rounds=2, devices=4, edges=2, method="hsfp-cal", model=THIN_MODEL,
+                                      backends=("torch", "onnx"), broker=mosquitto.url, run=run, workers=2,
+                                      plugins=(THIN_PLUGIN,),  # as `splitedge sim --plugin plain_net_thin:THIN`
+                                      out=tmp_path / "mixed", deadline_s=120.0, overrides={"ic": 2}))
+    finally:
+        observer.close()
+    assert summary["status"] == "complete" and summary["final_accuracy"] > summary["chance"], summary
+    assert {("d1", 2), ("d3", 2)} <= set(sent), sorted(sent)  # the thin ones (round-robin) trained W_c
+    # a thin device's plug-in imports no torch, and a ThinModel of a shipped name is refused
+    code = ("import sys\nfrom splitedge.runtime.plugin_args import use_plugins\nuse_plugins(['plain_net_thin:THIN'])\n"
+            "from splitedge.methods.thin.wc_models import thin_wc\nthin_wc('plain_net:factory', 3)\n"
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(MODELS)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
+    from splitedge.methods.thin.plugins import ThinModel, register_thin_model
+
+    with pytest.raises(ValueError, match="name of a network splitedge ships"):
+        register_thin_model(ThinModel("cnn", lambda c: None), shipped=("cnn",))
 
 
 def test_a_process_federation_runs_a_model_and_data_set_of_one_s_own(own_models, mosquitto, tmp_path) -> None:
