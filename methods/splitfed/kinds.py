@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+import numpy as np
+
 from splitedge.protocol.schema import Array, Int, Schema, register_kind
 
 KINDS = {
@@ -15,6 +19,12 @@ KINDS = {
         "grad": Array(dtypes="f4", shape=("B", "..."), finite=True),
     }, doc="edge -> one device (SplitFed): the loss gradient of that batch's activations"),
 }
+
+EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
+    "activations": lambda: {"batch": 0, "x": np.zeros((2, 4), np.float32), "y": np.arange(2, dtype=np.int64)},
+    "gradients": lambda: {"batch": 0, "grad": np.zeros((2, 4), np.float32)},
+}
+"""A valid body of each kind (tests/protocol/test_codec.py round-trips every kind a shipped method registers)."""
 
 for _name, _schema in KINDS.items():
     register_kind(_name, _schema)

@@ -23,6 +23,7 @@ def test_coarse_samples_is_the_power_of_two_at_or_above() -> None:
 
 def test_a_device_of_a_private_run_is_told_what_its_reports_still_say(caplog) -> None:
     from splitedge.device.agent import DeviceAgent
+    from splitedge.methods.compute import CPU
 
     m = create_method("hsfp", default_config("hsfp", ModelSpec(), dp_sigma=1.0, dp_clip=1.0))
     said = {}
@@ -30,7 +31,7 @@ def test_a_device_of_a_private_run_is_told_what_its_reports_still_say(caplog) ->
         me = SimpleNamespace(node_id="d0", rng=np.random.default_rng(0), placement=None, run_id="r", hide_classes=hide,
                              private_reports=private, exchange=SimpleNamespace(request=None, gather=None),
                              min_class_count=1, train_chunk=8, data=(np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)),
-                             backend="onnx")
+                             backend="onnx", compute=CPU)
         caplog.clear()
         with caplog.at_level("WARNING", logger="splitedge.status"):
             part = DeviceAgent._build_part(me, m)
