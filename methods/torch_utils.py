@@ -17,7 +17,7 @@ from torch import nn
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.training import Batch
-from splitedge.models import SplitModel, create_split, seeded_init
+from splitedge.models import SplitModel, create_split, device_of, seeded_init
 
 
 def build_split(spec: ModelSpec) -> SplitModel:
@@ -53,13 +53,6 @@ def tensor_batches(x: torch.Tensor, y: torch.Tensor, batch: int, gen: torch.Gene
             yield Batch(x[idx].to(device), y[idx].to(device))
 
     return epoch
-
-
-def device_of(module: nn.Module) -> torch.device:
-    """Where `module` computes: its first parameter's (or buffer's) device, the CPU when it has none."""
-    for tensor in itertools.chain(module.parameters(), module.buffers()):
-        return tensor.device
-    return torch.device("cpu")
 
 
 def model_outputs(model: SplitModel, x: torch.Tensor) -> dict[str, torch.Tensor]:

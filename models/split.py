@@ -14,6 +14,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
+from splitedge.models.state import device_of
+
 PART_NAMES = ("wc", "we", "wg")
 _INIT_LOCK = threading.Lock()
 
@@ -86,7 +88,7 @@ def head_at_layer(model: "SplitModel", stage: str, side: int | None) -> "SplitMo
     pool_ = nn.AdaptiveAvgPool2d(side) if side is not None else nn.Identity()
     dim = int(shape[0]) * side * side if side is not None else int(torch.Size(shape).numel())
     with seeded_init(0):  # its weights are the calibrated head's; building it draws nothing from torch's RNG
-        head = nn.Linear(dim, model.num_classes).to(next(model.parameters()).device)  # where the model computes
+        head = nn.Linear(dim, model.num_classes).to(device_of(model))  # where the model computes
     wg = nn.Sequential(OrderedDict([("pool", pool_), ("flatten", nn.Flatten(1)), ("head", head)]))
     return SplitModel(model.wc, we, wg, model.in_shape, model.num_classes).train(model.training)
 

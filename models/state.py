@@ -2,13 +2,21 @@
 travel in. BatchNorm buffers are included because the slow-scale average covers them."""
 from __future__ import annotations
 
+import itertools
 from typing import Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["state_to_numpy", "load_numpy_state"]
+__all__ = ["state_to_numpy", "load_numpy_state", "device_of"]
+
+
+def device_of(module: nn.Module) -> torch.device:
+    """Where `module` computes: its first parameter's (or buffer's) device, the CPU when it has none."""
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        return tensor.device
+    return torch.device("cpu")
 
 
 def state_to_numpy(module: nn.Module) -> dict[str, np.ndarray]:

@@ -22,8 +22,7 @@ from splitedge.methods.calibration.records import merge
 from splitedge.methods.calibration.stats import HeadStats
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.data.preprocess import batches, to_input
-from splitedge.methods.torch_utils import device_of
-from splitedge.models import SplitModel, state_to_numpy
+from splitedge.models import SplitModel, device_of, state_to_numpy
 from splitedge.models.split import head_at_layer
 
 Head = tuple[np.ndarray, np.ndarray]

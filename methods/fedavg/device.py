@@ -10,14 +10,14 @@ import torch
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
 from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
-from splitedge.methods.torch_utils import (build_split, device_of, input_batches, local_tensors, model_outputs,
-                                          private_norms, sgd, tensor_batches)
+from splitedge.methods.torch_utils import (build_split, input_batches, local_tensors, model_outputs, private_norms, sgd,
+                                          tensor_batches)
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.methods.privacy.dpsgd_torch import terms_loss, train_dpsgd
 from splitedge.methods.privacy.norm_stats import with_statistics
 from splitedge.methods.privacy.release import private_weights
 from splitedge.methods.update_codec import UpdateEncoder
-from splitedge.models import load_numpy_state, state_to_numpy
+from splitedge.models import device_of, load_numpy_state, state_to_numpy
 from splitedge.models.split import head_features
 
 

@@ -17,8 +17,7 @@ from splitedge.methods.data.preprocess import batches, to_input
 from splitedge.methods.errors import RoundFailed
 from splitedge.methods.metrics.extra import measured
 from splitedge.methods.metrics.representation import rank_of_spectrum, spectrum
-from splitedge.methods.torch_utils import device_of
-from splitedge.models import SplitModel
+from splitedge.models import SplitModel, device_of
 
 log = logging.getLogger(__name__)
 
