@@ -119,9 +119,7 @@ def run_compute(method: str, device: str) -> compute.Compute:
     """The device the cloud (and a sim's nodes) compute `method` on: `--device` resolved on this
     machine, a GPU that torch cannot see or one named for a method not ported to it refused in one
     line before any work (methods/compute.py)."""
-    resolved = compute.resolve(device)
-    resolved.for_method(method, get_method(use_method(method)).runs_on_cuda)  # a named GPU refused; auto: said once
-    return resolved
+    return compute.resolve_for(device, method, get_method(use_method(method)).runs_on_cuda)
 
 
 def check_run_arguments(method: str, rounds: int, dataset: str, data: str | None, deadline_s: float, seed: int,

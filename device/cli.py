@@ -169,8 +169,7 @@ def run_peer(args: argparse.Namespace, options: dict[str, Any], metrics: metrics
     if backend != "torch":
         raise ValueError(f"{plan.method} trains on the device: it needs the torch backend (pip install torch)")
     method = create_method(plan.method, plan.config)
-    device = compute.resolve(args.device)
-    device.for_method(method.name, method.runs_on_cuda)  # a GPU named for a method not ported: refused now
+    device = compute.resolve_for(args.device, method.name, method.runs_on_cuda)
     data = load_local_data(args.data, backend)
     misfit = fits_model(data[0], data[1], method.spec)
     if misfit:

@@ -67,6 +67,16 @@ def check_request(value: str) -> str:
     return value
 
 
+def resolve_for(request: str, method: str, runs_on_cuda: bool) -> Compute:
+    """`request` resolved for a node that knows its method at start (the cloud, a sim, a peer
+    device): a GPU named for a method not ported to it is refused in one line now, not when the
+    parts are built; `auto` says once that the method leaves it unused. The parts narrow it
+    themselves (`Method._placed`)."""
+    resolved = resolve(request)
+    resolved.for_method(method, runs_on_cuda)
+    return resolved
+
+
 def resolve(request: str) -> Compute:
     """The device `request` names on this machine: `auto` is CUDA when torch sees a GPU, else the
     CPU (without torch installed: the CPU); `cuda` or `cuda:N` that torch cannot see is a ValueError

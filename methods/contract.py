@@ -517,6 +517,12 @@ class EdgePart(Part):
         device (cached statistics) should forget those that left."""
 
 
+def report_due(round_: int, every: int, rounds: int | None) -> bool:
+    """Whether round `round_` of a run of `rounds` gets the representation report: every `every`
+    rounds (MethodConfig.report_every) and the last."""
+    return round_ % every == 0 or round_ == rounds
+
+
 class CloudPart(Part):
     """Cloud side: schedule, merge edge reports, train the head, evaluate, publish models."""
 
@@ -562,8 +568,8 @@ class CloudPart(Part):
 
     def report_due(self, round_: int) -> bool:
         """Whether the metrics of round `round_` carry the representation report (effective rank,
-        spectrum, the self-supervised probe): every `report_every` rounds and the last."""
-        return round_ % self.cfg.report_every == 0 or round_ == self.ctx.rounds
+        spectrum, the self-supervised probe): `report_due` of the config and the run's rounds."""
+        return report_due(round_, self.cfg.report_every, self.ctx.rounds)
 
     def state_for_checkpoint(self) -> dict[str, np.ndarray]:
         """The served global model as a flat name -> array map (saved without pickle)."""

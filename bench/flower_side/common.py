@@ -135,10 +135,11 @@ class LocalTrainer:
 def evaluate(plan: Plan, model: Any, test: tuple[np.ndarray, np.ndarray], round_: int) -> dict[str, float]:
     """The global model after round `round_` on the test split, as splitedge's FedAvg cloud
     measures it: the effective rank every `report_every` rounds and after the last."""
+    from splitedge.methods.contract import report_due
     from splitedge.methods.metrics.evaluate import evaluate as evaluate_model
 
-    every = plan.config.method.report_every
-    metrics = evaluate_model(model, test, plan.config.model, represent=round_ % every == 0 or round_ == plan.rounds)
+    metrics = evaluate_model(model, test, plan.config.model,
+                             represent=report_due(round_, plan.config.method.report_every, plan.rounds))
     return {k: float(metrics[k]) for k in ("accuracy", "effective_rank") if k in metrics}
 
 
