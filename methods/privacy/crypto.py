@@ -27,20 +27,12 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import SecAggError
+from .labels import label
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
 _DOMAIN = b"splitedge-secagg-v1"
-
-
-def label(*parts: bytes | str) -> bytes:
-    """An unambiguous byte string of ``parts`` (each 4-byte length-prefixed), for HKDF info and AAD."""
-    out = []
-    for p in parts:
-        b = p.encode() if isinstance(p, str) else p
-        out.append(len(b).to_bytes(4, "big") + b)
-    return b"".join(out)
 
 
 def new_private_key() -> X25519PrivateKey:

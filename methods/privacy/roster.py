@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .crypto import label
+from .labels import label
 from .errors import SecAggError
 
 ROSTER = "secagg_members"
