@@ -13,6 +13,8 @@ import sys
 import threading
 from typing import Any, Sequence
 
+from splitedge.install import installed, missing_command
+
 # subcommand -> (module with add_arguments/run, one-line help)
 COMMANDS = {
     "sim": ("splitedge.sim.cli", "run cloud, edges and devices through one broker (embedded by default)"),
@@ -94,7 +96,7 @@ def build_parser(only: str | None = None, argv: Sequence[str] | None = None) -> 
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
         p.add_argument("--version", action="version", version=version)
-        if only is None or name == only:
+        if name == only or only is None and installed(module):  # the thin install lacks some (install.py)
             importlib.import_module(module).add_arguments(p)
             if name in ROLES:
                 p.add_argument("--config", metavar="TOML", help="settings from this file's [common] and "
@@ -110,7 +112,8 @@ def role_variables() -> set[str]:
     """The SPLITEDGE_* variable of every flag of cloud, edge and device (their parsers import no torch)."""
     from splitedge.cli_defaults import ROLES, env_name, settable
 
-    return {env_name(a) for role in ROLES for a in settable(build_parser(role).commands[role]).values()}
+    return {env_name(a) for role in ROLES if installed(COMMANDS[role][0])  # the thin install has the device's
+            for a in settable(build_parser(role).commands[role]).values()}
 
 
 def _chosen_command(argv: Sequence[str]) -> str | None:
@@ -129,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cap_arenas()  # before any role starts its threads (splitedge/malloc.py says why)
     argv = list(sys.argv[1:] if argv is None else argv)
     command = _chosen_command(argv)
+    missing = command and missing_command(command, COMMANDS[command][0])
+    if missing:  # a role the thin install does not hold
+        print(missing, file=sys.stderr)
+        return 2
     _method_plugin(argv)
     try:
         parser = build_parser(command, argv)
