@@ -11,23 +11,21 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
 from splitedge.methods.calibration import calibrates
 from splitedge.methods.config import RunConfig
 from splitedge.methods.losslog import tier_losses
-from splitedge.methods.privacy.accountant import privacy_spent
 from splitedge.methods.metrics.plateau import plateaued
 from splitedge.methods.compute import CPU, Compute
-from splitedge.methods.contract import DEVICES, FederationView, Message, NodeContext, Placement, RoundPlan, To
+from splitedge.methods.contract import DEVICES, FederationView, Message, NodeContext, RoundPlan
 from splitedge.cloud import resume
 from splitedge.cloud.calibration_phase import CloudCalibration
-from splitedge.cloud.commit import RunWriter
+from splitedge.cloud.commit import Committer, RunWriter
 from splitedge.cloud.edges import CloudEdges
-from splitedge.exporters.checkpoint import model_metadata
-from splitedge.methods import budget, snapshot
+from splitedge.methods import budget
 from splitedge.protocol.codec import Envelope
 from splitedge.runtime.cost import add_costs, phase_costs
 from splitedge.runtime.downlink import DownlinkEncoder
@@ -35,7 +33,7 @@ from splitedge.runtime.faults import crash_point
 from splitedge.runtime.guard import RoundGuard
 from splitedge.runtime.node import INTERRUPTED, Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.records import phase_failures, phase_privacy, round_rejections, wire_metrics
+from splitedge.runtime.records import phase_failures, phase_privacy, wire_metrics
 from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.presence import REJOIN_GRACE_S
@@ -86,38 +84,32 @@ class CloudCoordinator(Node):
             out_dir=settings.out_dir, run=run, view=self.view, compute=settings.compute)), rng=self.rng, stopped=self.stopped, name="cloud")
         self.host.ensure(settings.method, settings.config.to_wire())  # registers the method's kinds
         self.method = self.part.method
-        self.edges = CloudEdges(self.view, settings, self._dispatch_until)  # who is there (cloud/edges.py)
-        self.writer = RunWriter(settings.out_dir)  # what the run folder gets (cloud/commit.py)
+        self.edges = CloudEdges(self.view, settings, self._dispatch_until, self._assign)  # who is there, and where
+        self.committer = Committer(self)  # its records, run folder and resume state (cloud/commit.py)
         self.rounds = RoundCollector()
-        self.history: list[dict[str, Any]] = []
         self.costs: tuple[dict, dict] = ({}, {})  # this round's, per device and per edge (runtime/cost.py)
-        self.pending: dict[str, Any] | None = None  # the round merged but not yet written (resume.CloudState)
-        self.outbox: list[Message] = []  # what that round published since its merge, committed first
         self.resumed = resume_from
         self.calibration = CloudCalibration(self)  # the rounds' calibration and evaluation phases
         self.downlink = DownlinkEncoder.of(self.method.config, seed=settings.seed)  # models to every device
         if resume_from is not None:
-            self._restore(resume_from)
+            self.committer.restore(resume_from)
 
-    def _restore(self, saved: resume.CloudState) -> None:
-        """Carry on the run of `saved` (its session, round, part and randomness)."""
-        self.session, self.round, self.attempt = saved.session, saved.round, saved.attempt + 1
-        self.edges.enough = saved.enough_edges
-        self.view.placements = snapshot.from_plain(saved.placements)
-        self.part.restore_state(saved.part)
-        self.rng.bit_generator.state = snapshot.from_plain(saved.rng).bit_generator.state
-        if self.settings.out_dir is not None:
-            self.history = resume.committed_history(self.settings.out_dir, saved.round)
-        self.pending = snapshot.from_plain(saved.pending) if saved.pending else None
-        if saved.calibration:
-            inputs, metrics = snapshot.from_plain(saved.calibration)
-            self.calibration.last = (inputs, metrics)
-        if saved.downlink:
-            self.downlink.load_state_dict(snapshot.from_plain(saved.downlink))
-        if self.pending is not None:
-            self.outbox = [Message(m["kind"], m["body"], To(*m["to"]), m["slot"]) for m in self.pending["outbox"]]
-        status.info("cloud: resuming run %s (session %s) after round %d%s", self.run_id, self.session, saved.round,
-                    f" (round {saved.round + 1} merged: finishing it)" if self.pending else "")
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The committed rounds' records."""
+        return self.committer.history
+
+    @property
+    def pending(self) -> dict[str, Any] | None:
+        return self.committer.pending
+
+    @property
+    def outbox(self) -> list[Message]:
+        return self.committer.outbox
+
+    @property
+    def writer(self) -> RunWriter:
+        return self.committer.writer
 
     def start(self) -> None:
         """Clear a previous incarnation's downlink and publish the initial models; a resumed
@@ -153,13 +145,9 @@ class CloudCoordinator(Node):
 
     # -- membership -------------------------------------------------------------------------
     def handle(self, topic: str, env: Envelope) -> None:
-        if parse(topic).tier != "edge":
+        if parse(topic).tier != "edge" or self.edges.heard(env, self.node_id):  # membership, presence
             return
-        if env.kind == "hello" and env.body["parent"] == self.node_id:
-            self.edges.hello(env.sender, env.body["members"])
-        elif env.kind == "status":
-            self.edges.status(env.sender, env.body["state"])
-        elif env.sender in self.view.members and self.current(env) and self.accepts(self.part, env, "child"):
+        if env.sender in self.view.members and self.current(env) and self.accepts(self.part, env, "child"):
             if env.kind == "done":
                 self.edges.note_left(env.sender, env.body.get("info") or {})
             self.part.on_edge_message(env)
@@ -186,14 +174,8 @@ class CloudCoordinator(Node):
         while not done() and time.monotonic() < deadline:
             self.dispatch(self.next_event(min(0.5, max(0.0, deadline - time.monotonic()))))
 
-    def place(self, moves: Mapping[str, Placement]) -> None:
-        """Send each moved device its placement (through its current edge) and wait until the new
-        edges report them (CloudEdges.wait_placed)."""
-        for dev, where in moves.items():
-            self.view.placements[dev] = where
-            body = {"edge": where.edge, "groups": list(where.groups), "peers": list(where.peers)}
-            self.send(self.transport, "down", "assign", body, retain=True, to=dev)
-        self.edges.wait_placed(moves)
+    def _assign(self, device: str, body: dict[str, Any]) -> None:
+        self.send(self.transport, "down", "assign", body, retain=True, to=device)
 
     # -- rounds -----------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
@@ -225,7 +207,7 @@ class CloudCoordinator(Node):
                       "arguments to resume after its last committed round")
             raise
         self._announce_stop()
-        self._save_state(finished=True)
+        self.committer.save(finished=True)
         return self.history
 
     def plan(self, r: int, participants: tuple[str, ...] = ()) -> RoundPlan:
@@ -240,7 +222,7 @@ class CloudCoordinator(Node):
         self.edges.wait_for_live_edges(r)
         moves = self.part.placement(r)
         if moves:
-            self.place(moves)
+            self.edges.place(moves)
         for msg in self.part.before_round(r):
             self.publish(msg, round_=r)
         plan = self.plan(r, self.settings.sampling.draw(r, self.online_devices()))
@@ -254,9 +236,7 @@ class CloudCoordinator(Node):
             metrics["evaluation_failed"] = dict(self.guard.failures)
             self.guard.failures.clear()
         crash_point("cloud.aggregated", r)
-        self.pending = {"round": r, "plan": plan.to_body(), "metrics": metrics, "edges": len(reports),
-                        "devices": devices_reported(reports), "losses": tier_losses(reports, self.part.losses)}
-        self.outbox = []
+        self.committer.hold(plan, metrics, reports, tier_losses(reports, self.part.losses))
         self.commit_and_publish(messages)  # the new models leave only once a restart would send them again
         crash_point("cloud.published", r)
         return self.finish_round(plan, reports, started)
@@ -275,16 +255,13 @@ class CloudCoordinator(Node):
     def commit_and_publish(self, messages: list[Message], round_: int | None = None) -> None:
         """Publish `messages` of the merged round after committing them (with the part's state)
         in the resume state, so that what leaves the cloud is never forgotten by a restart."""
-        if messages and self.pending is not None and self.settings.out_dir is not None:
-            self.outbox.extend(messages)
-            self._save_state(last_round=self.pending["round"] - 1)
-            crash_point("cloud.committed", self.pending["round"])
+        self.committer.commit(messages)
         self.publish_all(messages, round_=round_)
 
     def finish_round(self, plan: RoundPlan, reports: list[Any], started: float) -> dict[str, Any]:
         """Calibrate the merged round (when due), write its record, checkpoint and commit."""
-        r, pending = plan.round, self.pending
-        metrics = dict(pending["metrics"])
+        r = plan.round
+        metrics = dict(self.pending["metrics"])
         failed = phase_failures(reports)  # devices (and edge merges) whose training phase failed, by reason
         if failed:
             metrics["failures"] = failed
@@ -292,23 +269,10 @@ class CloudCoordinator(Node):
             calibration, reports = self.calibration.run(plan, reports)  # the edges' latest word on what they refused
             metrics.update(calibration)
             crash_point("cloud.calibrated", r)
-        losses = pending["losses"]
-        taking_part = len(plan.participants) if plan.participants else len(self.online_devices())
-        metrics.update(privacy_spent(self.method.config, self.history[-1] if self.history else {}, metrics))
-        if pending.get("devices") is not None:  # the devices whose training phase reached the cloud
-            metrics["devices_reported"] = pending["devices"]
-        metrics["served_head"] = self.served_head()  # what the checkpoint of this round carries
-        record = {"round": r, **metrics, "edges": pending["edges"], "participants": taking_part,
-                  "round_seconds": time.monotonic() - started, "versions": dict(plan.versions),
-                  "directives": dict(plan.directives), "loss": losses, "rounds": dict(self.rounds.counts),
-                  "rejected": round_rejections(self.rejections([self.transport]), reports),
-                  "bytes": self.transport.counters.snapshot(), "device_costs": self.costs[0],
-                  "edge_costs": self.costs[1]}
+        record = self.committer.record(plan, reports, metrics, started, self.rounds.counts, self.costs)
         self.host.end_round()  # after the round's losses are read off the part: a host may swap the part out
-        self.pending, self.outbox = None, []
-        self._persist(record)
+        self.committer.write(record)
         self.send(self.transport, "up", "metrics", wire_metrics(record), round_=r, retain=True)  # for watchers
-        self.history.append(record)
         if self.settings.on_round:
             self.settings.on_round(record)
         return record
@@ -349,61 +313,8 @@ class CloudCoordinator(Node):
         for the run's end (Node.on_interrupted), and its restart resumes the run."""
         directives: dict[str, Any] = {"reason": reason} if reason else {}
         if interrupted:
-            directives[INTERRUPTED] = self.last_finished_round()
+            directives[INTERRUPTED] = self.committer.last_finished_round()
         plan = RoundPlan(round=self.round + 1, method=self.method.name, deadline_s=1.0,
                          config=self.method.run_config.to_wire(), session=self.session, stop=True,
                          directives=directives)
         self.send(self.transport, "down", "round", plan.to_body(), round_=plan.round, retain=reason is None)
-
-    def last_finished_round(self) -> int:
-        """The last round whose record was written (0 before round 1 finished)."""
-        return int(self.history[-1]["round"]) if self.history else 0
-
-    def served_head(self) -> str:
-        """Which head the served (checkpointed, exported) model carries: "calibrated" when the
-        last calibration's head held every class (methods/calibration/serving.py), else "own"."""
-        return "calibrated" if getattr(self.part, "calibrated", None) is not None else "own"
-
-    def _persist(self, record: dict[str, Any]) -> None:
-        self.writer.round(record, self.part.state_for_checkpoint, lambda: self._checkpoint_metadata(record),
-                          self._state)
-
-    def _checkpoint_metadata(self, record: dict[str, Any]) -> dict[str, str]:
-        """The round and method, and what `splitedge export` rebuilds and feeds the network from,
-        so it needs nothing but the file (exporters/checkpoint.py reads it back)."""
-        spec = self.method.spec
-        return {"round": str(record["round"]), "method": self.settings.method,
-                **model_metadata(model=spec.model, dataset=self.settings.dataset, channels=spec.channels,
-                                 image_size=spec.image_size, num_classes=spec.num_classes, mean=spec.mean,
-                                 std=spec.std),
-                **self.part.served_metadata()}
-
-    def _save_state(self, finished: bool = False, last_round: int | None = None) -> None:
-        """Commit the run as it stands (cloud/commit.py); with a merged round pending, `last_round`
-        is the one before it and its outbox is saved too."""
-        self.writer.commit(lambda: self._state(finished, last_round))
-
-    def _state(self, finished: bool = False, last_round: int | None = None) -> resume.CloudState:
-        """What a restarted cloud carries on from (cloud/resume.py)."""
-        s = self.settings
-        pending = None if self.pending is None else snapshot.to_plain({
-            **self.pending, "outbox": [{"kind": m.kind, "body": m.body, "to": [m.to.role, m.to.node], "slot": m.slot}
-                                       for m in self.outbox]})
-        return resume.CloudState(
-            run=self.run_id, method=s.method, config=self.method.run_config.to_wire(), seed=s.seed,
-            session=self.session, round=self.round if last_round is None else last_round, attempt=self.attempt,
-            enough_edges=self.edges.enough, placements=snapshot.to_plain(dict(self.view.placements)),
-            rng=snapshot.to_plain(self.rng), part=self.part.resume_state(), finished=finished, pending=pending,
-            calibration=None if self.calibration.last is None else snapshot.to_plain(list(self.calibration.last)),
-            downlink=snapshot.to_plain(self.downlink.state_dict()) if self.downlink.slots else None)
-
-
-def devices_reported(reports: list[Any]) -> int:
-    """The devices whose training phase reached the cloud through their edges' `done` (the
-    devices each edge heard from, less those that left the run: runtime/records.py)."""
-    total = 0
-    for rep in reports:
-        done = rep.get("done")
-        info = (done.body.get("info") or {}) if done is not None else {}
-        total += max(0, int(info.get("devices") or 0) - len(info.get("left_devices") or {}))
-    return total

@@ -1,9 +1,10 @@
-"""The cloud's view of its edges: who joined, who is online, who left saying why, and the waits
-a run makes on them (before round 1, before each round, after moving devices).
+"""The cloud's view of its federation: which edges joined (with the devices each lists), who is
+online, who left saying why, where devices are placed, and the waits a run makes on them
+(before round 1, before each round, after moving devices).
 
-The coordinator drives rounds; this holds the federation it drives them over. Its waits take
-`pump(done, timeout)`, the coordinator's own event loop, so messages keep being handled while
-they wait.
+The round driver (cloud/driver.py) drives rounds; this holds the federation it drives them
+over. Its waits take `pump(done, timeout)`, the coordinator's own event loop, so messages keep
+being handled while they wait.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from splitedge.methods.contract import FederationView, Placement
+from splitedge.protocol.codec import Envelope
 from splitedge.runtime.node import EXIT_INTERRUPTED, status
 from splitedge.runtime.presence import Presence
 
@@ -21,19 +23,32 @@ log = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 30.0  # how long a round waits for moved devices to show up at their new edge
 Pump = Callable[[Callable[[], bool], float], None]
 """Handle messages until `done()` holds or `timeout` seconds pass."""
+Assign = Callable[[str, dict[str, Any]], None]
+"""Send device `d` its placement `body` (an `assign`, retained, through its current edge)."""
 
 
 class CloudEdges:
-    """Edges that said hello to this cloud (with the devices each lists), their presence, and
-    those that left the run saying why (not waited for until they come online again)."""
+    """Edges that said hello to this cloud (with the devices each lists), their presence, those
+    that left the run saying why (not waited for until they come online again), and where each
+    device is placed (`view`, the FederationView the cloud's part reads)."""
 
-    def __init__(self, view: FederationView, settings: Any, pump: Pump) -> None:
-        self.view, self.settings, self.pump = view, settings, pump
+    def __init__(self, view: FederationView, settings: Any, pump: Pump, assign: Assign) -> None:
+        self.view, self.settings, self.pump, self.assign = view, settings, pump, assign
         self.presence = Presence()  # which edges are online, and who went offline a moment ago
         self.left: dict[str, str] = {}  # node -> why it left the run (its `done`, or its edge's)
         self.enough = settings.min_edges  # lowered when edges stay away past the rejoin timeout
 
     # -- what edges say --------------------------------------------------------------------------
+    def heard(self, env: Envelope, cloud: str) -> bool:
+        """Take an edge's hello to `cloud` (its members) or its status; False for any other message."""
+        if env.kind == "hello" and env.body["parent"] == cloud:
+            self.hello(env.sender, env.body["members"])
+        elif env.kind == "status":
+            self.status(env.sender, env.body["state"])
+        else:
+            return False
+        return True
+
     def hello(self, edge: str, members: list[str]) -> None:
         self.view.members[edge] = list(members)
 
@@ -138,9 +153,14 @@ class CloudEdges:
                                f"came back within {s.rejoin_timeout_s:g} s (--rejoin-timeout); the run stops here, its "
                                f"rounds so far are kept{self.left_note()}")
 
-    def wait_placed(self, moves: Mapping[str, Placement]) -> None:
-        """Until the new edges of moved devices report them (each listed by its new edge alone), at
-        most PLACEMENT_TIMEOUT_S."""
+    # -- where devices are -----------------------------------------------------------------------
+    def place(self, moves: Mapping[str, Placement]) -> None:
+        """Send each moved device its placement (through its current edge) and wait until the new
+        edges report them (each listed by its new edge alone), at most PLACEMENT_TIMEOUT_S."""
+        for dev, where in moves.items():
+            self.view.placements[dev] = where
+            self.assign(dev, {"edge": where.edge, "groups": list(where.groups), "peers": list(where.peers)})
+
         def pending() -> list[str]:
             listed = {d: [e for e, ds in self.view.members.items() if d in ds] for d in moves}
             return [d for d, w in moves.items() if listed[d] != [w.edge]]
