@@ -29,8 +29,6 @@ from setuptools.command.build_py import build_py
 
 REPO = Path(__file__).resolve().parents[2]
 FOLDERS = ("protocol", "runtime", "device", "methods")
-FULL_FOLDERS = ("protocol", "runtime", "device", "edge", "cloud", "models", "methods", "bench", "exporters")
-"""../../setup.py's folders: their modules are ours, not third-party ones."""
 APP = ("__init__", "__main__", "cli", "cli_defaults", "install", "malloc", "keys_cli", "data_cli")
 """Modules of the application layer (splitedge/) it holds: the CLI and the device's commands."""
 BASE = frozenset({"numpy", "msgpack", "paho", "psutil", "PIL"})
@@ -39,10 +37,17 @@ EXTRAS = frozenset({"cryptography", "prometheus_client"})
 """The thin wheel's extras [sign] and [metrics], by import name: the modules that need them go in."""
 
 
+def full_folders() -> tuple[str, ...]:
+    """../../setup.py's FOLDERS, read rather than repeated."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    return next(ast.literal_eval(n.value) for n in tree.body
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "FOLDERS")
+
+
 def every_module() -> dict[str, Path]:
     """Import name -> file of every module of the full wheel (the app layer and every folder)."""
     found = {}
-    for folder in ("splitedge", *FULL_FOLDERS):
+    for folder in ("splitedge", *full_folders()):
         for path in sorted((REPO / folder).rglob("*.py")):
             parts = path.relative_to(REPO).with_suffix("").parts
             parts = parts[: -1 if parts[-1] == "__init__" else None]
@@ -53,7 +58,7 @@ def every_module() -> dict[str, Path]:
 def candidates(every: dict[str, Path]) -> dict[str, Path]:
     """The modules the thin wheel may hold: APP, and FOLDERS whole."""
     app = {"splitedge" if m == "__init__" else f"splitedge.{m}" for m in APP}
-    return {n: p for n, p in every.items() if n in app or n.split(".")[1:2] and n.split(".")[1] in FOLDERS}
+    return {n: p for n, p in every.items() if n in app or n.count(".") and n.split(".")[1] in FOLDERS}
 
 
 def load_time_imports(name: str, path: Path) -> set[str]:
@@ -67,17 +72,18 @@ def load_time_imports(name: str, path: Path) -> set[str]:
             if isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [base])])
+                up = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                base = ".".join([*up, *([node.module] if node.module else [])])
                 found.update([base, *(f"{base}.{a.name}" for a in node.names)])
             elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
-                visit(node.body), visit(node.orelse)
+                visit(node.body)
+                visit(node.orelse)
             elif isinstance(node, ast.Try):
-                caught = {ast.unparse(h.type) for h in node.handlers if h.type is not None}
-                if not caught & {"ImportError", "ModuleNotFoundError", "(ImportError, ModuleNotFoundError)"}:
-                    visit(node.body)
-                visit(node.orelse), visit(node.finalbody)
+                caught = " ".join(ast.unparse(h.type) for h in node.handlers if h.type is not None)
+                if "ImportError" not in caught and "ModuleNotFoundError" not in caught:
+                    visit(node.body)  # an import that may fail is optional
+                visit(node.orelse)
+                visit(node.finalbody)
             elif isinstance(node, (ast.ClassDef, ast.With)):
                 visit(node.body)
 
