@@ -4,6 +4,8 @@ The folders stay at the top of the repo (ARCHITECTURE.md's layout) and `package_
 each onto `splitedge.<folder>`, so the wheel puts a single name into site-packages and a
 stale bare `import protocol` fails. Subpackages (one per method, ...) are found here, so a
 new method package needs no edit of this file. Everything else lives in pyproject.toml.
+The thin device wheel (no torch, no cloud or edge) is built from deploy/thin/, which picks its
+modules from these folders.
 """
 
 from setuptools import find_packages, setup
