@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -25,15 +25,18 @@ from splitedge.methods.data.local import fits_model
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import parse
 from splitedge.protocol.transport import Transport
-from splitedge.runtime.cost import CostMeter
 from splitedge.runtime.exchange import Exchange
 from splitedge.runtime.filters import device_filters
 from splitedge.runtime.guard import OverBudget, RoundGuard
+from splitedge.runtime.mods import ModChain, plugin_mods
+from splitedge.runtime.mods.budgets import Guarded, Uplink, phase_name
+from splitedge.runtime.mods.costs import Costs
+from splitedge.runtime.mods.private import PrivateReports
+from splitedge.runtime.mods.secure import DeviceSecureSum
 from splitedge.runtime.uplink import UplinkBudget
 from splitedge.runtime.node import QUIET_WARN_S, Node, status
 from splitedge.runtime.parts import Misfit, PartHost
 from splitedge.runtime.phases import device_info, device_message, device_ready, device_work
-from splitedge.runtime.secure_sum import identity_of, secure_send, secured, unavailable
 from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import device_router
 from splitedge.runtime.subscriptions import Subscriptions
@@ -71,9 +74,14 @@ class DeviceAgent(Node):
         self.host = host(self._build_part, rng=self.rng, vet=self._vet, stopped=self.stopped, name=f"device {node_id}")
         self.exchange = Exchange(self, super().next_event)
         self.pending: RoundPlan | None = None
-        self.last: tuple[int, int, int] = (0, 0, 0)  # RoundPlan.key of the last work done (a resumed cloud's come again, higher)
+        # RoundPlan.key of the last work done (a resumed cloud's come again, higher)
+        self.last: tuple[int, int, int] = (0, 0, 0)
         self.subs = Subscriptions(transport, self.enqueue)
-        self.cost = CostMeter([transport], shared_process=shared_process)  # reported with every done
+        # what cuts across methods, around the part's work (runtime/mods); private reports filter
+        # last what every mod before them (the owner's own, --plugin) added to the done info
+        self.mods = ModChain([Guarded(self.guard), Uplink(self.uplink, f"device {node_id}"), DeviceSecureSum(self),
+                              Costs([transport], shared_process=shared_process), *plugin_mods(self, "device"),
+                              *([PrivateReports()] if private_reports else [])])
 
     @property
     def edge(self) -> str:
@@ -195,12 +203,9 @@ class DeviceAgent(Node):
             raise Misfit(f"{method.name} has no device part for backend {self.backend!r} (it runs on "
                          f"{', '.join(backends)}); start this device with --backend {backends[0]} or join a run of a "
                          f"method its backend runs")
-        misfit = fits_model(self.data[0], self.data[1], method.spec)
+        misfit = fits_model(self.data[0], self.data[1], method.spec) or self.mods.vet(method)
         if misfit:
             raise Misfit(misfit)
-        missing = unavailable() if method.config.secagg != "off" else None
-        if missing:
-            raise Misfit(missing)
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, rounds and models."""
@@ -209,34 +214,23 @@ class DeviceAgent(Node):
         self.exchange.peer_box.clear()
 
     def send(self, transport: Transport, direction: str, kind: str, body: Mapping[str, Any], **kw: Any) -> Envelope:
-        """Every message a round sends up is charged to the owner's uplink budget before it leaves."""
-        if direction != "down":
-            self.uplink.charge(kind, body)
+        """Every message passes the mods before it leaves (the uplink budget charges it)."""
+        self.mods.leaving(direction, kind, body)
         return super().send(transport, direction, kind, body, **kw)
 
     def _run(self, plan: RoundPlan) -> None:
         self.round, self.last = plan.round, plan.key
-        self.uplink.start(f"device {self.node_id} round {plan.round}" + ("" if plan.phase == "train" else f" {plan.phase}"))
         self.part.losses, self.part.pending_release, self.part.dp_releases = {}, None, 0
+        self.publish_all(self.mods.opened(plan))
         phase, sent_done, started, failed = done_phase(plan.phase), False, time.monotonic(), {"failed": True}
         try:
-            for item in self._guarded(plan):
-                if item is DONE and not sent_done:
+            for item in self.mods.work(plan, lambda p: device_work(self.part, p)):
+                if item is not DONE:
+                    self.mods.send(item, self.publish)
+                elif not sent_done:
                     self.send(self.transport, "up", "done", {"phase": phase, "info": self.done_info(plan)})
                     sent_done = True
-                    if plan.phase == "train":
-                        self.completed += 1
-                elif item is not DONE and secured(self.part, item):
-                    release = None if item.kind == "weights" else self.part.pending_release  # distributed DP
-                    if release is not None:
-                        self.part.pending_release = None
-                    secure_send(item, cfg=self.part.cfg, run=self.run_id, session=self.session, plan=plan,
-                                node_id=self.node_id, edge=self.edge, num_classes=self.part.spec.num_classes,
-                                request=self.exchange.request, publish=self.publish,
-                                moments_per=self.part.moments_per, release=release,
-                                identity=identity_of(self.transport))
-                elif item is not DONE:
-                    self.publish(item)
+                    self.completed += plan.phase == "train"
         except OverBudget as exc:  # over its memory ceiling or time budget: the edge counts why
             failed["reason"] = exc.reason
             raise
@@ -244,19 +238,11 @@ class DeviceAgent(Node):
             if not sent_done:
                 failed.update(self.part.release_info())  # what it released before failing counts too
                 self.send(self.transport, "up", "done", {"phase": phase, "info": failed})
-            status.info("device %s: round %d%s %s; %s", self.node_id, plan.round, "" if plan.phase == "train" else f" {plan.phase}",
+            self.mods.closed(plan)
+            status.info("device %s: %s %s; %s", self.node_id, phase_name(plan),
                         f"done in {time.monotonic() - started:.1f} s" if sent_done else "failed (see the log)",
                         self.uplink.summary())
             self.host.end_round()
-
-    def _guarded(self, plan: RoundPlan) -> Iterator[Any]:
-        """The part's work in the plan's phase under the device's round guard (runtime/guard.py):
-        its compute checks it at every batch, and each item is checked before it leaves."""
-        what = f"round {plan.round}" + ("" if plan.phase == "train" else f" {plan.phase}")
-        with self.guard.round(what, plan.deadline_s) as within:
-            for item in device_work(self.part, plan):
-                within.check()
-                yield item
 
     def _build_part(self, method: Method) -> DevicePart:
         if method.config.dp_sigma > 0 and not self.private_reports:
@@ -271,36 +257,14 @@ class DeviceAgent(Node):
         return method.device_part(ctx, self.data, self.backend)
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:
-        """The round's info: the part's own for the phase (runtime/phases.py), what the phase cost
-        it (runtime/cost.py), what it refused (before decoding too) and, without private reports, the samples it holds
-        and its losses. With private reports only what `private_info` lets through (docs/privacy.md)."""
-        info = {**device_info(self.part, plan), "cost": self.cost.round()}
-        if not self.private_reports:  # both are functions of the private data, released without noise
-            info["samples"] = int(len(self.data[1]))
-        if self.part.losses and not self.private_reports:
+        """The phase's info: the part's own (runtime/phases.py), what it refused (before decoding
+        too), the samples it holds and its losses; then its mods' entries (what the phase cost it,
+        runtime/mods/costs.py), and with private reports only what they let through
+        (runtime/mods/private.py, docs/privacy.md)."""
+        info = {**device_info(self.part, plan), "samples": int(len(self.data[1]))}
+        if self.part.losses:
             info["loss"] = dict(self.part.losses)
         refused = self.rejections([self.transport])  # its part's refusals and its transport's (schema, kind, size)
         if refused:
             info["refused"] = refused
-        return private_info(info) if self.private_reports else info
-
-
-# What a device's `done` info carries with private reports, and nothing else: none of it is a
-# function of its images without noise. Held-out scores (`accuracy`, `effective_rank`,
-# `eval_samples`, `global_accuracy`: FedProto, CFLHKD, a calibrated head's evaluation), samples,
-# losses and samples sent are left out; of its cost only the bytes on its connection (sizes of
-# messages the broker carries anyway), not its CPU seconds or peak memory, which grow with its
-# data. `withheld` is computed from a DP release's noisy counts under DP (methods/privacy/floor.py).
-PRIVATE_INFO = ("phase", "withheld", "dp_releases", "refused", "neighbours_heard", "neighbours_missed")
-PRIVATE_COST = ("bytes_up", "bytes_down", "shared_process")
-
-
-def private_info(info: Mapping[str, Any]) -> dict[str, Any]:
-    """`info` as a device with private reports sends it: the keys of PRIVATE_INFO, its cost's of
-    PRIVATE_COST, and `private_reports` so that its edge forwards its cost only summed with its
-    other such devices' (edge/aggregator.py)."""
-    out = {k: info[k] for k in PRIVATE_INFO if k in info}
-    if isinstance(info.get("cost"), Mapping):
-        out["cost"] = {k: info["cost"][k] for k in PRIVATE_COST if k in info["cost"]}
-    out["private_reports"] = True
-    return out
+        return self.mods.done(plan, info)

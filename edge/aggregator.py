@@ -20,24 +20,24 @@ from typing import Any, Callable, Mapping
 from splitedge.methods.calibration.records import Gate
 from splitedge.methods.compute import CPU, Compute
 from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundFailed, RoundPlan
-from splitedge.methods.privacy.floor import ReleaseLedger
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
 from splitedge.runtime import statefile
 from splitedge.runtime.allowance import Allowance
-from splitedge.runtime.cost import CostMeter, device_costs
 from splitedge.runtime.filters import edge_cloud_filters
 from splitedge.runtime.guard import OverBudget, RoundGuard
 from splitedge.runtime.membership import Members
+from splitedge.runtime.mods import ModChain, plugin_mods
+from splitedge.runtime.mods.costs import Costs
+from splitedge.runtime.mods.crash import CrashPoints
+from splitedge.runtime.mods.releases import Releases
+from splitedge.runtime.mods.secure import EdgeSecureSums
 from splitedge.runtime.node import IDLE_WAKE_S, QUIET_WARN_S, Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.phases import edge_close, edge_scores
 from splitedge.runtime.records import edge_done_info
 from splitedge.runtime.rounds import RoundCollector, done_phase
-from splitedge.runtime.faults import crash_point
-from splitedge.runtime.secure_sum import KIND, SecureSums, identity_of, unavailable
 from splitedge.runtime.router import edge_router, relay_route, relayed_retained
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.subscriptions import Subscriptions
@@ -68,12 +68,13 @@ class EdgeAggregator(Node):
         self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue), listed)
         self.unlisted: set[str] = set()  # ids refused at their hello (a manifest lists the devices), logged once
         self.rounds = RoundCollector()
-        self.releases = ReleaseLedger()  # each device's DP releases so far, late dones included
         self.refused_now: dict[str, str] = {}  # device -> rule of its message this phase refused (its phase failed)
-        self.secure: SecureSums | None = None  # the phase's secure sums, with the run's secagg on
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
-        self.cost = CostMeter({id(t): t for t in (self.down, self.up)}.values(), shared_process=shared_process)
+        # what cuts across methods, around the part's work (runtime/mods)
+        self.mods = ModChain([EdgeSecureSums(self), Releases(self),
+                              Costs([self.down, self.up], shared_process=shared_process, children=True),
+                              *plugin_mods(self, "edge"), CrashPoints("edge")])
         self.closed_with: int | None = None  # devices its last closed training round had a done from
         self._settling = False  # start() is taking the members' retained hellos and statuses
         self._online = False  # its online status published (each transport republishes it after a reconnect)
@@ -87,11 +88,11 @@ class EdgeAggregator(Node):
 
     # -- state (runtime/statefile.py) -----------------------------------------------------
     def own_state(self) -> dict[str, Any]:
-        return {"plan": self.plan.to_body() if self.plan is not None else None, "dp_releases": self.releases.state()}
+        return {"plan": self.plan.to_body() if self.plan is not None else None, **self.mods.state()}
 
     def restore_own(self, state: Mapping[str, Any]) -> None:
         self.plan = RoundPlan.from_body(self.round, state["plan"]) if state.get("plan") is not None else None
-        self.releases.restore(state.get("dp_releases"))
+        self.mods.restore(state)
 
     # -- wiring ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -142,16 +143,16 @@ class EdgeAggregator(Node):
     def run_forever(self, poll: float = 0.2) -> None:
         while not self.stopped.is_set():
             self.dispatch(self.next_event(self._wait_s(poll)))
-            if self.secure is not None:
-                self.publish_all(self.secure.tick())
+            if self.mods.ticking():
+                self.publish_all(self.mods.tick())
             self._maybe_close_round()
 
     def _wait_s(self, poll: float) -> float:
         """How long the loop may block on its inbox: until the open round can next close with no
-        message (its deadline, or a just-gone device's grace ending), `poll` while a secure sum
+        message (its deadline, or a just-gone device's grace ending), `poll` while a mod (a secure sum)
         ticks, else idle_wait. Each message wakes it anyway. An edge that checked its round every
         `poll` seconds, every member's presence each time, took most of a 10,000-device sim's CPU."""
-        if self.secure is not None:
+        if self.mods.ticking():
             return poll
         if not self.rounds.is_open:
             return self.idle_wait(poll)
@@ -225,14 +226,7 @@ class EdgeAggregator(Node):
         self.plan, self.round = plan, plan.round
         self.gate = Gate.of(plan, self.part.method) if plan.calibrating else None
         awaited = self.roster.awaited_in(self.plan)
-        self.secure = None
-        missing = unavailable() if self.part.cfg.secagg != "off" else None
-        if missing:  # its devices will say so too, each round
-            log.error("edge %s: %s; this edge cannot sum securely", self.node_id, missing)
-        elif self.part.cfg.secagg != "off":
-            self.secure = SecureSums(self.node_id, plan, self.part.cfg, self.run_id, self.session, set(awaited),
-                                     settled=lambda: set(self.rounds.done), announced=self._announced_samples,
-                                     identity=identity_of(self.down))
+        self.publish_all(self.mods.opened(plan))
         if not plan.calibrating:
             self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
@@ -265,16 +259,16 @@ class EdgeAggregator(Node):
             if self.inbound.last_refusal and self.rounds.is_open and env.round == self.rounds.round:
                 self.refused_now.setdefault(env.sender, self.inbound.last_refusal)  # its phase fails (_refused_phases)
             return
-        if env.kind == KIND:
-            self._secure_message(env)
-            return
+        self.mods.receive(env, self._to_part)
+
+    def _to_part(self, env: Envelope) -> None:
+        """A device's checked message, past the mods: the part's (a reply goes straight back) or
+        the round's collector's."""
         replies = self.part.on_device_message(env) if self.part is not None else []
         if replies:
             self.publish_all(replies)
-            return
-        stale = self.rounds.counts["stale"]
-        if not self.rounds.add(env) and env.kind == "done" and self.rounds.counts["stale"] > stale:
-            self._late_done(env)
+        else:
+            self.rounds.add(env)
 
     def _refused_phases(self, plan: RoundPlan, by_device: dict[str, Any]) -> dict[str, Any]:
         """A device whose message of this phase was refused did not take part, whatever its
@@ -288,51 +282,6 @@ class EdgeAggregator(Node):
                             self.node_id, dev, plan.round, "" if plan.phase == "train" else f" {plan.phase}", rule)
         return by_device  # refused_now starts afresh when the next phase opens
 
-    def _late_done(self, env: Envelope) -> None:
-        """A device's `done` that came after its phase closed (its round ran past the deadline):
-        the differentially private releases it reports still count: they enter the device's
-        ledger, which this edge's next `done` reports from."""
-        info = env.body.get("info")
-        before = self.releases.made.get(env.sender, 0)
-        self.releases.add(env.sender, info.get("dp_releases") if isinstance(info, Mapping) else None)
-        made = self.releases.made.get(env.sender, 0) - before
-        if made:
-            log.info("edge %s: device %s's done of round %d came after its phase closed; its %d DP release(s) "
-                     "count in this edge's next done", self.node_id, env.sender, env.round, made)
-
-    def _secure_message(self, env: Envelope) -> None:
-        """One exchange of the round's secure sum (runtime/secure_sum.py): refused and counted
-        by rule when it does not fit; the summed statistics, once in, checked like a device's."""
-        if self.secure is None or env.round != self.round:
-            self.refused["secagg.closed"] += 1
-            return
-        try:
-            self.publish_all(self.secure.on_message(env))
-        except ProtocolError as exc:
-            self.refused[exc.rule] += 1
-            log.warning("edge %s: refused secagg from %s [%s]: %s", self.node_id, env.sender, exc.rule, exc)
-
-    def _secure_report(self) -> list[Any]:
-        """The round's secure sums as one report of the pseudo device `<edge>~sum`, each summed
-        message after the checks a device's message gets, against its contributors' announced
-        samples."""
-        merged = None
-        for report, contributors in (self.secure.reports(self.run_id) if self.secure is not None else []):
-            env = next(iter(report.messages.values()))[0]
-            samples = self._announced_samples(contributors)
-            if not self.accepts(self.part, env, "child", announced=None if samples is None else Allowance(samples)):
-                continue
-            self.part.on_device_message(env)
-            merged = merged or report
-            if merged is not report:
-                merged.messages.setdefault(env.kind, []).append(env)
-        return [merged] if merged is not None else []
-
-    def _announced_samples(self, devices: tuple[str, ...]) -> int | None:
-        """The samples `devices` announced in their hellos, summed (None when one is unknown)."""
-        held = [self.roster.allowances.get(d) for d in devices]
-        return sum(a.samples for a in held) if all(held) else None
-
     # -- closing a round -------------------------------------------------------------------
     def _maybe_close_round(self) -> None:
         if not self.rounds.is_open or self.part is None or self.plan is None:
@@ -340,20 +289,20 @@ class EdgeAggregator(Node):
         due = self.rounds.complete(self.roster.awaited_in(self.plan)) or self.rounds.expired()
         if not due or not self.part.ready(self.plan):
             return  # a model this round needs has not arrived yet; it is retained, so it will
-        if self.secure is not None and self.secure.busy and not self.rounds.expired():
-            return  # the secure sum is still collecting its last shares
+        if self.mods.holds() and not self.rounds.expired():
+            return  # a mod still collecting (a secure sum's last shares)
         started, plan = time.monotonic(), self.plan
         expected = set(self.rounds.expected)  # awaited at the round's opening, and any that reported
-        reports = self.rounds.close() + self._secure_report()
+        reports = self.rounds.close() + self.mods.reports(plan)
         self.part.losses, extra = {}, {}
         what = f"round {plan.round}" + ("" if plan.phase == "train" else f" {plan.phase}") + " merge"
         try:
             with self.host.working(), self.guard.round(what, plan.deadline_s) as within:
                 messages, extra = edge_close(self.part, plan, reports)  # by phase (runtime/phases.py)
                 within.check()  # over its budget: nothing of it leaves
-                crash_point("edge.aggregated", plan.round)
+                self.mods.step("aggregated", plan.round)
                 self.publish_all(messages)
-                crash_point("edge.published", plan.round)
+                self.mods.step("published", plan.round)
         except RoundFailed as exc:  # over its memory ceiling or time budget (runtime/guard.py): one line
             self.errors += 1
             extra = {"merge_failed": exc.reason if isinstance(exc, OverBudget) else "failed"}
@@ -369,25 +318,19 @@ class EdgeAggregator(Node):
         if left:
             extra["left_devices"] = left  # the cloud says why, should the run end for want of devices
         infos = list(by_device.values())
-        extra.update(edge_scores(plan, infos), **device_costs(by_device), cost=self.cost.round())
-        if self.secure is not None:
-            extra["secagg"] = self.secure.info()
-            self.secure = None
+        extra.update(edge_scores(plan, infos))
         info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
                               errors=self.errors, refused=self.rejections([self.down, self.up]),
                               trained=plan.phase == "train")
-        for dev, device_info in by_device.items():
-            self.releases.add(dev, device_info.get("dp_releases"))
-        grew = self.releases.take()
-        if grew:
-            info["device_dp_releases"] = grew
-        self.send(self.up, "up", "done", {"phase": done_phase(plan.phase), "info": {**info, **extra}})
-        crash_point("edge.done", plan.round)
+        info = self.mods.done(plan, {**info, **extra}, by_device)
+        self.send(self.up, "up", "done", {"phase": done_phase(plan.phase), "info": info})
+        self.mods.closed(plan)
+        self.mods.step("done", plan.round)
         if plan.phase == "train":
             self.completed, self.closed_with = self.completed + 1, len(infos)
         self.host.end_round()  # after the round's info is read off the part: a host may swap the part out
         statefile.save(self.state_file, self)  # what a restarted edge carries on from
-        crash_point("edge.saved", plan.round)
+        self.mods.step("saved", plan.round)
         failed = info.get("device_failed") or {}  # runtime/records.py: by reason
         # of the devices the round expected (those live at its opening, and any that reported), those
         # that reported and did not leave: never more than it expected (not the devices live now)

@@ -24,7 +24,7 @@ DP_SGD = {"dp_unit": "sample", "dp_sample_rate": 0.25, "dp_grad_clip": 1.0}
 
 
 def test_private_info_keeps_only_what_is_listed() -> None:
-    from splitedge.device.agent import PRIVATE_COST, PRIVATE_INFO, private_info
+    from splitedge.runtime.mods.private import PRIVATE_COST, PRIVATE_INFO, private_info
 
     info = {"accuracy": 0.9, "effective_rank": 7.5, "eval_samples": 30, "global_accuracy": 0.8, "samples": 150,
             "loss": {"ce": 0.3}, "samples_sent": 300, "withheld": {"classes": 1, "samples": 3}, "dp_releases": 2,

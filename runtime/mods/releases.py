@@ -1,0 +1,50 @@
+"""An edge's ledger of its devices' differentially private releases (methods/privacy/floor.py):
+each `done` adds what its device released, late ones included, and the edge's own `done` says
+how much the most of one device grew (`device_dp_releases`), what the cloud's accountant counts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from splitedge.methods.contract import RoundPlan
+from splitedge.methods.privacy.floor import ReleaseLedger
+from splitedge.protocol.codec import Envelope
+from splitedge.runtime.mods import Mod
+
+log = logging.getLogger(__name__)
+
+
+class Releases(Mod):
+    name = "dp_releases"  # its key in the edge's state file
+
+    def __init__(self, edge: Any) -> None:
+        self.edge = edge
+        self.ledger = ReleaseLedger()
+
+    def receive(self, env: Envelope, call_next: Callable[[Envelope], None]) -> None:
+        """A `done` that came after its phase closed (the round collector counts it stale): the
+        releases it reports still count, in this edge's next `done`."""
+        stale = self.edge.rounds.counts["stale"]
+        call_next(env)
+        if env.kind == "done" and self.edge.rounds.counts["stale"] > stale:
+            info = env.body.get("info")
+            before = self.ledger.made.get(env.sender, 0)
+            self.ledger.add(env.sender, info.get("dp_releases") if isinstance(info, Mapping) else None)
+            made = self.ledger.made.get(env.sender, 0) - before
+            if made:
+                log.info("edge %s: device %s's done of round %d came after its phase closed; its %d DP release(s) "
+                         "count in this edge's next done", self.edge.node_id, env.sender, env.round, made)
+
+    def done(self, plan: RoundPlan, info: dict[str, Any], children: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        for dev, child in children.items():
+            self.ledger.add(dev, child.get("dp_releases"))
+        grew = self.ledger.take()
+        return {**info, "device_dp_releases": grew} if grew else info
+
+    def state(self) -> Any:
+        return self.ledger.state()
+
+    def restore(self, state: Any) -> None:
+        self.ledger.restore(state)
