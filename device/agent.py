@@ -31,12 +31,13 @@ from splitedge.runtime.guard import OverBudget, RoundGuard
 from splitedge.runtime.mods import ModChain, plugin_mods
 from splitedge.runtime.mods.budgets import Guarded, Uplink, phase_name
 from splitedge.runtime.mods.costs import Costs
+from splitedge.runtime.mods.phases import DevicePhases
 from splitedge.runtime.mods.private import PrivateReports
 from splitedge.runtime.mods.secure import DeviceSecureSum
 from splitedge.runtime.uplink import UplinkBudget
 from splitedge.runtime.node import QUIET_WARN_S, Node, status
 from splitedge.runtime.parts import Misfit, PartHost
-from splitedge.runtime.phases import device_info, device_message, device_ready, device_work
+from splitedge.runtime.phases import device_info
 from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import device_router
 from splitedge.runtime.subscriptions import Subscriptions
@@ -79,7 +80,8 @@ class DeviceAgent(Node):
         self.subs = Subscriptions(transport, self.enqueue)
         # what cuts across methods, around the part's work (runtime/mods); private reports filter
         # last what every mod before them (the owner's own, --plugin) added to the done info
-        self.mods = ModChain([Guarded(self.guard), Uplink(self.uplink, f"device {node_id}"), DeviceSecureSum(self),
+        self.mods = ModChain([Guarded(self.guard), Uplink(self.uplink, f"device {node_id}"), DevicePhases(self),
+                              DeviceSecureSum(self),
                               Costs([transport], shared_process=shared_process), *plugin_mods(self, "device"),
                               *([PrivateReports()] if private_reports else [])])
 
@@ -152,8 +154,9 @@ class DeviceAgent(Node):
         elif where.direction == "peer":
             self.exchange.on_peer(env)
         elif self.part is not None and self.accepts(self.part, env, "parent"):
-            device_message(self.part, env)
-        if self.pending is not None and self.part is not None and device_ready(self.part, self.pending):
+            self.mods.receive(env, self.part.on_message)
+        if self.pending is not None and self.part is not None and self.part.ready(self.pending) and \
+                self.mods.ready(self.pending):
             plan, self.pending = self.pending, None
             self._run(plan)
 
@@ -192,6 +195,7 @@ class DeviceAgent(Node):
         if outcome is None:
             self.say_left(self.transport, plan)
         if outcome in ("built", "replaced"):  # its kinds registered now: its retained data again
+            self.mods.reset()
             self._sync_subscriptions(fresh=outcome == "replaced")
         return outcome is not None
 
@@ -212,6 +216,7 @@ class DeviceAgent(Node):
         super()._new_session(session)
         self.pending, self.last = None, (0, 0, 0)
         self.exchange.peer_box.clear()
+        self.mods.reset()
 
     def send(self, transport: Transport, direction: str, kind: str, body: Mapping[str, Any], **kw: Any) -> Envelope:
         """Every message passes the mods before it leaves (the uplink budget charges it)."""
@@ -220,11 +225,12 @@ class DeviceAgent(Node):
 
     def _run(self, plan: RoundPlan) -> None:
         self.round, self.last = plan.round, plan.key
-        self.part.losses, self.part.pending_release, self.part.dp_releases = {}, None, 0
+        part = self.part  # what its statistics withhold and the DP releases it makes are counted afresh
+        part.losses, part.pending_release, part.dp_releases, part.withheld = {}, None, 0, {}
         self.publish_all(self.mods.opened(plan))
         phase, sent_done, started, failed = done_phase(plan.phase), False, time.monotonic(), {"failed": True}
         try:
-            for item in self.mods.work(plan, lambda p: device_work(self.part, p)):
+            for item in self.mods.work(plan, part.run_round):
                 if item is not DONE:
                     self.mods.send(item, self.publish)
                 elif not sent_done:

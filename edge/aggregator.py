@@ -31,11 +31,11 @@ from splitedge.runtime.membership import Members
 from splitedge.runtime.mods import ModChain, plugin_mods
 from splitedge.runtime.mods.costs import Costs
 from splitedge.runtime.mods.crash import CrashPoints
+from splitedge.runtime.mods.phases import EdgePhases
 from splitedge.runtime.mods.releases import Releases
 from splitedge.runtime.mods.secure import EdgeSecureSums
 from splitedge.runtime.node import IDLE_WAKE_S, QUIET_WARN_S, Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.phases import edge_close, edge_scores
 from splitedge.runtime.records import edge_done_info
 from splitedge.runtime.rounds import RoundCollector, done_phase
 from splitedge.runtime.router import edge_router, relay_route, relayed_retained
@@ -72,7 +72,7 @@ class EdgeAggregator(Node):
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
         # what cuts across methods, around the part's work (runtime/mods)
-        self.mods = ModChain([EdgeSecureSums(self), Releases(self),
+        self.mods = ModChain([EdgePhases(self), EdgeSecureSums(self), Releases(self),
                               Costs([self.down, self.up], shared_process=shared_process, children=True),
                               *plugin_mods(self, "edge"), CrashPoints("edge")])
         self.closed_with: int | None = None  # devices its last closed training round had a done from
@@ -298,7 +298,7 @@ class EdgeAggregator(Node):
         what = f"round {plan.round}" + ("" if plan.phase == "train" else f" {plan.phase}") + " merge"
         try:
             with self.host.working(), self.guard.round(what, plan.deadline_s) as within:
-                messages, extra = edge_close(self.part, plan, reports)  # by phase (runtime/phases.py)
+                messages = self.mods.merge(plan, reports, self.part.aggregate)  # by phase (runtime/mods/phases.py)
                 within.check()  # over its budget: nothing of it leaves
                 self.mods.step("aggregated", plan.round)
                 self.publish_all(messages)
@@ -318,7 +318,6 @@ class EdgeAggregator(Node):
         if left:
             extra["left_devices"] = left  # the cloud says why, should the run end for want of devices
         infos = list(by_device.values())
-        extra.update(edge_scores(plan, infos))
         info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
                               errors=self.errors, refused=self.rejections([self.down, self.up]),
                               trained=plan.phase == "train")

@@ -127,14 +127,11 @@ def private_record(part: Any, plan: RoundPlan) -> Iterator[Message]:
         yield record(stats, plan, cfg, layer.name)
 
 
-def evaluation_round(part: Any, plan: RoundPlan) -> Iterator[Message | object]:
-    """A device's evaluation phase: its part scores the candidate heads on the images it held
-    back (`calib_layer` naming several layers), or the head it was sent on its held-out data
-    (`evaluate_head`); kept as `part.evaluation` for the `done` info, then DONE. Nothing is
-    sent but `done`."""
-    heads = getattr(part, "candidate_heads", None)
-    part.evaluation = layer_scores(part, heads) if heads and selects(part.cfg) else part.evaluate_head()
-    yield DONE
+def evaluation(part: Any, heads: Mapping[str, tuple[np.ndarray, np.ndarray]] | None) -> dict[str, Any]:
+    """A device's evaluation phase, for its `done` info: its part's scores of the candidate
+    `heads` on the images it held back (`calib_layer` naming several layers), or of the head it
+    was sent on its held-out data (`evaluate_head`). Nothing is sent but `done`."""
+    return layer_scores(part, heads) if heads and selects(part.cfg) else part.evaluate_head()
 
 
 def layer_scores(part: Any, heads: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:

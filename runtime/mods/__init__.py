@@ -2,12 +2,14 @@
 points) as small handlers around a part's work, in an ordered chain per node.
 
 After Flower's client mods (`(msg, ctx, call_next)`): a node passes each message its part sends
-(`send`) and each message it receives from a child (`receive`) through its chain, each mod
-either handing it on with `call_next` or taking it; every message leaving the node passes
-`leaving`; the phase's work runs inside `work`. At a phase's boundaries the chain hears it open
-(`opened`) and close (`closed`), may hold it open (`holds`), adds reports (`reports`) and folds
-the phase's `done` info (`done`), each mod adding its entries or filtering the whole. Every hook
-passes through by default, so a mod overrides only what it changes.
+(`send`) and each checked message it receives for its part (`receive`: a device's from its
+edge, an edge's from its devices) through its chain, each mod either handing it on with
+`call_next` or taking it; every message leaving the node passes `leaving`; a device's work in a
+phase runs inside `work` and an edge's merge inside `merge`. At a phase's boundaries the chain
+hears it open (`opened`) and close (`closed`), may keep it from starting (`ready`) or hold it
+open (`holds`), adds reports (`reports`) and folds the phase's `done` info (`done`), each mod
+adding its entries or filtering the whole. Every hook passes through by default, so a mod
+overrides only what it changes.
 
 No mod names a method: each acts on what a part declares (`DevicePart.secure_kinds`, the run's
 config). A node builds its chain once (device/agent.py, edge/aggregator.py); a mod holds the
@@ -40,9 +42,18 @@ class Mod:
         """A phase of `plan` opens on this node; what the mod sends at once."""
         return []
 
+    def ready(self, plan: RoundPlan) -> bool:
+        """Whether the phase may start as far as this mod goes (e.g. a message it needs is in)."""
+        return True
+
     def work(self, plan: RoundPlan, call_next: Callable[[RoundPlan], Iterator[Any]]) -> Iterator[Any]:
         """The part's work in the phase (a device's items), wrapped."""
         return call_next(plan)
+
+    def merge(self, plan: RoundPlan, reports: Sequence[Any],
+              call_next: Callable[[RoundPlan, Sequence[Any]], list[Message]]) -> list[Message]:
+        """An edge's merge of the phase's reports, wrapped: what it sends up."""
+        return call_next(plan, reports)
 
     def send(self, msg: Message, call_next: Callable[[Message], None]) -> None:
         """A message the part sends."""
@@ -80,6 +91,10 @@ class Mod:
     def step(self, point: str, round_: int) -> None:
         """The node passed a named step of closing a round (crash points)."""
 
+    def reset(self) -> None:
+        """The node's part was (re)built, or a new incarnation of the run began: forget what
+        belonged to the old one."""
+
     def state(self) -> Any:
         """What a restarted node carries on from (None: nothing)."""
         return None
@@ -105,8 +120,18 @@ class ModChain:
     def opened(self, plan: RoundPlan) -> list[Message]:
         return [msg for m in self.mods for msg in m.opened(plan)]
 
+    def ready(self, plan: RoundPlan) -> bool:
+        return all(m.ready(plan) for m in self.mods)
+
     def work(self, plan: RoundPlan, last: Callable[[RoundPlan], Iterator[Any]]) -> Iterator[Any]:
         return _wrapped(self.mods, "work", last)(plan)
+
+    def merge(self, plan: RoundPlan, reports: Sequence[Any],
+              last: Callable[[RoundPlan, Sequence[Any]], list[Message]]) -> list[Message]:
+        call = last
+        for m in reversed(self.mods):
+            call = _bind2(m.merge, call)
+        return call(plan, reports)
 
     def send(self, msg: Message, last: Callable[[Message], None]) -> None:
         _wrapped(self.mods, "send", last)(msg)
@@ -144,6 +169,10 @@ class ModChain:
         for m in self.mods:
             m.step(point, round_)
 
+    def reset(self) -> None:
+        for m in self.mods:
+            m.reset()
+
     def state(self) -> dict[str, Any]:
         """Each mod's state under its name (those with state)."""
         return {m.name: s for m in self.mods if m.name and (s := m.state()) is not None}
@@ -164,6 +193,10 @@ def _wrapped(mods: Sequence[Mod], hook: str, last: Callable[[Any], Any]) -> Call
 
 def _bind(hook: Callable[[Any, Callable[[Any], Any]], Any], call_next: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda x: hook(x, call_next)
+
+
+def _bind2(hook: Callable[..., Any], call_next: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda x, y: hook(x, y, call_next)
 
 
 TIERS = ("device", "edge")

@@ -19,7 +19,7 @@ from splitedge.methods.data.preprocess import accumulate
 from splitedge.methods.moments import MomentAccumulator, compute_moments
 from splitedge.methods.privacy.floor import ClassFloor, summed_withheld
 from splitedge.methods.registry import create_method, default_config
-from splitedge.runtime.phases import device_info, device_work
+from splitedge.runtime.phases import device_info
 from splitedge.sim import SimSettings, run_sim
 
 SPEC = {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": [0.5], "std": [0.25]}
@@ -77,7 +77,7 @@ def test_a_device_whose_classes_are_all_rare_sends_no_head_statistics() -> None:
     part = _part("fedavg", (x, y), floor=50)
     plan = RoundPlan(round=1, method="fedavg", deadline_s=10.0, config={}, directives={"calibrate": {"layers": {"classifier": 64}}},
                      phase="calibrate")
-    out = list(device_work(part, plan))
+    out = list(calibration_round(part, plan))
     assert out == [DONE]
     assert device_info(part, plan) == {"withheld": {"classes": len(np.unique(y)), "samples": 12}}
     part = _part("fedavg", (x, y), floor=1)

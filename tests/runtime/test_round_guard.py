@@ -167,9 +167,9 @@ HOOK = textwrap.dedent('''
 
         once(training, "train_step", overstay)
     elif wanted == "merge":
-        from splitedge.edge import aggregator
+        from splitedge.runtime.mods import ModChain
 
-        once(aggregator, "edge_close", overstay)
+        once(ModChain, "merge", overstay)
     elif wanted == "evaluation":
         from splitedge.methods.metrics import evaluate
 
