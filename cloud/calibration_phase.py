@@ -2,8 +2,8 @@
 their own models (methods/calibration): which devices compute head statistics, whether the last
 head still stands, what the part fits, and the one warning a head lacking classes gets.
 
-The round driver (cloud/coordinator.py) calls `run` after a round's merge; the phases themselves
-go through the driver's `run_phase` and `commit_and_publish`, so they are opened, collected,
+The round driver (cloud/driver.py) calls `run` after a round's merge; the phases themselves go
+through the driver's `run_phase` and `commit_and_publish`, so they are opened, collected,
 committed and resumed as any round is.
 """
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class PhaseDriver(Protocol):
-    """What the phases need of the cloud that drives the round."""
+    """What the phases need of the round driver (cloud/driver.py)."""
 
     part: Any
     method: Any
@@ -70,6 +70,13 @@ class CloudCalibration:
             return {**self.last[1], "calibration_reused": True}, trained
         d.gate = Gate.of(plan, d.method)
         reports, d.gate = d.run_phase(plan), None
+        return self.fit(plan, reports, devices, inputs)
+
+    def fit(self, plan: RoundPlan, reports: list[Any], devices: dict[str, list[str]],
+            inputs: str) -> tuple[dict[str, Any], list[Any]]:
+        """The head the part fits on the phase's records (scored by the devices where they hold their
+        own models), kept as `last` when every one of `devices` answered and there is no DP noise."""
+        d, r = self.driver, plan.round
         sources, privacy = records_of(reports), phase_privacy(reports, prefix="calibration_")
         silent = sorted({e for e, held in d.view.members.items() if held} -
                         {rep.sender for rep in reports})  # down, or past the deadline: said first

@@ -7,10 +7,14 @@ import contextlib
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from splitedge.cloud.options import add_run_arguments
 from splitedge.protocol import credentials
 from splitedge.runtime import guard, metrics_http
+
+if TYPE_CHECKING:
+    from splitedge.cloud.settings import CloudSettings
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint, resuming: bool = False) -> list[dict]:
     import torch
 
-    from splitedge.cloud.coordinator import CloudCoordinator, CloudSettings
-    from splitedge.cloud.options import build_run_config, run_compute, sampling_of
+    from splitedge.cloud.coordinator import CloudCoordinator
+    from splitedge.cloud.options import build_run_config
     from splitedge.methods.flags import method_overrides
     from splitedge.methods.data.datasets import load_dataset
     from splitedge.runtime.session import check_identity_free, connect
@@ -114,12 +118,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint, resuming: boo
     _, test, info = load_dataset(args.dataset, args.data, max_test=args.max_test, seed=args.seed)
     config = build_run_config(args.method, info, args.model, args.seed, method_overrides(args))
     saved = _resume_state(args, config) if resuming else None
-    settings = CloudSettings(method=args.method, rounds=args.rounds, config=config, deadline_s=args.deadline,
-                             min_edges=args.edges, min_devices=args.devices, join_timeout_s=args.join_timeout,
-                             rejoin_timeout_s=args.rejoin_timeout, rejoin_grace_s=args.rejoin_grace,
-                             out_dir=args.out, seed=args.seed, sampling=sampling_of(args),
-                             until_plateau=args.until_plateau, dataset=args.dataset,
-                             compute=run_compute(args.method, args.device), on_round=_round_printer(args.rounds))
+    settings = _settings(args, config)
     transport = connect(args.broker, run=args.run, tier="cloud", node_id=args.id, **options)
     try:
         evaluations.limit_process()  # after torch and the test split are in: the ceiling as RLIMIT_DATA
@@ -138,6 +137,19 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint, resuming: boo
 
         plot_spectra_per_round(history, args.out / "spectrum.png", title=f"{args.method} on {args.dataset}")
     return history
+
+
+def _settings(args: argparse.Namespace, config) -> CloudSettings:
+    """The coordinator's settings from the flags."""
+    from splitedge.cloud.options import run_compute, sampling_of
+    from splitedge.cloud.settings import CloudSettings
+
+    return CloudSettings(method=args.method, rounds=args.rounds, config=config, deadline_s=args.deadline,
+                         min_edges=args.edges, min_devices=args.devices, join_timeout_s=args.join_timeout,
+                         rejoin_timeout_s=args.rejoin_timeout, rejoin_grace_s=args.rejoin_grace,
+                         out_dir=args.out, seed=args.seed, sampling=sampling_of(args),
+                         until_plateau=args.until_plateau, dataset=args.dataset,
+                         compute=run_compute(args.method, args.device), on_round=_round_printer(args.rounds))
 
 
 def _resume_state(args: argparse.Namespace, config) -> "object":

@@ -85,6 +85,7 @@ class RoundDriver:
             log.warning("cloud: edge(s) %s joined with no device; their rounds carry nothing", ", ".join(empty))
 
     def plateaued(self) -> bool:
+        """With --until-plateau, whether the committed rounds' accuracy has stopped moving."""
         history = self.cloud.committer.history
         return self.cloud.settings.until_plateau and bool(history) and plateaued(history)
 

@@ -26,7 +26,8 @@ FORMAT = 2  # 1 walked the part's attributes; parts now declare their state. A f
 
 @dataclass
 class CloudState:
-    """The coordinator's own state beside its part's (`part`, methods.snapshot data)."""
+    """The cloud's own state beside its part's (`part`, methods.snapshot data): cloud/commit.py's
+    Committer writes and restores it."""
 
     run: str
     method: str
@@ -44,7 +45,7 @@ class CloudState:
     pending: dict[str, Any] | None = None
     """Round `round + 1` merged but not yet written: what it had measured so far and every
     message it published since the merge (its outbox), committed before any of them left, so a
-    restarted cloud publishes the same again and finishes that round (coordinator.finish_round)."""
+    restarted cloud publishes the same again and finishes that round (RoundDriver.resume_round)."""
     downlink: dict[str, Any] | None = None
     """The downlink codec's bases and what it has not sent yet (runtime/downlink.py), as of the
     commit: a restarted cloud encodes its outbox again to the same bytes."""
