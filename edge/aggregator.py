@@ -13,20 +13,21 @@ address, kept (retained) when they carry a slot.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from splitedge.edge.closing import Closer
+from splitedge.edge.joining import MEMBERS_QUIET_S, Joining
 from splitedge.methods.calibration.records import Gate
 from splitedge.methods.compute import CPU, Compute
-from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundFailed, RoundPlan
+from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
 from splitedge.runtime import statefile
 from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.filters import edge_cloud_filters
-from splitedge.runtime.guard import OverBudget, RoundGuard
+from splitedge.runtime.guard import RoundGuard
 from splitedge.runtime.membership import Members
 from splitedge.runtime.mods import ModChain, plugin_mods
 from splitedge.runtime.mods.costs import Costs
@@ -36,8 +37,7 @@ from splitedge.runtime.mods.releases import Releases
 from splitedge.runtime.mods.secure import EdgeSecureSums
 from splitedge.runtime.node import IDLE_WAKE_S, QUIET_WARN_S, Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.records import edge_done_info
-from splitedge.runtime.rounds import RoundCollector, done_phase
+from splitedge.runtime.rounds import RoundCollector
 from splitedge.runtime.router import edge_router, relay_route, relayed_retained
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.subscriptions import Subscriptions
@@ -45,9 +45,6 @@ from splitedge.runtime.subscriptions import Subscriptions
 log = logging.getLogger(__name__)
 
 EDGE_DEADLINE_FRACTION = 0.8  # an edge closes its round before the cloud's deadline
-MEMBERS_QUIET_S, MEMBERS_SETTLE_S = 0.3, 3.0
-"""At start, the devices' retained hellos and statuses are taken until none arrives for the
-first, for at most the second (a broker sends retained messages right after each SUBACK)."""
 
 
 class EdgeAggregator(Node):
@@ -66,25 +63,25 @@ class EdgeAggregator(Node):
         self.host = host(self._build_part, rng=self.rng, stopped=self.stopped, name=f"edge {node_id}")
         self.plan: RoundPlan | None = None
         self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue), listed)
-        self.unlisted: set[str] = set()  # ids refused at their hello (a manifest lists the devices), logged once
         self.rounds = RoundCollector()
-        self.refused_now: dict[str, str] = {}  # device -> rule of its message this phase refused (its phase failed)
         self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
         # what cuts across methods, around the part's work (runtime/mods)
         self.mods = ModChain([EdgePhases(self), EdgeSecureSums(self), Releases(self),
                               Costs([self.down, self.up], shared_process=shared_process, children=True),
                               *plugin_mods(self, "edge"), CrashPoints("edge")])
-        self.closed_with: int | None = None  # devices its last closed training round had a done from
-        self._settling = False  # start() is taking the members' retained hellos and statuses
-        self._online = False  # its online status published (each transport republishes it after a reconnect)
-        self.members_quiet_s = members_quiet_s  # 0: take none (a sim starts its edges before any device)
+        self.closer = Closer(self)  # how its phases close (edge/closing.py)
+        self.joining = Joining(self, members_quiet_s)  # how its devices join it (edge/joining.py)
 
     @property
     def members(self) -> dict[str, int]:
         """device -> the samples it announced."""
         return self.roster.samples
 
+    @property
+    def closed_with(self) -> int | None:
+        """Devices its last closed training round had a done from (runtime/metrics_http.py)."""
+        return self.closer.closed_with
 
     # -- state (runtime/statefile.py) -----------------------------------------------------
     def own_state(self) -> dict[str, Any]:
@@ -101,44 +98,13 @@ class EdgeAggregator(Node):
         # the hellos addressed to this edge (a device joins by sending it one); a member's other
         # messages, its status and a hello to another edge included, through its own filter
         self.down.subscribe(pattern(self.run_id, "device", "+", "up", "hello", to=self.node_id), self.enqueue)
-        self._settle_members()
-        self._members_changed()  # the cloud's downlink (and what it addresses to members), and our hello
+        self.joining.settle()
         status.info("edge %s: up (run %s), waiting for devices and for cloud %s's round", self.node_id, self.run_id,
                     self.cloud)
 
-    def _settle_members(self, most_s: float = MEMBERS_SETTLE_S) -> None:
-        """Take the devices' retained hellos, and the statuses they open, before the cloud's
-        downlink: an edge restarted into an open round must know who is live when it opens the
-        round, or it would wait for nobody and close it at once. Until nothing arrives for
-        `members_quiet_s`, at most `most_s`."""
-        quiet_s = self.members_quiet_s
-        if quiet_s <= 0:
-            return
-        self._settling = True
-        try:
-            deadline = time.monotonic() + most_s
-            while time.monotonic() < deadline:
-                event = self.next_event(min(quiet_s, deadline - time.monotonic()))
-                if event is None:
-                    break
-                self.dispatch(event)
-        finally:
-            self._settling = False
-
-    def _sync_subscriptions(self, fresh: bool = False) -> None:
+    def sync_subscriptions(self, fresh: bool = False) -> None:
         self.cloud_subs.sync(edge_cloud_filters(self.run_id, self.node_id, self.cloud, self.members,
                                                 self.roster.group_addresses(), loaded=self.part is not None), fresh=fresh)
-
-    def _announce(self) -> None:
-        """The hello (who is live) every time it changes; the online status once, since each
-        transport republishes it after a reconnect. Announced again with every member's status,
-        it went to every member: an edge of m devices sent m^2/2 of them while they joined."""
-        self.send(self.up, "up", "hello", self.roster.hello_body(self.cloud), round_=0, retain=True)
-        if self._online:
-            return
-        for transport in {id(self.up): self.up, id(self.down): self.down}.values():
-            self.announce_online(transport)  # the cloud reads it upstream, the devices on the site broker
-        self._online = True
 
     def run_forever(self, poll: float = 0.2) -> None:
         while not self.stopped.is_set():
@@ -166,30 +132,11 @@ class EdgeAggregator(Node):
         if where.tier == "cloud":
             self._from_cloud(where, env)
         elif env.kind == "hello":
-            if not self.roster.admits(env.sender):
-                self._refuse_unlisted(env.sender)
-            elif self.roster.hello(env, addressed=where.to is not None):
-                self._members_changed()
+            self.joining.hello(where, env)
         elif env.kind == "status":
-            if self.roster.status(env) and not self._settling:
-                self._announce()  # the cloud waits for live devices before round 1
+            self.joining.status(env)
         elif env.sender in self.members:
             self._from_device(env)
-
-    def _refuse_unlisted(self, device: str) -> None:
-        """A hello from an id the operator's manifest does not list: counted, logged once per id."""
-        self.refused["hello.unlisted"] += 1
-        if device not in self.unlisted:
-            self.unlisted.add(device)
-            log.warning("edge %s: refused device %s: not in this edge's manifest (--manifest)", self.node_id, device)
-
-    def _members_changed(self) -> None:
-        if self._settling:  # start() subscribes and announces once they are in
-            return
-        self._sync_subscriptions()
-        self._announce()
-        if self.part is not None:
-            self.part.members_changed(set(self.members))
 
     def _pass_round_down(self, env: Envelope, *, retain: bool = True) -> None:
         """The cloud's round announcement (or stop), republished on this edge's downlink."""
@@ -231,7 +178,7 @@ class EdgeAggregator(Node):
             self.publish_all(self.part.on_round_open(plan, awaited))
         self._pass_round_down(env)
         self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, awaited, phase=plan.phase)
-        self.refused_now = {}
+        self.closer.opened()
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, round and cached state."""
@@ -245,7 +192,7 @@ class EdgeAggregator(Node):
         if outcome is None:
             self.say_left(self.up, plan)
         if outcome is not None:  # another method: the cloud's retained data again, with its kinds
-            self._sync_subscriptions(fresh=outcome == "replaced")
+            self.sync_subscriptions(fresh=outcome == "replaced")
         return outcome is not None
 
     def _build_part(self, method: Method) -> EdgePart:
@@ -256,8 +203,7 @@ class EdgeAggregator(Node):
 
     def _from_device(self, env: Envelope) -> None:
         if not self.accepts(self.part, env, "child", announced=self.roster.allowances.get(env.sender)):
-            if self.inbound.last_refusal and self.rounds.is_open and env.round == self.rounds.round:
-                self.refused_now.setdefault(env.sender, self.inbound.last_refusal)  # its phase fails (_refused_phases)
+            self.closer.refused(env, self.inbound.last_refusal)  # its phase fails
             return
         self.mods.receive(env, self._to_part)
 
@@ -270,71 +216,7 @@ class EdgeAggregator(Node):
         else:
             self.rounds.add(env)
 
-    def _refused_phases(self, plan: RoundPlan, by_device: dict[str, Any]) -> dict[str, Any]:
-        """A device whose message of this phase was refused did not take part, whatever its
-        `done` says: it counts as failed ("refused", runtime/records.py), with one line naming
-        the rule (a device restarted with another shard is re-admitted by its new hello,
-        runtime/membership.py; a lying one is refused every round)."""
-        for dev, rule in sorted(self.refused_now.items()):
-            if dev in by_device and not by_device[dev].get("left"):
-                by_device[dev] = {**by_device[dev], "failed": True, "reason": "refused"}
-                log.warning("edge %s: device %s's round %d%s does not count: its message was refused [%s]",
-                            self.node_id, dev, plan.round, "" if plan.phase == "train" else f" {plan.phase}", rule)
-        return by_device  # refused_now starts afresh when the next phase opens
-
     # -- closing a round -------------------------------------------------------------------
     def _maybe_close_round(self) -> None:
-        if not self.rounds.is_open or self.part is None or self.plan is None:
-            return
-        due = self.rounds.complete(self.roster.awaited_in(self.plan)) or self.rounds.expired()
-        if not due or not self.part.ready(self.plan):
-            return  # a model this round needs has not arrived yet; it is retained, so it will
-        if self.mods.holds() and not self.rounds.expired():
-            return  # a mod still collecting (a secure sum's last shares)
-        started, plan = time.monotonic(), self.plan
-        expected = set(self.rounds.expected)  # awaited at the round's opening, and any that reported
-        reports = self.rounds.close() + self.mods.reports(plan)
-        self.part.losses, extra = {}, {}
-        what = f"round {plan.round}" + ("" if plan.phase == "train" else f" {plan.phase}") + " merge"
-        try:
-            with self.host.working(), self.guard.round(what, plan.deadline_s) as within:
-                messages = self.mods.merge(plan, reports, self.part.aggregate)  # by phase (runtime/mods/phases.py)
-                within.check()  # over its budget: nothing of it leaves
-                self.mods.step("aggregated", plan.round)
-                self.publish_all(messages)
-                self.mods.step("published", plan.round)
-        except RoundFailed as exc:  # over its memory ceiling or time budget (runtime/guard.py): one line
-            self.errors += 1
-            extra = {"merge_failed": exc.reason if isinstance(exc, OverBudget) else "failed"}
-            log.error("edge %s: %s failed: %s", self.node_id, what, exc)
-        except Exception:  # the cloud still hears that this edge is done, so the run goes on
-            self.errors += 1
-            log.exception("edge %s: aggregating round %d (%s) failed", self.node_id, plan.round, plan.phase)
-        by_device = self._refused_phases(plan, {r.sender: r.get("done").body["info"] for r in reports
-                                                if r.get("done") is not None})
-        left = {d: str(i["left"]) for d, i in by_device.items() if i.get("left")}
-        for d, why in left.items():
-            log.warning("edge %s: device %s left the run: %s", self.node_id, d, why)
-        if left:
-            extra["left_devices"] = left  # the cloud says why, should the run end for want of devices
-        infos = list(by_device.values())
-        info = edge_done_info(self.part, infos, reported=len(reports), seconds=time.monotonic() - started,
-                              errors=self.errors, refused=self.rejections([self.down, self.up]),
-                              trained=plan.phase == "train")
-        info = self.mods.done(plan, {**info, **extra}, by_device)
-        self.send(self.up, "up", "done", {"phase": done_phase(plan.phase), "info": info})
-        self.mods.closed(plan)
-        self.mods.step("done", plan.round)
-        if plan.phase == "train":
-            self.completed, self.closed_with = self.completed + 1, len(infos)
-        self.host.end_round()  # after the round's info is read off the part: a host may swap the part out
-        statefile.save(self.state_file, self)  # what a restarted edge carries on from
-        self.mods.step("saved", plan.round)
-        failed = info.get("device_failed") or {}  # runtime/records.py: by reason
-        # of the devices the round expected (those live at its opening, and any that reported), those
-        # that reported and did not leave: never more than it expected (not the devices live now)
-        status.info("edge %s: round %d%s closed with %d/%d devices%s%s in %.1f s", self.node_id, plan.round,
-                    "" if plan.phase == "train" else f" {plan.phase}", len(infos) - len(left),
-                    len(expected | set(by_device)),
-                    f" ({sum(failed.values())} failed: {', '.join(f'{k} {v}' for k, v in sorted(failed.items()))})"
-                    if failed else "", f" ({len(left)} left the run)" if left else "", time.monotonic() - started)
+        if self.closer.due():
+            self.closer.close()

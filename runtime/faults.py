@@ -17,9 +17,9 @@ log = logging.getLogger(__name__)
 ENV = "SPLITEDGE_CRASH_AT"
 CLOUD_POINTS = ("cloud.aggregated", "cloud.committed", "cloud.published", "cloud.calibrated", "cloud.metrics",
                 "cloud.checkpoint")
-"""The cloud's steps from a round's merge to its commit (cloud/coordinator.py), in order."""
+"""The cloud's steps from a round's merge to its commit (cloud/driver.py, cloud/commit.py), in order."""
 EDGE_POINTS = ("edge.aggregated", "edge.published", "edge.done", "edge.saved")
-"""An edge's steps closing a round (edge/aggregator.py), in order: merged, merged statistics sent
+"""An edge's steps closing a round (edge/closing.py, through its CrashPoints mod), in order: merged, merged statistics sent
 up, its `done` sent, its state saved."""
 
 
