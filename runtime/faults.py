@@ -19,8 +19,8 @@ CLOUD_POINTS = ("cloud.aggregated", "cloud.committed", "cloud.published", "cloud
                 "cloud.checkpoint")
 """The cloud's steps from a round's merge to its commit (cloud/driver.py, cloud/commit.py), in order."""
 EDGE_POINTS = ("edge.aggregated", "edge.published", "edge.done", "edge.saved")
-"""An edge's steps closing a round (edge/closing.py, through its CrashPoints mod), in order: merged, merged statistics sent
-up, its `done` sent, its state saved."""
+"""An edge's steps closing a round (edge/closing.py, through its CrashPoints mod), in order: merged,
+merged statistics sent up, its `done` sent, its state saved."""
 
 
 def crash_point(point: str, round_: int) -> None:
