@@ -17,16 +17,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from splitedge.device.building import build_part, vet
+from splitedge.device.placing import Placing
 from splitedge.methods.compute import CPU, Compute
-from splitedge.methods.contract import (DONE, TRAIN_CHUNK, DevicePart, Method, NodeContext, Placement, RoundPlan,
-                                        coarse_samples)
+from splitedge.methods.contract import DONE, TRAIN_CHUNK, Placement, RoundPlan
 from splitedge.methods import snapshot
-from splitedge.methods.data.local import fits_model
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import parse
 from splitedge.protocol.transport import Transport
 from splitedge.runtime.exchange import Exchange
-from splitedge.runtime.filters import device_filters
 from splitedge.runtime.guard import OverBudget, RoundGuard
 from splitedge.runtime.mods import ModChain, plugin_mods
 from splitedge.runtime.mods.budgets import Guarded, Uplink, phase_name
@@ -36,11 +35,10 @@ from splitedge.runtime.mods.private import PrivateReports
 from splitedge.runtime.mods.secure import DeviceSecureSum
 from splitedge.runtime.uplink import UplinkBudget
 from splitedge.runtime.node import QUIET_WARN_S, Node, status
-from splitedge.runtime.parts import Misfit, PartHost
+from splitedge.runtime.parts import PartHost
 from splitedge.runtime.phases import device_info
 from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import device_router
-from splitedge.runtime.subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
 
@@ -69,21 +67,25 @@ class DeviceAgent(Node):
         self.hide_classes = hide_classes or private_reports  # the hello names no class
         # what the hello names: "torch", "onnx" (a thin device: numpy layers of its install) or a custom one
         self.backend_name = backend if isinstance(backend, str) else getattr(backend, "name", "custom")
-        self.placement = Placement(edge=edge)
         self.rng = self.seeded_rng(seed)
         self.router = device_router(transport)
-        self.host = host(self._build_part, rng=self.rng, vet=self._vet, stopped=self.stopped, name=f"device {node_id}")
+        self.host = host(lambda method: build_part(self, method), rng=self.rng, vet=lambda method: vet(self, method),
+                         stopped=self.stopped, name=f"device {node_id}")
         self.exchange = Exchange(self, super().next_event)
         self.pending: RoundPlan | None = None
         # RoundPlan.key of the last work done (a resumed cloud's come again, higher)
         self.last: tuple[int, int, int] = (0, 0, 0)
-        self.subs = Subscriptions(transport, self.enqueue)
+        self.placing = Placing(self, edge)  # where it is placed, and its hello (device/placing.py)
         # what cuts across methods, around the part's work (runtime/mods); private reports filter
         # last what every mod before them (the owner's own, --plugin) added to the done info
         self.mods = ModChain([Guarded(self.guard), Uplink(self.uplink, f"device {node_id}"), DevicePhases(self),
                               DeviceSecureSum(self),
                               Costs([transport], shared_process=shared_process), *plugin_mods(self, "device"),
                               *([PrivateReports()] if private_reports else [])])
+
+    @property
+    def placement(self) -> Placement:
+        return self.placing.placement
 
     @property
     def edge(self) -> str:
@@ -102,32 +104,15 @@ class DeviceAgent(Node):
 
     def restore_own(self, state: Mapping[str, Any]) -> None:
         self.last = tuple(int(v) for v in state["last"])
-        self.placement = snapshot.from_plain(state["placement"])
+        self.placing.placement = snapshot.from_plain(state["placement"])
         self.host.keep_for_part([tuple(e) for e in snapshot.from_plain(state["held"])])
 
-    # -- wiring ----------------------------------------------------------------------------
-    def _sync_subscriptions(self, fresh: bool = False) -> None:
-        self.subs.sync(device_filters(self.run_id, self.node_id, self.placement, loaded=self.host.loaded),
-                       fresh=fresh)
-
     def start(self) -> None:
-        self._sync_subscriptions()
-        self._hello()
+        self.placing.sync()
+        self.placing.hello()
         self.announce_online(self.transport)
         status.info("device %s: up with %d images (run %s), waiting for edge %s's round", self.node_id,
                     len(self.data[1]), self.run_id, self.edge)
-
-    def _hello(self) -> None:
-        """Twice, one message id: on `up/hello`, the latest word on where it is, read only by the
-        edges holding it as a member; and addressed to its edge, which joins it by that copy."""
-        held = int(len(self.data[1]))
-        hello = {"role": "device", "parent": self.edge, "backend": self.backend_name,
-                 "samples": coarse_samples(held) if self.private_reports else held,
-                 "groups": list(self.placement.groups)}
-        if not self.hide_classes:
-            hello["classes"] = np.unique(self.data[1]).astype(np.int64)
-        env = self.send(self.transport, "up", "hello", hello, round_=0, retain=True)
-        self.transport.publish(self.topic("up", "hello", self.edge), env, qos=1, retain=True)
 
     def run_forever(self, poll: float = 0.5) -> None:
         """Process events until the cloud announces the end of the run (or stop() is called)."""
@@ -149,8 +134,7 @@ class DeviceAgent(Node):
         if env.kind == "round":
             self._on_round(RoundPlan.from_body(env.round, env.body))
         elif env.kind == "assign":
-            self._on_assign(Placement(edge=env.body["edge"], groups=tuple(env.body["groups"]),
-                                      peers=tuple(env.body["peers"])))
+            self.placing.assign(env.body)
         elif where.direction == "peer":
             self.exchange.on_peer(env)
         elif self.part is not None and self.accepts(self.part, env, "parent"):
@@ -159,20 +143,6 @@ class DeviceAgent(Node):
                 self.mods.ready(self.pending):
             plan, self.pending = self.pending, None
             self._run(plan)
-
-    def _on_assign(self, new: Placement) -> None:
-        if new == self.placement:
-            return
-        moved = new.edge != self.edge
-        status.info("device %s: placed at edge %s, groups %s, %d peer(s)", self.node_id, new.edge, list(new.groups),
-                    len(new.peers))
-        if moved:  # the old edge's join filter must not find this device there again
-            self.transport.publish_raw(self.topic("up", "hello", self.edge), b"", retain=True)
-        self.placement = new
-        if self.part is not None:
-            self.part.ctx.view = new
-        self._sync_subscriptions(fresh=moved)  # a new edge: read its retained state from scratch
-        self._hello()
 
     def _on_round(self, plan: RoundPlan) -> None:
         self.follow_session(plan)
@@ -196,20 +166,8 @@ class DeviceAgent(Node):
             self.say_left(self.transport, plan)
         if outcome in ("built", "replaced"):  # its kinds registered now: its retained data again
             self.mods.reset()
-            self._sync_subscriptions(fresh=outcome == "replaced")
+            self.placing.sync(fresh=outcome == "replaced")
         return outcome is not None
-
-    def _vet(self, method: Method) -> None:
-        """A run this device can never take part in: its data does not fit the model, or the
-        method has no device part for its backend (a thin device in a torch-only method)."""
-        backends = method.device_backends()
-        if isinstance(self.backend, str) and backends is not None and self.backend not in backends:
-            raise Misfit(f"{method.name} has no device part for backend {self.backend!r} (it runs on "
-                         f"{', '.join(backends)}); start this device with --backend {backends[0]} or join a run of a "
-                         f"method its backend runs")
-        misfit = fits_model(self.data[0], self.data[1], method.spec) or self.mods.vet(method)
-        if misfit:
-            raise Misfit(misfit)
 
     def _new_session(self, session: str) -> None:
         """A (re)started cloud: forget the old incarnation's part, rounds and models."""
@@ -249,18 +207,6 @@ class DeviceAgent(Node):
                         f"done in {time.monotonic() - started:.1f} s" if sent_done else "failed (see the log)",
                         self.uplink.summary())
             self.host.end_round()
-
-    def _build_part(self, method: Method) -> DevicePart:
-        if method.config.dp_sigma > 0 and not self.private_reports:
-            status.warning("device %s: this run is differentially private, but this device's hello and round reports "
-                           "carry %s in the clear; start it with --private-reports to keep them private too",
-                           self.node_id, "its samples and losses" if self.hide_classes else
-                           "the classes it holds, its samples and losses")
-        ctx = NodeContext(node_id=self.node_id, method=method, rng=self.rng, view=self.placement, run=self.run_id,
-                          request=self.exchange.request, gather=self.exchange.gather,
-                          min_class_count=self.min_class_count, train_chunk=self.train_chunk,
-                          hide_classes=self.hide_classes, private_reports=self.private_reports, compute=self.compute)
-        return method.device_part(ctx, self.data, self.backend)
 
     def done_info(self, plan: RoundPlan) -> dict[str, Any]:
         """The phase's info: the part's own (runtime/phases.py), what it refused (before decoding

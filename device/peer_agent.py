@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from splitedge.device.agent import DeviceAgent
+from splitedge.device.placing import Placing
 from splitedge.methods.compute import CPU, Compute
 from splitedge.methods.contract import Placement, RoundPlan
 from splitedge.runtime.node import status
@@ -77,6 +78,24 @@ class PeerPlan:
         return plan
 
 
+class PeerPlacing(Placing):
+    """A peer device's placement: no edge, its neighbours from the plan."""
+
+    def __init__(self, device: Any, peers: tuple[str, ...]) -> None:
+        super().__init__(device, edge="")
+        self.placement = Placement(edge="", peers=peers)
+
+    def sync(self, fresh: bool = False) -> None:
+        """Only its neighbours' peer topics (all of them, and those addressed to it)."""
+        dev = self.device
+        me, peers = dev.node_id, self.placement.peers if dev.part is not None else ()
+        self.subs.sync({f for p in peers for f in (pattern(dev.run_id, "device", p, "peer"),
+                                                   pattern(dev.run_id, "device", p, "peer", to=me))}, fresh=fresh)
+
+    def hello(self) -> None:
+        """No edge to greet."""
+
+
 class PeerAgent(DeviceAgent):
     """DeviceAgent with its own round clock, peers from the plan and no edge."""
 
@@ -89,17 +108,8 @@ class PeerAgent(DeviceAgent):
                          compute=compute)
         self.plan = plan
         self.session = hashlib.sha256(f"peers/{plan.run}".encode()).hexdigest()[:16]  # the same on every peer
-        self.placement = Placement(edge="", peers=tuple(plan.graph[node_id]))
+        self.placing = PeerPlacing(self, tuple(plan.graph[node_id]))
         self.records: list[dict[str, Any]] = []
-
-    def _sync_subscriptions(self, fresh: bool = False) -> None:
-        """Only its neighbours' peer topics (all of them, and those addressed to it)."""
-        me, peers = self.node_id, self.placement.peers if self.part is not None else ()
-        self.subs.sync({f for p in peers for f in (pattern(self.run_id, "device", p, "peer"),
-                                                   pattern(self.run_id, "device", p, "peer", to=me))}, fresh=fresh)
-
-    def _hello(self) -> None:
-        """No edge to greet."""
 
     def start(self) -> None:
         self.announce_online(self.transport)
@@ -118,7 +128,7 @@ class PeerAgent(DeviceAgent):
             plan = self.round_plan(r)
             if not self._ensure_part(plan):
                 raise ValueError(self.fatal or f"device {self.node_id}: cannot run {self.plan.method}")
-            self._sync_subscriptions()
+            self.placing.sync()
             while (event := self.next_event(0)) is not None:  # what arrived between rounds (peer messages)
                 self.dispatch(event)
             self._run(plan)

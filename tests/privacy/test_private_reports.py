@@ -22,7 +22,7 @@ def test_coarse_samples_is_the_power_of_two_at_or_above() -> None:
 
 
 def test_a_device_of_a_private_run_is_told_what_its_reports_still_say(caplog) -> None:
-    from splitedge.device.agent import DeviceAgent
+    from splitedge.device.building import build_part
     from splitedge.methods.compute import CPU
 
     m = create_method("hsfp", default_config("hsfp", ModelSpec(), dp_sigma=1.0, dp_clip=1.0))
@@ -34,7 +34,7 @@ def test_a_device_of_a_private_run_is_told_what_its_reports_still_say(caplog) ->
                              backend="onnx", compute=CPU)
         caplog.clear()
         with caplog.at_level("WARNING", logger="splitedge.status"):
-            part = DeviceAgent._build_part(me, m)
+            part = build_part(me, m)
         said[(hide, private)] = caplog.text
         assert part.reported_samples(5) == (8 if private else 5)
     assert "the classes it holds, its samples and losses" in said[(False, False)]
