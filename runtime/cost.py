@@ -62,7 +62,7 @@ class CostMeter:
 
 def device_costs(infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """What an edge's `done` info says of its devices' costs, from their `done` infos (those that
-    reported one): `device_costs`, by device; the devices with private reports (device/agent.py,
+    reported one): `device_costs`, by device; the devices with private reports (runtime/mods/private.py,
     private_info) only summed, as `private_devices_cost` (`devices`: how many), never one by one."""
     costs = {d: i["cost"] for d, i in sorted(infos.items()) if isinstance(i.get("cost"), Mapping)}
     private = [c for d, c in costs.items() if infos[d].get("private_reports")]

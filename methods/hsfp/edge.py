@@ -119,7 +119,7 @@ class HSFPEdge(EdgePart):
     def on_device_message(self, env: Any) -> list[Message]:
         """Moments are state, kept whenever they arrive (a device sends them only when they
         change), and only here: the round's reports hold the same messages, which aggregate()
-        does not walk again (a secure sum's result comes through here too, edge/aggregator.py)."""
+        does not walk again (a secure sum's result comes through here too, runtime/mods/secure.py)."""
         if env.kind == "moments":
             self._remember(env)
         return []
