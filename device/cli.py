@@ -16,6 +16,21 @@ from splitedge.runtime.plugin_args import add_plugin_argument
 log = logging.getLogger(__name__)
 
 
+def _add_privacy_arguments(p: argparse.ArgumentParser) -> None:
+    """What the device's statistics and reports leave out (docs/privacy.md)."""
+    p.add_argument("--min-class-count", type=int, default=1, metavar="K",
+                   help="send no statistic of a class this device holds fewer than K images of (privacy: a class "
+                        "mean over one image is that image's features); the run's own floor applies when higher")
+    p.add_argument("--hide-classes", action="store_true",
+                   help="the hello names no class (by default it lists the classes this device holds, in the clear); "
+                        "for runs with DP (--dp-sigma), whose releases then keep every class the noise lets through")
+    p.add_argument("--private-reports", action="store_true",
+                   help="for runs with DP: the hello names no class and announces only the power of two at or above "
+                        "this device's samples, and its round reports carry neither its samples, losses, held-out "
+                        "scores nor CPU time, only its bytes, releases, refusals and withheld classes (by default all "
+                        "of them go in the clear; docs/privacy.md, 'What stays in the clear')")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--broker", required=True, help="broker URL, e.g. mqtt://edge-site:1883 or mqtts://...")
     add_plugin_argument(p)
@@ -37,17 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write this node's byte counters here at exit (with --peers also its rounds and model)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (torch backend)")
     compute.add_argument(p)
-    p.add_argument("--min-class-count", type=int, default=1, metavar="K",
-                   help="send no statistic of a class this device holds fewer than K images of (privacy: a class "
-                        "mean over one image is that image's features); the run's own floor applies when higher")
-    p.add_argument("--hide-classes", action="store_true",
-                   help="the hello names no class (by default it lists the classes this device holds, in the clear); "
-                        "for runs with DP (--dp-sigma), whose releases then keep every class the noise lets through")
-    p.add_argument("--private-reports", action="store_true",
-                   help="for runs with DP: the hello names no class and announces only the power of two at or above "
-                        "this device's samples, and its round reports carry neither its samples, losses, held-out "
-                        "scores nor CPU time, only its bytes, releases, refusals and withheld classes (by default all "
-                        "of them go in the clear; docs/privacy.md, 'What stays in the clear')")
+    _add_privacy_arguments(p)
     p.add_argument("--train-chunk", type=int, default=TRAIN_CHUNK, metavar="N",
                    help="a thin device (--backend onnx) trains W_c N samples at a time, with the result of whole "
                         "batches: memory flat in the batch size at the whole batch's speed (0: whole batches, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from splitedge.methods import compute
 from splitedge.protocol import credentials
@@ -50,13 +51,34 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, metrics)
 
 
-def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
+def _torch_threads(threads: int) -> None:
+    """Torch's threads, when torch is there (numpy-only methods' edges run without it)."""
     import importlib.util
 
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _say_who_is_admitted(args: argparse.Namespace, listed: Any) -> None:
+    """An unsigned federation and an edge open to any device each say so once."""
+    from splitedge.runtime.allowance import manifest_file
+    from splitedge.runtime.node import status
+
+    if credentials.unsigned(args):
+        status.warning("edge %s: %s", args.id, credentials.UNSIGNED)
+    if listed is not None:
+        status.info("edge %s: admits only the %d devices of %s", args.id, len(listed), manifest_file(args.manifest))
+    elif not args.admit_any_device:
+        status.warning("edge %s: %s", args.id, OPEN)
+
+
+def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     from splitedge.edge.aggregator import EdgeAggregator
     from splitedge.runtime.node import status
     from splitedge.runtime.session import check_identity_free, connect
-    from splitedge.runtime.allowance import manifest_allowances, manifest_file
+    from splitedge.runtime.allowance import manifest_allowances
     from splitedge.runtime.outputs import write_counters
 
     if args.state_dir is not None and args.state_dir.exists() and not args.state_dir.is_dir():
@@ -65,10 +87,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     merges = guard.RoundGuard.from_args(args, f"edge {args.id}")
     options = credentials.connect_options(args, args.broker, args.upstream)
     device = compute.resolve(args.device)  # a method not ported to it is refused when the cloud names it
-    if importlib.util.find_spec("torch") is not None:  # numpy-only methods' edges run without it
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _torch_threads(args.threads)
     if not args.takeover:
         check_identity_free(args.upstream or args.broker, run=args.run, tier="edge", node_id=args.id, **options)
     down = connect(args.broker, run=args.run, tier="edge", node_id=args.id, **options)
@@ -80,12 +99,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     try:
         merges.limit_process()  # after torch is in: the merge's ceiling as RLIMIT_DATA
         status.info("edge %s: merges with %s, trains on %s", args.id, merges.describe(), device.device)
-        if credentials.unsigned(args):
-            status.warning("edge %s: %s", args.id, credentials.UNSIGNED)
-        if listed is not None:
-            status.info("edge %s: admits only the %d devices of %s", args.id, len(listed), manifest_file(args.manifest))
-        elif not args.admit_any_device:
-            status.warning("edge %s: %s", args.id, OPEN)
+        _say_who_is_admitted(args, listed)
         edge.start()
         edge.run_forever()
     finally:

@@ -334,26 +334,13 @@ def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPl
     release the message was made from, what goes into the sum when the devices share the noise
     (sums_of). An edge's abort, a broken exchange or a reply that never comes fail the device's
     round with RoundFailed: one logged line that names the sum and the edge, not a traceback."""
-    secagg, name, wait = _secagg(), sum_name(msg), plan.deadline_s
+    secagg, name = _secagg(), sum_name(msg)
     ledger = ledger_of(request, run, node_id)
-
-    def exchange(batch: int, data: dict[str, Any], extra: Mapping[str, Any] | None = None) -> Any:
-        reply = request(Message(KIND, {"stage": UP[batch], "batch": batch, "sum": name, "data": data,
-                                       **(extra or {})}), KIND, wait)
-        if reply.body["stage"] == ABORT:
-            raise SecAggError(f"edge {edge} aborted the secure sum: {reply.body['data'].get('reason', '')}")
-        return reply.body["data"]
-
+    exchange = _exchanger(request, name, edge, plan.deadline_s)
     try:
         values, meta = sums_of(msg, num_classes, moments_per, shared_dp=distributed.shares_noise(cfg), release=release)
-        try:  # before anything leaves the device
-            members, least, not_devices = check_plan(plan, cfg=cfg, run=run, node_id=node_id, edge=edge,
-                                                     identity=identity)
-            value = rosters.value_digest(name, meta, values)
-            if members is not None:
-                ledger.before_keys(node_id, value, members)
-        except SecAggError as exc:
-            raise _Refused(str(exc)) from None
+        members, least, not_devices, value = _before_keys(name, values, meta, plan, cfg=cfg, run=run, node_id=node_id,
+                                                          edge=edge, identity=identity, ledger=ledger)
         me = secagg.Device(node_id, agreement(cfg, run, session, plan, edge, name), identity)
         roster = secagg.KeyRoster.from_body(exchange(0, me.advertise_keys().to_body()))
         try:  # the roster the edge sent, before any share leaves the device
@@ -374,13 +361,49 @@ def secure_send(msg: Message, *, cfg: Any, run: str, session: str, plan: RoundPl
             secagg.SignedSurvivors.from_body(exchange(CONSISTENCY, me.sign_request(request_).to_body()))
         publish(Message(KIND, {"stage": UP[3], "batch": 3, "sum": name, "data": me.unmask(request_, signed).to_body()}))
     except _Refused as exc:
-        node = _node_of(request)
-        if node is not None and hasattr(node, "refused"):
-            node.refused[REFUSED] += 1
+        _count_refused(request)
         raise RoundFailed(f"refused the secure sum of {name} with edge {edge}: {exc}") from None
     except (SecAggError, TimeoutError) as exc:
         raise RoundFailed(f"the secure sum of {name} with edge {edge} failed: {str(exc) or type(exc).__name__}") \
             from exc
+
+
+def _count_refused(request: Request) -> None:
+    """Count a refused sum with the device's other refusals (REFUSED)."""
+    node = _node_of(request)
+    if node is not None and hasattr(node, "refused"):
+        node.refused[REFUSED] += 1
+
+
+def _exchanger(request: Request, name: str, edge: str, wait: float) -> Callable[..., Any]:
+    """One exchange of the sum `name` with the edge: its stage up, the edge's reply's data (an
+    abort is a SecAggError)."""
+
+    def exchange(batch: int, data: dict[str, Any], extra: Mapping[str, Any] | None = None) -> Any:
+        reply = request(Message(KIND, {"stage": UP[batch], "batch": batch, "sum": name, "data": data,
+                                       **(extra or {})}), KIND, wait)
+        if reply.body["stage"] == ABORT:
+            raise SecAggError(f"edge {edge} aborted the secure sum: {reply.body['data'].get('reason', '')}")
+        return reply.body["data"]
+
+    return exchange
+
+
+def _before_keys(name: str, values: Mapping[str, np.ndarray], meta: Mapping[str, Any], plan: RoundPlan, *,
+                 cfg: Any, run: str, node_id: str, edge: str, identity: Any,
+                 ledger: rosters.Contributions) -> tuple[Any, int, set[str], Any]:
+    """The checks before anything leaves the device (check_plan, the differencing ledger):
+    (members, the fewest a sum may hold, the ids that are not devices, the value's digest);
+    _Refused otherwise."""
+    try:
+        members, least, not_devices = check_plan(plan, cfg=cfg, run=run, node_id=node_id, edge=edge,
+                                                 identity=identity)
+        value = rosters.value_digest(name, meta, values)
+        if members is not None:
+            ledger.before_keys(node_id, value, members)
+    except SecAggError as exc:
+        raise _Refused(str(exc)) from None
+    return members, least, not_devices, value
 
 
 class _Refused(Exception):

@@ -51,44 +51,15 @@ def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s
     and without the echo (there is no login to verify). The echo may take `echo_s`: a loaded node
     or broker must not be taken for a wrong login.
     ValueError naming the way out; ConnectionError when the broker is not there."""
-    from splitedge.protocol.acl import probe_login, probe_topic
-    from splitedge.protocol.mqtt import MqttTransport, parse_url
+    from splitedge.protocol.mqtt import parse_url
 
     check_node_id(node_id)
     user = kwargs.get("username") or parse_url(url)[3]
-    status_topic = topic(run, tier, node_id, "up", "status")
-    client_id = f"{run}-{tier}-{node_id}-probe-{os.getpid()}"  # never a node's own; a login's under the binding
-    options = dict(kwargs)
-    if user is not None:
-        options["username"] = probe_login(user)
-    seen: list[str] = []
-    try:
-        probe = MqttTransport(url, client_id=client_id, role="probe", **options)
-    except ConnectionError as exc:
-        if user is None or "authentication failed" not in str(exc):
-            raise
-        log.warning("%s %s: the broker at %s refused the probe login %r (no such login, or a wrong password), so the "
-                    "check for a second process with this id is skipped; `splitedge data split --acl` writes one per "
-                    "node (its own password, reading only %s)", tier, node_id, redact_url(url), probe_login(user),
-                    status_topic)
+    probe = _probe(url, run=run, tier=tier, node_id=node_id, user=user, **kwargs)
+    if probe is None:
         return
-    nonce = os.urandom(16)
-    echoed = threading.Event()
-    try:
-        echo = probe_topic(run, tier, node_id)
-        probe.on_raw(echo, lambda payload: echoed.set() if payload == nonce else None)
-        probe.subscribe(echo, lambda t, env: None)
-        probe.subscribe(status_topic, lambda t, env: seen.append(env.body["state"]))
-        if user is None:
-            echoed.set()  # anonymous: no login whose topics to verify
-        else:
-            probe.publish_raw(echo, nonce, qos=1)
-        start = time.monotonic()
-        while time.monotonic() - start < max(settle_s, echo_s) and not (
-                echoed.is_set() and (seen or time.monotonic() - start >= settle_s)):
-            time.sleep(0.05)
-    finally:
-        probe.close()
+    echoed, seen = _read_status(probe, run=run, tier=tier, node_id=node_id, anonymous=user is None,
+                                settle_s=settle_s, echo_s=echo_s)
     if not echoed.is_set():
         who = f"login {user!r}" if user is not None else "an anonymous client"
         raise ValueError(f"the broker at {redact_url(url)} does not let {who} read {tier} {node_id}'s status in run "
@@ -100,6 +71,52 @@ def check_identity_free(url: str, *, run: str, tier: str, node_id: str, settle_s
                          f"or give this one another --id or --run (a process killed without a clean exit counts as "
                          f"online until the broker's keepalive notices, about a minute; --takeover skips this check)")
 
+
+def _probe(url: str, *, run: str, tier: str, node_id: str, user: str | None, **kwargs: Any) -> Any:
+    """A connection with the node's probe login (None: the broker has none; skipped, said once)."""
+    from splitedge.protocol.acl import probe_login
+    from splitedge.protocol.mqtt import MqttTransport
+
+    client_id = f"{run}-{tier}-{node_id}-probe-{os.getpid()}"  # never a node's own; a login's under the binding
+    options = dict(kwargs)
+    if user is not None:
+        options["username"] = probe_login(user)
+    try:
+        return MqttTransport(url, client_id=client_id, role="probe", **options)
+    except ConnectionError as exc:
+        if user is None or "authentication failed" not in str(exc):
+            raise
+        log.warning("%s %s: the broker at %s refused the probe login %r (no such login, or a wrong password), so the "
+                    "check for a second process with this id is skipped; `splitedge data split --acl` writes one per "
+                    "node (its own password, reading only %s)", tier, node_id, redact_url(url), probe_login(user),
+                    topic(run, tier, node_id, "up", "status"))
+        return None
+
+
+def _read_status(probe: Any, *, run: str, tier: str, node_id: str, anonymous: bool, settle_s: float,
+                 echo_s: float) -> tuple[threading.Event, list[str]]:
+    """(whether the nonce came back on the echo topic, the node's statuses read), then closed."""
+    from splitedge.protocol.acl import probe_topic
+
+    seen: list[str] = []
+    nonce = os.urandom(16)
+    echoed = threading.Event()
+    try:
+        echo = probe_topic(run, tier, node_id)
+        probe.on_raw(echo, lambda payload: echoed.set() if payload == nonce else None)
+        probe.subscribe(echo, lambda t, env: None)
+        probe.subscribe(topic(run, tier, node_id, "up", "status"), lambda t, env: seen.append(env.body["state"]))
+        if anonymous:
+            echoed.set()  # anonymous: no login whose topics to verify
+        else:
+            probe.publish_raw(echo, nonce, qos=1)
+        start = time.monotonic()
+        while time.monotonic() - start < max(settle_s, echo_s) and not (
+                echoed.is_set() and (seen or time.monotonic() - start >= settle_s)):
+            time.sleep(0.05)
+    finally:
+        probe.close()
+    return echoed, seen
 
 def clear_retained(transport: "Transport", filter_: str, settle_s: float = 0.5) -> int:
     """Remove every retained message under `filter_` (a node's own downlink) left by an earlier
