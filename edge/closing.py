@@ -56,6 +56,8 @@ class Closer:
         extra = self._merge(plan, reports)
         by_device = self._device_infos(plan, reports)
         left = {d: str(i["left"]) for d, i in by_device.items() if i.get("left")}
+        for dev, why in left.items():
+            log.warning("edge %s: device %s left the run: %s", edge.node_id, dev, why)
         if left:
             extra["left_devices"] = left  # the cloud says why, should the run end for want of devices
         info = edge_done_info(edge.part, list(by_device.values()), reported=len(reports),
@@ -107,9 +109,6 @@ class Closer:
                 by_device[dev] = {**by_device[dev], "failed": True, "reason": "refused"}
                 log.warning("edge %s: device %s's %s does not count: its message was refused [%s]", node, dev,
                             phase_of(plan), rule)
-        for dev, info in by_device.items():
-            if info.get("left"):
-                log.warning("edge %s: device %s left the run: %s", node, dev, info["left"])
         return by_device  # refused_now starts afresh when the next phase opens
 
     def _line(self, plan: RoundPlan, took_part: int, expected: int, info: dict[str, Any], left: int,

@@ -128,10 +128,7 @@ class ModChain:
 
     def merge(self, plan: RoundPlan, reports: Sequence[Any],
               last: Callable[[RoundPlan, Sequence[Any]], list[Message]]) -> list[Message]:
-        call = last
-        for m in reversed(self.mods):
-            call = _bind2(m.merge, call)
-        return call(plan, reports)
+        return _wrapped(self.mods, "merge", last)(plan, reports)
 
     def send(self, msg: Message, last: Callable[[Message], None]) -> None:
         _wrapped(self.mods, "send", last)(msg)
@@ -183,20 +180,16 @@ class ModChain:
                 m.restore(state.get(m.name))
 
 
-def _wrapped(mods: Sequence[Mod], hook: str, last: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """`last` wrapped by each mod's `hook`, the first mod outermost."""
+def _wrapped(mods: Sequence[Mod], hook: str, last: Callable[..., Any]) -> Callable[..., Any]:
+    """`last` wrapped by each mod's `hook` (its arguments, then `call_next`), the first mod outermost."""
     call = last
     for m in reversed(mods):
         call = _bind(getattr(m, hook), call)
     return call
 
 
-def _bind(hook: Callable[[Any, Callable[[Any], Any]], Any], call_next: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda x: hook(x, call_next)
-
-
-def _bind2(hook: Callable[..., Any], call_next: Callable[..., Any]) -> Callable[..., Any]:
-    return lambda x, y: hook(x, y, call_next)
+def _bind(hook: Callable[..., Any], call_next: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda *args: hook(*args, call_next)
 
 
 TIERS = ("device", "edge")
