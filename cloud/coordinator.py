@@ -54,7 +54,8 @@ class CloudCoordinator(Node):
         self.rng = np.random.default_rng(settings.seed)
         self.host = host(lambda method: method.cloud_part(NodeContext(
             node_id=node_id, method=method, rng=self.rng, test=test, rounds=settings.rounds,
-            out_dir=settings.out_dir, run=run, view=self.view, compute=settings.compute)), rng=self.rng, stopped=self.stopped, name="cloud")
+            out_dir=settings.out_dir, run=run, view=self.view, compute=settings.compute)),
+            rng=self.rng, stopped=self.stopped, name="cloud")
         self.host.ensure(settings.method, settings.config.to_wire())  # registers the method's kinds
         self.method = self.part.method
         self.edges = CloudEdges(self.view, settings, self._dispatch_until, self._assign)  # who is there, and where
@@ -120,9 +121,6 @@ class CloudCoordinator(Node):
         """All rounds, then the stop announcement; returns the per-round metrics."""
         return self.driver.run()
 
-    def run_round(self, r: int) -> dict[str, Any]:
-        return self.driver.run_round(r)
-
     def plan(self, r: int, participants: tuple[str, ...] = ()) -> RoundPlan:
         return round_plan(self, r, participants)
 
@@ -130,9 +128,6 @@ class CloudCoordinator(Node):
         return self.edges.online_devices()
 
     live = property(lambda self: self.edges.live)
-    awaited = property(lambda self: self.edges.awaited)
     left = property(lambda self: self.edges.left, doc="Node -> why it left the run (for the run's summary).")
     history = property(lambda self: self.committer.history, doc="The committed rounds' records.")
-    pending = property(lambda self: self.committer.pending)
-    outbox = property(lambda self: self.committer.outbox)
-    writer = property(lambda self: self.committer.writer)
+

@@ -79,9 +79,9 @@ def test_a_restarted_cloud_carries_on_from_the_committed_state(tmp_path: Path) -
     assert (second.session, second.round, second.attempt) == (first.session, 2, 1)
     assert second.edges.enough == 2 and second.view.placements == {"d0": Placement("e1", ("g",))}
     assert second.rng.random() == first.rng.random()
-    assert second.pending["round"] == 3 and second.pending["metrics"] == {"accuracy": 0.5}
-    assert second.pending["plan"] == plan.to_body()
-    [again] = second.outbox
+    assert second.committer.pending["round"] == 3 and second.committer.pending["metrics"] == {"accuracy": 0.5}
+    assert second.committer.pending["plan"] == plan.to_body()
+    [again] = second.committer.outbox
     assert (again.kind, again.to, again.slot) == ("weights", DEVICES, "model")
     assert np.array_equal(again.body["model"]["w"], np.arange(4, dtype=np.float32))
     assert second.history == [] and second.committer.last_finished_round() == 0
@@ -94,6 +94,6 @@ def test_without_a_folder_nothing_is_committed_and_the_surface_reads_the_parts()
     cloud.committer.hold(cloud.plan(1), {}, [], {})
     cloud.committer.commit([Message("weights", {"model": {}}, DEVICES, slot="model")])
     # Assert: no outbox to carry (nothing is saved), and the coordinator's attributes are its parts'
-    assert cloud.outbox == [] and cloud.pending["round"] == 1
-    assert cloud.history is cloud.committer.history and cloud.writer is cloud.committer.writer
+    assert cloud.committer.outbox == [] and cloud.committer.pending["round"] == 1
+    assert cloud.history is cloud.committer.history
     assert cloud.calibration is cloud.driver.calibration and cloud.left is cloud.edges.left
