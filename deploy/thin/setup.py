@@ -115,8 +115,9 @@ def loadable(every: dict[str, Path]) -> set[str]:
     return keep
 
 
-KEEP = loadable(every_module())
-PACKAGES = sorted(n for n, p in every_module().items() if p.name == "__init__.py" and n in KEEP)
+EVERY = every_module()
+KEEP = loadable(EVERY)
+PACKAGES = sorted(n for n, p in EVERY.items() if p.name == "__init__.py" and n in KEEP)
 
 
 class ThinBuildPy(build_py):
