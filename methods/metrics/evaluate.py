@@ -59,7 +59,7 @@ def evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: Model
 def _evaluate(model: SplitModel, test: tuple[np.ndarray, np.ndarray], spec: ModelSpec, batch: int,
               represent: bool) -> dict[str, float]:
     x, y = test
-    was_training, device = model.training, device_of(model)  # the split stays on the CPU, a batch at a time moved
+    was_training, device = model.training, device_of(model)  # the test split stays on the CPU; each batch moves
     model.eval()
     preds, feats = [], []
     peak: np.ndarray | None = None  # each head input's largest value so far (dead_units)
