@@ -5,9 +5,9 @@ A training step on a batch holds every layer's activations for backward: for the
 SupCon batch of 64 images in two views that is ~61 MB, most of a 100 MB device. Only BatchNorm
 couples the samples of a batch (its statistics in forward, the sums of its gradients in
 backward); every other layer is per sample. W_c is a chain of blocks, each a convolution, the
-BatchNorm on its output and per-sample layers after it (ReLU, max-pool), and the step keeps, for
-the whole batch, only what is costly to recompute and small to hold; the rest is recomputed a
-chunk of `chunk` samples at a time:
+BatchNorm on its output and per-sample layers after it (ReLU, ReLU6, max-pool; the convolution
+grouped or not), and the step keeps, for the whole batch, only what is costly to recompute and
+small to hold; the rest is recomputed a chunk of `chunk` samples at a time:
 
 - kept: the output of every convolution but the first (the cnn's second: 4.2 MB for 128 views
   at 16x16), from which BatchNorm, ReLU and max-pool, elementwise and cheap, are recomputed per
@@ -187,7 +187,7 @@ class ChunkedStep:
             dgamma, dbeta = dgamma + dg, dbeta + db
             count += g.shape[0] * g.shape[2] * g.shape[3]
             if held is None:
-                products = products + block.conv.weight_grad(_stacked(g, bn._saved_xhat), x[p])
+                products = products + _first_products(block.conv, g, bn._saved_xhat, x[p])
             else:
                 held[p] = g
         bn.grads.update(weight=dgamma.astype(F32), bias=dbeta.astype(F32))
@@ -202,13 +202,23 @@ class ChunkedStep:
         """The first convolution's weight gradient without its output's gradient map: BatchNorm's
         input gradient is s * (m g - sum(g) - xhat sum(g xhat)) per channel (s = gamma invstd / m),
         so its product with the windows is s * (m [g windows] - sum(g) [windows] - sum(g xhat)
-        [xhat windows]), the bracketed sums gathered chunk by chunk (`_stacked`)."""
+        [xhat windows]), the bracketed sums gathered chunk by chunk (`_first_products`)."""
         block = self.blocks[0]
-        o = len(dgamma)
-        g_cols, xhat_cols, cols = products[:o], products[o:2 * o], products[2 * o]
+        g_cols, xhat_cols, cols = products
         scale = block.bn.params["weight"].astype(np.float64) * self.stats[0][1] / count
-        dw = scale[:, None] * (count * g_cols - dbeta[:, None] * cols[None, :] - dgamma[:, None] * xhat_cols)
+        dw = scale[:, None] * (count * g_cols - dbeta[:, None] * cols - dgamma[:, None] * xhat_cols)
         return dw.astype(F32).reshape(block.conv.params["weight"].shape)
+
+
+def _first_products(conv: Conv2d, g: np.ndarray, xhat: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """[3, O, C * k * k]: g, xhat and ones times the windows of a chunk's images x. Ungrouped,
+    one matrix product on the stacked maps (the ones' row is every channel's); grouped, each
+    channel sees its own group's windows, so three products."""
+    if conv.groups == 1:
+        o = g.shape[1]
+        stacked = conv.weight_grad(_stacked(g, xhat), x)
+        return np.stack([stacked[:o], stacked[o:2 * o], np.broadcast_to(stacked[2 * o], stacked[:o].shape)])
+    return np.stack([conv.weight_grad(m, x) for m in (g, xhat, np.ones_like(g))])
 
 
 def _stacked(g: np.ndarray, xhat: np.ndarray) -> np.ndarray:

@@ -17,6 +17,8 @@ from typing import Iterator
 
 import numpy as np
 
+from splitedge.methods.thin import grouped
+
 F32 = np.float32
 
 
@@ -57,21 +59,29 @@ def channel_sums(a: np.ndarray, b: np.ndarray | None = None, chunk: int = 16) ->
 
 
 class Conv2d(Layer):
-    """Square-kernel convolution, zero padding, no bias (a BatchNorm follows every one here).
+    """Square-kernel convolution, zero padding, no bias (a BatchNorm follows every one here);
+    `groups` as torch's (depthwise: groups == c_in == c_out), weight [c_out, c_in / groups, k, k].
 
     im2col and one batched matrix product per `chunk` samples, each chunk padded on its own: the
     unfolded windows of a SupCon batch of the cnn's first layer (128 views) are 14 MB at once,
     under 2 MB per chunk of 16. Windows are laid out per sample, [n, C * k * k, Ho * Wo], so the
     product lands in NCHW order and nothing is transposed. It keeps its (unpadded) input for
-    backward, which unfolds it again."""
+    backward, which unfolds it again. A grouped one runs tap by tap instead (methods/thin/grouped.py):
+    a depthwise layer's windows would be k * k times its input."""
 
     chunk = 16
 
-    def __init__(self, c_in: int, c_out: int, kernel: int = 3, stride: int = 1, padding: int = 1) -> None:
+    def __init__(self, c_in: int, c_out: int, kernel: int = 3, stride: int = 1, padding: int = 1,
+                 groups: int = 1) -> None:
         super().__init__()
-        self.stride, self.padding, self.kernel = int(stride), int(padding), int(kernel)
-        self.params["weight"] = np.zeros((c_out, c_in, kernel, kernel), F32)
+        if groups < 1 or c_in % groups or c_out % groups:
+            raise ValueError(f"groups ({groups}) must divide in channels ({c_in}) and out channels ({c_out})")
+        self.stride, self.padding, self.kernel, self.groups = int(stride), int(padding), int(kernel), int(groups)
+        self.params["weight"] = np.zeros((c_out, c_in // groups, kernel, kernel), F32)
         self._saved_x: np.ndarray | None = None
+
+    def _grouped_args(self) -> tuple[int, int, int]:
+        return self.stride, self.padding, self.groups
 
     def _out_size(self, h: int, w: int) -> tuple[int, int]:
         k, s, p = self.kernel, self.stride, self.padding
@@ -101,7 +111,10 @@ class Conv2d(Layer):
         out = np.empty((len(x), len(w), ho, wo), F32)
         for i in range(0, len(x), self.chunk):
             part = x[i:i + self.chunk]
-            np.matmul(w, self._cols(part), out=out[i:i + len(part)].reshape(len(part), len(w), ho * wo))
+            if self.groups > 1:
+                grouped.forward(part, self.params["weight"], *self._grouped_args(), out=out[i:i + len(part)])
+            else:
+                np.matmul(w, self._cols(part), out=out[i:i + len(part)].reshape(len(part), len(w), ho * wo))
         if train:
             self._saved_x = x
         return out
@@ -109,12 +122,33 @@ class Conv2d(Layer):
     def weight_grad(self, grad: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Sum over samples and positions of `grad` [N, G, Ho, Wo] times the windows of `x`:
         [G, C * k * k], float64. G is the weight's output channels for its gradient; a chunked
-        step stacks more maps on the same windows (methods/thin/chunked.py)."""
+        step stacks more maps on the same windows (methods/thin/chunked.py); grouped, G is the
+        output channels alone, [O, C / groups * k * k]."""
         out = np.zeros((grad.shape[1], self._matrix().shape[1]), np.float64)
         for start in range(0, len(x), self.chunk):
+            if self.groups > 1:
+                g, part = grad[start:start + self.chunk], x[start:start + self.chunk]
+                args = self.kernel, *self._grouped_args()
+                out += grouped.sample_weight_grads(g, part, *args).sum(axis=0).reshape(out.shape)
+                continue
             cols = self._cols(x[start:start + self.chunk])
             g = grad[start:start + len(cols)].reshape(len(cols), grad.shape[1], -1)
             out += np.matmul(g, cols.transpose(0, 2, 1)).sum(axis=0, dtype=np.float64)
+        return out
+
+    def sample_weight_grads(self, grad: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """[N, *weight.shape] float64: each sample's weight gradient, `chunk` samples at a time."""
+        weight = self.params["weight"]
+        out = np.empty((len(x),) + weight.shape, np.float64)
+        for start in range(0, len(x), self.chunk):
+            n = len(x[start:start + self.chunk])
+            g, part = grad[start:start + n], x[start:start + n]
+            if self.groups > 1:
+                out[start:start + n] = grouped.sample_weight_grads(g, part, self.kernel, *self._grouped_args())
+                continue
+            g = g.reshape(n, len(weight), -1)  # [n, O, P] against the windows [n, CKK, P]
+            products = np.einsum("nop,nkp->nok", g, self._cols(part), dtype=np.float64)
+            out[start:start + n] = products.reshape((n,) + weight.shape)
         return out
 
     def backward(self, grad: np.ndarray) -> np.ndarray:
@@ -144,6 +178,9 @@ class Conv2d(Layer):
         for start in range(0, n_all, self.chunk):
             g = grad[start:start + self.chunk]
             n = len(g)
+            if self.groups > 1:
+                dx[start:start + n] = grouped.input_grad(g, self.params["weight"], (n, c, h, wd), *self._grouped_args())
+                continue
             dcols = np.matmul(w.T, g.reshape(n, len(w), ho * wo)).reshape(n, c, k, k, ho, wo)
             dxp = np.zeros((n, c, h + 2 * p, wd + 2 * p), F32)
             for i in range(k):
@@ -272,6 +309,22 @@ class ReLU(Layer):
 
     def backward(self, grad: np.ndarray) -> np.ndarray:
         grad *= self._saved_mask  # the gradient of the layer above: a fresh array
+        self._saved_mask = None
+        return grad
+
+
+class ReLU6(Layer):
+    """torch.nn.ReLU6 (hardtanh(0, 6)), in place as ReLU: the gradient passes where the input
+    was strictly between 0 and 6, as torch's hardtanh_backward (none at 0 or 6 exactly). Not a
+    ReLU subclass: pre_relu (trainer.eval_forward) drops a ReLU, which this is not."""
+
+    def forward(self, x: np.ndarray, train: bool) -> np.ndarray:
+        if train:
+            self._saved_mask = (x > 0) & (x < 6)
+        return np.clip(x, F32(0), F32(6), out=x)
+
+    def backward(self, grad: np.ndarray) -> np.ndarray:
+        grad *= self._saved_mask
         self._saved_mask = None
         return grad
 

@@ -2,16 +2,17 @@
 
 A backward pass through a `Sequential` that keeps each sample's parameter gradient instead of
 their sum: a convolution's weight gradient per sample is its output gradient times its own
-unfolded windows, a linear layer's the outer product of its own rows, a frozen BatchNorm's the
-per-sample sums over positions. Needs a training forward with every BatchNorm frozen
-(`BatchNorm2d.frozen`): batch statistics would make each sample's output depend on the others.
+unfolded windows (a grouped one's, tap by tap: methods/thin/grouped.py), a linear layer's the
+outer product of its own rows, a frozen BatchNorm's the per-sample sums over positions. Needs a
+training forward with every BatchNorm frozen (`BatchNorm2d.frozen`): batch statistics would make
+each sample's output depend on the others.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from splitedge.methods.thin.layers import BatchNorm2d, Conv2d, Linear, MaxPool2d, ReLU, Sequential
+from splitedge.methods.thin.layers import BatchNorm2d, Conv2d, Linear, MaxPool2d, ReLU, ReLU6, Sequential
 
 F32 = np.float32
 
@@ -23,20 +24,6 @@ def freeze_norms(seq: Sequential, frozen: bool = True) -> None:
             layer.frozen = frozen
 
 
-def _conv(layer: Conv2d, grad: np.ndarray) -> np.ndarray:
-    """[N, O, C, k, k]: each sample's weight gradient, `chunk` samples' windows at a time."""
-    x = layer._saved_x
-    assert x is not None, "backward before a training forward"
-    weight = layer.params["weight"]
-    out = np.empty((len(x),) + weight.shape, np.float64)
-    for start in range(0, len(x), layer.chunk):
-        n = len(x[start:start + layer.chunk])
-        cols = layer._cols(x[start:start + n])  # [n, CKK, P]
-        g = grad[start:start + n].reshape(n, len(weight), -1)  # [n, O, P]
-        out[start:start + n] = np.einsum("nop,nkp->nok", g, cols, dtype=np.float64).reshape((n,) + weight.shape)
-    return out
-
-
 def per_sample_backward(seq: Sequential, grad: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """({state name: [N, ...] float64 gradient of each sample}, the input's gradient) of `seq`
     after a training forward with its BatchNorms frozen, for the output gradient `grad` [N, ...]
@@ -44,7 +31,8 @@ def per_sample_backward(seq: Sequential, grad: np.ndarray) -> tuple[dict[str, np
     out: dict[str, np.ndarray] = {}
     for prefix, layer in reversed(list(seq.named())):
         if isinstance(layer, Conv2d):
-            out[prefix + "weight"] = _conv(layer, grad)
+            assert layer._saved_x is not None, "backward before a training forward"
+            out[prefix + "weight"] = layer.sample_weight_grads(grad, layer._saved_x)
             grad = layer.backward_input(grad)
         elif isinstance(layer, BatchNorm2d):
             if not layer.frozen or layer._saved_xhat is None:
@@ -58,7 +46,7 @@ def per_sample_backward(seq: Sequential, grad: np.ndarray) -> tuple[dict[str, np
             out[prefix + "bias"] = grad.astype(np.float64)
             grad = layer.backward(grad)
             layer.grads.clear()
-        elif isinstance(layer, (ReLU, MaxPool2d)):
+        elif isinstance(layer, (ReLU, ReLU6, MaxPool2d)):
             grad = layer.backward(grad)
         else:
             raise ValueError(f"no per-sample gradient for {type(layer).__name__}")
