@@ -40,7 +40,7 @@ else:
 stages.append(("engine (torch)" if backend == "torch" else "engine (numpy layers)", rss()))
 import splitedge.device.agent
 from splitedge.methods.registry import create_method
-from splitedge.methods.contract import NodeContext
+from splitedge.methods.contract import DeviceContext
 from splitedge.methods.data.local import open_local_data
 stages.append(("splitedge device modules", rss()))
 x, y = open_local_data(shard, stream=backend != "torch")  # the thin device streams its shard
@@ -50,7 +50,7 @@ config = {"model": {"model": model, "num_classes": 10, "channels": int(c), "imag
                     "mean": [0.5] * c, "std": [0.25] * c}, "method": {"device_batch": batch}}
 method = create_method("hsfp", config)
 rng = np.random.default_rng(0)
-ctx = NodeContext("d0", method, rng) if chunk == "default" else NodeContext("d0", method, rng, train_chunk=int(chunk))
+ctx = DeviceContext("d0", method, rng, **({} if chunk == "default" else {"train_chunk": int(chunk)}))
 dev = method.device_part(ctx, (x, y), backend=backend)
 stages.append(("H-SFP device part and its models", rss()))
 start = time.process_time()

@@ -126,13 +126,13 @@ class Replica:
     def __init__(self, s: DiagnoseSettings, config: Any, train: tuple[np.ndarray, np.ndarray],
                  test: tuple[np.ndarray, np.ndarray], shards: list[np.ndarray]) -> None:
         from splitedge.methods.hsfp.method import HSFP
-        from splitedge.methods.contract import NodeContext
+        from splitedge.methods.contract import DeviceContext
 
         self.s, self.config, self.train, self.spec = s, config, train, config.model
         self.home = {f"d{i}": f"e{i % s.edges}" for i in range(len(shards))}
         self.devices = {}
         for i, idx in enumerate(shards):
-            ctx = NodeContext(f"d{i}", HSFP(config), np.random.default_rng([s.seed, 1, i]))
+            ctx = DeviceContext(f"d{i}", HSFP(config), np.random.default_rng([s.seed, 1, i]))
             self.devices[f"d{i}"] = ctx.method.device_part(ctx, (train[0][idx], train[1][idx]), "torch")
         self.shards = {f"d{i}": idx for i, idx in enumerate(shards)}
         self.edges: dict[str, dict[str, Any]] = {}
@@ -144,13 +144,15 @@ class Replica:
 
     def _part(self, tier: str, node: str, stack: str, seed: list[int], test: Any = None) -> Any:
         from splitedge.methods.hsfp.method import HSFP
-        from splitedge.methods.contract import NodeContext
+        from splitedge.methods.contract import CloudContext, EdgeContext
 
         method = HSFP(self.config)
         if tier in REAL_AT[stack]:
             method.sample_features = self._real_source(tier, node)  # the oracle: real features, same counts
-        ctx = NodeContext(node, method, np.random.default_rng(seed), test=test or None)
-        return method.cloud_part(ctx) if tier == "cloud" else method.edge_part(ctx)
+        rng = np.random.default_rng(seed)
+        if tier == "cloud":
+            return method.cloud_part(CloudContext(node, method, rng, test=test or None))
+        return method.edge_part(EdgeContext(node, method, rng))
 
     def _real_source(self, tier: str, node: str) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
         """`total` real features drawn uniformly from the tier's images (so classes in proportion to

@@ -19,7 +19,7 @@ from splitedge.cloud.driver import RoundDriver
 from splitedge.cloud.edges import CloudEdges
 from splitedge.cloud.plans import round_plan
 from splitedge.cloud.settings import CloudSettings
-from splitedge.methods.contract import DEVICES, FederationView, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DEVICES, CloudContext, FederationView, Message, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import parse, pattern
 from splitedge.protocol.transport import Transport
@@ -52,7 +52,7 @@ class CloudCoordinator(Node):
         self.router = cloud_router(transport)
         # the part's randomness is the node's, so a part the host rebuilds carries on with it
         self.rng = np.random.default_rng(settings.seed)
-        self.host = host(lambda method: method.cloud_part(NodeContext(
+        self.host = host(lambda method: method.cloud_part(CloudContext(
             node_id=node_id, method=method, rng=self.rng, test=test, rounds=settings.rounds,
             out_dir=settings.out_dir, run=run, view=self.view, compute=settings.compute)),
             rng=self.rng, stopped=self.stopped, name="cloud")

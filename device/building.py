@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from splitedge.methods.contract import DevicePart, Method, NodeContext
+from splitedge.methods.contract import DeviceContext, DevicePart, Method
 from splitedge.methods.data.local import fits_model
 from splitedge.runtime.node import status
 from splitedge.runtime.parts import Misfit
@@ -25,7 +25,7 @@ def vet(device: Any, method: Method) -> None:
         raise Misfit(misfit)
 
 
-def build_part(device: Any, method: Method) -> DevicePart:
+def build_part(device: Any, method: Method) -> DevicePart[Any]:
     """The method's device part in this device's context; a DP run whose reports this device
     would send in the clear says so once."""
     if method.config.dp_sigma > 0 and not device.private_reports:
@@ -33,9 +33,9 @@ def build_part(device: Any, method: Method) -> DevicePart:
                        "carry %s in the clear; start it with --private-reports to keep them private too",
                        device.node_id, "its samples and losses" if device.hide_classes else
                        "the classes it holds, its samples and losses")
-    ctx = NodeContext(node_id=device.node_id, method=method, rng=device.rng, view=device.placement,
-                      run=device.run_id, request=device.exchange.request, gather=device.exchange.gather,
-                      min_class_count=device.min_class_count, train_chunk=device.train_chunk,
-                      hide_classes=device.hide_classes, private_reports=device.private_reports,
-                      compute=device.compute)
+    ctx = DeviceContext(node_id=device.node_id, method=method, rng=device.rng, view=device.placement,
+                        run=device.run_id, request=device.exchange.request, gather=device.exchange.gather,
+                        min_class_count=device.min_class_count, train_chunk=device.train_chunk,
+                        hide_classes=device.hide_classes, private_reports=device.private_reports,
+                        compute=device.compute)
     return method.device_part(ctx, device.data, device.backend)

@@ -20,7 +20,7 @@ from splitedge.edge.closing import Closer
 from splitedge.edge.joining import MEMBERS_QUIET_S, Joining
 from splitedge.methods.calibration.records import Gate
 from splitedge.methods.compute import CPU, Compute
-from splitedge.methods.contract import EdgePart, Method, NodeContext, RoundPlan
+from splitedge.methods.contract import EdgeContext, EdgePart, Method, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
@@ -196,7 +196,7 @@ class EdgeAggregator(Node):
         return outcome is not None
 
     def _build_part(self, method: Method) -> EdgePart:
-        part = method.edge_part(NodeContext(node_id=self.node_id, method=method, rng=self.rng, run=self.run_id,
+        part = method.edge_part(EdgeContext(node_id=self.node_id, method=method, rng=self.rng, run=self.run_id,
                                             compute=self.compute))
         part.members_changed(set(self.members))
         return part

@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Generic, Iterator, Mapping, Sequence, TypeVar, cast
 
 import numpy as np
 
 from splitedge.methods.compute import CPU, Compute
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig
+from splitedge.methods.kept import Kept, kept_fields, unset_fields
 from splitedge.methods.errors import RoundFailed  # noqa: F401 - part of the contract (parts raise it)
 from splitedge.methods.privacy.floor import ClassFloor
 
@@ -232,50 +233,74 @@ TRAIN_CHUNK = 8
 8 the step is fastest on this box (cache) and its peak ~9 MB for the cnn's 128 views."""
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeContext:
-    """What a part knows about where it runs, and the services its runtime offers it, each a
-    named field (a method that needs a service the runtime already has edits nothing outside
-    its own package). Fields a tier does not offer stay None.
+    """What every tier's part knows about where it runs; each tier's context adds its own
+    services as named fields (DeviceContext, EdgeContext, CloudContext), so a part reads only
+    what its tier offers (anything else is an AttributeError) and a method that needs a service
+    the runtime already has edits nothing outside its own package.
 
-    `view` is the runtime's view of the federation: a FederationView at the cloud, the
-    device's own Placement on a device."""
+    Parts are built with a tier's context, never this base (Part checks); the name stays as
+    the type a part outside the repo (a plug-in's, docs/plugins.md) may annotate its context with."""
 
     node_id: str
     method: "Method"
     rng: np.random.Generator
-    view: Any = None
     run: str = ""
     """The run id (topic namespace): e.g. what a generated broker ACL names."""
-    rounds: int | None = None
-    """Cloud: how many rounds the run has (a part reports on the last one)."""
-    out_dir: Path | None = None
-    """Cloud: the run folder, for a part's own files (clusters.json, graph.png, ...)."""
-    test: tuple[np.ndarray, np.ndarray] | None = None
-    """Cloud: the labelled test split the served model is evaluated on."""
-    request: Request | None = None
-    """Device: send a message up and wait for the edge's reply (SplitFed)."""
-    gather: Gather | None = None
-    """Device: collect this round's messages from peers (DecMAR)."""
-    min_class_count: int = 1
-    """Device: its owner's own minimum count per class (`splitedge device --min-class-count`);
-    the stricter of it and the run's `min_class_count` applies."""
-    hide_classes: bool = False
-    """Device: its hello names no class (`splitedge device --hide-classes`): under DP which classes
-    it holds stays as private as its statistics, whose release then keeps every class the noise
-    lets through, held or not (methods/privacy/release.py)."""
-    private_reports: bool = False
-    """Device: its hello and messages name only the power of two at or above its samples
-    (`splitedge device --private-reports`, coarse_samples), so a DP run's edge, cloud and
-    broker do not learn the exact count in the clear."""
-    train_chunk: int = TRAIN_CHUNK
-    """Device: how many samples a thin (numpy) trainer passes through W_c at a time, exactly as
-    the whole batch (methods/thin/chunked.py): memory flat in the batch size for ~2-3 times the
-    compute; 0 trains whole batches (`splitedge device --train-chunk`)."""
     compute: Compute = CPU
     """The torch device the node's parts compute on, resolved at start from `--device`
     (methods/compute.py); the method's parts builder narrows it to the CPU for a method whose
     parts are not ported to CUDA (`Method.runs_on_cuda`). Parts read it as `Part.device`."""
+
+
+@dataclass(slots=True)
+class DeviceContext(NodeContext):
+    """A device's: where it is placed, its exchanges with its edge and peers, its owner's privacy
+    settings and its thin trainer's chunk."""
+
+    view: Placement = Placement(edge="")
+    """The device's own placement (its edge, groups, peers); the runtime replaces it when the
+    cloud moves the device. Unplaced (no edge) until then, and on a serverless peer."""
+    request: Request | None = None
+    """Send a message up and wait for the edge's reply (SplitFed)."""
+    gather: Gather | None = None
+    """Collect this round's messages from peers (DecMAR)."""
+    min_class_count: int = 1
+    """Its owner's own minimum count per class (`splitedge device --min-class-count`); the
+    stricter of it and the run's `min_class_count` applies."""
+    hide_classes: bool = False
+    """Its hello names no class (`splitedge device --hide-classes`): under DP which classes it
+    holds stays as private as its statistics, whose release then keeps every class the noise lets
+    through, held or not (methods/privacy/release.py)."""
+    private_reports: bool = False
+    """Its hello and messages name only the power of two at or above its samples (`splitedge
+    device --private-reports`, coarse_samples), so a DP run's edge, cloud and broker do not learn
+    the exact count in the clear."""
+    train_chunk: int = TRAIN_CHUNK
+    """How many samples a thin (numpy) trainer passes through W_c at a time, exactly as the whole
+    batch (methods/thin/chunked.py): memory flat in the batch size for ~2-3 times the compute; 0
+    trains whole batches (`splitedge device --train-chunk`)."""
+
+
+@dataclass(slots=True)
+class EdgeContext(NodeContext):
+    """An edge's: nothing beyond the common fields. It has no view; its devices come to its part
+    through `EdgePart.members_changed` and each round's reports."""
+
+
+@dataclass(slots=True)
+class CloudContext(NodeContext):
+    """The cloud's: its view of the federation, the run's length, its folder and test split."""
+
+    view: FederationView = field(default_factory=FederationView)
+    """Every device, its edge and its placement, kept by the runtime."""
+    rounds: int | None = None
+    """How many rounds the run has (a part reports on the last one)."""
+    out_dir: Path | None = None
+    """The run folder, for a part's own files (clusters.json, graph.png, ...)."""
+    test: tuple[np.ndarray, np.ndarray] | None = None
+    """The labelled test split the served model is evaluated on."""
 
 
 class Unsupported(ValueError):
@@ -283,23 +308,56 @@ class Unsupported(ValueError):
     train a W_c it has no layers for): the node says why once and leaves (runtime Misfit)."""
 
 
-class Part:
-    """Hooks every tier's part has.
+C = TypeVar("C", bound=MethodConfig)
+"""A part's config type: the `Config` of the method it belongs to (`Part.cfg`)."""
+X = TypeVar("X", bound=NodeContext)
+
+
+class _PartType(type):
+    """Parts' class: a part whose constructor leaves a declared Kept field unset fails as it is
+    built, not at its first save rounds later."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        part = super().__call__(*args, **kwargs)
+        unset = unset_fields(part, part.kept)
+        if unset:
+            raise TypeError(f"{cls.__name__} declares {', '.join(unset)} Kept but leaves "
+                            f"{'it' if len(unset) == 1 else 'them'} unset once built: set each in "
+                            f"__init__ (None for nothing yet), or drop the declaration")
+        return part
+
+
+class Part(Generic[C], metaclass=_PartType):
+    """Hooks every tier's part has, typed by its method's config `C` (`self.cfg`).
 
     `losses` holds the mean of each loss term the part minimised this round (the runtime
     clears it before the round and reports it, merged per tier, in the cloud's metrics).
 
-    `state` names the attributes that carry the part from one round to the next (models,
-    optimisers, cached statistics, versions, pending messages): what a restarted edge or
-    cloud, or a device parked between rounds, takes up again. What the part rebuilds from its
-    context, config or data when it is built (weight specs, local tensors, views of its
-    models) is left out, so it is neither stored twice nor restored over a fresh copy. A
-    subclass extends its base's: `state = FedAvgDevice.state + ("extra",)`.
+    Fields annotated `Kept[T]` (methods/kept.py) carry the part from one round to the next
+    (models, optimisers, cached statistics, versions, pending messages): what a restarted edge
+    or cloud, or a device parked between rounds, takes up again; `kept` lists them, a base's
+    first. What the part rebuilds from its context, config or data when it is built (weight
+    specs, local tensors, views of its models) is left out, so it is neither stored twice nor
+    restored over a fresh copy. A subclass extends its base's by declaring its own.
     """
 
-    state: tuple[str, ...] = ()
+    kept: ClassVar[tuple[str, ...]] = ()
+    """The names of the Kept fields, derived from the annotations (never written by hand)."""
+    context: ClassVar[type[NodeContext]] = NodeContext
+    """The tier's context type this part is built with."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        named = cls.__dict__.get("state")
+        if isinstance(named, tuple) and all(isinstance(n, str) for n in named):
+            raise TypeError(f"{cls.__name__}.state names its state in strings; declare each field "
+                            f"instead, e.g. `model: Kept[nn.Module]` (splitedge.methods.kept)")
+        cls.kept = kept_fields(cls)
 
     def __init__(self, ctx: NodeContext) -> None:
+        if not isinstance(ctx, self.context):
+            raise TypeError(f"{type(self).__name__} is built with a {self.context.__name__}, "
+                            f"not a {type(ctx).__name__}")
         self.ctx = ctx
         self.losses: dict[str, float] = {}
 
@@ -312,9 +370,9 @@ class Part:
         return self.ctx.method.spec
 
     @property
-    def cfg(self) -> Any:
+    def cfg(self) -> C:
         """The method's typed config (an instance of its `Config`)."""
-        return self.ctx.method.config
+        return cast(C, self.ctx.method.config)
 
     @property
     def device(self) -> str:
@@ -342,12 +400,12 @@ class Part:
 
     def resume_state(self) -> dict[str, Any]:
         """What a restarted cloud or edge (or a parked device) needs to carry on where this
-        part was: its declared `state`, as methods.snapshot data. A declared value that cannot
+        part was: its Kept fields, as methods.snapshot data. A declared value that cannot
         be kept is a SnapshotError naming it; a part with state that is no attribute (e.g. an
         ONNX graph's bytes) adds it here and takes it back in `restore_state`."""
         from splitedge.methods.snapshot import capture
 
-        return capture(self, self.state)
+        return capture(self, self.kept)
 
     def restore_state(self, state: dict[str, Any]) -> None:
         """Take back `resume_state()`'s data into this freshly built part: models and
@@ -355,13 +413,16 @@ class Part:
         model, another version of the method, a key it does not declare or one missing)."""
         from splitedge.methods.snapshot import restore
 
-        restore(self, self.state, state)
+        restore(self, self.kept, state)
 
 
-class DevicePart(Part):
+class DevicePart(Part[C]):
     """Device side of a method: local training and the statistics it sends up."""
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    ctx: DeviceContext
+    context = DeviceContext
+
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx)
         self.data, self.backend = data, backend
         self.withheld: dict[str, int] = {}
@@ -412,6 +473,10 @@ class DevicePart(Part):
     secure_kinds: tuple[str, ...] = ()
     """Kinds of this part's messages that are sums in disguise (methods/privacy/additive.py),
     which the run's `secagg` sends only inside a secure sum; head statistics always are."""
+    clear_info: tuple[str, ...] = ()
+    """Entries of its `round_info` that are no function of its images (e.g. how many neighbours it
+    heard), which its `done` keeps under private reports (runtime/mods/private.py); every other
+    entry stays on the device."""
     moments_per: str = "sample"
     """What the edge's merge of this part's `moments` weighs alike: "sample" (moments of the union
     of the data) or "device" (FedProto: the mean over devices of their class means), which sets
@@ -430,7 +495,7 @@ class DevicePart(Part):
 
     def announced_classes(self, labels: Any) -> np.ndarray:
         """The classes this device's hello named: those in `labels`, or every class of the
-        federation when it hides them (NodeContext.hide_classes)."""
+        federation when it hides them (DeviceContext.hide_classes)."""
         if self.ctx.hide_classes:
             return np.arange(self.spec.num_classes, dtype=np.int64)
         return np.unique(np.asarray(labels)).astype(np.int64)
@@ -492,8 +557,11 @@ class DevicePart(Part):
         return {}
 
 
-class EdgePart(Part):
+class EdgePart(Part[C]):
     """Edge side: merge what devices sent, train, report upward."""
+
+    ctx: EdgeContext
+    context = EdgeContext
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
         """Called when the round closes (quorum or deadline); returns messages (UP: the cloud)."""
@@ -523,10 +591,11 @@ def report_due(round_: int, every: int, rounds: int | None) -> bool:
     return round_ % every == 0 or round_ == rounds
 
 
-class CloudPart(Part):
+class CloudPart(Part[C]):
     """Cloud side: schedule, merge edge reports, train the head, evaluate, publish models."""
 
-    state = ("moves",)  # decided while aggregating, handed over before the next round
+    ctx: CloudContext
+    context = CloudContext
 
     def initial_messages(self) -> list[Message]:
         """Models every node needs before round 1 (usually with a slot, so late joiners get them)."""
@@ -551,9 +620,10 @@ class CloudPart(Part):
         placement) is known, e.g. what each device needs for that round (addressed to it)."""
         return []
 
-    moves: Mapping[str, Placement] | None = None
+    moves: Kept[Mapping[str, Placement] | None] = None
     """Devices to move before the next round, as a part decides while it aggregates (clusters
-    found, an assignment computed); `placement` hands them to the runtime once."""
+    found, an assignment computed); `placement` hands them to the runtime once (kept: decided
+    while aggregating, handed over before the next round)."""
 
     def placement(self, round_: int) -> Mapping[str, Placement] | None:
         """Before round `round_`: devices to move (device -> Placement), or None. The runtime
@@ -685,20 +755,20 @@ class Method:
         """The device backends this method's device parts run on; None: any (a generic part)."""
         return None if "device" in cls.parts else sorted(k.split(":", 1)[1] for k in cls.parts if k.startswith("device:"))
 
-    def device_part(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> DevicePart:
+    def device_part(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> DevicePart[Any]:
         key = f"device:{backend}" if f"device:{backend}" in self.parts else "device"
         if key not in self.parts:
             raise ValueError(f"{self.name} has no device part for backend {backend!r}; it runs on "
                              f"{self.device_backends()}")
         return self._part_class(key)(self._placed(ctx), data, backend)
 
-    def edge_part(self, ctx: NodeContext) -> EdgePart:
+    def edge_part(self, ctx: EdgeContext) -> EdgePart[Any]:
         return self._part_class("edge")(self._placed(ctx))
 
-    def cloud_part(self, ctx: NodeContext) -> CloudPart:
+    def cloud_part(self, ctx: CloudContext) -> CloudPart[Any]:
         return self._part_class("cloud")(self._placed(ctx))
 
-    def _placed(self, ctx: NodeContext) -> NodeContext:
+    def _placed(self, ctx: X) -> X:
         """`ctx` with the device this method's parts compute on (`runs_on_cuda`); a GPU the
         operator named for a method not ported to it is Unsupported (the node says why and leaves)."""
         try:

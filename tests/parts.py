@@ -8,7 +8,7 @@ import numpy as np
 
 from splitedge.methods.config import ModelSpec
 from splitedge.methods.registry import create_method, default_config
-from splitedge.methods.contract import NodeContext, RoundPlan
+from splitedge.methods.contract import CloudContext, DeviceContext, EdgeContext, RoundPlan
 from splitedge.protocol.codec import Envelope, decode, encode
 from splitedge.methods.contract import RoundReport
 
@@ -20,10 +20,20 @@ def method_for(name: str, spec: ModelSpec = SPEC, **settings: Any) -> Any:
     return create_method(name, default_config(name, spec, **settings))
 
 
-def ctx_for(name: str, node: str = "n0", *, spec: ModelSpec = SPEC, seed: int = 0, test: Any = None,
-            rounds: int | None = None, **settings: Any) -> NodeContext:
-    return NodeContext(node_id=node, method=method_for(name, spec, **settings), rng=np.random.default_rng(seed),
-                       test=test, rounds=rounds)
+def device_ctx(name: str, node: str = "d0", *, spec: ModelSpec = SPEC, seed: int = 0, **settings: Any) -> DeviceContext:
+    """A device's context for method `name`, unplaced, with the method's defaults and `settings`."""
+    return DeviceContext(node_id=node, method=method_for(name, spec, **settings), rng=np.random.default_rng(seed))
+
+
+def edge_ctx(name: str, node: str = "e0", *, spec: ModelSpec = SPEC, seed: int = 0, **settings: Any) -> EdgeContext:
+    return EdgeContext(node_id=node, method=method_for(name, spec, **settings), rng=np.random.default_rng(seed))
+
+
+def cloud_ctx(name: str, node: str = "cloud", *, spec: ModelSpec = SPEC, seed: int = 0, test: Any = None,
+              rounds: int | None = None, **settings: Any) -> CloudContext:
+    """The cloud's context for method `name`: an empty federation view, the test split and run length given."""
+    return CloudContext(node_id=node, method=method_for(name, spec, **settings), rng=np.random.default_rng(seed),
+                        test=test, rounds=rounds)
 
 
 def plan_for(round_: int = 1, method: str = "x", *, versions: dict | None = None,

@@ -15,7 +15,7 @@ import numpy as np
 from splitedge.methods.config import MethodConfig
 from splitedge.methods.registry import register_method
 from splitedge.methods.contract import (
-    DONE, PEERS, CloudPart, DevicePart, EdgePart, Message, Method, Placement, RoundPlan, RoundSpec, device,
+    DONE, PEERS, CloudPart, DevicePart, EdgePart, Kept, Message, Method, Placement, RoundPlan, RoundSpec, device,
 )
 
 
@@ -30,14 +30,14 @@ def token(node: str, round_: int) -> int:
     return int(node[1:]) * 1000 + round_
 
 
-class RingDevice(DevicePart):
+class RingDevice(DevicePart[RingConfig]):
     """Sends its token to both ring neighbours, gathers theirs, and keeps any secret the cloud sent it."""
 
-    state = ("secrets",)  # `heard` is the round's
+    secrets: Kept[list[int]]  # `heard` is the round's
 
     def __init__(self, ctx: Any, data: Any, backend: Any) -> None:
         super().__init__(ctx, data, backend)
-        self.secrets: list[int] = []
+        self.secrets = []
         self.heard: dict[str, int] = {}
 
     def on_message(self, env: Any) -> None:

@@ -42,7 +42,7 @@ def main() -> None:
 
     from splitedge.cloud.options import build_run_config
     from splitedge.methods.registry import create_method
-    from splitedge.methods.contract import DONE, NodeContext, RoundPlan
+    from splitedge.methods.contract import DONE, DeviceContext, RoundPlan
 
     torch.set_num_threads(1)
     if a.write_shard:
@@ -58,7 +58,7 @@ def main() -> None:
     mean, std = channel_stats(x)
     info = DatasetInfo("cifar10", 10, x.shape[3], x.shape[1], mean, std, tuple(str(i) for i in range(10)))
     method = create_method("fedavg", build_run_config("fedavg", info, a.model, 0, {"device_lr": a.lr}))
-    dev = method.device_part(NodeContext("d0", method, np.random.default_rng(0)), (x, y), "torch")
+    dev = method.device_part(DeviceContext("d0", method, np.random.default_rng(0)), (x, y), "torch")
     dev.version = 0
     built = rss_mb("VmRSS")
     plan = RoundPlan(round=1, method="fedavg", deadline_s=0.0, config={}, versions={"model": 0})

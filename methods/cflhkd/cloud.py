@@ -23,22 +23,26 @@ from splitedge.methods.calibration.layers import CLASSIFIER
 from splitedge.methods.calibration.lda import lda_classifier
 from splitedge.methods.calibration.records import head_message, merge
 from splitedge.methods.checks import check_weights
-from splitedge.methods.contract import DEVICES, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec, device
+from splitedge.methods.cflhkd.config import CFLHKDConfig
+from splitedge.methods.contract import (DEVICES, CloudContext, Kept, Message, Placement, Report, RoundPlan, RoundSpec,
+                                        device)
 from splitedge.methods.averaging import weight_updates
 from splitedge.models import load_numpy_state, state_to_numpy
 
 log = logging.getLogger(__name__)
 
 
-class CFLHKDCloud(FedAvgCloud):
-    state = FedAvgCloud.state + ("phase", "assignment", "cluster_edges", "signals", "clustered_at")
+class CFLHKDCloud(FedAvgCloud[CFLHKDConfig]):
+    phase: Kept[str]
+    assignment: Kept[dict[str, int]]  # device -> cluster
+    cluster_edges: Kept[dict[int, str]]  # cluster -> its edge
+    signals: Kept[dict[str, np.ndarray]]
+    clustered_at: Kept[int]
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: CloudContext) -> None:
         super().__init__(ctx)
         self.phase = WARMUP
-        self.assignment: dict[str, int] = {}  # device -> cluster
-        self.cluster_edges: dict[int, str] = {}  # cluster -> its edge
-        self.signals: dict[str, np.ndarray] = {}
+        self.assignment, self.cluster_edges, self.signals = {}, {}, {}
         self.clustered_at = 0
 
     def plan(self, round_: int) -> RoundSpec:

@@ -19,7 +19,8 @@ from splitedge.methods.cflhkd.distill import teachers
 from splitedge.methods.cflhkd.layout import layout_signal
 from splitedge.methods.cflhkd.method import GLOBAL, MODEL, SIGNAL, TEACHERS
 from splitedge.methods.fedproto.device import held_out_tensors, holdout_split
-from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.cflhkd.config import CFLHKDConfig
+from splitedge.methods.contract import DONE, DeviceContext, DevicePart, Kept, Message, RoundPlan
 from splitedge.methods.metrics.evaluate import accuracy
 from splitedge.methods.data.preprocess import batches
 from splitedge.methods.privacy.release import private_means_of, private_weights
@@ -30,17 +31,24 @@ from splitedge.models import load_numpy_state, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
 
 
-class CFLHKDDevice(PersonalHead, DevicePart):
+class CFLHKDDevice(PersonalHead, DevicePart[CFLHKDConfig]):
     # As FedProto's device: the held-out rows are kept (drawn from the node's rng at build), the
     # tensors rebuilt from them; info is the round's, read by round_info as it ends. head: its
     # cluster's calibrated head (calibrate=lda), scored on the held-out share.
-    state = ("model", "version", "tables", "holdout_rows", "head", "head_version", "global_model", "global_version")
+    model: Kept[torch.nn.Module]
+    version: Kept[int]
+    tables: Kept[dict[int, tuple[np.ndarray, np.ndarray]]]  # cluster -> (counts [C], logits [C, C])
+    holdout_rows: Kept[np.ndarray]
+    head: Kept[tuple[np.ndarray, np.ndarray] | None]
+    head_version: Kept[int]
+    global_model: Kept[torch.nn.Module | None]  # two_way: the cloud's global model beside the cluster's
+    global_version: Kept[int]
     can_calibrate = True
     clear_private = "its clustering signal, computed from its noisy update, goes to the cloud device by device"
     secure_kinds = ("logits", "weights")  # its clustering signal is the cloud's to compare, device by device
     private, private_clips = True, ("dp_clip", "dp_update_clip")  # logits; the model (the signal follows from it)
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.model = build_split(self.spec).eval()
         self.specs = weight_specs(state_to_numpy(self.model))
@@ -50,7 +58,7 @@ class CFLHKDDevice(PersonalHead, DevicePart):
         # the two-way hierarchy: the cloud's global model beside the cluster's (a teacher, a student)
         self.global_model = build_split(self.spec).eval() if self.cfg.two_way else None
         self.global_version = -1
-        self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # cluster -> (counts [C], logits [C, C])
+        self.tables = {}
         self.info: dict[str, Any] = {}
         self.label_counts = np.zeros(self.spec.num_classes, np.float32)  # what this round's logits counted
 

@@ -14,7 +14,8 @@ from splitedge.methods.robust import robust_rule
 from splitedge.methods.cflhkd.method import CLUSTERED, GLOBAL, MODEL, SIGNAL, SIGNALS
 from splitedge.methods.checks import check_stats, check_vector, check_weights, weight_specs
 from splitedge.methods.fedproto.protos import weighted_accuracy
-from splitedge.methods.contract import CHILDREN, EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.cflhkd.config import CFLHKDConfig
+from splitedge.methods.contract import CHILDREN, EdgeContext, EdgePart, Kept, Message, Report, RoundPlan
 
 
 def global_scores(infos: Sequence[dict[str, Any]], key: str = "global_accuracy",
@@ -23,13 +24,14 @@ def global_scores(infos: Sequence[dict[str, Any]], key: str = "global_accuracy",
     return [{"accuracy": i[key], "eval_samples": i[samples]} for i in infos if key in i and samples in i]
 
 
-class CFLHKDEdge(EdgePart):
-    state = ("specs", "signal_dim")  # info: the round's accuracy, read by round_info as the round ends
+class CFLHKDEdge(EdgePart[CFLHKDConfig]):
+    # info: the round's accuracy, read by round_info as the round ends (not kept)
+    specs: Kept[dict | None]  # the model's names and shapes, from the first global model
+    signal_dim: Kept[int | None]
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
-        self.specs: dict | None = None  # the model's names and shapes, from the first global model
-        self.signal_dim: int | None = None
+        self.specs, self.signal_dim = None, None
         self.info: dict[str, Any] = {}
         self.models = GlobalModels()  # the global or cluster model the devices train from, by version
 

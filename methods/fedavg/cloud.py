@@ -5,7 +5,7 @@ devices' head statistics of that model and serve the model with it (methods/cali
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, TypeVar
 
 import numpy as np
 
@@ -13,21 +13,32 @@ from splitedge.methods.averaging import weight_updates
 from splitedge.methods.calibration.serving import CalibratedCloud
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
-from splitedge.methods.contract import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
+from splitedge.methods.contract import DEVICES, CloudContext, CloudPart, Kept, Message, Report, RoundPlan, RoundSpec
+from splitedge.methods.fedavg.config import FedAvgConfig
 from splitedge.methods.torch_utils import build_split
 from splitedge.methods.metrics.evaluate import evaluate
 from splitedge.models import load_numpy_state, state_to_numpy
 
+if TYPE_CHECKING:
+    from torch import nn
+
 log = logging.getLogger(__name__)
 
 
-class FedAvgCloud(CalibratedCloud, CloudPart):
+ConfigT = TypeVar("ConfigT", bound=FedAvgConfig)
+
+
+class FedAvgCloud(CalibratedCloud, CloudPart[ConfigT]):
     """The whole model merged every round and sent to every device. Methods on the same pattern
     (the self-supervised ones) override `build_model` and `evaluate` only."""
 
-    state = CloudPart.state + ("model", "version", "samples", "calibrated", "calibrated_layer")
+    model: Kept[nn.Module]
+    version: Kept[int]
+    samples: Kept[int]
+    calibrated: Kept[dict[str, np.ndarray] | None]
+    calibrated_layer: Kept[str]
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: CloudContext) -> None:
         super().__init__(ctx)
         self.model = self.build_model().to(self.device).eval()
         self.specs = weight_specs(state_to_numpy(self.model))

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 import numpy as np
 import torch
 
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
-from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, DeviceContext, DevicePart, Kept, Message, RoundPlan
+from splitedge.methods.fedavg.config import FedAvgConfig
 from splitedge.methods.torch_utils import (build_split, input_batches, local_tensors, model_outputs, private_norms, sgd,
                                           tensor_batches)
 from splitedge.methods.training import Batch, Outputs, train_epochs
@@ -37,15 +38,20 @@ def train_local(model: torch.nn.Module, forward: Any, terms: Any, x: torch.Tenso
                         epochs=cfg.local_epochs)
 
 
-class FedAvgDevice(DevicePart):
+ConfigT = TypeVar("ConfigT", bound=FedAvgConfig)
+
+
+class FedAvgDevice(DevicePart[ConfigT]):
     # the optimiser is made afresh each round; specs and the local tensors come from the spec and data
-    state = ("model", "version", "encoder")
+    model: Kept[torch.nn.Module]
+    version: Kept[int]
+    encoder: Kept[UpdateEncoder]
     private, private_clips = True, ("dp_update_clip",)
     encodes_updates = True
     dp_sgd = True  # dp_unit=sample: trains with DP-SGD (per-image clipping), sends the model as trained
     secure_kinds = ("weights",)
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.model = build_split(self.spec).to(self.device).eval()
         self.specs = weight_specs(state_to_numpy(self.model))

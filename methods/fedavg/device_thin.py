@@ -16,15 +16,18 @@ from typing import Any, Iterator
 import numpy as np
 
 from splitedge.methods.checks import check_weights
-from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan, Unsupported
+from splitedge.methods.contract import DONE, DeviceContext, DevicePart, Kept, Message, RoundPlan, Unsupported
+from splitedge.methods.fedavg.config import FedAvgConfig
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.fedavg.method import MODEL
 from splitedge.methods.privacy.release import private_weights
 from splitedge.methods.update_codec import UpdateEncoder
 
 
-class FedAvgThinDevice(DevicePart):
-    state = ("trainer", "version", "encoder")
+class FedAvgThinDevice(DevicePart[FedAvgConfig]):
+    trainer: Kept[Any]  # a thin ClassifierTrainer (methods/thin/classifier.py), imported when built
+    version: Kept[int]
+    encoder: Kept[UpdateEncoder]
     encodes_updates = True
     # A thin device trains with DP-FedAvg (an update clipped and noised per round); under
     # dp_unit=sample it refuses to take part (Unsupported, below), so nothing leaves it unprotected.
@@ -33,7 +36,7 @@ class FedAvgThinDevice(DevicePart):
     secure_kinds = ("weights",)
     stats_batch = 16  # head statistics: a thin device's memory bound
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         from splitedge.methods.thin.classifier import ClassifierTrainer
 

@@ -8,22 +8,27 @@ and refuses device updates that do not fit them.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 from splitedge.methods.averaging import GlobalModels, averaged_body, weight_updates
 from splitedge.methods.checks import check_version, check_weights, weight_specs
 from splitedge.methods.fedavg.method import MODEL
-from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.contract import EdgeContext, EdgePart, Kept, Message, Report, RoundPlan
+from splitedge.methods.fedavg.config import FedAvgConfig
 
 log = logging.getLogger(__name__)
 
 
-class FedAvgEdge(EdgePart):
-    state = ("specs", "version")  # specs: learnt from the first global model relayed, not known at build
+ConfigT = TypeVar("ConfigT", bound=FedAvgConfig)
 
-    def __init__(self, ctx: NodeContext) -> None:
+
+class FedAvgEdge(EdgePart[ConfigT]):
+    specs: Kept[dict | None]  # learnt from the first global model relayed, not known at build
+    version: Kept[int]
+
+    def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
-        self.specs: dict | None = None  # from the first global model seen
+        self.specs = None  # from the first global model seen
         self.version = 0
         self.models = GlobalModels()  # the global model relayed: what the devices' updates train from
 

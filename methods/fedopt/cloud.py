@@ -7,16 +7,18 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from splitedge.methods.contract import NodeContext
+from splitedge.methods.contract import CloudContext, Kept
 from splitedge.methods.fedavg.cloud import FedAvgCloud
+from splitedge.methods.fedopt.config import FedOptConfig
 from splitedge.methods.fedopt.server import ServerOptimiser
 from splitedge.models import state_to_numpy
 
 
-class FedOptCloud(FedAvgCloud):
-    state = FedAvgCloud.state + ("server_m", "server_v")
+class FedOptCloud(FedAvgCloud[FedOptConfig]):
+    server_m: Kept[dict[str, np.ndarray]]
+    server_v: Kept[dict[str, np.ndarray]]
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: CloudContext) -> None:
         super().__init__(ctx)
         cfg = self.cfg
         self.server = ServerOptimiser(cfg.server_opt, lr=cfg.server_lr, beta1=cfg.beta1, beta2=cfg.beta2, tau=cfg.tau,

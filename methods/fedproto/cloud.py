@@ -18,19 +18,22 @@ from splitedge.methods.calibration.lda import lda_classifier
 from splitedge.methods.calibration.records import head_message, merge
 from splitedge.methods.robust import robust_rule
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
-from splitedge.methods.contract import DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
+from splitedge.methods.contract import DEVICES, CloudContext, CloudPart, Kept, Message, Report, RoundPlan, RoundSpec
+from splitedge.methods.fedproto.config import FedProtoConfig
 
 log = logging.getLogger(__name__)
 
 
-class FedProtoCloud(CloudPart):
-    state = CloudPart.state + ("version", "protos", "dim")
+class FedProtoCloud(CloudPart[FedProtoConfig]):
+    version: Kept[int]  # of the global prototypes; 0 = none yet
+    protos: Kept[tuple[np.ndarray, np.ndarray, np.ndarray] | None]
+    dim: Kept[int | None]  # FedProto.settle: from the model
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: CloudContext) -> None:
         super().__init__(ctx)
         self.version = 0  # of the global prototypes; 0 = none yet
-        self.protos: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self.dim: int | None = self.cfg.dim or None  # FedProto.settle: from the model
+        self.protos = None
+        self.dim = self.cfg.dim or None
 
     def plan(self, round_: int) -> RoundSpec:
         """Devices train with the announced version of the global prototypes."""

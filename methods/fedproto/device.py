@@ -21,7 +21,8 @@ from splitedge.methods.privacy.dpsgd_torch import terms_loss, train_dpsgd
 from splitedge.methods.privacy.release import private_means_of
 from splitedge.methods.data.preprocess import batches
 from splitedge.methods.metrics.representation import effective_rank
-from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, DeviceContext, DevicePart, Kept, Message, RoundPlan
+from splitedge.methods.fedproto.config import FedProtoConfig
 from splitedge.methods.metrics.evaluate import accuracy
 from splitedge.methods.torch_utils import build_split, local_tensors, retune, sgd, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
@@ -42,12 +43,19 @@ def held_out_tensors(data: tuple[np.ndarray, np.ndarray], spec: Any,
     return x[train], y[train], x[held], y[held]
 
 
-class FedProtoDevice(PersonalHead, DevicePart):
+class FedProtoDevice(PersonalHead, DevicePart[FedProtoConfig]):
     # The held-out split is drawn from the node's rng when the part is built, so a rebuilt part
     # would draw another: its rows are kept, the tensors rebuilt from them. The last accuracy
     # and rank are the round's, read by round_info as it ends. head: a calibrated global head
     # the cloud sent (calibrate=lda), scored on the held-out share in an evaluation phase.
-    state = ("model", "opt", "protos", "has_proto", "proto_version", "holdout_rows", "head", "head_version")
+    model: Kept[torch.nn.Module]
+    opt: Kept[Any]
+    protos: Kept[torch.Tensor]
+    has_proto: Kept[torch.Tensor]
+    proto_version: Kept[int]
+    holdout_rows: Kept[np.ndarray]
+    head: Kept[tuple[np.ndarray, np.ndarray] | None]
+    head_version: Kept[int]
     can_calibrate = True
     secure_kinds = ("moments",)  # its prototypes: the edge takes their mean over devices (protos.py)
     moments_per = "device"
@@ -55,7 +63,7 @@ class FedProtoDevice(PersonalHead, DevicePart):
     own_model_statistics = "its prototypes and head statistics are computed with the personal model it trains"
     dp_sgd = True  # dp_unit=sample: the personal model trains with DP-SGD, which bounds what is computed with it
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.model = build_split(self.spec).eval()
         self.dim = int(representation(self.model, torch.zeros(2, self.spec.channels, self.spec.image_size,

@@ -14,18 +14,19 @@ import numpy as np
 
 from splitedge.methods.robust import robust_rule
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
-from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan
+from splitedge.methods.contract import EdgeContext, EdgePart, Kept, Message, Report, RoundPlan
+from splitedge.methods.fedproto.config import FedProtoConfig
 
 log = logging.getLogger(__name__)
 
 
-class FedProtoEdge(EdgePart):
-    state = ("dim",)  # info: the round's accuracy, read by round_info as the round ends
+class FedProtoEdge(EdgePart[FedProtoConfig]):
+    dim: Kept[int | None]  # the representation's, as the cloud announced it; info (the round's accuracy) is not kept
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
         self.info: dict[str, Any] = {}
-        self.dim: int | None = self.cfg.dim or None  # the representation's, as the cloud announced it
+        self.dim = self.cfg.dim or None
 
     def check(self, env: Any, source: str) -> None:
         """Prototypes of this model's classes, all of one dimension (the first one seen sets it)."""

@@ -7,10 +7,11 @@ from typing import Iterator
 
 from splitedge.methods.contract import Message, RoundPlan
 from splitedge.methods.fedavg.device import FedAvgDevice
+from splitedge.methods.fedprox.method import FedProxConfig
 from splitedge.methods.training import Batch, Outputs
 
 
-class FedProxDevice(FedAvgDevice):
+class FedProxDevice(FedAvgDevice[FedProxConfig]):
     anchor: list | None = None  # the global parameters of the round being trained (not kept between rounds)
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:

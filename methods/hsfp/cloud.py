@@ -23,39 +23,52 @@ from splitedge.methods.hsfp.torch_ops import sample_batches
 from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body
 from splitedge.methods.metrics.evaluate import evaluate
 from splitedge.methods.torch_utils import retune
-from splitedge.methods.contract import CHILDREN, DEVICES, CloudPart, Message, NodeContext, Placement, Report, RoundPlan, RoundSpec
+from splitedge.methods.contract import (CHILDREN, DEVICES, CloudContext, CloudPart, Kept, Message, Placement, Report,
+                                        RoundPlan, RoundSpec)
+from splitedge.methods.hsfp.config import HSFPConfig
 from splitedge.methods.training import Batch, Outputs, train_epochs
-from splitedge.models import create_split, head_features, load_numpy_state, seeded_init, state_to_numpy
+from splitedge.models import (ClassifierInput, SplitModel, create_split, head_features, load_numpy_state, seeded_init,
+                              state_to_numpy)
 from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
 
-class HSFPCloud(CalibratedCloud, CloudPart):
+class HSFPCloud(CalibratedCloud, CloudPart[HSFPConfig]):
     # Left out: the weight specs (from the spec).
-    state = CloudPart.state + ("model", "served", "served_versions", "opt", "wc_version", "we_version", "cache",
-                               "cached_ids", "cached_at", "reference", "wc_sources", "global_sent", "calib_version",
-                               "calib", "calibrated", "calibrated_layer")
+    model: Kept[SplitModel]
+    served: Kept[SplitModel]
+    served_versions: Kept[tuple[int, int] | None]
+    opt: Kept[torch.optim.Optimizer]
+    wc_version: Kept[int]
+    we_version: Kept[int]
+    cache: Kept[dict[str, tuple[int, int, ClassMoments]]]  # edge -> (wc_v, we_v, moments)
+    cached_ids: Kept[dict[str, str]]  # edge -> msg_id of its cached moments
+    cached_at: Kept[dict[str, tuple[int, int, int]]]  # edge -> (wc_v, we_v, round) of its cached moments
+    reference: Kept[tuple[tuple[int, int], ClassMoments] | None]  # robust="clip": last merge, its versions
+    # edge_features="global": each edge's merge of W_c moments (version, msg_id, moments),
+    # and which of them the last federation-wide merge sent to the edges held
+    wc_sources: Kept[dict[str, tuple[int, str, ClassMoments]]]
+    global_sent: Kept[tuple]
+    calib_version: Kept[int]  # the calibration models last sent; their copy in calib
+    calib: Kept[ClassifierInput]
+    calibrated: Kept[dict[str, np.ndarray] | None]
+    calibrated_layer: Kept[str]
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: CloudContext) -> None:
         super().__init__(ctx)
         with seeded_init(self.spec.seed):
             self.model = create_split(self.spec.model, num_classes=self.spec.num_classes,
                                       in_channels=self.spec.channels, image_size=self.spec.image_size).eval()
         self.specs = {WC: weight_specs(state_to_numpy(self.model.wc)), WE: weight_specs(state_to_numpy(self.model.we))}
         self.served = copy.deepcopy(self.model)
-        self.served_versions: tuple[int, int] | None = None
+        self.served_versions = None
         self.wc_version, self.we_version = 0, 0
         self.opt = torch.optim.Adam(self._trained().parameters(), lr=self.cfg.cloud_lr)
-        self.cache: dict[str, tuple[int, int, ClassMoments]] = {}  # edge -> (wc_v, we_v, moments)
-        self.cached_ids: dict[str, str] = {}  # edge -> msg_id of its cached moments
-        self.cached_at: dict[str, tuple[int, int, int]] = {}  # edge -> (wc_v, we_v, round) of its cached moments
-        self.reference: tuple[tuple[int, int], ClassMoments] | None = None  # robust="clip": last merge, its versions
-        # edge_features="global": each edge's merge of W_c moments (version, msg_id, moments),
-        # and which of them the last federation-wide merge sent to the edges held
-        self.wc_sources: dict[str, tuple[int, str, ClassMoments]] = {}
-        self.global_sent: tuple = ()
-        self.calib_version = -1  # the calibration models last sent; their copy below
+        self.cache, self.cached_ids, self.cached_at = {}, {}, {}
+        self.reference = None
+        self.wc_sources, self.global_sent = {}, ()
+        self.calib_version = -1
         self.calib = sent_copy(self.model)
 
     def _trained(self) -> torch.nn.Module:

@@ -16,7 +16,8 @@ from splitedge.methods.hsfp.method import CALIB, WC
 from splitedge.methods.moments import ClassMoments, MomentAccumulator, moments_to_body
 from splitedge.methods.privacy.release import private_accumulator, private_moments
 from splitedge.methods.data.preprocess import accumulate
-from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, DeviceContext, DevicePart, Kept, Message, RoundPlan
+from splitedge.methods.hsfp.config import HSFPConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +34,18 @@ class Extractor(Protocol):
         """Swap in a new global W_c (atomically: on error the old one stays)."""
 
 
-class HSFPDevice(DevicePart):
+class HSFPDevice(DevicePart[HSFPConfig]):
     """Publishes per-class moments of the global W_c; sends nothing when they have not changed."""
 
     moment_batch = MOMENT_BATCH  # images per extractor call while computing moments
-    state = ("wc_version", "sent_version", "calib_version")  # the extractor is the runtime's backend
+    wc_version: Kept[int]  # the extractor is the runtime's backend, not kept
+    sent_version: Kept[int]
+    calib_version: Kept[int]
     private, private_clips = True, ("dp_clip",)  # it sends moments (and head statistics) only
     dp_sgd = True  # trains nothing here: moments of the global W_c, or of a copy its subclasses train with DP-SGD
     secure_kinds = ("moments",)
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.extractor: Extractor = backend
         self.wc_version = -1

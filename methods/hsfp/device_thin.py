@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from splitedge.methods.contract import Message, NodeContext, RoundPlan, Unsupported
+from splitedge.methods.contract import DeviceContext, Kept, Message, RoundPlan, Unsupported
 from splitedge.methods.data.preprocess import to_input
 from splitedge.methods.hsfp.device import HSFPDevice
 from splitedge.methods.hsfp.method import AVERAGE, WC
@@ -34,25 +34,29 @@ class HSFPThinDevice(HSFPDevice):
     # with the batch); 4 images a call keeps the moments pass of the CIFAR cnn a few MB.
     moment_batch = 4
     stats_batch = moment_batch  # head statistics run W_e and the trunk: the same bound
-    state = HSFPDevice.state + ("extractor", "calib_extractor", "trainer", "trained_version", "dp_start")
+    extractor: Kept[Any]  # W_c's numpy graph (methods/thin/graphs.py)
+    calib_extractor: Kept[Any]  # W_e and the trunk's
+    trainer: Kept[Any]  # the SupCon trainer, None when there is none for this W_c
+    trained_version: Kept[int]
+    dp_start: Kept[dict[str, np.ndarray]]
     private, private_clips = True, ("dp_clip", "dp_update_clip")
     dp_sgd = True  # dp_unit=sample: numpy DP-SGD toward the ETF (SupConTrainer.train_dpsgd)
     secure_kinds = ("moments", "weights")
     can_calibrate = True  # the trunk is built here, from the same install
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         from splitedge.methods.thin.graphs import calib_graph, wc_graph
 
         spec = self.spec
         try:
-            self.extractor = wc_graph(spec.model, spec.channels, pre_relu=self.cfg.pre_relu)  # type: ignore[assignment]
+            self.extractor = wc_graph(spec.model, spec.channels, pre_relu=self.cfg.pre_relu)
             self.calib_extractor = calib_graph(spec.model, spec.channels, spec.image_size, spec.num_classes)
         except ValueError as exc:
             raise Unsupported(str(exc)) from None
         self.trainer = self._new_trainer()
         self.trained_version = -1  # the global W_c version the trainer's local copy started from
-        self.dp_start: dict[str, np.ndarray] = {}  # with DP on: the weights it started from (the update's origin)
+        self.dp_start = {}  # with DP on: the weights it started from (the update's origin)
 
     def _new_trainer(self) -> Any:
         """The numpy SupCon trainer of this run's W_c, or None when there is none for it (said once)."""

@@ -20,7 +20,7 @@ from splitedge.methods.hsfp.device import HSFPDevice
 from splitedge.methods.hsfp.etf import EtfHead
 from splitedge.methods.hsfp.method import AVERAGE, WC
 from splitedge.methods.data.preprocess import to_input
-from splitedge.methods.contract import Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DeviceContext, Kept, Message, RoundPlan
 from splitedge.methods.privacy.dpsgd_torch import terms_loss, train_dpsgd
 from splitedge.methods.privacy.norm_stats import with_statistics
 from splitedge.methods.privacy.release import private_weights
@@ -37,12 +37,16 @@ class HSFPTorchDevice(HSFPDevice):
     can_calibrate = True
     # Left out: the weight specs (from the spec), the label tensor (from the data) and the
     # pre-ReLU view of wc_global (built when moments are taken, see `features`).
-    state = HSFPDevice.state + ("wc_global", "wc_local", "head", "opt", "calib")
+    wc_global: Kept[nn.Module]
+    wc_local: Kept[nn.Module]
+    head: Kept[nn.Module]
+    opt: Kept[PlainSGD]
+    calib: Kept[ClassifierInput | None]  # the served W_e and W_g trunk, built at the first calibration
     private, private_clips = True, ("dp_clip", "dp_update_clip")
     dp_sgd = True  # dp_unit=sample: DP-SGD toward the ETF (train_private)
     secure_kinds = ("moments", "weights")
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         with seeded_init(int(ctx.rng.integers(2**31))):
             split = create_split(self.spec.model, num_classes=self.spec.num_classes,
@@ -59,7 +63,7 @@ class HSFPTorchDevice(HSFPDevice):
         self.extractor = self
         self._labels = torch.from_numpy(np.asarray(self.data[1], dtype=np.int64))
         self.opt = self._new_optimizer()
-        self.calib: ClassifierInput | None = None  # the served W_e and W_g trunk, built at the first calibration
+        self.calib = None
 
     def restore_state(self, state: dict[str, Any]) -> None:
         """A parked (virtual) device that had calibrated keeps the calibration models it was

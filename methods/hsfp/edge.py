@@ -14,7 +14,8 @@ from splitedge.methods.checks import check_space, check_stats, check_version, ch
 from splitedge.methods.hsfp.method import AVERAGE, LABELS, REPORT_LABELS, WC, WE
 from splitedge.methods.hsfp.torch_ops import output_moments, sample_batches, with_counts
 from splitedge.methods.moments import ClassMoments, moments_from_body, moments_to_body, moments_without
-from splitedge.methods.contract import SUM_SUFFIX, EdgePart, Message, NodeContext, Report, RoundPlan, device
+from splitedge.methods.contract import SUM_SUFFIX, EdgeContext, EdgePart, Kept, Message, Report, RoundPlan, device
+from splitedge.methods.hsfp.config import HSFPConfig
 from splitedge.methods.torch_utils import retune
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import create_split, load_numpy_state, pool, seeded_init, state_to_numpy
@@ -23,13 +24,25 @@ from splitedge.protocol.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 
-class HSFPEdge(EdgePart):
+class HSFPEdge(EdgePart[HSFPConfig]):
     # Left out: shapes and weight specs (from the spec) and info (the round's, read by
     # round_info as it ends).
-    state = ("we_global", "we_local", "opt", "we_version", "wc_version", "last_wc_version",
-             "cache", "cached_ids", "cached_at", "reference", "global_wc", "sent_wc")
+    we_global: Kept[torch.nn.Module]
+    we_local: Kept[torch.nn.Module]
+    opt: Kept[torch.optim.Optimizer]
+    we_version: Kept[int]
+    wc_version: Kept[int]  # the newest W_c version announced
+    last_wc_version: Kept[int | None]
+    cache: Kept[dict[str, tuple[int, ClassMoments]]]  # device -> (wc_version, moments)
+    cached_ids: Kept[dict[str, str]]  # device -> msg_id of its cached moments
+    cached_at: Kept[dict[str, tuple[int, int]]]  # device -> (wc_version, round) of its cached moments
+    reference: Kept[tuple[int, ClassMoments] | None]  # (wc_version, last merge): robust="clip"'s reference
+    # edge_features="global": the federation's W_c moments (version, merge) from the cloud, and
+    # what this edge last sent up ((version, the message ids merged), merge) to take out of it
+    global_wc: Kept[tuple[int, ClassMoments] | None]
+    sent_wc: Kept[tuple[tuple, ClassMoments] | None]
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
         with seeded_init(self.spec.seed):  # the cloud's W_e v0 replaces these weights before any training
             split = create_split(self.spec.model, num_classes=self.spec.num_classes,
@@ -40,18 +53,12 @@ class HSFPEdge(EdgePart):
         self.we_local = copy.deepcopy(split.we)
         self.we_version = -1
         self.opt = self._new_optimizer()
-        self.cache: dict[str, tuple[int, ClassMoments]] = {}  # device -> (wc_version, moments)
+        self.cache = {}
         self.models = GlobalModels()  # the global W_c relayed: what the devices' W_c updates train from
-        self.cached_ids: dict[str, str] = {}  # device -> msg_id of its cached moments
-        self.cached_at: dict[str, tuple[int, int]] = {}  # device -> (wc_version, round) of its cached moments
-        self.reference: tuple[int, ClassMoments] | None = None  # (wc_version, last merge): robust="clip"'s reference
+        self.cached_ids, self.cached_at, self.reference = {}, {}, None
         self.info: dict[str, Any] = {}
-        self.wc_version = 0  # the newest W_c version announced
-        # edge_features="global": the federation's W_c moments (version, merge) from the cloud, and
-        # what this edge last sent up ((version, the message ids merged), merge) to take out of it
-        self.global_wc: tuple[int, ClassMoments] | None = None
-        self.sent_wc: tuple[tuple, ClassMoments] | None = None
-        self.last_wc_version: int | None = None
+        self.wc_version = 0
+        self.global_wc, self.sent_wc, self.last_wc_version = None, None, None
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.we_local.parameters(), lr=self.cfg.edge_lr, momentum=0.9, weight_decay=5e-4)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -24,15 +24,18 @@ from splitedge.methods.checks import check_vector
 from splitedge.methods.mar.device import build_mae
 from splitedge.methods.mar.method import LATENTS, MODEL, UPLOAD, ZBAR
 from splitedge.methods.ssl.cloud import SSLCloud
-from splitedge.methods.contract import DEVICES, Message, Placement, Report, RoundPlan, RoundSpec
+from splitedge.methods.contract import DEVICES, Kept, Message, Placement, Report, RoundPlan, RoundSpec
+from splitedge.methods.mar.config import DecMARConfig, MARConfig
 from splitedge.models import load_numpy_state
 
 log = logging.getLogger(__name__)
 
 
-class MARCloud(SSLCloud):
-    state = SSLCloud.state + ("zbar_version",)
-    zbar_version = 0
+ConfigT = TypeVar("ConfigT", bound=MARConfig)
+
+
+class MARCloud(SSLCloud[ConfigT]):
+    zbar_version: Kept[int] = 0
 
     def build_model(self) -> Any:
         return build_mae(self.spec, self.cfg)
@@ -63,11 +66,10 @@ class MARCloud(SSLCloud):
         return out, {**metrics, "latents": len(latents)}
 
 
-class DecMARCloud(MARCloud):
+class DecMARCloud(MARCloud[DecMARConfig]):
     """Announces rounds and observes: places devices on the peer graph, evaluates the consensus."""
 
-    state = MARCloud.state + ("graph",)
-    graph: dict[str, tuple[str, ...]] | None = None
+    graph: Kept[dict[str, tuple[str, ...]] | None] = None
 
     def placement(self, round_: int) -> dict[str, Placement] | None:
         if self.graph is not None:

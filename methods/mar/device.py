@@ -8,7 +8,7 @@ waits (bounded) for theirs, and averages itself with them.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -17,7 +17,8 @@ from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.mar.method import LATENT, MODEL, UPLOAD, ZBAR
 from splitedge.methods.mar.losses import mar_gamma
 from splitedge.methods.ssl.model import normalise, to_unit
-from splitedge.methods.contract import DONE, PEERS, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, PEERS, DeviceContext, DevicePart, Kept, Message, RoundPlan
+from splitedge.methods.mar.config import DecMARConfig, MARConfig
 from splitedge.methods.privacy.release import private_means_of, private_weights
 from splitedge.methods.torch_utils import device_optimizer, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
@@ -36,20 +37,27 @@ def build_mae(spec: Any, cfg: Any) -> Any:
                                  decoder_depth=cfg.decoder_depth, mask_ratio=cfg.mask_ratio)
 
 
-class MARDevice(DevicePart):
+ConfigT = TypeVar("ConfigT", bound=MARConfig)
+
+
+class MARDevice(DevicePart[ConfigT]):
     # mean_latent is the mean of this round's batches, taken before it is sent
-    state = ("model", "version", "zbar", "zbar_version", "participations")
+    model: Kept[torch.nn.Module]
+    version: Kept[int]
+    zbar: Kept[torch.Tensor | None]
+    zbar_version: Kept[int]
+    participations: Kept[int]
     # under DP (FedMAR): the model update clipped and noised as FedAvg's, and the mean latent one
     # noisy release of the images' latents clipped to dp_clip (private_latent)
     private, private_clips = True, ("dp_update_clip", "dp_clip")
     clear_private = "FedMAR's mean latents travel device by device (its edge forwards each to the cloud)"
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.model = build_mae(self.spec, self.cfg).eval()
         self.specs = weight_specs(state_to_numpy(self.model))
         self.version = -1
-        self.zbar: torch.Tensor | None = None
+        self.zbar = None
         self.zbar_version = 0
         self.participations = 0
         self.mean_latent: np.ndarray | None = None
@@ -170,7 +178,7 @@ SUSPECT_WAIT_S = 1.0
 """How long a round waits for a neighbour that was missing the round before."""
 
 
-class DecMARDevice(MARDevice):
+class DecMARDevice(MARDevice[DecMARConfig]):
     """Trains, sends its model and mean latent to its neighbours, waits (bounded) for theirs,
     averages itself with them; z_bar for the next round is the mean of their mean latents.
     Every device builds the same initial model from the run's seed, so it needs nobody's
@@ -182,13 +190,13 @@ class DecMARDevice(MARDevice):
     only (the seeded initial model first), so every update is clipped against a start that
     reveals nothing more, and the rounds compose as the accountant counts them."""
 
-    state = MARDevice.state + ("missed",)  # info: this round's, read by round_info as it ends
+    missed: Kept[set[str]]  # neighbours not heard last round; info: this round's, read by round_info as it ends
     clear_private = "DecMAR's models and mean latents go to each neighbour as they are (no secure sum)"
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.version = 0
-        self.missed: set[str] = set()  # neighbours not heard last round
+        self.missed = set()
 
     def run_round(self, plan: RoundPlan) -> Iterator[Message | object]:
         own = self.released_round()

@@ -14,12 +14,12 @@ from splitedge.methods.averaging import averaged_body, weight_updates
 from splitedge.methods.checks import check_vector, check_weights
 from splitedge.methods.fedavg.edge import FedAvgEdge
 from splitedge.methods.mar.method import LATENT, LATENTS, MODEL, UPLOAD
-from splitedge.methods.contract import Message, Report, RoundPlan
+from splitedge.methods.contract import Kept, Message, Report, RoundPlan
+from splitedge.methods.mar.config import DecMARConfig, MARConfig
 
 
-class MAREdge(FedAvgEdge):
-    state = FedAvgEdge.state + ("latent_dim",)
-    latent_dim: int | None = None  # from the first latent record seen
+class MAREdge(FedAvgEdge[MARConfig]):
+    latent_dim: Kept[int | None] = None  # from the first latent record seen
 
     def check(self, env: Any, source: str) -> None:
         super().check(env, source)
@@ -35,7 +35,7 @@ class MAREdge(FedAvgEdge):
         return out
 
 
-class DecMAREdge(FedAvgEdge):
+class DecMAREdge(FedAvgEdge[DecMARConfig]):
     """Learns the model's shapes from the initial model it relays (FedAvgEdge.on_message).
     `heard` is the round's, read by round_info as it ends: FedAvgEdge's state is all it keeps."""
 

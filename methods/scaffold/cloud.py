@@ -10,18 +10,18 @@ import numpy as np
 
 from splitedge.methods.averaging import average_states, weight_updates
 from splitedge.methods.checks import check_weights, weight_specs
-from splitedge.methods.contract import DEVICES, Message, NodeContext, Report, RoundPlan, RoundSpec
+from splitedge.methods.contract import DEVICES, CloudContext, Kept, Message, Report, RoundPlan, RoundSpec
 from splitedge.methods.fedavg.cloud import FedAvgCloud
 from splitedge.methods.fedavg.method import MODEL
 from splitedge.methods.scaffold.device import parameter_map
-from splitedge.methods.scaffold.method import C, DC
+from splitedge.methods.scaffold.method import C, DC, ScaffoldConfig
 from splitedge.models import state_to_numpy
 
 
-class ScaffoldCloud(FedAvgCloud):
-    state = FedAvgCloud.state + ("c_global",)
+class ScaffoldCloud(FedAvgCloud[ScaffoldConfig]):
+    c_global: Kept[dict[str, np.ndarray]]
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: CloudContext) -> None:
         super().__init__(ctx)
         self.c_global = {n: np.zeros_like(a) for n, a in parameter_map(self.model).items()}
         self.c_specs = weight_specs(self.c_global)

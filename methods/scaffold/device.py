@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from splitedge.methods.checks import check_weights, weight_specs
-from splitedge.methods.contract import DONE, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, DeviceContext, Kept, Message, RoundPlan
 from splitedge.methods.fedavg.device import FedAvgDevice
-from splitedge.methods.scaffold.method import C, DC
+from splitedge.methods.scaffold.method import C, DC, ScaffoldConfig
 from splitedge.methods.training import Batch, Outputs
 
 
@@ -33,14 +33,16 @@ def parameter_map(model: torch.nn.Module) -> dict[str, np.ndarray]:
     return {n: p.detach().cpu().numpy().astype(np.float32, copy=True) for n, p in model.named_parameters()}
 
 
-class ScaffoldDevice(FedAvgDevice):
+class ScaffoldDevice(FedAvgDevice[ScaffoldConfig]):
     encodes_updates = False  # it sends its control variate beside the model, and reads the model it sent
-    state = FedAvgDevice.state + ("c_local", "c_global", "c_version")
+    c_local: Kept[dict[str, np.ndarray]]
+    c_global: Kept[dict[str, np.ndarray]]
+    c_version: Kept[int]
     private, private_clips = True, ("dp_update_clip",)  # the model; dc follows from what was sent
     dp_sgd = False  # its corrected steps have no DP-SGD form here: dp_unit=sample refuses it
     secure_kinds = ()  # no secure sum tested with its control variates
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         zeros = {n: np.zeros_like(a) for n, a in parameter_map(self.model).items()}
         self.c_specs = weight_specs(zeros)

@@ -8,15 +8,14 @@ from typing import Any, Sequence
 
 from splitedge.methods.averaging import averaged_body, weight_updates
 from splitedge.methods.checks import check_version, check_weights, weight_specs
-from splitedge.methods.contract import Message, Report, RoundPlan
+from splitedge.methods.contract import Kept, Message, Report, RoundPlan
 from splitedge.methods.fedavg.edge import FedAvgEdge
 from splitedge.methods.fedavg.method import MODEL
-from splitedge.methods.scaffold.method import C, DC
+from splitedge.methods.scaffold.method import C, DC, ScaffoldConfig
 
 
-class ScaffoldEdge(FedAvgEdge):
-    state = FedAvgEdge.state + ("c_specs",)  # learnt from the first server control variate relayed
-    c_specs: dict | None = None
+class ScaffoldEdge(FedAvgEdge[ScaffoldConfig]):
+    c_specs: Kept[dict | None] = None  # learnt from the first server control variate relayed
 
     def check(self, env: Any, source: str) -> None:
         if env.kind == "weights" and env.body["part"] in (C, DC):

@@ -12,19 +12,25 @@ from splitedge.methods.calibration.serving import CalibratedCloud
 from splitedge.methods.calibration.upper import CALIB, sent_copy, upper_update
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.splitfed.method import MODEL
-from splitedge.methods.contract import CHILDREN, DEVICES, CloudPart, Message, NodeContext, Report, RoundPlan, RoundSpec
+from splitedge.methods.contract import CHILDREN, DEVICES, CloudContext, CloudPart, Kept, Message, Report, RoundPlan, RoundSpec
+from splitedge.methods.splitfed.config import SplitFedConfig
 from splitedge.methods.torch_utils import build_split
 from splitedge.methods.metrics.evaluate import evaluate
-from splitedge.models import PART_NAMES, load_numpy_state, state_to_numpy
+from splitedge.models import PART_NAMES, ClassifierInput, SplitModel, load_numpy_state, state_to_numpy
 from splitedge.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
 
-class SplitFedCloud(CalibratedCloud, CloudPart):
-    state = CloudPart.state + ("model", "version", "calib", "calib_version", "calibrated", "calibrated_layer")
+class SplitFedCloud(CalibratedCloud, CloudPart[SplitFedConfig]):
+    model: Kept[SplitModel]
+    version: Kept[int]
+    calib: Kept[ClassifierInput]
+    calib_version: Kept[int]
+    calibrated: Kept[dict[str, np.ndarray] | None]
+    calibrated_layer: Kept[str]
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: CloudContext) -> None:
         super().__init__(ctx)
         self.model = build_split(self.spec).eval()
         self.specs = {part: weight_specs(state_to_numpy(self.model.part(part))) for part in PART_NAMES}

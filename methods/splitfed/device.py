@@ -17,7 +17,8 @@ from splitedge.methods.checks import weight_specs
 from splitedge.methods.splitfed.device_checks import check_wc_message
 from splitedge.methods.moments import WIRE_DTYPES
 from splitedge.methods.splitfed.method import MODEL
-from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, DeviceContext, DevicePart, Kept, Message, RoundPlan
+from splitedge.methods.splitfed.config import SplitFedConfig
 from splitedge.methods.torch_utils import build_split, local_tensors, sgd, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import load_numpy_state, state_to_numpy
@@ -25,12 +26,15 @@ from splitedge.models import load_numpy_state, state_to_numpy
 Request = Callable[[Message, str, float], Any]
 
 
-class SplitFedDevice(DevicePart):
+class SplitFedDevice(DevicePart[SplitFedConfig]):
     # samples_sent is counted afresh each round; the optimiser is made each round. calib: W_e
     # and W_g's trunk for head calibration, built when the cloud first sends them
-    state = ("wc", "version", "calib", "calib_version")
+    wc: Kept[torch.nn.Module]
+    version: Kept[int]
+    calib: Kept[Any]
+    calib_version: Kept[int]
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         split = build_split(self.spec)
         self.wc, self.wc_shape = split.wc.eval(), tuple(split.wc_shape)
@@ -38,7 +42,7 @@ class SplitFedDevice(DevicePart):
         self.x, self.y = local_tensors(self.training_data(), self.spec)
         self.version = -1
         self.samples_sent = 0
-        self.calib: Any = None
+        self.calib = None
         self.calib_version = -1
 
     def ready(self, plan: RoundPlan) -> bool:

@@ -15,16 +15,18 @@ import numpy as np
 from splitedge.methods.calibration import CALIB
 from splitedge.methods.checks import weight_specs
 from splitedge.methods.splitfed.device_checks import check_wc_message
-from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan, Unsupported
+from splitedge.methods.contract import DONE, DeviceContext, DevicePart, Kept, Message, RoundPlan, Unsupported
+from splitedge.methods.splitfed.config import SplitFedConfig
 from splitedge.methods.moments import WIRE_DTYPES
 from splitedge.methods.splitfed.method import MODEL
 from splitedge.methods.thin.trainer import SplitTrainer
 
 
-class SplitFedThinDevice(DevicePart):
-    state = ("trainer", "version")
+class SplitFedThinDevice(DevicePart[SplitFedConfig]):
+    trainer: Kept[SplitTrainer]
+    version: Kept[int]
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         try:
             self.trainer = SplitTrainer(self.spec.model, self.spec.channels, chunk=self.ctx.train_chunk)

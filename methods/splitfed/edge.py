@@ -27,7 +27,8 @@ from splitedge.methods.calibration.upper import CALIB
 from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.losslog import LossLog
 from splitedge.methods.splitfed.method import MODEL
-from splitedge.methods.contract import EdgePart, Message, NodeContext, Report, RoundPlan, device
+from splitedge.methods.contract import EdgeContext, EdgePart, Kept, Message, Report, RoundPlan, device
+from splitedge.methods.splitfed.config import SplitFedConfig
 from splitedge.methods.torch_utils import Optimizer, build_split, sgd
 from splitedge.methods.training import Batch, Outputs, train_step
 from splitedge.models import head_features, load_numpy_state, state_to_numpy
@@ -60,11 +61,12 @@ class Copy:
     samples: int = 0
 
 
-class SplitFedEdge(EdgePart):
+class SplitFedEdge(EdgePart[SplitFedConfig]):
     # the per-device copies and their loss log live within a round (cleared when it closes)
-    state = ("server", "versions")
+    server: Kept[ServerSide]
+    versions: Kept[dict[str, int]]
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: EdgeContext) -> None:
         super().__init__(ctx)
         split = build_split(self.spec)
         self.server = ServerSide(split.we, split.wg).eval()

@@ -9,7 +9,7 @@ singular-value spectrum. `accuracy` in the metrics is the linear probe's.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -17,12 +17,16 @@ import torch
 from splitedge.methods.fedavg.cloud import FedAvgCloud
 from splitedge.methods.data.preprocess import batches
 from splitedge.methods.ssl.model import build_net, normalise, to_unit
-from splitedge.methods.contract import DEVICES, Message, NodeContext, RoundPlan, device
+from splitedge.methods.contract import DEVICES, CloudContext, Kept, Message, RoundPlan, device
+from splitedge.methods.ssl.config import SSDConfig, SSLConfig
 
 log = logging.getLogger(__name__)
 
 
-class SSLCloud(FedAvgCloud):
+ConfigT = TypeVar("ConfigT", bound=SSLConfig)
+
+
+class SSLCloud(FedAvgCloud[ConfigT]):
     """FedAvg's cloud with the self-supervised network and the representation report."""
 
     def build_model(self) -> Any:
@@ -82,13 +86,13 @@ class SSLCloud(FedAvgCloud):
         return {**rep, "accuracy": rep["probe_accuracy"]}
 
 
-class SSDCloud(SSLCloud):
+class SSDCloud(SSLCloud[SSDConfig]):
     """Draws Q and each device's disjoint scale directions once, before round 1, and sends Q to
     every device and d_k to device k alone (METHODS.md SSD)."""
 
-    state = SSLCloud.state + ("scales_sent",)
+    scales_sent: Kept[bool]
 
-    def __init__(self, ctx: NodeContext) -> None:
+    def __init__(self, ctx: CloudContext) -> None:
         super().__init__(ctx)
         self.scales_sent = False
 

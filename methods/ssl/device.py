@@ -18,7 +18,8 @@ from splitedge.methods.checks import check_weights, weight_specs
 from splitedge.methods.ssl.method import MODEL
 from splitedge.methods.ssl.model import build_net, normalise, to_unit
 from splitedge.methods.ssl.augment import ssl_views
-from splitedge.methods.contract import DONE, DevicePart, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, DeviceContext, DevicePart, Kept, Message, RoundPlan
+from splitedge.methods.ssl.config import SSLConfig
 from splitedge.methods.privacy.release import private_weights
 from splitedge.methods.torch_utils import device_optimizer, private_norms, shuffled_batches
 from splitedge.methods.training import Batch, Outputs, train_epochs
@@ -28,19 +29,22 @@ from splitedge.protocol.errors import ProtocolError
 SCALE_RECORDS = ("ssd_q", "ssd_d")
 
 
-class SSLDevice(DevicePart):
-    state = ("net", "version", "scales")  # the optimiser is made afresh each round
+class SSLDevice(DevicePart[SSLConfig]):
+    # the optimiser is made afresh each round
+    net: Kept[torch.nn.Module]
+    version: Kept[int]
+    scales: Kept[dict[str, torch.Tensor]]  # "q" [D, D], "d" [D] (SSD)
     # its model is all it sends: under DP the update clipped and noised as FedAvg's (and its
     # encoder's BatchNorm statistics released with dp_bn_clip), summed like FedAvg's under secagg
     private, private_clips = True, ("dp_update_clip",)
     secure_kinds = ("weights",)
 
-    def __init__(self, ctx: NodeContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
+    def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)
         self.net = build_net(self.spec, self.cfg.proj_hidden, self.method.predictor, self.cfg)
         self.specs = weight_specs(state_to_numpy(self.net))
         self.version = -1
-        self.scales: dict[str, torch.Tensor] = {}  # "q" [D, D], "d" [D] (SSD)
+        self.scales = {}
 
     def ready(self, plan: RoundPlan) -> bool:
         """The announced global model is here. SSD's scales come before round 1 on the same path

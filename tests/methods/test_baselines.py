@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parts import ctx_for, env, plan_for, report, shipped_methods
+from parts import device_ctx, edge_ctx, env, plan_for, report, shipped_methods
 from splitedge.methods.contract import Message
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def test_splitfed_edge_returns_the_activation_gradient_per_device():
     from parts import SPEC
 
     # Prepare: an edge holding the global W_e/W_g (version 0) and one batch of activations
-    edge = SplitFedEdge(ctx_for("splitfed", "e0"))
+    edge = SplitFedEdge(edge_ctx("splitfed", "e0"))
     model = build_split(SPEC)
     for part in ("we", "wg"):
         edge.on_message(env("weights", {"part": part, "version": 0, "samples": 0,
@@ -159,7 +159,7 @@ def test_fedavg_edge_weighted_average_is_exact():
     from splitedge.methods.fedavg.edge import FedAvgEdge
 
     # Prepare: two devices with 1 and 3 samples, one stale update trained from an old model
-    edge = FedAvgEdge(ctx_for("fedavg", "e0"))
+    edge = FedAvgEdge(edge_ctx("fedavg", "e0"))
     def update(w, counter, samples, version=4):
         return env("weights", {"part": "model", "version": version, "samples": samples,
                                "weights": {"w": np.array(w, np.float32), "bn.n": np.array(counter, np.int64)}})
@@ -180,7 +180,7 @@ def test_fedavg_device_waits_for_the_announced_model():
     from parts import SPEC
 
     # Prepare
-    ctx = ctx_for("fedavg", "d0")
+    ctx = device_ctx("fedavg", "d0")
     device = ctx.method.device_part(ctx, (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
     weights = state_to_numpy(build_split(SPEC))
     # Execute / Assert

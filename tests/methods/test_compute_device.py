@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from parts import ctx_for
+from parts import cloud_ctx, edge_ctx
 from splitedge.methods import compute
 from splitedge.methods.compute import CPU, Compute, resolve
 from splitedge.methods.contract import Unsupported
@@ -75,17 +75,17 @@ def test_parts_get_their_device_through_the_context() -> None:
     """The method's parts builder narrows the node's device for a method not ported (its parts then
     compute on the CPU), refuses a named GPU for it (the node leaves: Unsupported), and hands a
     ported method's parts the node's device as `Part.device`."""
-    ctx = ctx_for("hsfp")
+    ctx = edge_ctx("hsfp")
     ctx.compute = Compute("cuda", asked=False)
     assert ctx.method.edge_part(ctx).device == "cpu"
-    ctx = ctx_for("hsfp")
+    ctx = edge_ctx("hsfp")
     ctx.compute = Compute("cuda", asked=True)
     with pytest.raises(Unsupported, match="method hsfp runs on the CPU only so far"):
         ctx.method.edge_part(ctx)
-    ctx = ctx_for("fedavg")
+    ctx = edge_ctx("fedavg")
     ctx.compute = Compute("cuda:1", asked=True)
     assert ctx.method.edge_part(ctx).device == "cuda:1"  # FedAvg's edge only averages numpy maps
-    assert ctx_for("fedavg").method.cloud_part(ctx_for("fedavg")).device == "cpu"  # the default context
+    assert cloud_ctx("fedavg").method.cloud_part(cloud_ctx("fedavg")).device == "cpu"  # the default context
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedprox", "scaffold", "fedadam", "fedavgm", "fedyogi"])

@@ -17,14 +17,14 @@ def test_the_cloud_settles_the_dimension_and_the_edge_holds_to_it_from_the_first
     from splitedge.cloud.options import build_run_config
     from splitedge.methods.data.datasets import load_dataset
     from splitedge.methods.registry import create_method
-    from splitedge.methods.contract import NodeContext
+    from splitedge.methods.contract import EdgeContext
 
     _, _, info = load_dataset("digits", max_train=50, max_test=20)
     config = build_run_config("fedproto", info, None, 0, {})
     dim = config.method.dim
     assert dim > 0
     method = create_method("fedproto", config.to_wire())  # as an edge builds it from the round
-    edge = method.edge_part(NodeContext(node_id="e0", method=method, rng=np.random.default_rng(0)))
+    edge = method.edge_part(EdgeContext(node_id="e0", method=method, rng=np.random.default_rng(0)))
     classes, counts = np.arange(2), np.array([3, 4])
     rogue = wire("moments", protos_body(classes, counts, np.ones((2, dim + 5), np.float32), "f4", 0), "d9")
     with pytest.raises(ProtocolError, match="dim"):

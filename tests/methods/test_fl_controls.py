@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parts import ctx_for, env, plan_for, report
+from parts import cloud_ctx, device_ctx, env, plan_for, report
 from splitedge.methods.contract import DONE
 from splitedge.methods.torch_utils import sgd
 from splitedge.methods.training import Batch, train_step
@@ -34,7 +34,7 @@ def _ce_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[
 
 
 def _device(method: str, **settings):
-    ctx = ctx_for(method, "d0", momentum=0.0, weight_decay=0.0, device_lr=0.1, **settings)
+    ctx = device_ctx(method, "d0", momentum=0.0, weight_decay=0.0, device_lr=0.1, **settings)
     return ctx.method.device_part(ctx, _data(), "torch")
 
 
@@ -123,7 +123,7 @@ def test_scaffold_under_dp_derives_its_control_update_from_the_noised_model_it_s
 
 def test_scaffold_server_update_of_model_and_control_variate() -> None:
     # Prepare: a cloud of a federation of 4 devices; two edges report 3 devices' dc between them
-    ctx = ctx_for("scaffold", "cloud", server_lr=0.5, test=_data(5))
+    ctx = cloud_ctx("scaffold", "cloud", server_lr=0.5, test=_data(5))
     ctx.view = SimpleNamespace(devices={f"d{i}": "e0" for i in range(4)})
     cloud = ctx.method.cloud_part(ctx)
     x = state_to_numpy(cloud.model)
@@ -172,11 +172,11 @@ def test_server_optimisers_step_as_written(kind: str) -> None:
 def test_fedopt_cloud_keeps_its_moments_across_a_restart() -> None:
     from splitedge.methods import snapshot
 
-    ctx = ctx_for("fedadam", "cloud")
+    ctx = cloud_ctx("fedadam", "cloud")
     cloud = ctx.method.cloud_part(ctx)
     merged = {n: a + 0.1 if a.dtype.kind == "f" else a for n, a in state_to_numpy(cloud.model).items()}
     cloud.server_update(merged)
-    fresh = ctx.method.cloud_part(ctx_for("fedadam", "cloud"))
+    fresh = ctx.method.cloud_part(cloud_ctx("fedadam", "cloud"))
     fresh.restore_state(snapshot.loads(snapshot.dumps(cloud.resume_state())))
     assert fresh.server.m.keys() == cloud.server.m.keys() and fresh.server.m
     assert all(np.array_equal(fresh.server.v[k], cloud.server.v[k]) for k in cloud.server.v)
@@ -190,7 +190,7 @@ def test_a_negative_batchnorm_variance_is_refused_and_evaluation_survives_degene
     from splitedge.methods.metrics.evaluate import representation_measures
     from splitedge.protocol.errors import ProtocolError
 
-    ctx = ctx_for("fedavg", "d0")
+    ctx = device_ctx("fedavg", "d0")
     weights = state_to_numpy(ctx.method.device_part(ctx, _data(), "torch").model)
     specs = weight_specs(weights)
     name = next(k for k in weights if k.endswith("running_var"))

@@ -17,7 +17,7 @@ from splitedge.methods.calibration.layers import HeadLayer, held_out, layer_feat
 from splitedge.methods.calibration.records import Gate, check_heads, heads_message, record
 from splitedge.methods.calibration.stats import HeadStats
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig
-from splitedge.methods.contract import NodeContext, RoundPlan
+from splitedge.methods.contract import DeviceContext, RoundPlan
 from splitedge.methods.registry import get_method
 from splitedge.protocol.errors import ProtocolError
 from splitedge.sim import SimSettings, run_sim
@@ -76,7 +76,7 @@ def test_a_device_computes_the_features_the_cloud_scores_and_serves() -> None:
     m = _fedavg("wc_4,we,classifier")
     rng = np.random.default_rng(0)
     data = (rng.integers(0, 256, size=(6, 32, 32, 3), dtype=np.uint8), np.arange(6) % 3)
-    part = m.device_part(NodeContext("d0", m, rng), data, backend="torch")
+    part = m.device_part(DeviceContext("d0", m, rng), data, backend="torch")
     x = rng.normal(size=(6, 3, 32, 32)).astype(np.float32)
     outputs = part.stage_outputs(x)
     for layer in parse_layers("wc_4,we,classifier"):
@@ -201,7 +201,7 @@ def test_a_device_that_holds_images_back_to_choose_a_layer_does_not_train_on_the
     held = held_out(labels, 0.2, "d0")
     for layers, trained in (("wc_4,classifier", 50 - int(held.sum())), ("classifier", 50)):
         m = _fedavg(layers)
-        part = m.device_part(NodeContext("d0", m, rng), data, backend=backend)
+        part = m.device_part(DeviceContext("d0", m, rng), data, backend=backend)
         x, y = part.training_data()
         assert len(y) == trained and len(x) == trained
         assert len(part.y if backend == "torch" else part.train_set[1]) == trained  # what it trains on

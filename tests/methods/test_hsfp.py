@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from parts import ctx_for, method_for, plan_for, wire
+from parts import cloud_ctx, device_ctx, edge_ctx, method_for, plan_for, wire
 from splitedge.methods.data.datasets import load_dataset
 from splitedge.methods.hsfp.method import HSFP
 from splitedge.methods.moments import compute_moments, moments_to_body
@@ -58,16 +58,16 @@ _wire = wire
 
 
 def _cloud(test, method: str = "hsfp", **kw):
-    ctx = ctx_for(method, "cloud", test=test, **kw)
+    ctx = cloud_ctx(method, "cloud", test=test, **kw)
     return ctx.method.cloud_part(ctx)
 
 
 def _edge(node: str = "e0", method: str = "hsfp", **kw):
-    return (ctx := ctx_for(method, node, **kw)).method.edge_part(ctx)
+    return (ctx := edge_ctx(method, node, **kw)).method.edge_part(ctx)
 
 
 def _device(data, node: str = "d0", method: str = "hsfp", **kw):
-    ctx = ctx_for(method, node, **kw)
+    ctx = device_ctx(method, node, **kw)
     return ctx.method.device_part(ctx, data, "torch")
 
 

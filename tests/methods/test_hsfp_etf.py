@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from splitedge.methods.hsfp.etf import simplex_etf
-from parts import ctx_for
+from parts import device_ctx
 
 
 def test_simplex_etf_has_unit_rows_at_equal_maximal_angles() -> None:
@@ -32,7 +32,7 @@ def test_devices_share_a_fixed_etf_and_their_loss_falls() -> None:
     x[y == 2] = 255 - x[y == 2]
     devices = []
     for seed, node in enumerate(("d0", "d1")):  # their own RNGs: private heads would differ
-        ctx = ctx_for("hsfp", node, seed=seed, device_target="etf", device_lr=0.05)
+        ctx = device_ctx("hsfp", node, seed=seed, device_target="etf", device_lr=0.05)
         devices.append(ctx.method.device_part(ctx, (x, y), "torch"))
     a, b = devices
     assert torch.equal(a.head.etf, b.head.etf) and not list(a.head.parameters())  # shared, never trained

@@ -166,7 +166,7 @@ def test_decmar_config(graph: str, degree: float) -> None:
 
 # -- hostile input, part by part (no broker) ---------------------------------------------------
 def test_mar_parts_refuse_what_does_not_fit_the_federation() -> None:
-    from parts import ctx_for, env, wire
+    from parts import cloud_ctx, device_ctx, edge_ctx, env, wire
 
     from splitedge.methods.checks import weight_specs
     from splitedge.methods.mar.cloud import MARCloud
@@ -178,7 +178,7 @@ def test_mar_parts_refuse_what_does_not_fit_the_federation() -> None:
 
     settings = {k: v for k, v in SMALL.items() if k not in ("report_every", "probe_epochs")}
     data = (np.zeros((8, 8, 8, 1), np.uint8), np.arange(8) % 10)
-    device = DecMARDevice(ctx_for("decmar", "d0", **settings), data, "torch")
+    device = DecMARDevice(device_ctx("decmar", "d0", **settings), data, "torch")
     good = state_to_numpy(device.model)
     dim = device.model.dim
     bad_shape = {**good, next(iter(good)): np.zeros((3, 3), np.float32)}
@@ -195,12 +195,12 @@ def test_mar_parts_refuse_what_does_not_fit_the_federation() -> None:
     with pytest.raises(ProtocolError):
         decode(encode(nan, validate=False))
 
-    edge = MAREdge(ctx_for("fedmar", "e0", **settings))
+    edge = MAREdge(edge_ctx("fedmar", "e0", **settings))
     edge.check(wire("arrays", {"name": "latent", "version": 1, "arrays": {"z": np.zeros(dim, np.float32)}}, "d0"), "child")
     with pytest.raises(ProtocolError):  # a second device with another width
         edge.check(wire("arrays", {"name": "latent", "version": 1, "arrays": {"z": np.zeros(dim + 4, np.float32)}}, "d1"),
                    "child")
-    cloud = MARCloud(ctx_for("fedmar", "cloud", rounds=2, **settings))
+    cloud = MARCloud(cloud_ctx("fedmar", "cloud", rounds=2, **settings))
     assert weight_specs(state_to_numpy(cloud.model)) == device.specs
     with pytest.raises(ProtocolError):
         cloud.check(wire("arrays", {"name": "latents", "version": 1,

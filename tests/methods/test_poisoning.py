@@ -227,12 +227,12 @@ def _moments_env(sender: str, round_: int, version: int, dim: int, shift: float 
 
 
 def test_an_edge_keeps_each_devices_newest_moments() -> None:
-    from parts import ctx_for, plan_for
+    from parts import edge_ctx, plan_for
 
     from splitedge.protocol.codec import Envelope
     from splitedge.protocol.errors import ProtocolError
 
-    ctx = ctx_for("hsfp", "e0")
+    ctx = edge_ctx("hsfp", "e0")
     edge = ctx.method.edge_part(ctx)
     edge.on_round_open(plan_for(3, "hsfp", versions={"wc": 1}), {"d0"})
     dim = int(np.prod(edge.wc_shape))
@@ -252,11 +252,11 @@ def test_an_edge_keeps_each_devices_newest_moments() -> None:
 
 
 def test_the_hsfp_cloud_takes_only_label_histograms_of_the_models_classes() -> None:
-    from parts import ctx_for, wire
+    from parts import cloud_ctx, wire
 
     from splitedge.protocol.errors import ProtocolError
 
-    ctx = ctx_for("hsfp", "cloud", test=None)
+    ctx = cloud_ctx("hsfp", "cloud", test=None)
     cloud = ctx.method.cloud_part(ctx)
     good = {"name": "labels", "version": 1, "arrays": {"d0": np.ones(10, "f4"), "d1": np.zeros(10, "f4")}}
     cloud.check(wire("arrays", good, "e0"), "child")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parts import SPEC, ctx_for, method_for
+from parts import SPEC, device_ctx, method_for
 from splitedge.methods.config import MethodConfig, RunConfig, to_wire
 from splitedge.methods.registry import create_method, get_method, list_methods, register_method
 from splitedge.methods.contract import CloudPart, DevicePart, EdgePart, Method
@@ -40,7 +40,7 @@ def test_config_round_trips_through_the_wire_form(name: str) -> None:
 
 @pytest.mark.parametrize("name", [n for n in list_methods() if "device" not in get_method(n).parts])
 def test_unknown_backend_is_a_clear_error(name: str) -> None:
-    ctx = ctx_for(name, "d0")
+    ctx = device_ctx(name, "d0")
     with pytest.raises(ValueError, match="no device part for backend 'tpu'"):
         ctx.method.device_part(ctx, (np.zeros((1, 8, 8, 1), np.uint8), np.zeros(1, np.int64)), "tpu")
 

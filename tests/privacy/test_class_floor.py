@@ -14,7 +14,7 @@ import torch
 from splitedge.methods.calibration.records import calibration_round, head_stats
 from splitedge.methods.calibration.stats import HeadStatsAccumulator
 from splitedge.methods.config import ModelSpec
-from splitedge.methods.contract import DONE, Message, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, Message, DeviceContext, RoundPlan
 from splitedge.methods.data.preprocess import accumulate
 from splitedge.methods.moments import MomentAccumulator, compute_moments
 from splitedge.methods.privacy.floor import ClassFloor, summed_withheld
@@ -69,7 +69,7 @@ def _part(method: str, data: tuple[np.ndarray, np.ndarray], floor: int, backend:
     m = create_method(method, default_config(method, ModelSpec(**{**SPEC, "mean": (0.5,), "std": (0.25,)}),
                                              min_class_count=floor, calibrate="lda"))
     assert m.config.min_class_count == floor
-    return m.device_part(NodeContext("d0", m, np.random.default_rng(0)), data, backend=backend)
+    return m.device_part(DeviceContext("d0", m, np.random.default_rng(0)), data, backend=backend)
 
 
 def test_a_device_whose_classes_are_all_rare_sends_no_head_statistics() -> None:
@@ -146,10 +146,10 @@ def test_a_device_owner_may_be_stricter_than_the_run_never_laxer() -> None:
     y[:2] = 9
     m = create_method("hsfp", default_config("hsfp", ModelSpec(), min_class_count=1))
     for own, withheld in ((1, {}), (3, {"classes": 1, "samples": 2})):
-        part = m.device_part(NodeContext("d0", m, np.random.default_rng(0), min_class_count=own), (x, y), "torch")
+        part = m.device_part(DeviceContext("d0", m, np.random.default_rng(0), min_class_count=own), (x, y), "torch")
         assert part.stats_floor(y).info == withheld
     strict = create_method("hsfp", default_config("hsfp", ModelSpec(), min_class_count=3))
-    part = strict.device_part(NodeContext("d0", strict, np.random.default_rng(0), min_class_count=1), (x, y), "torch")
+    part = strict.device_part(DeviceContext("d0", strict, np.random.default_rng(0), min_class_count=1), (x, y), "torch")
     assert part.stats_floor(y).info == {"classes": 1, "samples": 2}
 
 

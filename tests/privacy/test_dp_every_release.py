@@ -19,7 +19,7 @@ from mqtt_capture import Capture
 from parts import wire
 from splitedge.methods.calibration.stats import HeadStats, head_stats_arrays
 from splitedge.methods.config import ModelSpec
-from splitedge.methods.contract import NodeContext
+from splitedge.methods.contract import DeviceContext
 from splitedge.methods.moments import ClassMoments, moments_to_body
 from splitedge.methods.privacy.accountant import epsilon
 from splitedge.methods.privacy.release import (private_accumulator, private_class_means, private_head_stats,
@@ -41,7 +41,7 @@ def _releasing_part(sigma: float):
     m = create_method("hsfp", default_config("hsfp", ModelSpec(num_classes=CLASSES), dp_sigma=sigma, dp_clip=1.0,
                                              dp_update_clip=1.0, min_class_count=1))
     labels = np.repeat(np.arange(CLASSES), PER_CLASS)
-    part = m.device_part(NodeContext("d0", m, np.random.default_rng(0)),
+    part = m.device_part(DeviceContext("d0", m, np.random.default_rng(0)),
                          (np.zeros((len(labels), 8, 8, 1), np.uint8), labels), "onnx")
     return part, labels
 

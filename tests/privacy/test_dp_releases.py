@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from splitedge.methods.config import ModelSpec
-from splitedge.methods.contract import NodeContext
+from splitedge.methods.contract import DeviceContext
 from splitedge.methods.moments import compute_moments
 from splitedge.methods.privacy.accountant import epsilon
 from splitedge.methods.privacy.release import capped_counts, fit_to_hello, private_weights
@@ -47,7 +47,7 @@ def test_releases_keep_to_what_the_hello_said() -> None:
 
 def test_a_private_update_is_clipped_noised_and_counted() -> None:
     m = create_method("fedavg", default_config("fedavg", ModelSpec(), dp_sigma=0.5, dp_update_clip=1.0))
-    part = m.device_part(NodeContext("d0", m, np.random.default_rng(0)),
+    part = m.device_part(DeviceContext("d0", m, np.random.default_rng(0)),
                          (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
     start = {"w": np.zeros(1000, np.float32), "n": np.array(3, np.int64), "bn.running_var": np.ones(4, np.float32)}
     trained = {"w": np.full(1000, 10.0, np.float32), "n": np.array(9, np.int64),
@@ -123,7 +123,7 @@ def test_noisy_moments_with_no_noise_are_the_exact_ones() -> None:
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(300, 16)), rng.integers(0, 3, 300)
     m = create_method("hsfp", default_config("hsfp", ModelSpec(num_classes=5), dp_sigma=1e-12, dp_clip=1e6))
-    part = m.device_part(NodeContext("d0", m, rng), (np.zeros((300, 8, 8, 1), np.uint8), y), "onnx")
+    part = m.device_part(DeviceContext("d0", m, rng), (np.zeros((300, 8, 8, 1), np.uint8), y), "onnx")
     acc = PrivateSums(16, part=part, clip=1e6, second="class", adapter=private_moments(part, y))
     acc.add(x, y)
     got, want = acc.result(), compute_moments(x, y)
@@ -141,7 +141,7 @@ def test_under_dp_the_owner_s_stricter_floor_applies_to_the_noisy_counts() -> No
     m = create_method("hsfp", default_config("hsfp", ModelSpec(num_classes=3), dp_sigma=1e-12, dp_clip=1e6,
                                              min_class_count=1))
     for own, classes in ((1, [0, 1]), (5, [0])):
-        part = m.device_part(NodeContext("d0", m, rng, min_class_count=own), (np.zeros((len(y), 8, 8, 1), np.uint8), y),
+        part = m.device_part(DeviceContext("d0", m, rng, min_class_count=own), (np.zeros((len(y), 8, 8, 1), np.uint8), y),
                              "onnx")
         acc = PrivateSums(4, part=part, clip=1e6, second="class", adapter=private_moments(part, y))
         acc.add(x, y)
@@ -186,7 +186,7 @@ def test_a_private_update_carries_released_batchnorm_statistics_counted_as_a_rel
     m = create_method("fedavg", default_config("fedavg", ModelSpec(), dp_sigma=1e-9, dp_update_clip=1.0,
                                                dp_bn_clip=100.0))
     rng = np.random.default_rng(0)
-    part = m.device_part(NodeContext("d0", m, rng), (rng.integers(0, 17, (40, 8, 8, 1), dtype=np.uint8),
+    part = m.device_part(DeviceContext("d0", m, rng), (rng.integers(0, 17, (40, 8, 8, 1), dtype=np.uint8),
                                                       np.arange(40) % 10), "torch")
     from splitedge.methods.privacy.norm_stats import VAR_FLOOR
     from splitedge.methods.torch_utils import build_split, input_batches, private_norms
@@ -204,7 +204,7 @@ def test_a_private_update_carries_released_batchnorm_statistics_counted_as_a_rel
         var = np.maximum(inputs.var((0, 2, 3), unbiased=False).numpy(), VAR_FLOOR)
         np.testing.assert_allclose(sent[f"{name}.running_var"], var, rtol=1e-3, atol=1e-4)
     m = create_method("fedavg", default_config("fedavg", ModelSpec(), dp_sigma=1e-9, dp_update_clip=1.0))
-    part = m.device_part(NodeContext("d0", m, rng), (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
+    part = m.device_part(DeviceContext("d0", m, rng), (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
     assert private_norms(part, part.model, input_batches(part.x)) == {} and part.dp_releases == 0  # dp_bn_clip 0
 
 
@@ -263,7 +263,7 @@ def test_a_device_that_hides_its_classes_announces_none_and_its_release_keeps_wh
                                              min_class_count=1))
     kept = {}
     for hide in (False, True):
-        part = m.device_part(NodeContext("d0", m, np.random.default_rng(0), hide_classes=hide),
+        part = m.device_part(DeviceContext("d0", m, np.random.default_rng(0), hide_classes=hide),
                              (np.zeros((len(labels), 8, 8, 1), np.uint8), labels), "onnx")
         rows, sent = _fitted(part, labels, classes, counts)
         kept[hide] = (classes[rows].tolist(), part.withheld)
@@ -272,7 +272,7 @@ def test_a_device_that_hides_its_classes_announces_none_and_its_release_keeps_wh
     assert kept[True] == ([0, 1, 2], {"classes": 1, "samples": 0}), kept  # class 3 announced, hidden by the noise
     # more classes through the noise than the device has images: all of them, as released (the
     # true count of 2 images is no bound the release may know)
-    few = m.device_part(NodeContext("d1", m, np.random.default_rng(0), hide_classes=True),
+    few = m.device_part(DeviceContext("d1", m, np.random.default_rng(0), hide_classes=True),
                         (np.zeros((2, 8, 8, 1), np.uint8), np.array([0, 0])), "onnx")
     rows, sent = _fitted(few, np.array([0, 0]), classes, np.array([3, 7, 7, 5]))
     assert classes[rows].tolist() == [0, 1, 2, 3] and sent.tolist() == [3, 7, 7, 5]
@@ -296,7 +296,7 @@ def test_fedmar_s_private_latent_is_taken_by_the_encoder_it_received_and_it_keep
                          vit_depth=1, vit_heads=2, decoder_dim=8, decoder_depth=1, local_epochs=2)
     m = create_method("fedmar", cfg)
     rng = np.random.default_rng(0)
-    part = m.device_part(NodeContext("d0", m, rng), (rng.integers(0, 255, (40, 8, 8, 1), dtype=np.uint8),
+    part = m.device_part(DeviceContext("d0", m, rng), (rng.integers(0, 255, (40, 8, 8, 1), dtype=np.uint8),
                                                      np.zeros(40, dtype=np.int64)), "torch")
     start, seen = state_to_numpy(part.model), []
     latent = part.private_latent

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from splitedge.methods.config import ModelSpec
-from splitedge.methods.contract import NodeContext
+from splitedge.methods.contract import DeviceContext
 from splitedge.methods.privacy.accountant import run_epsilon, sigma_for_epsilon
 from splitedge.methods.privacy.dpsgd import clip_per_sample, steps
 from splitedge.methods.privacy.dpsgd_torch import clipped_sum, per_sample_grads
@@ -37,7 +37,7 @@ def _torch_part(method: str, n: int = 10, **extra):
     m = create_method(method, default_config(method, ModelSpec(), **{**SAMPLE, **extra}))
     rng = np.random.default_rng(0)
     data = (rng.integers(0, 256, (n, 8, 8, 1)).astype(np.uint8), np.arange(n) % 10)
-    part = m.device_part(NodeContext("d0", m, rng), data, "torch")
+    part = m.device_part(DeviceContext("d0", m, rng), data, "torch")
     part.model.eval()  # BatchNorm frozen, as DP-SGD trains
     return part
 

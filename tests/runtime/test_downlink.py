@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parts import ctx_for, wire
+from parts import device_ctx, wire
 from splitedge.methods.contract import DEVICES, Message
 from splitedge.runtime.downlink import DownlinkBases, DownlinkEncoder
 from splitedge.runtime.inbound import Inbound, NodeInbound
@@ -95,7 +95,7 @@ def _device_base_and_delta() -> tuple:
     """A FedAvg device part, its model, and a top-k downlink's base (v0), pointer and delta (v1)."""
     from splitedge.models import state_to_numpy
 
-    ctx = ctx_for("fedavg", "d0")
+    ctx = device_ctx("fedavg", "d0")
     part = ctx.method.device_part(ctx, (np.zeros((4, 8, 8, 1), np.uint8), np.arange(4)), "torch")
     model = state_to_numpy(part.model)
     enc = DownlinkEncoder("topk", 0.01, base_every=5)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from splitedge.methods import snapshot
-from splitedge.methods.contract import Part
+from splitedge.methods.contract import Kept, Part
 from splitedge.runtime.parts import PartHost
 
 from parts import shipped_methods
@@ -105,7 +105,9 @@ def test_a_part_restored_from_its_bytes_does_the_same_next_round(method: str, se
 # -- the mechanism ---------------------------------------------------------------------------
 
 class _Holder(Part):
-    state = ("count", "table", "pending")
+    count: Kept[int]
+    table: Kept[dict]
+    pending: Kept[Any]
 
     def __init__(self) -> None:  # no context: these tests touch only the state hooks
         self.count, self.table, self.pending = 0, {}, None

@@ -13,7 +13,7 @@ import pytest
 from splitedge.cloud import resume
 from splitedge.methods import snapshot
 from splitedge.methods.registry import create_method, default_config
-from splitedge.methods.contract import NodeContext, Placement, RoundPlan
+from splitedge.methods.contract import CloudContext, Kept, Placement, RoundPlan
 
 from parts import SPEC, shipped_methods
 
@@ -24,12 +24,12 @@ def _cloud(name: str, seed: int, extra: tuple[str, ...] = ()):
     """The method's cloud part; with `extra`, of a subclass declaring those attributes too (as a
     method extending another's part does)."""
     method = create_method(name, default_config(name, SPEC))
-    ctx = NodeContext(node_id="cloud", method=method, rng=np.random.default_rng(seed),
-                      test=TEST, rounds=3, out_dir=None, run="r")
+    ctx = CloudContext(node_id="cloud", method=method, rng=np.random.default_rng(seed),
+                       test=TEST, rounds=3, out_dir=None, run="r")
     part = method.cloud_part(ctx)
     if extra:
         base = type(part)
-        part.__class__ = type(base.__name__, (base,), {"state": base.state + extra})
+        part.__class__ = type(base.__name__, (base,), {"__annotations__": {name: Kept[int] for name in extra}})
     return part
 
 

@@ -21,7 +21,7 @@ from splitedge.runtime.guard import OverBudget, RoundGuard, allocation_failed
 from splitedge.runtime.records import failed_devices, phase_failures
 
 from federation import Federation
-from parts import ctx_for, method_for, plan_for, report, env
+from parts import cloud_ctx, device_ctx, method_for, plan_for, report, env
 
 
 def test_a_compute_over_its_time_budget_fails_at_its_next_batch():
@@ -117,7 +117,7 @@ def measured_round_s() -> float:
     from splitedge.methods.data.datasets import load_dataset
 
     (x, y), _, _ = load_dataset("digits")
-    part = method_for("fedavg").device_part(ctx_for("fedavg"), (x[:800], y[:800]), "torch")
+    part = method_for("fedavg").device_part(device_ctx("fedavg"), (x[:800], y[:800]), "torch")
     part.version = 0
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -272,7 +272,7 @@ def test_the_clouds_evaluation_over_its_bounds_is_skipped_in_one_line(caplog):
     from parts import SPEC
 
     _, test, _ = load_dataset("digits")
-    part = method_for("fedavg").cloud_part(ctx_for("fedavg", test=test))
+    part = method_for("fedavg").cloud_part(cloud_ctx("fedavg", test=test))
     part.model.train()
     measured = evaluate(part.model, test, SPEC)  # no guard: measured as before
     assert 0 <= measured["accuracy"] <= 1

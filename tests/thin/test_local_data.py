@@ -88,7 +88,7 @@ class PixelExtractor:
 
 
 def test_thin_device_moments_are_the_same_streamed_or_in_memory(shard) -> None:
-    from parts import ctx_for
+    from parts import device_ctx
     from splitedge.methods.config import ModelSpec
     from splitedge.methods.hsfp.device import HSFPDevice
 
@@ -96,7 +96,7 @@ def test_thin_device_moments_are_the_same_streamed_or_in_memory(shard) -> None:
     spec = ModelSpec(model="cnn", num_classes=10, channels=3, image_size=4, mean=(0.5, 0.4, 0.3), std=(0.25, 0.2, 0.3))
     got = []
     for data in ((x, y), open_local_data(path, stream=True)):
-        device = HSFPDevice(ctx_for("hsfp", "d0", spec=spec), data, PixelExtractor())
+        device = HSFPDevice(device_ctx("hsfp", "d0", spec=spec), data, PixelExtractor())
         device.moment_batch = 8  # several partial reads, the last one short
         got.append(device.compute_moments())
     np.testing.assert_array_equal(got[0].counts, got[1].counts)

@@ -69,7 +69,7 @@ def test_a_thin_device_refuses_a_weight_map_that_does_not_fit_its_install() -> N
     from types import SimpleNamespace
 
     from splitedge.methods.config import ModelSpec, RunConfig
-    from splitedge.methods.contract import NodeContext
+    from splitedge.methods.contract import DeviceContext
     from splitedge.methods.registry import get_method
     from splitedge.protocol.errors import ProtocolError
 
@@ -77,7 +77,7 @@ def test_a_thin_device_refuses_a_weight_map_that_does_not_fit_its_install() -> N
     method = get_method("fedavg")(RunConfig(spec, get_method("fedavg").Config()))
     rng = np.random.default_rng(0)
     data = (rng.integers(0, 256, size=(4, 32, 32, 3), dtype=np.uint8), np.arange(4) % 2)
-    part = method.device_part(NodeContext("d0", method, rng), data, backend="onnx")
+    part = method.device_part(DeviceContext("d0", method, rng), data, backend="onnx")
     with seeded_init(0):
         good = state_to_numpy(create_split("fedcnn", num_classes=10, in_channels=3, image_size=32))
     env = lambda w, v: SimpleNamespace(kind="weights", body={"part": "model", "version": v, "samples": 0,  # noqa: E731

@@ -20,7 +20,7 @@ from splitedge.methods.moments import MomentAccumulator
 from splitedge.methods.thin.graphs import calib_graph, thin_models, wc_graph
 from splitedge.models import ClassifierInput, create_split, state_to_numpy
 from splitedge.protocol import Envelope, ProtocolError, decode, encode
-from parts import ctx_for, plan_for
+from parts import device_ctx, plan_for
 
 CIFAR = ModelSpec(model="fedcnn", channels=3, image_size=32, mean=(0.5,) * 3, std=(0.25,) * 3)
 
@@ -54,7 +54,7 @@ def images():
 
 
 def thin_device(images, **settings):
-    ctx = ctx_for("hsfp", "d1", **settings)  # cnn on 8x8x1, normalised with mean 0.5 and std 0.25
+    ctx = device_ctx("hsfp", "d1", **settings)  # cnn on 8x8x1, normalised with mean 0.5 and std 0.25
     return ctx.method.device_part(ctx, images, "onnx")
 
 
@@ -117,7 +117,7 @@ def test_a_model_the_install_lacks_is_refused_in_one_line():
     with pytest.raises(ValueError, match="runs the models of its install"):
         wc_graph("vit_mae", 3)
     spec = ModelSpec(model="vit_mae", channels=3, image_size=32, mean=(0.5,) * 3, std=(0.25,) * 3)
-    ctx = ctx_for("hsfp", "d1", spec=spec)
+    ctx = device_ctx("hsfp", "d1", spec=spec)
     with pytest.raises(Unsupported, match="--backend torch"):
         ctx.method.device_part(ctx, (np.zeros((4, 32, 32, 3), np.uint8), np.zeros(4, int)), "onnx")
 

@@ -37,7 +37,7 @@ from types import SimpleNamespace
 import numpy as np
 import splitedge.device.cli, splitedge.device.agent, splitedge.methods.data.local, splitedge.methods.thin.graphs, splitedge.methods.hsfp.method
 from splitedge.methods.registry import create_method
-from splitedge.methods.contract import NodeContext
+from splitedge.methods.contract import DeviceContext
 with np.load(os.environ["SPLITEDGE_TEST_WC"], allow_pickle=False) as f:
     weights = {k: f[k] for k in f.files}
 config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": [0.5], "std": [0.25]},
@@ -45,7 +45,7 @@ config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_siz
 method = create_method("hsfp", config)  # as a round announcement configures it
 rng = np.random.default_rng(0)
 x, y = rng.integers(0, 256, (40, 8, 8, 1), dtype=np.uint8), np.arange(40) % 3  # >= 10 images a class
-dev = method.device_part(NodeContext("d0", method, rng), (x, y), backend="onnx")
+dev = method.device_part(DeviceContext("d0", method, rng), (x, y), backend="onnx")
 dev.on_message(SimpleNamespace(kind="weights", body={"part": "wc", "version": 0, "samples": 0, "weights": weights}))
 assert dev.extractor.features(np.zeros((2, 1, 8, 8), np.float32)).shape == (2, 32, 4, 4)
 assert dev.compute_moments().mean.shape == (3, 512)
@@ -60,7 +60,7 @@ import os
 from types import SimpleNamespace
 import numpy as np
 from splitedge.methods.registry import create_method
-from splitedge.methods.contract import DONE, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, DeviceContext, RoundPlan
 with np.load(os.environ["SPLITEDGE_TEST_WC"], allow_pickle=False) as f:
     start = {k: f[k] for k in f.files}
 config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_size": 8, "mean": [0.5], "std": [0.25]},
@@ -68,7 +68,7 @@ config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_siz
 method = create_method("hsfp", config)
 rng = np.random.default_rng(0)
 x, y = rng.integers(0, 256, (20, 8, 8, 1), dtype=np.uint8), np.arange(20) % 3
-dev = method.device_part(NodeContext("d0", method, rng), (x, y), backend="onnx")
+dev = method.device_part(DeviceContext("d0", method, rng), (x, y), backend="onnx")
 dev.on_message(SimpleNamespace(kind="weights", body={"part": "wc", "version": 0, "samples": 0, "weights": start}))
 plan = RoundPlan(round=1, method="hsfp", deadline_s=60, config=config, versions={"wc": 0, "we": 0},
                  directives={"average": ["wc"]})
@@ -78,7 +78,7 @@ assert len(sent) == 1 and set(start) <= set(sent[0])
 assert not np.allclose(sent[0]["block1.conv.weight"], start["block1.conv.weight"])  # it trained
 assert dev.losses["supcon"] > 0
 sf = create_method("splitfed", config)
-split = sf.device_part(NodeContext("d1", sf, rng), (x, y), backend="onnx")
+split = sf.device_part(DeviceContext("d1", sf, rng), (x, y), backend="onnx")
 assert split.wc_shape == (32, 4, 4)
 """
 
@@ -89,7 +89,7 @@ import os
 from types import SimpleNamespace
 import numpy as np
 from splitedge.methods.registry import create_method
-from splitedge.methods.contract import DONE, NodeContext, RoundPlan
+from splitedge.methods.contract import DONE, DeviceContext, RoundPlan
 from splitedge.methods.calibration.records import calibration_round
 with np.load(os.environ["SPLITEDGE_TEST_MODEL"], allow_pickle=False) as f:
     start = {k: f[k] for k in f.files}
@@ -98,7 +98,7 @@ config = {"model": {"model": "cnn", "num_classes": 10, "channels": 1, "image_siz
 method = create_method("fedavg", config)
 rng = np.random.default_rng(0)
 x, y = rng.integers(0, 256, (20, 8, 8, 1), dtype=np.uint8), np.arange(20) % 3
-dev = method.device_part(NodeContext("d0", method, rng), (x, y), backend="onnx")
+dev = method.device_part(DeviceContext("d0", method, rng), (x, y), backend="onnx")
 dev.on_message(SimpleNamespace(kind="weights", body={"part": "model", "version": 0, "samples": 0, "weights": start}))
 plan = RoundPlan(round=1, method="fedavg", deadline_s=60, config=config, versions={"model": 0})
 sent = [m.body["weights"] for m in dev.run_round(plan) if m is not DONE and m.kind == "weights"]

@@ -321,11 +321,11 @@ def test_a_device_owner_chooses_the_chunk_and_a_bad_one_is_one_line(tmp_path, ca
 
     from splitedge.cli import main
 
-    from parts import ctx_for
+    from parts import device_ctx
 
     # the device's --train-chunk reaches its thin trainers (H-SFP and SplitFed)
     for name in ("hsfp", "splitfed"):
-        ctx = dataclasses.replace(ctx_for(name, "d0"), train_chunk=3)
+        ctx = dataclasses.replace(device_ctx(name, "d0"), train_chunk=3)
         images = (np.zeros((8, 8, 8, 1), np.uint8), np.arange(8) % 2)
         part = ctx.method.device_part(ctx, images, "onnx")
         assert part.trainer.chunk == 3, name
