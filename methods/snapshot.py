@@ -1,10 +1,10 @@
 """A part's state as bytes and back, without pickle: what a restarted cloud or edge resumes from.
 
-A part's declared attributes (`Part.state`) are each kept in a tagged msgpack form: numpy
-arrays (their dtype, shape and raw bytes; files written before that hold ``np.save``'s form,
-which is still read), torch modules and optimisers (their state
-dicts), tensors, numpy generators (their bit-generator state), tuples, sets, maps with
-non-string keys and this package's own dataclasses (e.g. ClassMoments, Placement). A declared
+A part's declared attributes (its `Kept` fields, `Part.kept`) are each kept in a tagged
+msgpack form: numpy arrays (their dtype, shape and raw bytes; files written before that hold
+``np.save``'s form, which is still read), torch modules and optimisers (their state dicts),
+tensors, numpy generators (their bit-generator state), tuples, sets, maps with non-string keys
+and this package's own dataclasses (e.g. ClassMoments, Placement). A declared
 value of any other type is an error naming the part and the attribute: nothing is dropped
 silently, and nothing the part did not declare (its context, views of its models, caches it
 rebuilds) is kept twice.

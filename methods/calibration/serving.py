@@ -113,10 +113,10 @@ def with_head_at(model: SplitModel, layer: HeadLayer, head: Head) -> dict[str, n
 
 class CalibratedCloud:
     """What a cloud part serving a split model needs to calibrate (mix in before CloudPart, and
-    declare "calibrated" in the part's `state`): the model the devices' statistics describe
-    (`calibration_model`, by default `self.model`), its head fitted, scored and served, at the
-    layer the run names or the one of several that scored best on the images devices held back
-    (methods/calibration/layers.py). A part whose head is not in its model (a self-supervised
+    declare `calibrated` and `calibrated_layer` Kept in the part): the model the devices'
+    statistics describe (`calibration_model`, by default `self.model`), its head fitted, scored
+    and served, at the layer the run names or the one of several that scored best on the images
+    devices held back (methods/calibration/layers.py). A part whose head is not in its model (a self-supervised
     encoder: the federated probe) overrides `head_features`, `calibration_dim` and `served_with`,
     and calibrates at the classifier's input only."""
 
