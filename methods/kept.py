@@ -6,7 +6,8 @@ marker when a subclass is made (`kept_fields`), base classes' fields first, so a
 its base's by declaring its own. Modules here postpone annotations (`from __future__ import
 annotations`), so the marker is read from the annotation's text as `dataclasses` reads
 `ClassVar`: the name it starts with, `Kept` or `<module>.Kept`, checked against the module's
-globals. A declared field the part's constructor leaves unset is a TypeError when the part is
+globals. State that lives in a helper object is a property whose getter returns `Kept[T]`
+(with a setter, which restoring calls). A declared field the part's constructor leaves unset is a TypeError when the part is
 built (`unset_fields`), not a failed save rounds later.
 
 This module is torch-free so that a thin device can import it.
@@ -55,10 +56,25 @@ def _is_kept(annotation: Any, module: str) -> bool:
     return any(m is KEPT for m in getattr(annotation, "__metadata__", ()))
 
 
+def _kept_property(name: str, value: Any, cls: type) -> bool:
+    """Whether `value` is a property whose getter returns `Kept[T]` (state kept elsewhere, e.g.
+    in a helper object); restoring sets it, so it needs a setter."""
+    if not isinstance(value, property) or value.fget is None:
+        return False
+    if not _is_kept(value.fget.__annotations__.get("return"), value.fget.__module__):
+        return False
+    if value.fset is None:
+        raise TypeError(f"{cls.__name__}.{name} is a Kept property without a setter: restoring sets it")
+    return True
+
+
 def own_kept(cls: type) -> list[str]:
-    """The fields `cls` itself (not a base) annotates as Kept, in the order it declares them."""
+    """The fields `cls` itself (not a base) annotates as Kept, in the order it declares them, then
+    its Kept properties in the order it defines them."""
     annotations = cls.__dict__.get("__annotations__", {})
-    return [name for name, ann in annotations.items() if _is_kept(ann, cls.__module__)]
+    fields = [name for name, ann in annotations.items() if _is_kept(ann, cls.__module__)]
+    properties = [name for name, value in vars(cls).items() if _kept_property(name, value, cls)]
+    return fields + [name for name in properties if name not in fields]
 
 
 def kept_fields(cls: type) -> tuple[str, ...]:

@@ -15,18 +15,15 @@ from splitedge.models import state_to_numpy
 
 
 class FedOptCloud(FedAvgCloud[FedOptConfig]):
-    server_m: Kept[dict[str, np.ndarray]]
-    server_v: Kept[dict[str, np.ndarray]]
-
     def __init__(self, ctx: CloudContext) -> None:
         super().__init__(ctx)
         cfg = self.cfg
         self.server = ServerOptimiser(cfg.server_opt, lr=cfg.server_lr, beta1=cfg.beta1, beta2=cfg.beta2, tau=cfg.tau,
                                       params=tuple(name for name, _ in self.model.named_parameters()))
 
-    # the optimiser's moments are the part's state (declared by these names)
+    # the optimiser's moments are the part's state: Kept properties over the server optimiser's
     @property
-    def server_m(self) -> dict[str, np.ndarray]:
+    def server_m(self) -> Kept[dict[str, np.ndarray]]:
         return self.server.m
 
     @server_m.setter
@@ -34,7 +31,7 @@ class FedOptCloud(FedAvgCloud[FedOptConfig]):
         self.server.m = dict(value)
 
     @property
-    def server_v(self) -> dict[str, np.ndarray]:
+    def server_v(self) -> Kept[dict[str, np.ndarray]]:
         return self.server.v
 
     @server_v.setter

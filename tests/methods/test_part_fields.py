@@ -74,6 +74,40 @@ def test_a_misspelt_kept_field_fails_as_it_is_built_and_a_misspelt_read_is_an_at
         _ = _Base().coutn  # type: ignore[attr-defined]
 
 
+class _Helper:
+    def __init__(self) -> None:
+        self.moments = {"w": np.zeros(2)}
+
+
+class _ByProperty(_Base):
+    """State that lives in a helper object: a Kept property, after the annotated fields."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.helper = _Helper()
+
+    @property
+    def moments(self) -> Kept[dict[str, np.ndarray]]:
+        return self.helper.moments
+
+    @moments.setter
+    def moments(self, value: dict[str, np.ndarray]) -> None:
+        self.helper.moments = dict(value)
+
+
+def test_a_kept_property_is_kept_through_its_setter_and_one_without_a_setter_is_refused() -> None:
+    part = _ByProperty()
+    part.helper.moments["w"] += 3
+    fresh = _ByProperty()
+    fresh.restore_state(part.resume_state())
+    assert _ByProperty.kept == ("count", "moments") and fresh.helper.moments["w"].tolist() == [3.0, 3.0]
+    with pytest.raises(TypeError, match="ReadOnly.moments is a Kept property without a setter"):
+        class ReadOnly(_Base):
+            @property
+            def moments(self) -> Kept[dict]:
+                return {}
+
+
 def test_state_named_in_strings_is_refused_with_the_way_to_declare_it() -> None:
     with pytest.raises(TypeError, match=r"Old\.state names its state in strings; declare each field instead"):
         class Old(_Base):
