@@ -311,11 +311,12 @@ class Unsupported(ValueError):
 C = TypeVar("C", bound=MethodConfig)
 """A part's config type: the `Config` of the method it belongs to (`Part.cfg`)."""
 X = TypeVar("X", bound=NodeContext)
+"""A tier's context, handed through `Method._placed` as it came."""
 
 
 class _PartType(type):
-    """Parts' class: a part whose constructor leaves a declared Kept field unset fails as it is
-    built, not at its first save rounds later."""
+    """The parts' metaclass, so that a part whose constructor leaves a declared Kept field unset
+    fails as it is built, not at its first save rounds later."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         part = super().__call__(*args, **kwargs)
@@ -335,14 +336,15 @@ class Part(Generic[C], metaclass=_PartType):
 
     Fields annotated `Kept[T]` (methods/kept.py) carry the part from one round to the next
     (models, optimisers, cached statistics, versions, pending messages): what a restarted edge
-    or cloud, or a device parked between rounds, takes up again; `kept` lists them, a base's
-    first. What the part rebuilds from its context, config or data when it is built (weight
-    specs, local tensors, views of its models) is left out, so it is neither stored twice nor
-    restored over a fresh copy. A subclass extends its base's by declaring its own.
+    or cloud, or a device parked between rounds, takes up again (state a helper object holds:
+    a property whose getter returns `Kept[T]`); `kept` lists them, a base's first. What the
+    part rebuilds from its context, config or data when it is built (weight specs, local
+    tensors, views of its models) is left out, so it is neither stored twice nor restored over
+    a fresh copy. A subclass extends its base's by declaring its own.
     """
 
     kept: ClassVar[tuple[str, ...]] = ()
-    """The names of the Kept fields, derived from the annotations (never written by hand)."""
+    """The names of the Kept fields, read from the class's annotations (never written by hand)."""
     context: ClassVar[type[NodeContext]] = NodeContext
     """The tier's context type this part is built with."""
 
