@@ -368,11 +368,11 @@ def hostile_frames() -> list[tuple[str, str, bytes]]:
     hello = {"role": "edge", "parent": "cloud", "samples": 1, "backend": "torch", "groups": []}
     frames = [
         ("done-int-lists", "the issue's: a `done` of 127 lists of 1,024 ints (130 kB)",
-         _pack(_envelope("done", {"phase": "round", "info": {"x": ints}}))),
+         _pack(_envelope("done", {"phase": "round", "info": {"method": {"x": ints}}}))),
         ("done-int-lists-padded", "the same ints with a 400 kB str beside them",
-         _pack(_envelope("done", {"phase": "round", "info": {"x": ints, "pad": "p" * 400_000}}))),
+         _pack(_envelope("done", {"phase": "round", "info": {"method": {"x": ints, "pad": "p" * 400_000}}}))),
         ("done-empty-strs", "a `done` of 127 lists of 1,024 empty strs",
-         _pack(_envelope("done", {"phase": "round", "info": {"x": [[""] * 1024 for _ in range(127)]}}))),
+         _pack(_envelope("done", {"phase": "round", "info": {"method": {"x": [[""] * 1024 for _ in range(127)]}}}))),
         ("tiny-arrays-map", "the issue's: `weights` of 131,000 0-d arrays",
          _pack(_envelope("weights", {"part": "p", "version": 0, "samples": 1,
                                      "weights": {f"w{i:06d}": _array() for i in range(131_000)}}))),
@@ -380,7 +380,7 @@ def hostile_frames() -> list[tuple[str, str, bytes]]:
          _pack(_envelope("weights", {"part": "p", "version": 0, "samples": 1,
                                      "weights": {f"w{i:039d}": _array() for i in range(14_000)}}))),
         ("deep-nesting", "a `done` whose info nests 1,020 lists",
-         _pack(_envelope("done", {"phase": "round", "info": {"x": _nested(1020)}}))),
+         _pack(_envelope("done", {"phase": "round", "info": {"method": {"x": _nested(1020)}}}))),
         ("deep-nesting-raw", "1,024 nested arrays, nothing else", b"\x91" * 1024 + b"\x00"),
         ("map-header-bomb", "a body map header announcing 131,072 entries, then nothing",
          _pack(_envelope("metrics", {}))[:-1] + b"\xdf\x00\x02\x00\x00"),

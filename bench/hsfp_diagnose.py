@@ -236,7 +236,7 @@ class Replica:
             edge.on_round_open(plan, {r.sender for r in mine})
             arrived(mine, edge.on_device_message)
             report = RoundReport(e)
-            for msg in [*edge.aggregate(plan, mine), Message("done", {"info": edge.round_info()})]:
+            for msg in [*edge.aggregate(plan, mine), Message("done", {"info": {"method": edge.round_info()}})]:
                 report.messages.setdefault(msg.kind, []).append(self._env(msg, e, plan.round))
             up.append(report)
         arrived(up, self.clouds[stack].on_edge_message)

@@ -18,6 +18,7 @@ from splitedge.methods.calibration import CALIBRATE, EVALUATE, HEAD
 from splitedge.methods.calibration.layers import selects
 from splitedge.methods.calibration.records import Gate, merged_scores, records_of
 from splitedge.methods.contract import FederationView, Message, RoundPlan
+from splitedge.protocol.done import dones
 from splitedge.runtime.records import phase_failures, phase_privacy
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class CloudCalibration:
         metrics = {**d.part.calibrate(plan, sources), "calibrated_edges": len({e for by in sources.values() for e in by}),
                    "calibration_versions": dict(plan.versions)}
         self.warn_partial_head({**metrics, **privacy}, silent)
-        answered = sum(int(rep.get("done").body["info"].get("devices", 0)) for rep in reports if rep.get("done"))
+        answered = sum(i.devices.reported for i in dones(reports).values() if i.devices is not None)
         complete = answered == sum(map(len, devices.values())) and not silent and not phase_failures(reports)
         heads = d.part.head_messages()
         if heads:
@@ -139,12 +140,12 @@ class CloudCalibration:
         d.commit_and_publish(heads, round_=r)
         plan = dataclasses.replace(calibrated, versions={**calibrated.versions, HEAD: r}, directives={}, phase=EVALUATE)
         reports = d.run_phase(plan)
-        infos = {rep.sender: rep.get("done").body["info"] for rep in reports if rep.get("done") is not None}
-        merged = merged_scores(list(infos.values()))
+        by_edge = {e: i.devices.scores for e, i in dones(reports).items() if i.devices is not None}
+        merged = merged_scores(list(by_edge.values()))
         if selects(d.method.config):  # the candidate layers, scored on the images devices held back
-            return d.part.heads_scored(merged.get("layer_scores", {})), reports
-        scores = {"personalised_accuracy_calibrated": merged.get("accuracy"),
-                  "cluster_accuracy_calibrated": {e: i["accuracy"] for e, i in infos.items() if "accuracy" in i}}
+            return d.part.heads_scored(merged.layer_scores), reports
+        scores = {"personalised_accuracy_calibrated": merged.accuracy,
+                  "cluster_accuracy_calibrated": {e: s.accuracy for e, s in by_edge.items() if s.accuracy is not None}}
         if d.method.personalised:  # its accuracy is the devices' own: so is the calibrated one
-            scores["accuracy_calibrated"] = merged.get("accuracy")
+            scores["accuracy_calibrated"] = merged.accuracy
         return scores, reports

@@ -20,6 +20,7 @@ from splitedge.exporters.checkpoint import model_metadata
 from splitedge.methods import snapshot
 from splitedge.methods.contract import Message, RoundPlan, To
 from splitedge.methods.privacy.accountant import privacy_spent
+from splitedge.protocol.done import dones
 from splitedge.runtime.faults import crash_point
 from splitedge.runtime.node import status
 from splitedge.runtime.outputs import dumps, save_checkpoint
@@ -169,9 +170,5 @@ class Committer:
 def devices_reported(reports: list[Any]) -> int:
     """The devices whose training phase reached the cloud through their edges' `done` (the
     devices each edge heard from, less those that left the run: runtime/records.py)."""
-    total = 0
-    for rep in reports:
-        done = rep.get("done")
-        info = (done.body.get("info") or {}) if done is not None else {}
-        total += max(0, int(info.get("devices") or 0) - len(info.get("left_devices") or {}))
-    return total
+    of = [info.devices for info in dones(reports).values() if info.devices is not None]
+    return sum(max(0, d.reported - len(d.left)) for d in of)

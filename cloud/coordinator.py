@@ -21,6 +21,7 @@ from splitedge.cloud.plans import round_plan
 from splitedge.cloud.settings import CloudSettings
 from splitedge.methods.contract import DEVICES, CloudContext, FederationView, Message, RoundPlan
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.done import done_info
 from splitedge.protocol.topics import parse, pattern
 from splitedge.protocol.transport import Transport
 from splitedge.runtime.downlink import DownlinkEncoder
@@ -104,7 +105,7 @@ class CloudCoordinator(Node):
             return
         if env.sender in self.view.members and self.current(env) and self.accepts(self.part, env, "child"):
             if env.kind == "done":
-                self.edges.note_left(env.sender, env.body.get("info") or {})
+                self.edges.note_left(env.sender, done_info(env.body.get("info")))
             self.part.on_edge_message(env)
             self.driver.rounds.add(env)
 

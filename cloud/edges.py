@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from splitedge.methods.contract import FederationView, Placement
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.done import DoneInfo
 from splitedge.runtime.node import EXIT_INTERRUPTED, status
 from splitedge.runtime.presence import Presence
 
@@ -56,10 +57,10 @@ class CloudEdges:
         if self.presence.update(edge, state) and state == "online":
             self.left.pop(edge, None)  # back (restarted, its install fixed): waited for again
 
-    def note_left(self, edge: str, info: Mapping[str, Any]) -> None:
+    def note_left(self, edge: str, info: DoneInfo) -> None:
         """An edge that left the run (its `done` says why), or the devices its `done` says left."""
-        why = {edge: str(info["left"])} if info.get("left") else {}
-        why.update({f"{d} (edge {edge})": str(w) for d, w in dict(info.get("left_devices") or {}).items()})
+        why = {edge: info.left} if info.left else {}
+        why.update({f"{d} (edge {edge})": w for d, w in (info.devices.left if info.devices else {}).items()})
         for node, reason in why.items():
             if self.left.get(node) != reason:
                 log.warning("cloud: %s left the run: %s", node, reason)

@@ -23,6 +23,7 @@ from splitedge.methods.compute import CPU, Compute
 from splitedge.methods.contract import DONE, TRAIN_CHUNK, Placement, RoundPlan
 from splitedge.methods import snapshot
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.done import DoneInfo
 from splitedge.protocol.topics import parse
 from splitedge.protocol.transport import Transport
 from splitedge.runtime.exchange import Exchange
@@ -81,7 +82,7 @@ class DeviceAgent(Node):
         self.mods = ModChain([Guarded(self.guard), Uplink(self.uplink, f"device {node_id}"), DevicePhases(self),
                               DeviceSecureSum(self),
                               Costs([transport], shared_process=shared_process), *plugin_mods(self, "device"),
-                              *([PrivateReports()] if private_reports else [])])
+                              *([PrivateReports(self)] if private_reports else [])])
 
     @property
     def placement(self) -> Placement:
@@ -186,37 +187,33 @@ class DeviceAgent(Node):
         part = self.part  # what its statistics withhold and the DP releases it makes are counted afresh
         part.losses, part.pending_release, part.dp_releases, part.withheld = {}, None, 0, {}
         self.publish_all(self.mods.opened(plan))
-        phase, sent_done, started, failed = done_phase(plan.phase), False, time.monotonic(), {"failed": True}
+        phase, sent_done, started, failed = done_phase(plan.phase), False, time.monotonic(), DoneInfo(failed=True)
         try:
             for item in self.mods.work(plan, part.run_round):
                 if item is not DONE:
                     self.mods.send(item, self.publish)
                 elif not sent_done:
-                    self.send(self.transport, "up", "done", {"phase": phase, "info": self.done_info(plan)})
+                    self.send(self.transport, "up", "done", {"phase": phase, "info": self.done_info(plan).to_info()})
                     sent_done = True
                     self.completed += plan.phase == "train"
         except OverBudget as exc:  # over its memory ceiling or time budget: the edge counts why
-            failed["reason"] = exc.reason
+            failed = failed.but(reason=exc.reason)
             raise
         finally:  # even a failed round tells the edge not to wait for us
-            if not sent_done:
-                failed.update(self.part.release_info())  # what it released before failing counts too
-                self.send(self.transport, "up", "done", {"phase": phase, "info": failed})
+            if not sent_done:  # what it released before failing counts too
+                failed = failed.but(dp_releases=int(self.part.dp_releases or 0))
+                self.send(self.transport, "up", "done", {"phase": phase, "info": failed.to_info()})
             self.mods.closed(plan)
             status.info("device %s: %s %s; %s", self.node_id, phase_name(plan),
                         f"done in {time.monotonic() - started:.1f} s" if sent_done else "failed (see the log)",
                         self.uplink.summary())
             self.host.end_round()
 
-    def done_info(self, plan: RoundPlan) -> dict[str, Any]:
+    def done_info(self, plan: RoundPlan) -> DoneInfo:
         """The phase's info: the part's own (runtime/phases.py), what it refused (before decoding
-        too), the samples it holds and its losses; then its mods' entries (what the phase cost it,
-        runtime/mods/costs.py), and with private reports only what they let through
-        (runtime/mods/private.py, docs/privacy.md)."""
-        info = {**device_info(self.part, plan), "samples": int(len(self.data[1]))}
-        if self.part.losses:
-            info["loss"] = dict(self.part.losses)
-        refused = self.rejections([self.transport])  # its part's refusals and its transport's (schema, kind, size)
-        if refused:
-            info["refused"] = refused
+        too: its part's refusals and its transport's, by schema, kind and size) and the samples it
+        holds; then its mods' entries (what the phase cost it, runtime/mods/costs.py), and with
+        private reports only what they let through (runtime/mods/private.py, docs/privacy.md)."""
+        info = device_info(self.part, plan).but(samples=int(len(self.data[1])),
+                                                refused=self.rejections([self.transport]))
         return self.mods.done(plan, info)

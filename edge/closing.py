@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from splitedge.methods.contract import RoundFailed, RoundPlan
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.done import DoneInfo, dones
 from splitedge.runtime import statefile
 from splitedge.runtime.guard import OverBudget
 from splitedge.runtime.node import status
@@ -53,18 +55,16 @@ class Closer:
         edge, plan, started = self.edge, self.edge.plan, time.monotonic()
         expected = set(edge.rounds.expected)  # awaited at the round's opening, and any that reported
         reports = edge.rounds.close() + edge.mods.reports(plan)
-        extra = self._merge(plan, reports)
+        failed = self._merge(plan, reports)
         by_device = self._device_infos(plan, reports)
-        left = {d: str(i["left"]) for d, i in by_device.items() if i.get("left")}
-        for dev, why in left.items():
-            log.warning("edge %s: device %s left the run: %s", edge.node_id, dev, why)
-        if left:
-            extra["left_devices"] = left  # the cloud says why, should the run end for want of devices
-        info = edge_done_info(edge.part, list(by_device.values()), reported=len(reports),
-                              seconds=time.monotonic() - started, errors=edge.errors,
-                              refused=edge.rejections([edge.down, edge.up]), trained=plan.phase == "train")
-        info = edge.mods.done(plan, {**info, **extra}, by_device)
-        edge.send(edge.up, "up", "done", {"phase": done_phase(plan.phase), "info": info})
+        for dev, info in by_device.items():
+            if info.left:
+                log.warning("edge %s: device %s left the run: %s", edge.node_id, dev, info.left)
+        info = edge_done_info(edge.part, by_device, reported=len(reports), seconds=time.monotonic() - started,
+                              errors=edge.errors, refused=edge.rejections([edge.down, edge.up]),
+                              trained=plan.phase == "train")
+        info = edge.mods.done(plan, info.but(failed=bool(failed), reason=failed), by_device)
+        edge.send(edge.up, "up", "done", {"phase": done_phase(plan.phase), "info": info.to_info()})
         edge.mods.closed(plan)
         edge.mods.step("done", plan.round)
         if plan.phase == "train":
@@ -74,11 +74,13 @@ class Closer:
         edge.mods.step("saved", plan.round)
         # of the devices the round expected (those live at its opening, and any that reported), those
         # that reported and did not leave: never more than it expected (not the devices live now)
-        self._line(plan, len(by_device) - len(left), len(expected | set(by_device)), info, len(left), started)
+        left = len(info.devices.left)
+        self._line(plan, len(by_device) - left, len(expected | set(by_device)), info.devices.failed, left, started)
 
-    def _merge(self, plan: RoundPlan, reports: list[Any]) -> dict[str, Any]:
+    def _merge(self, plan: RoundPlan, reports: list[Any]) -> str:
         """The phase's merge (by phase: runtime/mods/phases.py) under the round guard, published;
-        a merge that fails says why in the edge's done, and the cloud still hears it is done."""
+        a merge that fails says why in the edge's done (the reason returned: memory or time, or
+        failed), and the cloud still hears it is done; "" when it did not fail."""
         edge, what = self.edge, phase_of(plan) + " merge"
         edge.part.losses = {}
         try:
@@ -91,29 +93,29 @@ class Closer:
         except RoundFailed as exc:  # over its memory ceiling or time budget (runtime/guard.py): one line
             edge.errors += 1
             log.error("edge %s: %s failed: %s", edge.node_id, what, exc)
-            return {"merge_failed": exc.reason if isinstance(exc, OverBudget) else "failed"}
+            return exc.reason if isinstance(exc, OverBudget) else "failed"
         except Exception:
             edge.errors += 1
             log.exception("edge %s: aggregating round %d (%s) failed", edge.node_id, plan.round, plan.phase)
-        return {}
+        return ""
 
-    def _device_infos(self, plan: RoundPlan, reports: list[Any]) -> dict[str, Any]:
+    def _device_infos(self, plan: RoundPlan, reports: list[Any]) -> dict[str, DoneInfo]:
         """device -> its `done` info. A device whose message of this phase was refused did not
         take part, whatever its `done` says: it counts as failed ("refused", runtime/records.py),
         with one line naming the rule (a device restarted with another shard is re-admitted by its
         new hello, runtime/membership.py; a lying one is refused every round)."""
         node = self.edge.node_id
-        by_device = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
+        by_device = dones(reports)
         for dev, rule in sorted(self.refused_now.items()):
-            if dev in by_device and not by_device[dev].get("left"):
-                by_device[dev] = {**by_device[dev], "failed": True, "reason": "refused"}
+            if dev in by_device and not by_device[dev].left:
+                by_device[dev] = by_device[dev].but(failed=True, reason="refused")
                 log.warning("edge %s: device %s's %s does not count: its message was refused [%s]", node, dev,
                             phase_of(plan), rule)
         return by_device  # refused_now starts afresh when the next phase opens
 
-    def _line(self, plan: RoundPlan, took_part: int, expected: int, info: dict[str, Any], left: int,
+    def _line(self, plan: RoundPlan, took_part: int, expected: int, failed: Mapping[str, int], left: int,
               started: float) -> None:
-        failed = info.get("device_failed") or {}  # runtime/records.py: by reason
+        """`failed`: its devices' failures by reason (runtime/records.py)."""
         status.info("edge %s: %s closed with %d/%d devices%s%s in %.1f s", self.edge.node_id, phase_of(plan),
                     took_part, expected,
                     f" ({sum(failed.values())} failed: {', '.join(f'{k} {v}' for k, v in sorted(failed.items()))})"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from splitedge.protocol.done import dones
+
 
 class LossLog:
     """Sample-weighted means of every term (and the weighted total) over the steps of a run."""
@@ -41,20 +43,13 @@ def merge_weighted(items: Iterable[tuple[Mapping[str, Any], int]]) -> tuple[dict
     return log.means(), log.samples
 
 
-def device_losses(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """What an edge adds to its done info from its devices' done infos."""
-    means, samples = merge_weighted((i.get("loss") or {}, int(i.get("samples", 0) or 0)) for i in infos
-                                    if isinstance(i.get("loss"), Mapping))
-    return {"device_loss": means, "device_samples": samples} if means else {}
-
-
 def tier_losses(reports: Sequence[Any], cloud: Mapping[str, float]) -> dict[str, dict[str, float]]:
-    """The cloud's per-tier loss map for a round, from the edges' done infos and its own."""
-    infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
+    """The cloud's per-tier loss map for a round, from the edges' done infos (their devices'
+    losses, merged by samples, and their own) and its own."""
+    infos = list(dones(reports).values())
     out: dict[str, dict[str, float]] = {}
-    dev, _ = merge_weighted((i.get("device_loss") or {}, int(i.get("device_samples", 0) or 0)) for i in infos
-                            if isinstance(i.get("device_loss"), Mapping))
-    edge, _ = merge_weighted((i["loss"], 1) for i in infos if isinstance(i.get("loss"), Mapping))
+    dev, _ = merge_weighted((i.devices.loss, i.devices.samples) for i in infos if i.devices is not None and i.devices.loss)
+    edge, _ = merge_weighted((i.loss, 1) for i in infos if i.loss)
     for tier, losses in (("device", dev), ("edge", edge), ("cloud", dict(cloud))):
         if losses:
             out[tier] = losses

@@ -53,7 +53,7 @@ EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {
     "metrics": lambda: {"accuracy": 0.5, "loss": 1.25, "round": 3},
     "request": lambda: {"what": "moments"},
     "secagg": lambda: {"stage": "keys", "batch": 0, "sum": "moments.wc", "data": {"device": "d1", "c": bytes(32), "s": bytes(range(32))}},
-    "done": lambda: {"phase": "train", "info": {"steps": 12, "seconds": 1.5}},
+    "done": lambda: {"phase": "train", "info": {"samples": 120, "loss": {"ce": 1.5}, "cost": {"cpu_s": 0.4}}},
 }
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .done import DONE_INFO
 from .errors import ProtocolError
 from .schema import (
-    ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Data, Float, Int, List, Map, Number, Paged, Schema, Str,
+    ALL_DTYPES, FLOAT_DTYPES, Array, Bool, Data, Float, Int, List, Map, Number, Paged, Record, Schema, Str,
     register_kind,
 )
 
@@ -100,9 +101,9 @@ BUILTIN_KINDS: dict[str, Schema] = {
            "the exchange (4: the consistency round of signed federations, between 2 and 3), `sum` names the aggregation (kind.what), `data` is secagg's message (methods/privacy/messages.py, checked there), `meta` what a "
            "masked input sums (kind, space, versions, dtype; for moments whether the merge weighs samples or devices) in the clear"),
     "done": Schema({
-        "phase": Str(), "info": Data(optional=True, default={}), "session": _SESSION,
-    }, doc="any -> up; round-completion marker (`phase`: round, or calibrate); a `done` of another "
-           "session (a replay from an earlier run) is dropped"),
+        "phase": Str(), "info": Record(schema=DONE_INFO, optional=True, default={}), "session": _SESSION,
+    }, doc="any -> up; round-completion marker (`phase`: round, or calibrate); `info` the node's typed "
+           "record (protocol/done.py); a `done` of another session (a replay from an earlier run) is dropped"),
 }
 
 for _name, _schema in BUILTIN_KINDS.items():

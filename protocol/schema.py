@@ -20,7 +20,7 @@ from .fields import (  # noqa: F401 - re-exported: schema.py is the documented h
 
 __all__ = [
     "Field", "Int", "Float", "Number", "Bool", "Str", "Bytes", "Scalar", "Array", "Map", "List", "Paged", "Data",
-    "Schema", "FLOAT_DTYPES", "ALL_DTYPES", "register_kind", "get_schema", "registered_kinds",
+    "Record", "Schema", "FLOAT_DTYPES", "ALL_DTYPES", "register_kind", "get_schema", "registered_kinds",
     "validate_body",
 ]
 
@@ -85,6 +85,39 @@ class Schema:
         if self.extra is not None:
             parts.append(f"any other key: {self.extra.describe()}")
         return "; ".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record(Field):
+    """A typed record inside a body (a `done`'s info, protocol/done.py): a map checked against its
+    own schema, defaults filled, unknown keys refused."""
+
+    schema: Schema = field(default_factory=Schema)
+
+    def check(self, path: str, value: Any, dims: Dims) -> dict[str, Any]:
+        return self.schema.validate(value, path)
+
+    def wire(self, value: dict[str, Any]) -> dict[str, Any]:
+        """Only what differs from its field's default: the receiver fills the rest (a device's
+        `done` stays a few bytes)."""
+        if value is None:
+            return value
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            spec = self.schema.fields.get(key)
+            item = spec.wire(item) if spec is not None else item
+            default = {} if isinstance(spec, Record) and spec.default is not None else getattr(spec, "default", None)
+            if spec is None or not spec.optional or not _same(item, default):
+                out[key] = item
+        return out
+
+    def describe(self) -> str:
+        return self._opt("record")
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether a wire value is its field's default (arrays never are)."""
+    return type(value) is type(default) and not hasattr(value, "shape") and value == default
 
 
 _REGISTRY: dict[str, Schema] = {}

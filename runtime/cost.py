@@ -10,12 +10,15 @@ bytes are always the node's own (each node has its own MQTT connection).
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psutil
+
+from splitedge.protocol.done import DevicesDone, DoneInfo, dones
 
 
 def peak_rss_bytes() -> int:
@@ -60,17 +63,14 @@ class CostMeter:
         return cost
 
 
-def device_costs(infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def device_costs(devices: DevicesDone, infos: Mapping[str, DoneInfo]) -> DevicesDone:
     """What an edge's `done` info says of its devices' costs, from their `done` infos (those that
-    reported one): `device_costs`, by device; the devices with private reports (runtime/mods/private.py,
-    private_info) only summed, as `private_devices_cost` (`devices`: how many), never one by one."""
-    costs = {d: i["cost"] for d, i in sorted(infos.items()) if isinstance(i.get("cost"), Mapping)}
-    private = [c for d, c in costs.items() if infos[d].get("private_reports")]
-    out: dict[str, Any] = {"device_costs": {d: dict(c) for d, c in costs.items()
-                                            if not infos[d].get("private_reports")}}
-    if private:
-        out["private_devices_cost"] = summed_cost(private)
-    return out
+    reported one): `cost`, by device; the devices with private reports (runtime/mods/private.py,
+    private_info) only summed, as `private_cost` (`devices`: how many), never one by one."""
+    costs = {d: i.cost for d, i in sorted(infos.items()) if i.cost}
+    private = [c for d, c in costs.items() if infos[d].private_reports]
+    return dataclasses.replace(devices, cost={d: dict(c) for d, c in costs.items() if not infos[d].private_reports},
+                               private_cost=summed_cost(private) if private else {})
 
 
 def summed_cost(costs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -116,14 +116,13 @@ def phase_costs(reports: Iterable[Any]) -> tuple[dict[str, dict[str, Any]], dict
     devices with private reports are in its own, summed, as `private_devices` (device_costs)."""
     devices: dict[str, dict[str, Any]] = {}
     edges: dict[str, dict[str, Any]] = {}
-    for report in reports:
-        done = report.get("done")
-        info = done.body.get("info") or {} if done is not None else {}
-        devices.update({d: readable(c) for d, c in (info.get("device_costs") or {}).items() if isinstance(c, Mapping)})
-        if isinstance(info.get("cost"), Mapping):
-            edges[report.sender] = readable(info["cost"])
-        if isinstance(info.get("private_devices_cost"), Mapping):
-            edges.setdefault(report.sender, {})["private_devices"] = readable(info["private_devices_cost"])
+    for edge, info in dones(reports).items():
+        of = info.devices or DevicesDone()
+        devices.update({d: readable(c) for d, c in of.cost.items()})
+        if info.cost:
+            edges[edge] = readable(info.cost)
+        if of.private_cost:
+            edges.setdefault(edge, {})["private_devices"] = readable(of.private_cost)
     return devices, edges
 
 

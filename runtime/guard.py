@@ -5,7 +5,7 @@ device`, `edge` and `cloud`): a device's round (training, statistics, calibratio
 an edge's merge, the cloud's merge and evaluation. A round over either bound fails in one logged
 line (RoundFailed: what was exceeded, the bound and the flag that raises it); the node stays up
 and takes the next round; a device's parent gets `done {failed, reason}` and counts it
-(runtime/records.py, `device_failed`).
+(runtime/records.py, an edge's `devices.failed`).
 
 - Time: a deadline starts with the round's compute; the compute checks it at every batch
   boundary (methods/budget.py `checkpoint()`) and the runtime once more before it sends what the

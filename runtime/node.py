@@ -19,6 +19,7 @@ import numpy as np
 
 from splitedge.methods.contract import Message, RoundFailed
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.done import DoneInfo
 from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import Transport
 from splitedge.runtime.allowance import Allowance
@@ -276,7 +277,8 @@ class Node:
         parent stops waiting for this node at once and can say why it left."""
         if self.fatal:
             self.send(transport, "up", "done", {"phase": done_phase(plan.phase),
-                                                "info": {"failed": True, "left": self.fatal[:300]}}, round_=plan.round)
+                                                "info": DoneInfo(failed=True, left=self.fatal[:300]).to_info()},
+                      round_=plan.round)
 
     def send(self, transport: Transport, direction: str, kind: str, body: Mapping[str, Any], *,
              round_: int | None = None, retain: bool = False, topic_kind: str | None = None,

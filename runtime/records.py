@@ -13,56 +13,46 @@ import numbers
 from typing import Any, Mapping, Sequence
 
 from splitedge.methods.contract import Part, Report
+from splitedge.methods.losslog import merge_weighted
 from splitedge.methods.privacy.floor import most_releases, summed_withheld
+from splitedge.protocol.done import DevicesDone, DoneInfo, dones
 
 METRICS_NOT_SENT = frozenset({"round"})  # the envelope's round already says it
-from splitedge.methods.losslog import device_losses
 
 
-def edge_done_info(part: Part, infos: Sequence[Mapping[str, Any]], *, reported: int, seconds: float, errors: int,
-                   refused: Mapping[str, int], trained: bool = True) -> dict[str, Any]:
-    """An edge's done info: its part's (of a training phase), its devices' losses and refusals
-    (from their done infos), how many devices reported, how many of them failed the phase and
-    why (`device_failed`, e.g. over their memory ceiling or time budget, runtime/guard.py), its
-    own time, errors and refusals."""
-    device_refused: collections.Counter[str] = collections.Counter()
-    for i in infos:
-        device_refused.update(i.get("refused") or {})
-    info = {**(part.round_info() if trained else {}), **device_losses(infos), "devices": reported, "device_refused": dict(device_refused),
-            "seconds": round(seconds, 3), "errors": errors, "refused": dict(refused)}
-    failed = failed_devices(infos)
-    if failed:
-        info["device_failed"] = failed
-    withheld = summed_withheld([i.get("withheld") for i in infos])
-    if withheld:
-        info["device_withheld"] = withheld  # classes (and images) below the minimum count, summed
-    if part.losses:
-        info["loss"] = dict(part.losses)
-    return info
+def edge_done_info(part: Part, infos: Mapping[str, DoneInfo], *, reported: int, seconds: float, errors: int,
+                   refused: Mapping[str, int], trained: bool = True) -> DoneInfo:
+    """An edge's done info: its part's `round_info` and losses (of a training phase), its own time,
+    errors and refusals, and `devices`: what its devices' done infos say, under their names
+    (losses merged by samples, refusals and withheld classes summed, failures by reason, who
+    left and why), with how many reported."""
+    values = list(infos.values())
+    losses, samples = merge_weighted((i.loss, i.samples or 0) for i in values if i.loss)
+    refused_by_devices: collections.Counter[str] = collections.Counter()
+    for i in values:
+        refused_by_devices.update(i.refused)
+    devices = DevicesDone(reported=reported, loss=losses, samples=samples, refused=dict(refused_by_devices),
+                          failed=failed_devices(values), withheld=summed_withheld([i.withheld for i in values]),
+                          left={d: i.left for d, i in infos.items() if i.left})
+    return DoneInfo(method=dict(part.round_info()) if trained else {}, loss=dict(part.losses), devices=devices,
+                    seconds=round(seconds, 3), errors=errors, refused=dict(refused))
 
 
-def failed_devices(infos: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def failed_devices(infos: Sequence[DoneInfo]) -> dict[str, int]:
     """`{reason: devices}` of the devices whose phase failed ("memory" or "time": over their
     round guard's bound, as their `done` says; "refused": their edge refused a message of the
     phase; "other": any other failure), leavers aside."""
-    out: collections.Counter[str] = collections.Counter()
-    for i in infos:
-        if i.get("failed") and not i.get("left"):
-            out[str(i.get("reason") or "other")] += 1
-    return dict(out)
+    return dict(collections.Counter(i.reason or "other" for i in infos if i.failed and not i.left))
 
 
 def phase_failures(reports: Sequence[Report]) -> dict[str, int]:
-    """A phase's failed devices summed over its edges (`device_failed` of their done infos),
-    with the edges whose own merge failed as `edge_<reason>`: what the cloud records."""
+    """A phase's failed devices summed over its edges (their `devices.failed`), with the edges
+    whose own merge failed as `edge_<reason>`: what the cloud records."""
     out: collections.Counter[str] = collections.Counter()
-    for r in reports:
-        info = _done_info(r)
-        failed = info.get("device_failed")
-        if isinstance(failed, Mapping):
-            out.update({str(k): int(v) for k, v in failed.items() if isinstance(v, int)})
-        if info.get("merge_failed"):
-            out[f"edge_{info['merge_failed']}"] += 1
+    for info in dones(reports).values():
+        out.update((info.devices or DevicesDone()).failed)
+        if info.failed:
+            out[f"edge_{info.reason or 'failed'}"] += 1
     return dict(out)
 
 
@@ -71,20 +61,13 @@ def round_rejections(cloud: Mapping[str, int], reports: Sequence[Report]) -> dic
     and at each edge that closed this round (as its done info says); devices summed."""
     out = {"cloud": dict(cloud)}
     devices: collections.Counter[str] = collections.Counter()
-    for r in reports:
-        info = _done_info(r)
-        if info.get("refused"):
-            out[r.sender] = dict(info["refused"])
-        devices.update(info.get("device_refused") or {})
+    for edge, info in dones(reports).items():
+        if info.refused:
+            out[edge] = dict(info.refused)
+        devices.update((info.devices or DevicesDone()).refused)
     if devices:
         out["devices"] = dict(devices)  # summed over this round's devices, each counting since it started
     return out
-
-
-def _done_info(report: Report) -> Mapping[str, Any]:
-    """A child's `done` info in its report (empty when it sent no `done`)."""
-    done = report.get("done")
-    return done.body["info"] if done is not None else {}
 
 
 def phase_privacy(reports: Sequence[Report], prefix: str = "") -> dict[str, Any]:
@@ -94,10 +77,11 @@ def phase_privacy(reports: Sequence[Report], prefix: str = "") -> dict[str, Any]
     `dp_releases`, the most differentially private releases one device made, which bounds every
     device's privacy loss (accountant.py); `secagg`, each edge's secure sums as its done info
     says (runtime/secure_sum.py)."""
-    infos = [_done_info(r) for r in reports]
-    secure = {r.sender: dict(i["secagg"]) for r, i in zip(reports, infos) if isinstance(i.get("secagg"), Mapping)}
-    found = {"withheld": summed_withheld([i.get("device_withheld") for i in infos]),
-             "dp_releases": most_releases([i.get("device_dp_releases") for i in infos]), "secagg": secure}
+    infos = dones(reports)
+    of = [i.devices or DevicesDone() for i in infos.values()]
+    found = {"withheld": summed_withheld([d.withheld for d in of]),
+             "dp_releases": most_releases([d.dp_releases for d in of]),
+             "secagg": {e: dict(i.secagg) for e, i in infos.items() if i.secagg}}
     return {prefix + key: value for key, value in found.items() if value}
 
 

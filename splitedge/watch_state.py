@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.done import DevicesDone, DoneInfo, done_info
 from splitedge.protocol.errors import ProtocolError
 from splitedge.protocol.topics import parse
 
@@ -183,32 +184,32 @@ class WatchState:
 
     def _done(self, node: NodeView, env: Envelope, now: float) -> list[str]:
         key: Key = (env.round, str(env.body.get("phase", "round")))
-        info = env.body.get("info") if isinstance(env.body.get("info"), Mapping) else {}
+        info = done_info(env.body.get("info"))  # the codec checked it against its record
         node.done.add(key)
-        if isinstance(info.get("refused"), Mapping):
-            node.refused = {str(k): int(v) for k, v in info["refused"].items() if isinstance(v, (int, float))}
-        if isinstance(info.get("cost"), Mapping):
-            node.costs[key] = dict(info["cost"])
+        if info.refused:
+            node.refused = dict(info.refused)
+        if info.cost:
+            node.costs[key] = dict(info.cost)
         if node.tier == "edge":
             return self._edge_done(node, key, info)
         if node.tier == "device":
             cost = node.costs.get(key, {})
-            said = "failed" if info.get("failed") else \
+            said = "failed" if info.failed else \
                 f"up {_bytes(cost.get('bytes_up'))}, down {_bytes(cost.get('bytes_down'))}"
             return [f"device {node.node_id} done round {key[0]}{_phase(key[1])} ({said})"]
         return []
 
-    def _edge_done(self, edge: NodeView, key: Key, info: Mapping[str, Any]) -> list[str]:
+    def _edge_done(self, edge: NodeView, key: Key, info: DoneInfo) -> list[str]:
         """An edge closed a phase: its devices' costs (they reach the cloud's broker this way
         even when device topics stay on the edge site) and the round's tally of edges."""
-        costs = info.get("device_costs")
-        for dev, cost in (costs.items() if isinstance(costs, Mapping) else ()):
-            if isinstance(cost, Mapping):
-                self.node("device", str(dev)).costs[key] = dict(cost)
+        devices = info.devices or DevicesDone()
+        for dev, cost in devices.cost.items():
+            self.node("device", str(dev)).costs[key] = dict(cost)
         view = self.rounds.setdefault(key[0], RoundView(key[0]))
         view.edges_done.setdefault(key[1], set()).add(edge.node_id)
-        return [f"edge {edge.node_id} closed round {key[0]}{_phase(key[1])} with {info.get('devices', '?')} "
-                f"device(s) in {info.get('seconds', '?')} s"]
+        seconds = "?" if info.seconds is None else info.seconds
+        return [f"edge {edge.node_id} closed round {key[0]}{_phase(key[1])} with {devices.reported} "
+                f"device(s) in {seconds} s"]
 
     def _metrics(self, node: NodeView, env: Envelope, now: float) -> list[str]:
         view = self.rounds.setdefault(env.round, RoundView(env.round))

@@ -64,10 +64,11 @@ def _unquote(cell: str) -> str:
 
 @dataclass(frozen=True)
 class Type:
-    """`int`, `float`, `number`, `bool`, `str`, `bytes`, `any`, `array`, `map`, `list` or `pages`."""
+    """`int`, `float`, `number`, `bool`, `str`, `bytes`, `any`, `array`, `map`, `list`, `pages` or `record`."""
 
     name: str
     of: "Type | None" = None  # map values, list and pages items
+    ref: str = ""  # a record: the name of its table (`record<done.info>`)
     dtypes: tuple[str, ...] = ()  # arrays; () = any whitelisted dtype
     shape: tuple[str, ...] | None = None  # arrays; None = any shape
 
@@ -86,6 +87,8 @@ def parse_type(text: str) -> Type:
         return Type("map", of=parse_type(value))
     if s.startswith("list<") and s.endswith(">"):
         return Type("list", of=parse_type(s[5:-1]))
+    if s.startswith("record<") and s.endswith(">"):
+        return Type("record", ref=s[7:-1].strip())
     if s.startswith("pages<") and s.endswith(">"):
         return Type("pages", of=parse_type(s[6:-1]))
     m = re.fullmatch(r"array<([a-z0-9, ]+)>(?:\[([A-Za-z0-9_., ]+)\])?", s)
@@ -156,6 +159,7 @@ class ProtocolDoc:
     version: int
     dtypes: dict[int, tuple[str, np.dtype]]  # code -> (name, numpy dtype)
     kinds: dict[str, dict[str, FieldDoc]] = field(default_factory=dict)
+    records: dict[str, dict[str, FieldDoc]] = field(default_factory=dict)  # typed records inside bodies
 
     @classmethod
     def parse(cls, text: str) -> "ProtocolDoc":
@@ -175,17 +179,10 @@ class ProtocolDoc:
         for code, (name, dt) in dtypes.items():
             if dt.itemsize != int(next(r["itemsize"] for r in table(block(text, "dtypes")) if int(r["code"]) == code)):
                 raise Violation(f"dtype {name}: numpy itemsize disagrees with the itemsize column")
-        kinds: dict[str, dict[str, FieldDoc]] = {}
-        for name in re.findall(r"<!-- kind:([a-z][a-z0-9_]*):begin -->", text):
-            fields = {}
-            for r in table(block(text, f"kind:{name}")):
-                required = r["required"].strip()
-                if required != "yes" and not required.startswith("no"):
-                    raise Violation(f"{name}.{r['field']}: required must be yes or no, got {required!r}")
-                fields[r["field"]] = FieldDoc(r["field"], parse_type(r["type"]), required == "yes",
-                                              tuple(parse_constraints(r["constraints"])))
-            kinds[name] = fields
-        return cls(m.group(1), routes, envelope, int(version.group(1)), dtypes, kinds)
+        kinds = {name: _fields(text, f"kind:{name}") for name in re.findall(r"<!-- kind:([a-z][a-z0-9_]*):begin -->", text)}
+        records = {name: _fields(text, f"record:{name}")
+                   for name in re.findall(r"<!-- record:([a-z][a-z0-9_.]*):begin -->", text)}
+        return cls(m.group(1), routes, envelope, int(version.group(1)), dtypes, kinds, records)
 
     @classmethod
     def load(cls, path: Path = DOC) -> "ProtocolDoc":
@@ -268,8 +265,48 @@ def _unpage(path: str, value: Any) -> list:
     return [item for page in value for item in page]
 
 
+def _fields(text: str, name: str) -> dict[str, FieldDoc]:
+    """A field table (a kind's or a record's) by field name."""
+    fields = {}
+    for r in table(block(text, name)):
+        required = r["required"].strip()
+        if required != "yes" and not required.startswith("no"):
+            raise Violation(f"{name}.{r['field']}: required must be yes or no, got {required!r}")
+        fields[r["field"]] = FieldDoc(r["field"], parse_type(r["type"]), required == "yes",
+                                      tuple(parse_constraints(r["constraints"])))
+    return fields
+
+
+RECORDS: dict[str, dict[str, FieldDoc]] = {}
+"""The page's records while a body is checked (check_body sets them)."""
+
+
+def _check_fields(where: str, body: Any, fields: dict[str, FieldDoc]) -> dict[str, int]:
+    """A body or a record against its table: no field it does not list, each listed one as it says."""
+    if not isinstance(body, dict):
+        raise Violation(f"{where}: body is a {type(body).__name__}, not a map")
+    for key in body:
+        if key not in fields and "*" not in fields:
+            raise Violation(f"{where}: field {key!r} is not in its table")
+    dims: dict[str, int] = {}
+    for name, f in fields.items():
+        if name == "*":
+            continue
+        if name not in body:
+            if f.required:
+                raise Violation(f"{where}: required field {name!r} is missing")
+            continue
+        check_value(f"{where}.{name}", body[name], f.type, list(f.constraints), dims)
+    return dims
+
+
 def check_value(path: str, value: Any, t: Type, constraints: list[tuple[str, Any]], dims: dict[str, int]) -> None:
     c = dict(constraints)
+    if t.name == "record":
+        if t.ref not in RECORDS:
+            raise Violation(f"{path}: record {t.ref!r} has no table")
+        _check_fields(path, value, RECORDS[t.ref])
+        return
     if t.name == "pages":
         items = _unpage(path, value)
         if len(items) > c.get("items", 1024):
@@ -368,21 +405,12 @@ def check_body(doc: ProtocolDoc, kind: str, body: Any) -> None:
     if kind not in doc.kinds:
         raise Violation(f"kind {kind!r} is not documented")
     fields = doc.kinds[kind]
-    if not isinstance(body, dict):
-        raise Violation(f"{kind}: body is a {type(body).__name__}, not a map")
-    for key in body:
-        if key not in fields and "*" not in fields:
-            raise Violation(f"{kind}: field {key!r} is not in its table")
-    dims: dict[str, int] = {}
+    RECORDS.clear()
+    RECORDS.update(doc.records)
+    _check_fields(kind, body, fields)
     for name, f in fields.items():
-        if name == "*":
-            continue
-        if name not in body:
-            if f.required:
-                raise Violation(f"{kind}: required field {name!r} is missing")
-            continue
-        check_value(f"{kind}.{name}", body[name], f.type, list(f.constraints), dims)
-        if ("sha256 of model", None) in f.constraints and hashlib.sha256(body.get("model", b"")).hexdigest() != body[name]:
+        if name in body and ("sha256 of model", None) in f.constraints \
+                and hashlib.sha256(body.get("model", b"")).hexdigest() != body[name]:
             raise Violation(f"{kind}.{name}: not the SHA-256 of model")
     if "*" in fields:
         for key in set(body) - set(fields):

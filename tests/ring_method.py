@@ -17,6 +17,7 @@ from splitedge.methods.registry import register_method
 from splitedge.methods.contract import (
     DONE, PEERS, CloudPart, DevicePart, EdgePart, Kept, Message, Method, Placement, RoundPlan, RoundSpec, device,
 )
+from splitedge.protocol.done import done_info, dones
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class RingEdge(EdgePart):
     """Passes its devices' round infos up (what the test reads), nothing else."""
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Any]) -> list[Message]:
-        self.infos = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
+        self.infos = {dev: info.method for dev, info in dones(reports).items()}
         return []
 
     def round_info(self) -> dict[str, Any]:
@@ -88,7 +89,7 @@ class RingCloud(CloudPart):
     def aggregate(self, plan: RoundPlan, reports: Sequence[Any]) -> tuple[list[Message], dict[str, Any]]:
         seen = {}
         for r in reports:
-            for dev, info in r.get("done").body["info"].get("members", {}).items():
+            for dev, info in done_info(r.get("done").body["info"]).method.get("members", {}).items():
                 seen[dev] = {**info, "reported_by": r.sender}
         secret = {"name": "secret", "version": plan.round,
                   "arrays": {"v": np.array([100 * plan.round + 1], np.int64)}}

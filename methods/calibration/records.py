@@ -22,6 +22,7 @@ from splitedge.methods.calibration.stats import (
 from splitedge.methods.contract import DEVICES, DONE, DevicePart, Message, RoundPlan
 from splitedge.methods.data.preprocess import accumulate, batches, to_input
 from splitedge.methods.privacy.release import private_accumulator, private_head_stats
+from splitedge.protocol.done import Scores
 from splitedge.protocol.errors import ProtocolError
 
 STATS_BATCH = DevicePart.stats_batch
@@ -202,22 +203,20 @@ def check_head(body: Mapping[str, Any], num_classes: int, dim: int) -> None:
         raise ProtocolError("state.shape", f"a head is weight [{num_classes}, {dim}] and bias [{num_classes}]")
 
 
-def merged_scores(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def merged_scores(scores: Sequence[Scores]) -> Scores:
     """Devices' (or edges') scores of their heads merged: the accuracy over all their held-out
     samples and how many there were, and the candidate layers' [correct, scored] summed
     (empty when nobody scored)."""
-    scored = [(float(i["accuracy"]), int(i["eval_samples"])) for i in infos
-              if i.get("accuracy") is not None and int(i.get("eval_samples") or 0) > 0]
+    scored = [(float(s.accuracy), s.eval_samples) for s in scores if s.accuracy is not None and s.eval_samples > 0]
     total = sum(n for _, n in scored)
-    out: dict[str, Any] = {"accuracy": sum(a * n for a, n in scored) / total, "eval_samples": total} if total else {}
     layers: dict[str, list[int]] = {}
-    for info in infos:
-        for layer, pair in (info.get("layer_scores") or {}).items():
+    for s in scores:
+        for layer, pair in s.layer_scores.items():
             into = layers.setdefault(str(layer), [0, 0])
             into[0], into[1] = into[0] + int(pair[0]), into[1] + int(pair[1])
-    if layers:
-        out["layer_scores"] = layers
-    return out
+    if not total:
+        return Scores(layer_scores=layers)
+    return Scores(accuracy=sum(a * n for a, n in scored) / total, eval_samples=total, layer_scores=layers)
 
 
 def records_of(reports: Sequence[Any]) -> dict[str, dict[str, HeadStats]]:

@@ -28,6 +28,7 @@ from splitedge.methods.contract import (DEVICES, CloudContext, Kept, Message, Pl
                                         device)
 from splitedge.methods.averaging import weight_updates
 from splitedge.models import load_numpy_state, state_to_numpy
+from splitedge.protocol.done import dones
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class CFLHKDCloud(FedAvgCloud[CFLHKDConfig]):
 
     def _cluster_metrics(self, plan: RoundPlan, reports: Sequence[Report]) -> dict[str, Any]:
         """Each cluster model on its own devices' held-out data (edges report it), and overall."""
-        infos = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
+        infos = {edge: i.method for edge, i in dones(reports).items()}
         per_edge = {e: i["accuracy"] for e, i in infos.items() if "accuracy" in i}
         acc, _ = weighted_accuracy(list(infos.values()))
         out: dict[str, Any] = {"phase": plan.directives.get("phase"), "clusters": len(self.cluster_edges) or 1,

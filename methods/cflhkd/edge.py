@@ -16,6 +16,7 @@ from splitedge.methods.checks import check_stats, check_vector, check_weights, w
 from splitedge.methods.fedproto.protos import weighted_accuracy
 from splitedge.methods.cflhkd.config import CFLHKDConfig
 from splitedge.methods.contract import CHILDREN, EdgeContext, EdgePart, Kept, Message, Report, RoundPlan
+from splitedge.protocol.done import dones
 
 
 def global_scores(infos: Sequence[dict[str, Any]], key: str = "global_accuracy",
@@ -78,7 +79,7 @@ class CFLHKDEdge(EdgePart[CFLHKDConfig]):
         signals = {r.sender: e.body["arrays"]["v"] for r in reports for e in r.all("arrays") if e.body["name"] == SIGNAL}
         if signals:
             out.append(Message("arrays", {"name": SIGNALS, "version": plan.round, "arrays": signals}))
-        infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
+        infos = [i.method for i in dones(reports).values()]
         acc, n = weighted_accuracy(infos)
         self.info = {"accuracy": acc, "eval_samples": n} if n else {}
         global_acc, global_n = weighted_accuracy(global_scores(infos))

@@ -20,6 +20,7 @@ from splitedge.methods.robust import robust_rule
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
 from splitedge.methods.contract import DEVICES, CloudContext, CloudPart, Kept, Message, Report, RoundPlan, RoundSpec
 from splitedge.methods.fedproto.config import FedProtoConfig
+from splitedge.protocol.done import dones
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,12 @@ class FedProtoCloud(CloudPart[FedProtoConfig]):
             out.append(Message("moments", body, to=DEVICES, slot=PROTOS))
         else:
             log.warning("cloud: round %d without prototypes", plan.round)
-        infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
+        edges = list(dones(reports).values())
+        infos = [i.method for i in edges]
         acc, n = weighted_accuracy(infos)
         rank, _ = weighted_accuracy(infos, "effective_rank")
-        if not n and any("private_devices_cost" in i for i in infos) and not getattr(self, "said_private", False):
+        private = any(i.devices is not None and i.devices.private_cost for i in edges)
+        if not n and private and not getattr(self, "said_private", False):
             self.said_private = True  # once a run
             log.warning("cloud: no accuracy: FedProto's is its devices' scores of their held-out data, which devices "
                         "with private reports keep to themselves (docs/privacy.md, what stays in the clear)")

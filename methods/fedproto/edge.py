@@ -16,6 +16,7 @@ from splitedge.methods.robust import robust_rule
 from splitedge.methods.fedproto.protos import PROTOS, check_protos, merge_protos, protos_body, weighted_accuracy
 from splitedge.methods.contract import EdgeContext, EdgePart, Kept, Message, Report, RoundPlan
 from splitedge.methods.fedproto.config import FedProtoConfig
+from splitedge.protocol.done import dones
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class FedProtoEdge(EdgePart[FedProtoConfig]):
                 devices = np.asarray(env.body["counts"], dtype=np.int64) if report.summed \
                     else np.ones(len(classes), dtype=np.int64)  # a secure sum's counts are its devices
                 parts.append((classes, devices, env.body["mean"]))
-        infos = [r.get("done").body["info"] for r in reports if r.get("done") is not None]
+        infos = [i.method for i in dones(reports).values()]
         acc, n = weighted_accuracy(infos)
         rank, _ = weighted_accuracy(infos, "effective_rank")
         self.info = {"accuracy": acc, "effective_rank": rank, "eval_samples": n} if n else {}

@@ -30,6 +30,7 @@ from splitedge.methods.training import Batch, Outputs, train_epochs
 from splitedge.models import (ClassifierInput, SplitModel, create_split, head_features, load_numpy_state, seeded_init,
                               state_to_numpy)
 from splitedge.protocol.errors import ProtocolError
+from splitedge.protocol.done import dones
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ class HSFPCloud(CalibratedCloud, CloudPart[HSFPConfig]):
             self.served.load_state_dict(self.model.state_dict())
             self.served_versions = (self.wc_version, self.we_version)
         out = self._global_wc_moments() if self.cfg.edge_features == "global" else []
-        infos = [r.get("done").body["info"] or {} for r in reports if r.get("done") is not None]
+        infos = [i.method for i in dones(reports).values()]
         metrics["merged"] = sum(int(i.get("merged", 0)) for i in infos)  # devices whose moments the edges merged
         if self.cfg.edge_features == "global":
             metrics["edges_global"] = sum(int(i.get("global", 0)) for i in infos)  # edges that trained on it

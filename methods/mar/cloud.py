@@ -27,6 +27,7 @@ from splitedge.methods.ssl.cloud import SSLCloud
 from splitedge.methods.contract import DEVICES, Kept, Message, Placement, Report, RoundPlan, RoundSpec
 from splitedge.methods.mar.config import DecMARConfig, MARConfig
 from splitedge.models import load_numpy_state
+from splitedge.protocol.done import dones
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +105,7 @@ class DecMARCloud(MARCloud[DecMARConfig]):
         return RoundSpec(versions={MODEL: 0}, directives={UPLOAD: True} if report else {})
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> tuple[list[Message], dict[str, Any]]:
-        heard = {d: n for r in reports if r.get("done") is not None
-                 for d, n in (r.get("done").body["info"].get("neighbours_heard") or {}).items()}
+        heard = {d: n for i in dones(reports).values() for d, n in (i.method.get("neighbours_heard") or {}).items()}
         metrics: dict[str, Any] = {"neighbours_heard": heard}
         if self.graph is not None:
             metrics["mean_degree"] = sum(len(p) for p in self.graph.values()) / max(1, len(self.graph))

@@ -192,6 +192,7 @@ class DecMARDevice(MARDevice[DecMARConfig]):
 
     missed: Kept[set[str]]  # neighbours not heard last round; info: this round's, read by round_info as it ends
     clear_private = "DecMAR's models and mean latents go to each neighbour as they are (no secure sum)"
+    clear_info = ("neighbours_heard", "neighbours_missed")  # which of its peers answered: no image in it
 
     def __init__(self, ctx: DeviceContext, data: tuple[np.ndarray, np.ndarray], backend: Any) -> None:
         super().__init__(ctx, data, backend)

@@ -16,6 +16,7 @@ from splitedge.methods.fedavg.edge import FedAvgEdge
 from splitedge.methods.mar.method import LATENT, LATENTS, MODEL, UPLOAD
 from splitedge.methods.contract import Kept, Message, Report, RoundPlan
 from splitedge.methods.mar.config import DecMARConfig, MARConfig
+from splitedge.protocol.done import dones
 
 
 class MAREdge(FedAvgEdge[MARConfig]):
@@ -44,8 +45,8 @@ class DecMAREdge(FedAvgEdge[DecMARConfig]):
             check_weights(env.body, self.specs, part=MODEL, source=source)  # devices version by round: no reference
 
     def aggregate(self, plan: RoundPlan, reports: Sequence[Report]) -> list[Message]:
-        done = {r.sender: r.get("done").body["info"] for r in reports if r.get("done") is not None}
-        self.heard = {d: int(info["neighbours_heard"]) for d, info in done.items() if "neighbours_heard" in info}
+        self.heard = {d: int(i.method["neighbours_heard"]) for d, i in dones(reports).items()
+                      if "neighbours_heard" in i.method}
         parts = weight_updates(reports, MODEL, plan.round) if plan.directives.get(UPLOAD) else []
         return [Message("weights", averaged_body(parts, MODEL, plan.round, self.method.merge_weights))] if parts else []
 

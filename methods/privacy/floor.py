@@ -56,7 +56,7 @@ def _count(value: Any, bound: int) -> bool:
 
 
 def summed_withheld(infos: Sequence[Any]) -> dict[str, int]:
-    """The `withheld` entries of several done infos (devices', or edges' `device_withheld`),
+    """The `withheld` entries of several done infos (devices', or edges' `devices.withheld`),
     summed: what a round held back below the floor, for the tier above. A peer's info is only
     reported, never acted on, so an entry that is no map of counts >= 0 is skipped, not fatal."""
     total = {"classes": 0, "samples": 0}
@@ -72,7 +72,7 @@ def summed_withheld(infos: Sequence[Any]) -> dict[str, int]:
 
 def most_releases(counts: Sequence[Any]) -> int:
     """The largest count of differentially private releases in several done infos (a device's
-    `dp_releases`, an edge's `device_dp_releases`); entries that are no count >= 0 are skipped."""
+    `dp_releases`, an edge's `devices.dp_releases`); entries that are no count >= 0 are skipped."""
     valid = [c for c in counts if _count(c, 2**31)]
     return max(valid, default=0)
 

@@ -7,8 +7,9 @@ edge, an edge's from its devices) through its chain, each mod either handing it 
 `call_next` or taking it; every message leaving the node passes `leaving`; a device's work in a
 phase runs inside `work` and an edge's merge inside `merge`. At a phase's boundaries the chain
 hears it open (`opened`) and close (`closed`), may keep it from starting (`ready`) or hold it
-open (`holds`), adds reports (`reports`) and folds the phase's `done` info (`done`), each mod
-adding its entries or filtering the whole. Every hook passes through by default, so a mod
+open (`holds`), adds reports (`reports`) and folds the phase's `done` info (`done`: the typed
+record of protocol/done.py), each mod writing the fields it declares in `writes` (the chain
+refuses a mod that writes another's) or, declaring every field, filtering the whole. Every hook passes through by default, so a mod
 overrides only what it changes.
 
 No mod names a method: each acts on what a part declares (`DevicePart.secure_kinds`, the run's
@@ -26,6 +27,10 @@ from typing import Any
 
 from splitedge.methods.contract import Message, Method, RoundPlan
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.done import DoneInfo
+
+EVERY_FIELD = ("*",)
+"""`writes` of a mod that may change any field of the done info (a filter such as private reports)."""
 
 
 class Mod:
@@ -33,6 +38,9 @@ class Mod:
 
     name = ""  # its key in the node's saved state (runtime/statefile.py), when it has state
     tiers: tuple[str, ...] = ()  # a plug-in mod: the tiers it runs on ("device", "edge")
+    writes: tuple[str, ...] = ("mods",)
+    """The done info's fields its `done` writes ("devices.cost": a field of an edge's `devices`);
+    a mod of one's own writes its entries under `mods` (`DoneInfo.with_mod`)."""
 
     def vet(self, method: Method) -> str | None:
         """Why this node cannot run `method` with this mod on (None: it can)."""
@@ -81,7 +89,7 @@ class Mod:
         """Reports the mod adds to the phase's when it closes (e.g. a secure sum's)."""
         return []
 
-    def done(self, plan: RoundPlan, info: dict[str, Any], children: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    def done(self, plan: RoundPlan, info: DoneInfo, children: Mapping[str, DoneInfo]) -> DoneInfo:
         """The phase's `done` info with this mod's entries (`children`: each child's done info)."""
         return info
 
@@ -152,10 +160,14 @@ class ModChain:
     def reports(self, plan: RoundPlan) -> list[Any]:
         return [r for m in self.mods for r in m.reports(plan)]
 
-    def done(self, plan: RoundPlan, info: dict[str, Any],
-             children: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    def done(self, plan: RoundPlan, info: DoneInfo, children: Mapping[str, DoneInfo] | None = None) -> DoneInfo:
         for m in self.mods:
-            info = m.done(plan, info, children or {})
+            out = m.done(plan, info, children or {})
+            wrote = set(changed(info, out))
+            if m.writes != EVERY_FIELD and not wrote <= set(m.writes):
+                raise TypeError(f"mod {type(m).__name__} wrote {', '.join(sorted(wrote - set(m.writes)))} of the done "
+                                f"info, which its `writes` does not declare ({', '.join(m.writes) or 'nothing'})")
+            info = out
         return info
 
     def closed(self, plan: RoundPlan) -> None:
@@ -210,3 +222,16 @@ def use_mod(cls: type[Mod]) -> None:
 def plugin_mods(node: Any, tier: str) -> list[Mod]:
     """The registered plug-in mods of `tier`, each built with the node it serves."""
     return [cls(node) for cls in _PLUGINS if tier in cls.tiers]  # type: ignore[call-arg]
+
+
+def changed(before: DoneInfo, after: DoneInfo) -> Iterator[str]:
+    """The fields `after` holds anew (dataclasses.replace keeps the others' objects), an edge's
+    `devices` by field ("devices.cost")."""
+    for name in before.__dataclass_fields__:
+        old, new = getattr(before, name), getattr(after, name)
+        if old is new:
+            continue
+        if name == "devices" and old is not None and new is not None:
+            yield from (f"devices.{f}" for f in old.__dataclass_fields__ if getattr(old, f) is not getattr(new, f))
+        else:
+            yield name

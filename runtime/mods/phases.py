@@ -11,6 +11,7 @@ phase merges its devices' head statistics, an evaluation phase merges their scor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,10 +24,13 @@ from splitedge.methods.calibration.records import (
 )
 from splitedge.methods.contract import DONE, Message, RoundPlan
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.done import DoneInfo, Scores
 from splitedge.runtime.mods import Mod
 
 
 class DevicePhases(Mod):
+    writes = ("scores",)
+
     def __init__(self, device: Any) -> None:
         self.device = device
         self.reset()
@@ -34,7 +38,7 @@ class DevicePhases(Mod):
     def reset(self) -> None:
         self.heads: dict[str, tuple[np.ndarray, np.ndarray]] | None = None  # the newest round's candidates
         self.heads_version = -1
-        self.scores: dict[str, Any] = {}  # the last evaluation phase's, for its done
+        self.scores = Scores()  # the last evaluation phase's, for its done
 
     def receive(self, env: Envelope, call_next: Callable[[Envelope], None]) -> None:
         """Candidate heads are kept for the evaluation phase that chooses the head's layer (the
@@ -60,14 +64,16 @@ class DevicePhases(Mod):
         return call_next(plan)
 
     def _evaluate(self) -> Iterator[Any]:
-        self.scores = evaluation(self.device.part, self.heads)
+        self.scores = Scores(**evaluation(self.device.part, self.heads))
         yield DONE
 
-    def done(self, plan: RoundPlan, info: dict[str, Any], children: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-        return {**self.scores, **info} if plan.evaluating else info
+    def done(self, plan: RoundPlan, info: DoneInfo, children: Mapping[str, DoneInfo]) -> DoneInfo:
+        return info.but(scores=self.scores) if plan.evaluating else info
 
 
 class EdgePhases(Mod):
+    writes = ("devices.calibrated", "devices.scores")
+
     def __init__(self, edge: Any) -> None:
         self.edge = edge
         self.calibrated: int | None = None  # devices whose records the calibration phase merged
@@ -80,9 +86,14 @@ class EdgePhases(Mod):
             return messages
         return [] if plan.evaluating else call_next(plan, reports)
 
-    def done(self, plan: RoundPlan, info: dict[str, Any], children: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    def done(self, plan: RoundPlan, info: DoneInfo, children: Mapping[str, DoneInfo]) -> DoneInfo:
         """A calibration phase: how many devices' records it merged; an evaluation phase: its
         devices' merged scores."""
+        devices = info.devices
+        if devices is None:
+            return info
         if plan.calibrating and self.calibrated is not None:  # its merge did not fail
-            return {**info, "calibrated": self.calibrated}
-        return {**info, **merged_scores(list(children.values()))} if plan.evaluating else info
+            return info.but(devices=dataclasses.replace(devices, calibrated=self.calibrated))
+        if plan.evaluating:
+            return info.but(devices=dataclasses.replace(devices, scores=merged_scores([c.scores for c in children.values()])))
+        return info

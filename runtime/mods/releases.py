@@ -1,16 +1,18 @@
 """An edge's ledger of its devices' differentially private releases (methods/privacy/floor.py):
 each `done` adds what its device released, late ones included, and the edge's own `done` says
-how much the most of one device grew (`device_dp_releases`), what the cloud's accountant counts."""
+how much the most of one device grew (`devices.dp_releases`), what the cloud's accountant counts."""
 
 from __future__ import annotations
 
 import logging
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from splitedge.methods.contract import RoundPlan
 from splitedge.methods.privacy.floor import ReleaseLedger
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.done import DoneInfo, done_info
 from splitedge.runtime.mods import Mod
 
 log = logging.getLogger(__name__)
@@ -18,6 +20,7 @@ log = logging.getLogger(__name__)
 
 class Releases(Mod):
     name = "dp_releases"  # its key in the edge's state file
+    writes = ("devices.dp_releases",)
 
     def __init__(self, edge: Any) -> None:
         self.edge = edge
@@ -29,19 +32,20 @@ class Releases(Mod):
         stale = self.edge.rounds.counts["stale"]
         call_next(env)
         if env.kind == "done" and self.edge.rounds.counts["stale"] > stale:
-            info = env.body.get("info")
             before = self.ledger.made.get(env.sender, 0)
-            self.ledger.add(env.sender, info.get("dp_releases") if isinstance(info, Mapping) else None)
+            self.ledger.add(env.sender, done_info(env.body.get("info")).dp_releases)
             made = self.ledger.made.get(env.sender, 0) - before
             if made:
                 log.info("edge %s: device %s's done of round %d came after its phase closed; its %d DP release(s) "
                          "count in this edge's next done", self.edge.node_id, env.sender, env.round, made)
 
-    def done(self, plan: RoundPlan, info: dict[str, Any], children: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    def done(self, plan: RoundPlan, info: DoneInfo, children: Mapping[str, DoneInfo]) -> DoneInfo:
         for dev, child in children.items():
-            self.ledger.add(dev, child.get("dp_releases"))
+            self.ledger.add(dev, child.dp_releases)
         grew = self.ledger.take()
-        return {**info, "device_dp_releases": grew} if grew else info
+        if not grew or info.devices is None:
+            return info
+        return info.but(devices=dataclasses.replace(info.devices, dp_releases=grew))
 
     def state(self) -> Any:
         return self.ledger.state()

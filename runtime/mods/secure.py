@@ -12,6 +12,7 @@ from typing import Any
 
 from splitedge.methods.contract import Message, Method, RoundPlan
 from splitedge.protocol.codec import Envelope
+from splitedge.protocol.done import DoneInfo
 from splitedge.protocol.errors import ProtocolError
 from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.mods import Mod
@@ -57,6 +58,8 @@ class DeviceSecureSum(Mod):
 
 class EdgeSecureSums(Mod):
     """An edge's secure sums of the open phase (with the run's secagg on)."""
+
+    writes = ("secagg",)
 
     def __init__(self, edge: Any) -> None:
         self.edge = edge
@@ -117,8 +120,8 @@ class EdgeSecureSums(Mod):
                 merged.messages.setdefault(env.kind, []).append(env)
         return [merged] if merged is not None else []
 
-    def done(self, plan: RoundPlan, info: dict[str, Any], children: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-        return {**info, "secagg": self.sums.info()} if self.sums is not None else info
+    def done(self, plan: RoundPlan, info: DoneInfo, children: Mapping[str, DoneInfo]) -> DoneInfo:
+        return info.but(secagg=self.sums.info()) if self.sums is not None else info
 
     def closed(self, plan: RoundPlan) -> None:
         self.sums = None

@@ -123,7 +123,7 @@ def test_round_progress_is_devices_done_of_those_awaited_at_each_edge() -> None:
     assert state.progress(state.node("edge", "e0")) == (2, 2)
     edges = {r[0]: r for r in rows(state, "Edges")}
     assert edges["e0"][1:5] == ("online", "2/2", "1", "2/2 done") and edges["e1"][4] == "0/1 done"
-    lines = done(state, "edge", "e0", 1, {"devices": 2, "seconds": 0.4})
+    lines = done(state, "edge", "e0", 1, {"devices": {"reported": 2}, "seconds": 0.4})
     assert lines == ["edge e0 closed round 1 with 2 device(s) in 0.4 s"]
     assert {r[0]: r[4] for r in rows(state, "Edges")}["e0"] == "closed"
     assert state.rounds[1].edges_done == {"round": {"e0"}}
@@ -145,8 +145,8 @@ def test_costs_add_up_per_device_from_its_own_done_and_from_its_edge_s() -> None
     done(state, "device", "d0", 1, {"cost": cost(1000, 3000, rss=120)})
     # d0's cost again in its edge's done (same round: not counted twice), and d2's only there
     # (a device whose topics stay on its edge site's broker)
-    done(state, "edge", "e0", 1, {"devices": 1, "device_costs": {"d0": cost(1000, 3000, rss=120)}})
-    done(state, "edge", "e1", 1, {"devices": 1, "device_costs": {"d2": cost(700, 900)}})
+    done(state, "edge", "e0", 1, {"devices": {"reported": 1, "cost": {"d0": cost(1000, 3000, rss=120)}}})
+    done(state, "edge", "e1", 1, {"devices": {"reported": 1, "cost": {"d2": cost(700, 900)}}})
     done(state, "device", "d0", 2, {"cost": cost(500, 100, rss=150)})
     d0 = state.node("device", "d0").cost_total()
     assert d0 == {"cpu_s": 1.0, "bytes_up": 1500.0, "bytes_down": 3100.0, "rss_peak_mb": 150.0}
@@ -173,8 +173,8 @@ def test_accuracy_per_round_from_the_cloud_s_metrics_and_the_stop() -> None:
 def test_refusals_by_rule_from_the_done_infos_and_the_watcher_s_own() -> None:
     state = federation()
     done(state, "device", "d0", 1, {"refused": {"session.foreign": 2}})
-    done(state, "edge", "e0", 1, {"refused": {"session.foreign": 1, "schema.type": 4}, "device_refused": {
-        "session.foreign": 2}})  # its devices' sum: d0 said it already
+    done(state, "edge", "e0", 1, {"refused": {"session.foreign": 1, "schema.type": 4}, "devices": {"refused": {
+        "session.foreign": 2}}})  # its devices' sum: d0 said it already
     state.undecodable = {"frame.invalid": 3}
     assert state.refusals() == {"schema.type": (4, ["e0"]), "session.foreign": (3, ["d0", "e0"])}
     assert rows(state, "Refusals") == [("schema.type", "4", "e0"), ("session.foreign", "3", "d0, e0"),

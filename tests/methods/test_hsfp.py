@@ -378,7 +378,7 @@ def test_edges_train_we_on_the_federations_wc_moments_when_asked(digits):
             edge.on_round_open(_plan(round_), {r.sender for r in device_reports[e]})
             r = Report(e)
             sent_up = _closing(edge, _plan(round_), device_reports[e])
-            for msg in [*sent_up, Message("done", {"phase": "round", "info": edge.round_info()})]:
+            for msg in [*sent_up, Message("done", {"phase": "round", "info": {"method": edge.round_info()}})]:
                 env = _wire(msg.kind, msg.body, e, round_)
                 cloud.check(env, "child")  # what the cloud's runtime validates first
                 r.messages.setdefault(msg.kind, []).append(env)

@@ -103,7 +103,7 @@ def test_decmar_devices_without_cloud_average_with_their_neighbours(mosquitto, t
     # Assert: each round every device heard both neighbours, trained, and (a complete graph) all
     # three end the run holding the same averaged model
     assert not errors and all(len(a.records) == 2 for a in agents), errors
-    assert all(r["neighbours_heard"] == 2 for a in agents for r in a.records)
+    assert all(r["method"]["neighbours_heard"] == 2 for a in agents for r in a.records)
     assert all(a.records[1]["loss"]["mar"] != 0.0 for a in agents)  # z_bar from the neighbours' latents
     states = [a.part.local_state() for a in agents]
     for name in states[0]:

@@ -40,8 +40,8 @@ def test_loss_log_weights_by_samples_and_merges_across_tiers() -> None:
     assert log.means() == {"ce": pytest.approx(3.25)}
     assert merge_weighted([({"ce": 1.0, "x": "no"}, 1), ({"ce": 3.0}, 3)]) == ({"ce": 2.5}, 4)
     # the cloud's per-tier view from two edges' done infos
-    infos = [{"device_loss": {"ce": 1.0}, "device_samples": 100, "loss": {"supcon": 2.0}},
-             {"device_loss": {"ce": 2.0}, "device_samples": 300, "loss": {"supcon": 4.0}}]
+    infos = [{"devices": {"loss": {"ce": 1.0}, "samples": 100}, "loss": {"supcon": 2.0}},
+             {"devices": {"loss": {"ce": 2.0}, "samples": 300}, "loss": {"supcon": 4.0}}]
     reports = [report(f"e{i}", env("done", {"phase": "round", "info": info}, f"e{i}")) for i, info in enumerate(infos)]
     assert tier_losses(reports, {"ce": 0.5}) == {"device": {"ce": 1.75}, "edge": {"supcon": 3.0}, "cloud": {"ce": 0.5}}
 

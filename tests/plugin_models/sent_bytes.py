@@ -1,11 +1,12 @@
 """A mod of one's own (runtime/mods, `--plugin sent_bytes:SentBytes`): what a device sent up in
 a phase, by kind (messages, and their bodies' size as the uplink budget counts it), in its
-`done` info. It lives only in the tests."""
+`done` info (under `mods`, as `sent_bytes`). It lives only in the tests."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from splitedge.protocol.done import DoneInfo
 from splitedge.runtime.mods import Mod
 from splitedge.runtime.uplink import payload_bytes
 
@@ -25,8 +26,8 @@ class SentBytes(Mod):
             messages, size = self.sent.get(kind, (0, 0))
             self.sent[kind] = (messages + 1, size + payload_bytes(body))
 
-    def done(self, plan: Any, info: dict, children: Mapping[str, Any]) -> dict:
-        return {**info, "sent_bytes": dict(self.sent)}
+    def done(self, plan: Any, info: DoneInfo, children: Mapping[str, DoneInfo]) -> DoneInfo:
+        return info.with_mod("sent_bytes", {kind: list(pair) for kind, pair in self.sent.items()})
 
 
 class Nowhere(Mod):

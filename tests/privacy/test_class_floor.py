@@ -79,11 +79,11 @@ def test_a_device_whose_classes_are_all_rare_sends_no_head_statistics() -> None:
                      phase="calibrate")
     out = list(calibration_round(part, plan))
     assert out == [DONE]
-    assert device_info(part, plan) == {"withheld": {"classes": len(np.unique(y)), "samples": 12}}
+    assert device_info(part, plan).to_info() == {"withheld": {"classes": len(np.unique(y)), "samples": 12}}
     part = _part("fedavg", (x, y), floor=1)
     records = [m for m in calibration_round(part, plan) if isinstance(m, Message)]
     assert len(records) == 1 and records[0].body["arrays"]["counts"].sum() == 12
-    assert device_info(part, plan) == {}
+    assert device_info(part, plan).to_info() == {}
 
 
 def test_head_statistics_skip_the_rare_classes_in_the_shared_covariance_too() -> None:

@@ -69,8 +69,8 @@ def test_what_the_broker_carries_of_a_device_with_and_without_private_reports(mo
     assert {h["samples"] for h in hellos} == ({256} if private else {150})
     assert all((h.get("classes") is None) == private for h in hellos)
     assert set(weights) == ({256} if private else {150})
-    trained = [i for i in dones if "cost" in i and not i.get("failed")]
-    assert trained and all(("samples" in i) != private and ("loss" in i) != private for i in trained), trained
+    trained = [i for i in dones if i["cost"] and not i["failed"]]  # as decoded: every field, defaults filled
+    assert trained and all((i["samples"] is not None) != private and bool(i["loss"]) != private for i in trained), trained
     import json
 
     records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]

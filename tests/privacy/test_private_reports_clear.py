@@ -15,6 +15,7 @@ import pytest
 
 from mqtt_capture import Capture
 from splitedge.protocol.codec import decode
+from splitedge.protocol.done import DevicesDone, DoneInfo, Scores
 
 # what a device's done info may say of its data with private reports: nothing of these
 SCORES = ("accuracy", "effective_rank", "eval_samples", "global_accuracy", "samples", "loss", "samples_sent")
@@ -26,13 +27,14 @@ DP_SGD = {"dp_unit": "sample", "dp_sample_rate": 0.25, "dp_grad_clip": 1.0}
 def test_private_info_keeps_only_what_is_listed() -> None:
     from splitedge.runtime.mods.private import PRIVATE_COST, PRIVATE_INFO, private_info
 
-    info = {"accuracy": 0.9, "effective_rank": 7.5, "eval_samples": 30, "global_accuracy": 0.8, "samples": 150,
-            "loss": {"ce": 0.3}, "samples_sent": 300, "withheld": {"classes": 1, "samples": 3}, "dp_releases": 2,
-            "refused": {"schema": 1}, "neighbours_heard": 2,
-            "cost": {"cpu_s": 1.25, "rss_peak_mb": 300.0, "bytes_up": 4096.0, "bytes_down": 8192.0}}
-    out = private_info(info)
+    info = DoneInfo(samples=150, loss={"ce": 0.3}, withheld={"classes": 1, "samples": 3}, dp_releases=2,
+                    refused={"schema": 1}, scores=Scores(accuracy=0.7, eval_samples=20),
+                    method={"accuracy": 0.9, "effective_rank": 7.5, "eval_samples": 30, "global_accuracy": 0.8,
+                            "samples_sent": 300, "neighbours_heard": 2},
+                    cost={"cpu_s": 1.25, "rss_peak_mb": 300.0, "bytes_up": 4096.0, "bytes_down": 8192.0})
+    out = private_info(info, clear=("neighbours_heard",)).to_info()
     assert out == {"withheld": {"classes": 1, "samples": 3}, "dp_releases": 2, "refused": {"schema": 1},
-                   "neighbours_heard": 2, "cost": {"bytes_up": 4096.0, "bytes_down": 8192.0},
+                   "method": {"neighbours_heard": 2}, "cost": {"bytes_up": 4096.0, "bytes_down": 8192.0},
                    "private_reports": True}
     assert not set(SCORES) & set(PRIVATE_INFO) and not {"cpu_s", "rss_peak_mb"} & set(PRIVATE_COST)
 
@@ -40,19 +42,19 @@ def test_private_info_keeps_only_what_is_listed() -> None:
 def test_an_edge_sums_its_private_devices_costs_and_the_cloud_adds_them_per_edge() -> None:
     from splitedge.runtime.cost import add_costs, device_costs, phase_costs
 
-    infos = {"d0": {"cost": {"bytes_up": 10.0, "bytes_down": 5.0}, "private_reports": True},
-             "d1": {"cost": {"bytes_up": 30.0, "bytes_down": 7.0}, "private_reports": True},
-             "d2": {"cost": {"cpu_s": 1.5, "bytes_up": 2.0, "bytes_down": 1.0, "rss_peak_mb": 9.0}}}
-    out = device_costs(infos)
-    assert out == {"device_costs": {"d2": {"cpu_s": 1.5, "bytes_up": 2.0, "bytes_down": 1.0, "rss_peak_mb": 9.0}},
-                   "private_devices_cost": {"devices": 2, "bytes_up": 40.0, "bytes_down": 12.0}}
+    infos = {"d0": DoneInfo(cost={"bytes_up": 10.0, "bytes_down": 5.0}, private_reports=True),
+             "d1": DoneInfo(cost={"bytes_up": 30.0, "bytes_down": 7.0}, private_reports=True),
+             "d2": DoneInfo(cost={"cpu_s": 1.5, "bytes_up": 2.0, "bytes_down": 1.0, "rss_peak_mb": 9.0})}
+    out = device_costs(DevicesDone(reported=3), infos)
+    assert out == DevicesDone(reported=3, cost={"d2": {"cpu_s": 1.5, "bytes_up": 2.0, "bytes_down": 1.0, "rss_peak_mb": 9.0}},
+                              private_cost={"devices": 2, "bytes_up": 40.0, "bytes_down": 12.0})
 
     class Report:
         sender = "e0"
 
         def get(self, kind):
             from types import SimpleNamespace
-            return SimpleNamespace(body={"info": {**out, "cost": {"cpu_s": 0.5, "bytes_up": 1.0}}})
+            return SimpleNamespace(body={"info": DoneInfo(devices=out, cost={"cpu_s": 0.5, "bytes_up": 1.0}).to_info()})
 
     devices, edges = phase_costs([Report()])
     assert set(devices) == {"d2"}
@@ -84,15 +86,16 @@ def test_a_private_run_s_devices_and_edges_keep_devices_figures_off_the_broker(m
     device_dones = [e.body["info"] for t, e in envs if "/device/" in t and e.kind == "done"]
     edge_dones = [e.body["info"] for t, e in envs if "/edge/" in t and e.kind == "done"]
     assert len(device_dones) >= 8 and len(edge_dones) >= 4, (len(device_dones), len(edge_dones))
-    for info in device_dones:
-        assert not set(SCORES) & set(info), info  # no held-out score, samples or losses of one device
-        assert not {"cpu_s", "rss_peak_mb"} & set(info.get("cost") or {}), info
-        assert info.get("private_reports") is True, info
-    assert any(i.get("dp_releases") for i in device_dones)  # they did release, privately
+    for info in device_dones:  # as the codec filled its record: every field, at its default when not sent
+        assert not set(SCORES) & set(info["method"]) and not info["scores"], info  # no held-out score of one device
+        assert info["samples"] is None and not info["loss"], info  # nor its samples or losses
+        assert not {"cpu_s", "rss_peak_mb"} & set(info["cost"]), info
+        assert info["private_reports"] is True, info
+    assert any(i["dp_releases"] for i in device_dones)  # they did release, privately
     for info in edge_dones:
-        assert not info.get("device_costs"), info  # no device's cost forwarded one by one
-        assert not {"accuracy", "effective_rank", "eval_samples", "global_accuracy"} & set(info), info
-    summed = [i["private_devices_cost"] for i in edge_dones if "private_devices_cost" in i]
+        assert not info["devices"]["cost"], info  # no device's cost forwarded one by one
+        assert not {"accuracy", "effective_rank", "eval_samples", "global_accuracy"} & set(info["method"]), info
+    summed = [i["devices"]["private_cost"] for i in edge_dones if i["devices"]["private_cost"]]
     # (CFLHKD moves devices between edges when it clusters them: an edge may hold one, three)
     assert summed and all(c["devices"] >= 1 and c["bytes_up"] > 0 for c in summed), summed
     records = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]

@@ -122,6 +122,19 @@ def test_every_registered_kind_is_documented_with_the_codes_fields(doc: Protocol
         assert ("*" in doc.kinds[kind]) == (schema.extra is not None), kind
 
 
+def test_the_done_record_is_documented_with_the_codes_fields(doc: ProtocolDoc) -> None:
+    """The done info's tables (and the nested ones) list the record's fields, each optional, and
+    the kind's `info` row names the record."""
+    from splitedge.protocol.done import DONE_INFO
+
+    schemas = {"done.info": DONE_INFO, "done.devices": DONE_INFO.fields["devices"].schema,
+               "done.scores": DONE_INFO.fields["scores"].schema}
+    assert set(doc.records) == set(schemas)
+    for name, schema in schemas.items():
+        assert {n: f.required for n, f in doc.records[name].items()} == dict.fromkeys(schema.fields, False), name
+    assert doc.kinds["done"]["info"].type.ref == "done.info"
+
+
 def test_every_kind_of_the_routes_table_has_a_field_table(doc: ProtocolDoc) -> None:
     for route in doc.routes:
         assert route.segment.split("-", 1)[0] in doc.kinds, route

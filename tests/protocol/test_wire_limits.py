@@ -43,8 +43,9 @@ def refused(data: bytes, **kw: Any) -> str:
     return err.value.rule
 
 
-def done(info: dict[str, Any]) -> Envelope:
-    return envelope("done", {"phase": "round", "info": info})
+def done(entries: dict[str, Any]) -> Envelope:
+    """A `done` whose info carries `entries` where free-form data may go: its method's section."""
+    return envelope("done", {"phase": "round", "info": {"method": entries}})
 
 
 def hello(members: list[str]) -> Envelope:
@@ -77,7 +78,7 @@ def test_max_depth_is_the_depth_msgpack_decodes() -> None:
 # -- the encoder refuses what the decoder refuses, and no more ----------------------------------
 
 def test_a_list_of_max_array_len_items_round_trips_and_one_more_is_refused_on_encode() -> None:
-    assert decode(encode(done({"l": [0] * MAX_ARRAY_LEN}))).body["info"]["l"] == [0] * MAX_ARRAY_LEN
+    assert decode(encode(done({"l": [0] * MAX_ARRAY_LEN}))).body["info"]["method"]["l"] == [0] * MAX_ARRAY_LEN
     over = done({"l": [0] * (MAX_ARRAY_LEN + 1)})
     with pytest.raises(ProtocolError, match="MAX_ARRAY_LEN 1024") as err:
         encode(over)
@@ -87,7 +88,7 @@ def test_a_list_of_max_array_len_items_round_trips_and_one_more_is_refused_on_en
 
 def test_a_str_of_max_str_bytes_round_trips_and_one_byte_more_is_refused_on_encode() -> None:
     text = "x" * MAX_STR_BYTES
-    assert decode(encode(done({"s": text}))).body["info"]["s"] == text
+    assert decode(encode(done({"s": text}))).body["info"]["method"]["s"] == text
     for over in ("x" * (MAX_STR_BYTES + 1), "é" * (MAX_STR_BYTES // 2 + 1)):  # the cap counts UTF-8 bytes
         with pytest.raises(ProtocolError, match="MAX_STR_BYTES") as err:
             encode(done({"s": over}))

@@ -253,7 +253,7 @@ def work(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
 def test_the_issues_done_of_small_int_lists_is_refused_before_its_body_is_validated(work: dict[str, int]) -> None:
     # the issue's frame: 130 kB holding 130,316 elements, one byte each (accepted before)
-    data = raw("done", {"phase": "round", "info": {"x": [[1] * 1024 for _ in range(127)]}})
+    data = raw("done", {"phase": "round", "info": {"method": {"x": [[1] * 1024 for _ in range(127)]}}})
     assert 130_000 < len(data) < 131_000
     assert refused(data) == "frame.too_dense"
     assert work["bodies"] == 0
@@ -293,7 +293,7 @@ def test_short_ids_by_the_ten_thousand_are_refused_and_realistic_ones_pass() -> 
 
 
 def test_deep_nesting_is_refused_by_depth_and_costs_its_levels() -> None:
-    assert refused(raw("done", {"phase": "round", "info": {"x": [[[[[[[[[[0]]]]]]]]]]}})) == "schema.depth"
+    assert refused(raw("done", {"phase": "round", "info": {"method": {"x": [[[[[[[[[[0]]]]]]]]]]}}})) == "schema.depth"
     assert refused(b"\x91" * 5000 + b"\x00") == "frame.depth"
     # 100 nests of 1,000 levels in one frame: each level is an element its bytes must pay for
     nests = b"\x91" * 1000 + b"\x00"
@@ -306,7 +306,7 @@ def test_the_budget_is_linear_in_the_frame_and_the_encoder_refuses_what_decoders
     assert element_budget(DEFAULT_MAX_BYTES) == MAX_ELEMENTS
 
     def body(pad: int) -> dict[str, Any]:  # 8 lists of 1,000 zeros: about 8,000 elements in 8 kB
-        return {"phase": "round", "info": {"x": [[0] * 1000] * 8, "pad": "p" * pad}, "session": ""}
+        return {"phase": "round", "info": {"method": {"x": [[0] * 1000] * 8, "pad": "p" * pad}}, "session": ""}
 
     def frame(pad: int) -> tuple[dict[str, Any], bytes]:
         doc = {"v": 2, "k": "done", "r": "r", "n": 1, "s": "d0", "i": "0" * 32, "b": body(pad)}
@@ -321,7 +321,7 @@ def test_the_budget_is_linear_in_the_frame_and_the_encoder_refuses_what_decoders
     assert len(exact) == need and len(short) == need - 1
     # Assert: the frame that pays for its elements round-trips, one byte shorter is refused, by both
     env = Envelope(kind="done", run="r", round=1, sender="d0", msg_id="0" * 32, body=body(pad))
-    assert encode(env) == exact and decode(exact).body["info"]["pad"] == "p" * pad
+    assert encode(env) == exact and decode(exact).body["info"]["method"]["pad"] == "p" * pad
     assert refused(short) == "frame.too_dense"
     with pytest.raises(ProtocolError) as err:
         encode(Envelope(kind="done", run="r", round=1, sender="d0", msg_id="0" * 32, body=body(pad - 1)))
@@ -348,7 +348,7 @@ def test_a_refused_dense_frame_is_counted_by_its_rule_and_the_receiver_goes_on()
     receiver.subscribe("splitedge/r/device/d0/up/#", lambda t, e: got.append(e))
     sender = LoopbackTransport(bus, role="device", client_id="d0")
     sender.publish_raw("splitedge/r/device/d0/up/done",
-                       raw("done", {"phase": "round", "info": {"x": [[1] * 1024 for _ in range(8)]}}))
+                       raw("done", {"phase": "round", "info": {"method": {"x": [[1] * 1024 for _ in range(8)]}}}))
     ok = Envelope(kind="done", run="r", round=1, sender="d0", body={"phase": "round", "info": {}})
     sender.publish("splitedge/r/device/d0/up/done", ok)
     assert wait_until(lambda: len(got) == 1, 5)

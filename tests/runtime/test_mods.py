@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from splitedge.methods.contract import Message, RoundPlan
+from splitedge.protocol.done import DoneInfo
 from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
 from splitedge.runtime.mods import Mod, ModChain, plugin_mods, use_mod
 from splitedge.runtime.mods.private import PrivateReports
@@ -32,7 +34,7 @@ class Tag(Mod):
             call_next(msg)
 
     def done(self, plan, info, children):
-        return {**info, "by": [*info.get("by", []), self.name]}
+        return info.with_mod("by", [*info.mods.get("by", []), self.name])
 
     def state(self):
         return self.saved
@@ -55,7 +57,7 @@ def test_the_first_mod_wraps_the_rest_and_a_mod_may_take_a_message() -> None:
     chain.send(Message("secret", {}), sent.append)
     assert seen == [("a", "weights"), ("b", "weights"), ("c", "weights"), ("a", "secret"), ("b", "secret")]
     assert [m.kind for m in sent] == ["weights"]  # b took the secret: neither c nor the node saw it
-    assert chain.done(PLAN, {})["by"] == ["a", "b", "c"]  # folded first to last: a filter goes last
+    assert chain.done(PLAN, DoneInfo()).mods["by"] == ["a", "b", "c"]  # folded first to last: a filter goes last
 
 
 def test_state_by_name_and_the_pass_through_defaults() -> None:
@@ -83,10 +85,30 @@ def test_private_reports_filter_what_a_mod_of_one_s_own_adds() -> None:
     mod.leaving("up", "weights", {"w": b"x" * 100})
     mod.leaving("up", "done", {"phase": "train"})
     mod.leaving("down", "weights", {"w": b"x" * 100})
-    sent = ModChain([mod]).done(PLAN, {"phase": "train"})["sent_bytes"]
-    assert sent == {"weights": (1, payload_bytes({"w": b"x" * 100}))}
-    private = ModChain([mod, PrivateReports()]).done(PLAN, {"phase": "train"})
-    assert private == {"phase": "train", "private_reports": True}
+    sent = ModChain([mod]).done(PLAN, DoneInfo()).mods["sent_bytes"]
+    assert sent == {"weights": [1, payload_bytes({"w": b"x" * 100})]}
+    device = SimpleNamespace(part=SimpleNamespace(clear_info=()))
+    info = DoneInfo(samples=40, loss={"ce": 1.0}, dp_releases=2, cost={"cpu_s": 1.5, "bytes_up": 10.0})
+    private = ModChain([mod, PrivateReports(device)]).done(PLAN, info)
+    assert private.to_info() == {"dp_releases": 2, "cost": {"bytes_up": 10.0}, "private_reports": True}
+
+
+class Greedy(Mod):
+    """Writes a field another mod owns (its `writes` says only `mods`)."""
+
+    def done(self, plan, info, children):
+        return info.but(cost={"cpu_s": 0.0})
+
+
+def test_a_mod_may_write_only_the_fields_it_declares() -> None:
+    """The done info is typed per mod: a mod that writes another's field is refused, by name."""
+    with pytest.raises(TypeError, match="mod Greedy wrote cost of the done info, which its `writes` does not declare"):
+        ModChain([Greedy()]).done(PLAN, DoneInfo())
+    Greedy.writes = ("cost",)
+    try:
+        assert ModChain([Greedy()]).done(PLAN, DoneInfo()).cost == {"cpu_s": 0.0}
+    finally:
+        del Greedy.writes
 
 
 def test_a_device_runs_its_owner_s_mods_before_private_reports(monkeypatch) -> None:
@@ -137,6 +159,7 @@ def test_a_mod_of_one_s_own_reports_what_each_device_sent(mosquitto, tmp_path, m
     assert summary["status"] == "complete", summary
     assert len(weights) == 8 and set(weights) <= set(dones), (sorted(weights), sorted(dones))
     for key, sent in weights.items():
-        assert set(dones[key]["sent_bytes"]) == {"weights"}, (key, dones[key])
-        messages, size = dones[key]["sent_bytes"]["weights"]
-        assert messages == 1 and abs(size - sent) <= 0.01 * sent, (key, dones[key]["sent_bytes"], sent)
+        mine = dones[key]["mods"]["sent_bytes"]
+        assert set(mine) == {"weights"}, (key, dones[key])
+        messages, size = mine["weights"]
+        assert messages == 1 and abs(size - sent) <= 0.01 * sent, (key, mine, sent)

@@ -1,7 +1,7 @@
 """A guarded round (issue 57): a device's owner bounds what a round's compute may take, a memory
 ceiling and a time budget (runtime/guard.py, `splitedge device --max-round-memory-mb
 --round-budget-s`); a round over either fails in one logged line, the device stays up and
-answers the next round, and its edge counts it (`device_failed`, the cloud's `failures`).
+answers the next round, and its edge counts it (`devices.failed`, the cloud's `failures`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from splitedge.methods.budget import checkpoint
 from splitedge.methods.errors import RoundFailed
 from splitedge.runtime import guard
 from splitedge.runtime.guard import OverBudget, RoundGuard, allocation_failed
+from splitedge.protocol.done import DoneInfo
 from splitedge.runtime.records import failed_devices, phase_failures
 
 from federation import Federation
@@ -97,12 +98,12 @@ def test_flags_and_defaults():
 
 
 def test_the_edge_counts_its_failed_devices_by_reason():
-    infos = [{"samples": 10}, {"failed": True, "reason": "memory"}, {"failed": True, "reason": "time"},
-             {"failed": True}, {"failed": True, "left": "a backend the method cannot run"}]
+    infos = [DoneInfo(samples=10), DoneInfo(failed=True, reason="memory"), DoneInfo(failed=True, reason="time"),
+             DoneInfo(failed=True), DoneInfo(failed=True, left="a backend the method cannot run")]
     assert failed_devices(infos) == {"memory": 1, "time": 1, "other": 1}
-    edges = [report("e0", env("done", {"phase": "round", "info": {"device_failed": {"memory": 1}}}, sender="e0")),
-             report("e1", env("done", {"phase": "round", "info": {"device_failed": {"memory": 2, "time": 1},
-                                                                  "merge_failed": "time"}}, sender="e1"))]
+    edges = [report("e0", env("done", {"phase": "round", "info": {"devices": {"failed": {"memory": 1}}}}, sender="e0")),
+             report("e1", env("done", {"phase": "round", "info": {"devices": {"failed": {"memory": 2, "time": 1}},
+                                                                  "failed": True, "reason": "time"}}, sender="e1"))]
     assert phase_failures(edges) == {"memory": 3, "time": 1, "edge_time": 1}
 
 
