@@ -18,7 +18,7 @@ from splitedge.methods import compute
 from splitedge.methods.config import MethodConfig, ModelSpec, RunConfig, from_wire, parse_settings
 from splitedge.methods.data.datasets import BUILT_IN, DATASET_HELP, OWN_IMAGES, check_dataset_name, dataset_argument
 from splitedge.methods.flags import add_method_flags
-from splitedge.methods.registry import get_method, list_methods, use_method
+from splitedge.methods.registry import create_method, get_method, list_methods, settled, use_method
 from splitedge.runtime.plugin_args import add_plugin_argument
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ def build_run_config(method: str, info: Any, model: str | None, seed: int, overr
     if config.method.robust == "none" and config.method.secagg == "off":
         log.warning(EXACT_MERGE)
     try:
-        derived = {k: v for k, v in get_method(method)(config, name=method).settle().items() if k not in overrides}
+        derived = {k: v for k, v in settled(create_method(method, config)).items() if k not in overrides}
         return RunConfig(spec, dataclasses.replace(config.method, **derived)) if derived else config
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{method} settings: {exc}") from None

@@ -303,6 +303,20 @@ class CloudContext(NodeContext):
     """The labelled test split the served model is evaluated on."""
 
 
+class NotCovered(ValueError):
+    """A run setting this method has no form of. The contract names no method: `covers(cls)`
+    says whether a Method class has that form (from what its parts declare), and the registry,
+    which knows every method, names them in the message (`{covered}`; methods/registry.py)."""
+
+    def __init__(self, message: str, covers: Callable[[type], bool]) -> None:
+        super().__init__(message.format(covered="the methods whose parts declare it"))
+        self.template, self.covers = message, covers
+
+    def naming(self, methods: Sequence[str]) -> ValueError:
+        """The same error, naming the methods that have the form."""
+        return ValueError(self.template.format(covered=", ".join(methods) or "no installed method"))
+
+
 class Unsupported(ValueError):
     """A part that cannot be built on this node for this run, ever (e.g. a thin trainer asked to
     train a W_c it has no layers for): the node says why once and leaves (runtime Misfit)."""
@@ -814,7 +828,7 @@ class Method:
 
     def _device_parts(self) -> list[Any]:
         """The classes of this method's device parts (one per backend)."""
-        return [self._part_class(k) for k in self.parts if k.startswith("device")]
+        return device_part_classes(type(self))
 
     def _check_layers(self) -> None:
         """A head placed off the classifier's input needs devices that compute the split's stage
@@ -845,19 +859,18 @@ class Method:
     def _check_secure(self) -> None:
         """With secagg on, some statistic of every device part must be securely summable."""
         if self.config.calibrate == "none" and not all(p.secure_kinds for p in self._device_parts()):
-            raise ValueError(f"secagg covers H-SFP's moments and W_c, the models of FedAvg, FedProx, CFLHKD and the "
-                             f"self-supervised simsiam, align-uniform and ssd, "
-                             f"FedProto's prototypes, CFLHKD's logits and head statistics; {self.name}'s devices "
-                             f"send none of them (set calibrate=lda for its head "
-                             f"statistics, or leave secagg off)")
+            raise NotCovered(f"secagg covers the statistics and models a method's devices declare summable "
+                             f"(those of {{covered}}) and head statistics; {self.name}'s devices send none of "
+                             f"them (set calibrate=lda for its head statistics, or leave secagg off)",
+                             lambda cls: all(p.secure_kinds for p in device_part_classes(cls)))
 
     def _check_private(self) -> None:
         """With DP on, every device part must release privately, with the clips it needs set."""
         parts = self._device_parts()
         if not parts or not all(p.private for p in parts):
-            raise ValueError(f"{self.name} has no differentially private form of everything its devices send; "
-                             f"dp_sigma covers fedavg (and fedadam, fedyogi, fedavgm), fedprox, scaffold, hsfp, hsfp-cal, "
-                             f"fedproto, cflhkd, simsiam, align-uniform, ssd, fedmar and decmar: leave dp_sigma at 0")
+            raise NotCovered(f"{self.name} has no differentially private form of everything its devices send; "
+                             f"dp_sigma covers {{covered}}: leave dp_sigma at 0",
+                             lambda cls: bool(parts := device_part_classes(cls)) and all(p.private for p in parts))
         clear = sorted({p.clear_private for p in parts if p.clear_private})
         if self.config.dp_devices > 1 and clear:
             raise ValueError(f"dp_devices={self.config.dp_devices} needs every private release of {self.name} inside "
@@ -879,8 +892,9 @@ class Method:
         """With dp_unit=sample, every device part trains with DP-SGD (methods/privacy/dpsgd.py), so
         its statistics, even of the model it trained, are bounded at one image."""
         if not all(p.dp_sgd for p in parts):
-            raise ValueError(f"{self.name}'s devices have no DP-SGD form: dp_unit=sample covers fedavg (and fedadam, "
-                             f"fedyogi, fedavgm), fedprox, fedproto, hsfp and hsfp-cal (device_target=etf); use dp_unit=device")
+            raise NotCovered(f"{self.name}'s devices have no DP-SGD form: dp_unit=sample covers {{covered}} (H-SFP "
+                             f"with device_target=etf); use dp_unit=device",
+                             lambda cls: bool(parts := device_part_classes(cls)) and all(p.dp_sgd for p in parts))
 
     def loss_terms(self, role: str) -> list[Any]:
         """Everything `role` minimises: objective plus switched-on regularisers."""
@@ -895,6 +909,14 @@ class Method:
         from splitedge.methods.robust import robust_average, robust_rule
 
         return robust_average(parts, reference=reference, **robust_rule(self.config))
+
+
+def device_part_classes(cls: type) -> list[Any]:
+    """The classes of a Method class's device parts (one per backend), imported from `parts`."""
+    import importlib
+
+    return [getattr(importlib.import_module(target.split(":")[0]), target.split(":")[1])
+            for key, target in cls.parts.items() if key.startswith("device")]
 
 
 def coarse_samples(held: int) -> int:

@@ -100,6 +100,30 @@ def create_method(name: str, config: Mapping[str, Any] | RunConfig) -> Any:
     return cls(config, name=name)
 
 
+def settled(method: Any) -> dict[str, Any]:
+    """`method.settle()` (what the cloud derives before round 1, and the run's settings checked),
+    a setting the method has no form of naming the methods that have it: the contract names
+    none (NotCovered), the registry knows them all."""
+    from splitedge.methods.contract import NotCovered
+
+    try:
+        return method.settle()
+    except NotCovered as exc:
+        raise exc.naming(covering(exc.covers)) from None
+
+
+def covering(covers: Any) -> list[str]:
+    """The registered methods whose class `covers` accepts (one that cannot load is left out)."""
+    out = []
+    for name in list_methods():
+        try:
+            if covers(get_method(name)):
+                out.append(name)
+        except Exception:  # noqa: BLE001 - a broken plug-in is not a reason to hide the others
+            continue
+    return out
+
+
 def default_config(name: str, model: Any, **settings: Any) -> RunConfig:
     """A RunConfig of `name`'s defaults with `settings` (typed values or command-line text)."""
     from splitedge.methods.config import parse_settings

@@ -79,3 +79,35 @@ def test_settings_from_the_command_line_are_typed_by_the_config() -> None:
         default_config("hsfp", SPEC, ic="two")
     with pytest.raises(ValueError, match="unknown setting"):
         default_config("fedavg", SPEC, ic="2")
+
+
+def test_a_setting_a_method_has_no_form_of_names_the_methods_that_have_it(monkeypatch) -> None:
+    """The contract names no method (issue 52): which methods have DP's, DP-SGD's or secagg's form
+    is read off their parts' declarations by the registry, so a method added (a plug-in) that
+    declares the form is named, one that loses it is not, and no message is edited."""
+    from splitedge.methods.fedavg.device import FedAvgDevice
+    from splitedge.methods.registry import settled
+
+    def refusal(name: str, **settings) -> str:
+        method = create_method(name, RunConfig(SPEC, get_method(name).Config(**settings)))
+        with pytest.raises(ValueError) as err:
+            settled(method)
+        return str(err.value)
+
+    said = refusal("splitfed", dp_sigma=1.0, dp_update_clip=1.0)
+    covered = said.split("dp_sigma covers ")[1].split(":")[0].split(", ")
+    assert "fedavg" in covered and "scaffold" in covered and "splitfed" not in covered, said
+    assert set(covered) >= PRIVATE_BEFORE and set(covered) <= set(list_methods()), said  # as the contract listed them
+    assert "dp_unit=sample covers" in refusal("scaffold", dp_sigma=1.0, dp_unit="sample", dp_grad_clip=1.0,
+                                              dp_sample_rate=0.1)
+    monkeypatch.setattr(FedAvgDevice, "secure_kinds", ())  # FedAvg's devices no longer declare a summable kind
+    said = refusal("splitfed", secagg="full")
+    covered = said.split("(those of ")[1].split(")")[0].split(", ")
+    assert "fedavg" not in covered and "fedprox" not in covered and "hsfp" in covered, said  # FedProx's are FedAvg's
+    assert "splitfed's devices send none of them" in said
+
+
+
+PRIVATE_BEFORE = {"fedavg", "fedadam", "fedyogi", "fedavgm", "fedprox", "scaffold", "hsfp", "hsfp-cal", "fedproto",
+                  "cflhkd", "simsiam", "align-uniform", "ssd", "fedmar", "decmar"}
+"""The methods the contract's DP message named by hand before the registry named them."""
