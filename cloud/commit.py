@@ -19,9 +19,7 @@ from splitedge.cloud import resume
 from splitedge.exporters.checkpoint import model_metadata
 from splitedge.methods import snapshot
 from splitedge.methods.contract import Message, RoundPlan, To
-from splitedge.methods.privacy.accountant import privacy_spent
 from splitedge.protocol.done import dones
-from splitedge.runtime.faults import crash_point
 from splitedge.runtime.node import status
 from splitedge.runtime.outputs import dumps, save_checkpoint
 from splitedge.runtime.records import round_rejections
@@ -30,8 +28,9 @@ from splitedge.runtime.records import round_rejections
 class RunWriter:
     """The run folder of a cloud, or nothing at all when it has none (`out_dir` None)."""
 
-    def __init__(self, out_dir: Path | None) -> None:
+    def __init__(self, out_dir: Path | None, step: Callable[[str, int], None] = lambda point, round_: None) -> None:
         self.out_dir = out_dir
+        self.step = step  # the cloud's named steps (its mods: crash points)
 
     def round(self, record: Mapping[str, Any], model: Callable[[], Mapping[str, np.ndarray]],
               metadata: Callable[[], dict[str, str]], state: Callable[[], resume.CloudState]) -> None:
@@ -44,9 +43,9 @@ class RunWriter:
             out.mkdir(parents=True, exist_ok=True)
             with open(out / "metrics.jsonl", "a") as fh:
                 fh.write(dumps(record) + "\n")
-            crash_point("cloud.metrics", record["round"])
+            self.step("metrics", record["round"])
             save_checkpoint(out / "model.safetensors", model(), metadata())
-            crash_point("cloud.checkpoint", record["round"])
+            self.step("checkpoint", record["round"])
             resume.save(out, state())
         except OSError as exc:  # "[Errno 28] No space left on device" named no file
             raise OSError(exc.errno, f"cannot write round {record['round']} into {out}: {exc.strerror or exc}") from exc
@@ -65,7 +64,7 @@ class Committer:
 
     def __init__(self, cloud: Any) -> None:
         self.cloud = cloud
-        self.writer = RunWriter(cloud.settings.out_dir)  # what the run folder gets
+        self.writer = RunWriter(cloud.settings.out_dir, cloud.mods.step)  # what the run folder gets
         self.history: list[dict[str, Any]] = []
         self.pending: dict[str, Any] | None = None  # the round merged but not yet written (resume.CloudState)
         self.outbox: list[Message] = []  # what that round published since its merge, committed first
@@ -82,15 +81,15 @@ class Committer:
         if messages and self.pending is not None and self.cloud.settings.out_dir is not None:
             self.outbox.extend(messages)
             self.save(last_round=self.pending["round"] - 1)
-            crash_point("cloud.committed", self.pending["round"])
+            self.cloud.mods.step("committed", self.pending["round"])
 
     def record(self, plan: RoundPlan, reports: list[Any], metrics: dict[str, Any], started: float,
-               counts: Mapping[str, int], costs: tuple[dict, dict]) -> dict[str, Any]:
-        """The merged round's record (metrics.jsonl): its metrics, and what it carried, cost and
-        refused (`counts`: its phases' messages by fate; `costs`: per device and per edge)."""
+               counts: Mapping[str, int]) -> dict[str, Any]:
+        """The merged round's record (metrics.jsonl): its metrics (its mods' entries among them:
+        costs, failures, privacy spent), and what it carried and refused (`counts`: its phases'
+        messages by fate)."""
         c, pending = self.cloud, self.pending
         taking_part = len(plan.participants) if plan.participants else len(c.edges.online_devices())
-        metrics.update(privacy_spent(c.method.config, self.history[-1] if self.history else {}, metrics))
         if pending.get("devices") is not None:  # the devices whose training phase reached the cloud
             metrics["devices_reported"] = pending["devices"]
         metrics["served_head"] = self.served_head()  # what the checkpoint of this round carries
@@ -98,7 +97,7 @@ class Committer:
                 "round_seconds": time.monotonic() - started, "versions": dict(plan.versions),
                 "directives": dict(plan.directives), "loss": pending["losses"], "rounds": dict(counts),
                 "rejected": round_rejections(c.rejections([c.transport]), reports),
-                "bytes": c.transport.counters.snapshot(), "device_costs": costs[0], "edge_costs": costs[1]}
+                "bytes": c.transport.counters.snapshot()}
 
     def write(self, record: dict[str, Any]) -> None:
         """The round's end: its record, the served model and the state written (the commit point)."""

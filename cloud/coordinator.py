@@ -30,6 +30,11 @@ from splitedge.runtime.node import Node
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.router import cloud_router
 from splitedge.runtime.session import clear_retained
+from splitedge.runtime.mods import ModChain, plugin_mods
+from splitedge.runtime.mods.budgets import Failures
+from splitedge.runtime.mods.costs import CloudCosts
+from splitedge.runtime.mods.crash import CrashPoints
+from splitedge.runtime.mods.releases import Accounting
 
 __all__ = ["CloudCoordinator", "CloudSettings"]
 
@@ -60,6 +65,9 @@ class CloudCoordinator(Node):
         self.host.ensure(settings.method, settings.config.to_wire())  # registers the method's kinds
         self.method = self.part.method
         self.edges = CloudEdges(self.view, settings, self._dispatch_until, self._assign)  # who is there, and where
+        # what cuts across its rounds (runtime/mods): costs, privacy spent, failures, the owner's own, crash points
+        self.mods = ModChain([CloudCosts(), Accounting(self), Failures(self.guard), *plugin_mods(self, "cloud"),
+                              CrashPoints("cloud")])
         self.committer = Committer(self)  # its records, run folder and resume state
         self.driver = RoundDriver(self)  # the rounds, and their calibration phases
         self.calibration = self.driver.calibration

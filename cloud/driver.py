@@ -21,10 +21,8 @@ from splitedge.methods.calibration import calibrates
 from splitedge.methods.contract import Message, RoundPlan
 from splitedge.methods.losslog import tier_losses
 from splitedge.methods.metrics.plateau import plateaued
-from splitedge.runtime.cost import add_costs, phase_costs
-from splitedge.runtime.faults import crash_point
 from splitedge.runtime.node import status
-from splitedge.runtime.records import phase_failures, phase_privacy, wire_metrics
+from splitedge.runtime.records import wire_metrics
 from splitedge.runtime.rounds import RoundCollector
 
 log = logging.getLogger(__name__)
@@ -36,7 +34,6 @@ class RoundDriver:
     def __init__(self, cloud: Any) -> None:
         self.cloud = cloud
         self.rounds = RoundCollector()  # the open phase: who reported, quorum and deadline
-        self.costs: tuple[dict, dict] = ({}, {})  # this round's, per device and per edge (runtime/cost.py)
         self.calibration = CloudCalibration(self)  # the rounds' calibration and evaluation phases
 
     # what the phases read of the cloud (cloud/calibration_phase.py, PhaseDriver)
@@ -98,26 +95,24 @@ class RoundDriver:
         for msg in self.part.before_round(r):
             c.publish(msg, round_=r)
         plan = plans.round_plan(c, r, c.settings.sampling.draw(r, c.edges.online_devices()))
-        c.round, self.costs = r, ({}, {})  # what each device and edge reports its phases cost
+        c.round = r
+        c.mods.opened(plan)  # the round's mods start afresh (what its phases cost, ...)
         reports = self.run_phase(plan)
         messages, metrics = self.merge(plan, reports)
-        crash_point("cloud.aggregated", r)
+        c.mods.step("aggregated", r)
         c.committer.hold(plan, metrics, reports, tier_losses(reports, self.part.losses))
         self.commit_and_publish(messages)  # the new models leave only once a restart would send them again
-        crash_point("cloud.published", r)
+        c.mods.step("published", r)
         return self.finish_round(plan, reports, started)
 
     def merge(self, plan: RoundPlan, reports: list[Any]) -> tuple[list[Message], dict[str, Any]]:
-        """The part's merge of the round's reports; an evaluation over the guard's bounds is skipped."""
-        guard = self.cloud.guard
+        """The part's merge of the round's reports (an evaluation over the guard's bounds is
+        skipped), with what the mods hold with it (privacy, an evaluation that failed)."""
+        c = self.cloud
         self.part.losses = {}
-        with budget.evaluations(lambda: guard.round(f"round {plan.round}'s evaluation", plan.deadline_s)):
+        with budget.evaluations(lambda: c.guard.round(f"round {plan.round}'s evaluation", plan.deadline_s)):
             messages, metrics = self.part.aggregate(plan, reports)
-        metrics = {**metrics, **phase_privacy(reports)}
-        if guard.failures:  # {reason: 1}: this round has no accuracy (methods/metrics/evaluate.py)
-            metrics["evaluation_failed"] = dict(guard.failures)
-            guard.failures.clear()
-        return messages, metrics
+        return messages, {**metrics, **c.mods.held(plan, reports)}
 
     def resume_round(self) -> dict[str, Any]:
         """The round a crash interrupted after its merge: its outbox again (the same models, the
@@ -125,7 +120,8 @@ class RoundDriver:
         c, pending = self.cloud, self.cloud.committer.pending
         r = int(pending["round"])
         plan = dataclasses.replace(RoundPlan.from_body(r, pending["plan"]), attempt=c.attempt)
-        c.round, self.costs = r, ({}, {})
+        c.round = r
+        c.mods.opened(plan)
         c.edges.wait_for_live_edges(r)
         c.publish_all(c.committer.outbox)
         return self.finish_round(plan, [], time.monotonic())
@@ -140,14 +136,12 @@ class RoundDriver:
         """Calibrate the merged round (when due), write its record, checkpoint and commit."""
         c, r = self.cloud, plan.round
         metrics = dict(c.committer.pending["metrics"])
-        failed = phase_failures(reports)  # devices (and edge merges) whose training phase failed, by reason
-        if failed:
-            metrics["failures"] = failed
         if calibrates(self.method.config, r, c.settings.rounds):
             calibration, reports = self.calibration.run(plan, reports)  # the edges' latest word on what they refused
             metrics.update(calibration)
-            crash_point("cloud.calibrated", r)
-        record = c.committer.record(plan, reports, metrics, started, self.rounds.counts, self.costs)
+            c.mods.step("calibrated", r)
+        metrics = c.mods.record(plan, metrics)  # costs, failures, the privacy spent
+        record = c.committer.record(plan, reports, metrics, started, self.rounds.counts)
         c.host.end_round()  # after the round's losses are read off the part: a host may swap the part out
         c.committer.write(record)
         c.send(c.transport, "up", "metrics", wire_metrics(record), round_=r, retain=True)  # for watchers
@@ -164,8 +158,7 @@ class RoundDriver:
         while not (self.rounds.complete(self.awaited) or self.rounds.expired()):
             c.dispatch(c.next_event(0.2))
         reports = self.rounds.close()
-        for into, more in zip(self.costs, phase_costs(reports)):
-            add_costs(into, more)
+        c.mods.phase_reports(plan, reports)
         return reports
 
     def announce_stop(self, reason: str | None = None, interrupted: bool = False) -> None:

@@ -96,6 +96,18 @@ class Mod:
     def closed(self, plan: RoundPlan) -> None:
         """The phase has closed and its `done` is sent."""
 
+    def phase_reports(self, plan: RoundPlan, reports: Sequence[Any]) -> None:
+        """The cloud: a phase of `plan` closed with its edges' `reports`."""
+
+    def held(self, plan: RoundPlan, reports: Sequence[Any]) -> dict[str, Any]:
+        """The cloud: entries of the merged round's record that hold with it until it is written,
+        through a crash (the resumed round has no reports to read them from again)."""
+        return {}
+
+    def record(self, plan: RoundPlan, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """The cloud: this mod's entries of the round's record (`metrics`: those so far)."""
+        return {}
+
     def step(self, point: str, round_: int) -> None:
         """The node passed a named step of closing a round (crash points)."""
 
@@ -170,6 +182,20 @@ class ModChain:
             info = out
         return info
 
+    def phase_reports(self, plan: RoundPlan, reports: Sequence[Any]) -> None:
+        for m in self.mods:
+            m.phase_reports(plan, reports)
+
+    def held(self, plan: RoundPlan, reports: Sequence[Any]) -> dict[str, Any]:
+        return {k: v for m in self.mods for k, v in m.held(plan, reports).items()}
+
+    def record(self, plan: RoundPlan, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Each mod's entries, in chain order; a later mod sees the earlier ones'."""
+        out = dict(metrics)
+        for m in self.mods:
+            out.update(m.record(plan, out))
+        return out
+
     def closed(self, plan: RoundPlan) -> None:
         for m in self.mods:
             m.closed(plan)
@@ -204,7 +230,7 @@ def _bind(hook: Callable[..., Any], call_next: Callable[..., Any]) -> Callable[.
     return lambda *args: hook(*args, call_next)
 
 
-TIERS = ("device", "edge")
+TIERS = ("device", "edge", "cloud")
 _PLUGINS: list[type[Mod]] = []
 
 

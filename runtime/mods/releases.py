@@ -1,19 +1,22 @@
 """An edge's ledger of its devices' differentially private releases (methods/privacy/floor.py):
 each `done` adds what its device released, late ones included, and the edge's own `done` says
-how much the most of one device grew (`devices.dp_releases`), what the cloud's accountant counts."""
+how much the most of one device grew (`devices.dp_releases`), what the cloud's accountant counts
+(`Accounting`, the cloud's side)."""
 
 from __future__ import annotations
 
 import logging
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from splitedge.methods.contract import RoundPlan
+from splitedge.methods.privacy.accountant import privacy_spent
 from splitedge.methods.privacy.floor import ReleaseLedger
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.done import DoneInfo, done_info
 from splitedge.runtime.mods import Mod
+from splitedge.runtime.records import phase_privacy
 
 log = logging.getLogger(__name__)
 
@@ -52,3 +55,20 @@ class Releases(Mod):
 
     def restore(self, state: Any) -> None:
         self.ledger.restore(state)
+
+
+class Accounting(Mod):
+    """The cloud's side of the ledger: what a merged round's edges say of their devices' privacy
+    (classes withheld, the most releases one device made, the secure sums: held with the round
+    through a crash), and the record's epsilon composed over every release so far
+    (accountant.privacy_spent)."""
+
+    def __init__(self, cloud: Any) -> None:
+        self.cloud = cloud
+
+    def held(self, plan: RoundPlan, reports: Sequence[Any]) -> dict[str, Any]:
+        return phase_privacy(reports)
+
+    def record(self, plan: RoundPlan, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        history = self.cloud.committer.history
+        return privacy_spent(self.cloud.method.config, history[-1] if history else {}, metrics)

@@ -4,6 +4,7 @@ by private reports like every shipped entry."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -163,3 +164,47 @@ def test_a_mod_of_one_s_own_reports_what_each_device_sent(mosquitto, tmp_path, m
         assert set(mine) == {"weights"}, (key, dones[key])
         messages, size = mine["weights"]
         assert messages == 1 and abs(size - sent) <= 0.01 * sent, (key, mine, sent)
+
+
+def test_the_cloud_s_mods_write_the_round_s_record_and_one_of_one_s_own_joins_them(tmp_path, monkeypatch) -> None:
+    """The cloud's chain (costs, privacy spent, failures, crash points) and a cloud mod of one's own
+    (`--plugin edge_seconds:EdgeSeconds`) in a sim: each round's record has its entry, read off
+    the edges' done records of that round's training phase."""
+    import json
+
+    from splitedge.sim import SimSettings, run_sim
+
+    monkeypatch.syspath_prepend(str(MODS))
+    summary = run_sim(SimSettings(rounds=2, devices=4, edges=2, method="fedavg", plugins=("edge_seconds:EdgeSeconds",),
+                                  out=tmp_path / "run", deadline_s=120.0, max_train=400, max_test=100))
+    assert summary["status"] == "complete", summary
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for r in records:
+        assert set(r["edge_seconds"]) == {"e0", "e1"}, r
+        assert all(seconds >= 0 and reported == 2 for seconds, reported in r["edge_seconds"].values()), r
+        assert set(r["device_costs"]) == {"d0", "d1", "d2", "d3"} and set(r["edge_costs"]) == {"e0", "e1"}, r
+
+
+def test_a_round_s_cloud_mods_start_afresh_with_its_training_phase() -> None:
+    from splitedge.runtime.guard import RoundGuard
+    from splitedge.runtime.mods.budgets import Failures
+    from splitedge.runtime.mods.costs import CloudCosts
+
+    def edge_done(info: dict) -> SimpleNamespace:
+        env = SimpleNamespace(body={"info": info})
+        return SimpleNamespace(sender="e0", get=lambda kind: env if kind == "done" else None)
+
+    guard = RoundGuard(who="cloud")
+    chain = ModChain([CloudCosts(), Failures(guard)])
+    calibrate = dataclasses.replace(PLAN, phase="calibrate")
+    failed = edge_done({"devices": {"failed": {"memory": 1}, "cost": {"d0": {"bytes_up": 10.0}}}})
+    chain.opened(PLAN)
+    chain.phase_reports(PLAN, [failed])
+    chain.phase_reports(calibrate, [edge_done({"devices": {"failed": {"time": 1}, "cost": {"d0": {"bytes_up": 5.0}}}})])
+    guard.failures["memory"] = 1  # the cloud's own evaluation went over its guard
+    assert chain.held(PLAN, []) == {"evaluation_failed": {"memory": 1}} and not guard.failures
+    record = chain.record(PLAN, {"accuracy": 0.5})
+    assert record["failures"] == {"memory": 1}  # the training phase's, not the calibration's
+    assert record["device_costs"] == {"d0": {"bytes_up": 15}} and record["accuracy"] == 0.5  # both phases' bytes
+    chain.opened(dataclasses.replace(PLAN, round=2))
+    assert "failures" not in chain.record(PLAN, {}) and chain.record(PLAN, {})["device_costs"] == {}
