@@ -43,7 +43,7 @@ def stop(cloud: Any, reason: str | None = None, interrupted: bool = False) -> Ro
     """The end of the run, after the cloud's last round. A stop with a `reason` (the run never
     started) goes only to nodes listening now (not retained: it would stop the next run's nodes
     at once). An `interrupted` cloud's stop (Ctrl-C, SIGTERM) names the last round it finished
-    (INTERRUPTED): nodes do not take it for the run's end (Node.on_interrupted), and its restart
+    (INTERRUPTED): nodes do not take it for the run's end (Stops.interrupted_after), and its restart
     resumes the run."""
     directives: dict[str, Any] = {"reason": reason} if reason else {}
     if interrupted:

@@ -131,7 +131,7 @@ class DeviceAgent(Node):
                 env.kind not in CONTROL_KINDS and self.host.hold((topic, env))):
             return  # the downlink of an edge we left, or a message kept for a parked part
         if env.kind == "status" and where.tier == "edge":
-            return  # the edge's presence: its rounds say all a waiting device needs (Node.hold_stop)
+            return  # the edge's presence: its rounds say all a waiting device needs (Stops.hold, runtime/stopping.py)
         if env.kind == "round":
             self._on_round(RoundPlan.from_body(env.round, env.body))
         elif env.kind == "assign":
@@ -147,8 +147,8 @@ class DeviceAgent(Node):
 
     def _on_round(self, plan: RoundPlan) -> None:
         self.follow_session(plan)
-        if self.on_stop(plan, started=self.last[0] > 0 or self.pending is not None,
-                        done=f" after round {self.last[0]}"):
+        if self.stops.on_stop(plan, started=self.last[0] > 0 or self.pending is not None,
+                              done=f" after round {self.last[0]}"):
             return
         if not plan.takes_part(self.node_id) and plan.key > self.last:
             self.last = plan.key  # not drawn this round: nothing to do, nothing to send

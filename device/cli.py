@@ -138,7 +138,7 @@ def run_federated(args: argparse.Namespace, options: dict[str, Any], metrics: me
         write_counters(args.out, args.id, [transport])
     if agent.fatal:
         raise ValueError(agent.fatal)
-    if agent.interrupted is not None and agent.stopped.is_set():  # the cloud was interrupted: not over
+    if agent.stops.interrupted is not None and agent.stopped.is_set():  # the cloud was interrupted: not over
         from splitedge.runtime.node import EXIT_INTERRUPTED
 
         return EXIT_INTERRUPTED

@@ -144,7 +144,7 @@ class EdgeAggregator(Node):
 
     def _from_cloud(self, where: Topic, env: Envelope) -> None:
         if env.kind == "status":
-            return  # the cloud's presence: its rounds say all a waiting edge needs (Node.hold_stop)
+            return  # the cloud's presence: its rounds say all a waiting edge needs (Stops.hold, runtime/stopping.py)
         if env.kind == "round":
             self._on_round(env)
         elif self.current(env):
@@ -164,8 +164,8 @@ class EdgeAggregator(Node):
     def _on_round(self, env: Envelope) -> None:
         plan = RoundPlan.from_body(env.round, env.body)
         self.follow_session(plan)
-        stop = self.on_stop(plan, started=self.plan is not None,
-                            done=f" after round {self.plan.round}" if self.plan else "")
+        stop = self.stops.on_stop(plan, started=self.plan is not None,
+                                  done=f" after round {self.plan.round}" if self.plan else "")
         if stop in ("finished", "interrupted"):  # an interrupted cloud's stop is retained: restarted devices wait
             self._pass_round_down(env, retain=not plan.directives.get("reason"))
         if stop or not plan.newer_than(self.plan) or not self._ensure_part(plan):

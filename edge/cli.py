@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
         write_counters(args.out, args.id, transports)
     if edge.fatal:
         raise ValueError(edge.fatal)
-    if edge.interrupted is not None and edge.stopped.is_set():  # the cloud was interrupted: not over
+    if edge.stops.interrupted is not None and edge.stopped.is_set():  # the cloud was interrupted: not over
         from splitedge.runtime.node import EXIT_INTERRUPTED
 
         return EXIT_INTERRUPTED

@@ -1,17 +1,13 @@
-"""What every role runtime shares: an inbox fed by transport handlers, the node's inbound
-chain, addressed publishing through its router, and the signs of life a person watches.
-
-Transport handlers run on the network thread and must stay short, so they only enqueue; the
-runtime's own thread takes events off the inbox and does the work (training may take minutes).
+"""What every role runtime shares: an inbox fed by transport handlers (runtime/inbox.py), the
+node's inbound chain, its reading of stop announcements (runtime/stopping.py), addressed
+publishing through its router, and the signs of life a person watches.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import queue
 import threading
-import time
 import zlib
 from typing import Any, Mapping
 
@@ -24,9 +20,11 @@ from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import Transport
 from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.inbound import Inbound, NodeInbound, carries_session
+from splitedge.runtime.inbox import IDLE_WAKE_S, QUIET_WARN_S, Inbox
 from splitedge.runtime.parts import Misfit, PartHost
 from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import Router
+from splitedge.runtime.stopping import EXIT_INTERRUPTED, INTERRUPTED, Stops
 
 log = logging.getLogger(__name__)
 status = logging.getLogger("splitedge.status")
@@ -39,25 +37,7 @@ def topic_kind(kind: str, slot: str | None) -> str:
     return kind if slot is None else f"{kind}-{slot}"
 
 
-INTERRUPTED = "interrupted"
-"""The stop directive of a cloud that was interrupted (Ctrl-C, SIGTERM): the last round it
-finished. Nodes do not log the run as finished (on_interrupted)."""
-
-EXIT_INTERRUPTED = 75
-"""A node's exit status when its cloud was interrupted (EX_TEMPFAIL): not 0, so a unit with
-Restart=on-failure starts it again to wait for the resumed cloud."""
-
-QUIET_WARN_S = 8.0
-"""How long an edge or device may hear nothing at all before it says, once, what it waits for:
-under a broker ACL a wrong --run is silence, not an error (the broker drops what it may not see)."""
-WAITING_FOR = {"edge": "its devices' hellos and its cloud's round", "device": "its edge's round or its peers"}
-
-IDLE_WAKE_S = 30.0
-"""The longest a loop with nothing timed to do blocks on an empty inbox (idle_wait): a safety
-net only, since stop() wakes it."""
-
-WAKE: Any = ("", None)
-"""What stop() puts in the inbox to wake a blocked loop; next_event hands back None for it."""
+__all__ = ["EXIT_INTERRUPTED", "IDLE_WAKE_S", "INTERRUPTED", "QUIET_WARN_S", "Node", "status"]  # re-exported
 
 
 class Node:
@@ -68,8 +48,8 @@ class Node:
 
     def __init__(self, *, run: str, tier: str, node_id: str, quiet_warn_s: float | None = QUIET_WARN_S) -> None:
         self.run_id, self.tier, self.node_id = run, tier, node_id
-        self.held_stop: str | None = None  # what a node that found a stop before any round waits for (hold_stop)
-        self.inbox: "queue.Queue[tuple[str, Envelope]]" = queue.Queue()
+        self.inbox = Inbox(tier, node_id, run, quiet_warn_s)
+        self.stops = Stops(self)  # the run's stop announcements: finished, held, interrupted
         self.round = 0
         self.completed = 0  # training phases an edge or device finished in this process (runtime/metrics_http.py)
         self.errors = 0  # events whose handling raised; logged, counted, the loop goes on
@@ -79,10 +59,7 @@ class Node:
         self.gate: Any = None  # what head statistics must fit while a calibration phase is open
         self.stopped = threading.Event()
         self.fatal: str | None = None  # why this node cannot take part in the run (it has stopped)
-        self.interrupted: int | None = None  # the round after which the cloud was interrupted (on_interrupted)
         self.logs_fatal = True  # False: the caller prints `fatal` itself (a role's CLI: one line, not two)
-        self._quiet_since: float | None = 0.0  # 0 before the first wait, then its start; None once heard (or warned)
-        self.quiet_warn_s = quiet_warn_s  # None: no such warning (a sim's own broker has no ACL)
 
     @property
     def part(self) -> Any:
@@ -137,14 +114,11 @@ class Node:
     def stop(self) -> None:
         """From any thread: the loop ends, woken at once if it is blocked on an empty inbox."""
         self.stopped.set()
-        self.inbox.put(WAKE)
+        self.inbox.wake()
 
     def idle_wait(self, poll: float) -> float:
-        """How long a loop with nothing timed to do may block on its inbox: `poll` while the
-        quiet warning may still come due, else IDLE_WAKE_S (stop() wakes it at once). Thousands
-        of devices in one process each waking every `poll` seconds kept its cores busy switching
-        threads: 10,000 devices did not all start."""
-        return poll if self._quiet_since is not None and self.quiet_warn_s is not None else IDLE_WAKE_S
+        """How long a loop with nothing timed to do may block on its inbox (runtime/inbox.py)."""
+        return self.inbox.idle_wait(poll)
 
     def seeded_rng(self, seed: int) -> np.random.Generator:
         """Per-node randomness that is the same in every process (str hash() is salted per process)."""
@@ -155,48 +129,10 @@ class Node:
 
     def enqueue(self, topic_: str, env: Envelope) -> None:
         """Transport handler: hand the message to the runtime thread."""
-        self.inbox.put((topic_, env))
+        self.inbox.put(topic_, env)
 
     def next_event(self, timeout: float) -> tuple[str, Envelope] | None:
-        try:
-            event = self.inbox.get(timeout=max(0.0, timeout))
-        except queue.Empty:
-            self._check_quiet()
-            return None
-        if event is WAKE:  # stop() woke the loop
-            return None
-        self._quiet_since = None
-        return event
-
-    def _check_quiet(self) -> None:
-        """One warning when an edge or device has received nothing QUIET_WARN_S after it started
-        waiting, naming the run it uses: the usual cause is a --run that the broker's ACL does not
-        grant (it defaults to "default"), which otherwise looks like waiting for ever."""
-        if self._quiet_since is None or self.quiet_warn_s is None or self.tier not in WAITING_FOR:
-            return
-        now = time.monotonic()
-        if not self._quiet_since:
-            self._quiet_since = now
-        elif now - self._quiet_since >= self.quiet_warn_s:
-            self._quiet_since = None
-            log.warning("%s %s: nothing received %.0f s after connecting; still waiting for %s (as expected while "
-                        "they start). If it lasts: under a broker ACL (splitedge data split --acl) a login may use "
-                        "only its run's topics: this %s uses run %r, and its --run must match the cloud's",
-                        self.tier, self.node_id, self.quiet_warn_s, WAITING_FOR[self.tier], self.tier, self.run_id)
-
-    # -- a retained stop found at start ----------------------------------------------------
-    def hold_stop(self, session: str) -> None:
-        """A retained stop of a finished run before this node saw any round. A node cannot tell
-        whether it came too late for that run or early for a new run under the same id (run ids
-        are reused: the broker's ACL names them), so it waits for the new run: its cloud clears
-        the old stop and announces its first round, which this node then takes part in, in
-        whichever order the nodes started. Leaving instead (exit 0) left a systemd unit stopped
-        for good and the new cloud waiting for nodes that had gone."""
-        if self.held_stop != "new run":
-            self.held_stop = "new run"
-            status.info("%s %s: run %s finished earlier (its stop, session %s, is retained); waiting for a new run "
-                        "with this id: its cloud clears the stop and announces round 1 (Ctrl-C leaves)", self.tier,
-                        self.node_id, self.run_id, session)
+        return self.inbox.get(timeout)
 
     def follow_session(self, plan: Any) -> None:
         """A round of another session: the cloud (re)started, so `_new_session` forgets the old one."""
@@ -208,42 +144,6 @@ class Node:
     def _new_session(self, session: str) -> None:
         self.session, self.gate = session, None
         self.host.reset()
-
-    def on_stop(self, plan: Any, *, started: bool, done: str) -> str | None:
-        """A round announcement that is the run's stop: "finished" (the node stops), "held" (a
-        retained stop found before any round: the node waits, see hold_stop), "interrupted" (the cloud was
-        interrupted: on_interrupted) or None (a round: any held stop is dropped). `done` ends the
-        finished line (e.g. " after round 4")."""
-        if not plan.stop:
-            self.held_stop = self.interrupted = None
-            return None
-        reason = plan.directives.get("reason")
-        if INTERRUPTED in plan.directives:  # Ctrl-C or SIGTERM on the cloud: the run did not finish
-            return self.on_interrupted(int(plan.directives[INTERRUPTED] or 0), started=started)
-        if not started and not reason:
-            self.hold_stop(plan.session)  # the run is over, or a new one with this id is starting
-            return "held"
-        status.info("%s %s: run finished%s", self.tier, self.node_id, f": {reason}" if reason else done)
-        self.stopped.set()
-        return "finished"
-
-    def on_interrupted(self, after: int, *, started: bool) -> str:
-        """The cloud's stop after an interrupt (PROTOCOL.md, "The stop announcement"): a node
-        that took part leaves with EXIT_INTERRUPTED (a unit with Restart=on-failure starts it
-        again); one that finds it before any round (restarted, or started late) waits for the
-        cloud to resume, which announces its next round on the same topic."""
-        self.interrupted = after
-        if not started:
-            if self.held_stop != "resume":
-                self.held_stop = "resume"  # the resumed cloud's round clears it
-                status.info("%s %s: the cloud was interrupted after round %d; waiting for it to resume", self.tier,
-                            self.node_id, after)
-            return "held"
-        status.info("%s %s: the cloud was interrupted after round %d (the run is not over); leaving with exit "
-                    "status %d: restart this %s to take part when the cloud resumes (a unit with "
-                    "Restart=on-failure does)", self.tier, self.node_id, after, EXIT_INTERRUPTED, self.tier)
-        self.stopped.set()
-        return "interrupted"
 
     def ensure_part(self, plan: Any) -> str | None:
         """The host's part for the announced method and config (runtime/parts.py): its outcome,

@@ -132,7 +132,7 @@ def test_an_interrupted_clouds_stop_is_not_logged_as_the_runs_end(tmp_path: Path
             cloud.run()
         fed.wait_stopped(timeout=60)  # the edge and the devices leave on the cloud's stop
         alive = [t.name for t in fed.threads if t.is_alive()]
-        interrupted = {n.node_id: getattr(n, "interrupted", None) for n in fed.nodes}
+        interrupted = {n.node_id: n.stops.interrupted for n in fed.nodes}
         for tier in ("edge", "device"):  # their processes would exit now: offline
             for transport in fed.transports[tier]:
                 transport.close(offline=True)
@@ -167,10 +167,10 @@ def test_a_node_that_finds_an_interrupted_stop_before_any_round_waits_for_the_cl
     node = Node(run="honest", tier="device", node_id="d0")
     stop = RoundPlan(round=4, method="fedavg", deadline_s=1.0, config={}, session="s1", stop=True,
                      directives={"interrupted": 3})
-    assert node.on_stop(stop, started=False, done="") == "held"
-    assert not node.stopped.is_set() and node.held_stop == "resume" and node.interrupted == 3
+    assert node.stops.on_stop(stop, started=False, done="") == "held"
+    assert not node.stopped.is_set() and node.stops.held == "resume" and node.stops.interrupted == 3
     resumed = RoundPlan(round=4, method="fedavg", deadline_s=60.0, config={}, session="s1")
-    assert node.on_stop(resumed, started=False, done="") is None and node.interrupted is None
+    assert node.stops.on_stop(resumed, started=False, done="") is None and node.stops.interrupted is None
 
 
 def test_an_edges_round_line_never_counts_more_devices_than_it_expected(tmp_path: Path, caplog) -> None:

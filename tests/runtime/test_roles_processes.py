@@ -170,18 +170,18 @@ def test_a_node_that_finds_a_finished_run_waits_for_a_new_one_and_joins_it(mosqu
     try:
         # Assert: both hold the stop and stay; a new session's first round clears it at the edge
         deadline = time.monotonic() + 30
-        while nodes[0].held_stop is None and time.monotonic() < deadline:
+        while nodes[0].stops.held is None and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)
         # (the edge cleared its own downlink at start: its device waits for its round, no stop in sight)
-        assert nodes[0].held_stop == "new run" and not any(n.stopped.is_set() for n in nodes)
+        assert nodes[0].stops.held == "new run" and not any(n.stopped.is_set() for n in nodes)
         new = RoundPlan(round=1, method="fedavg", deadline_s=30.0, config=config, session="fedcba9876543210")
         cloud.send(transport, "down", "round", new.to_body(), round_=1, retain=True)
         while nodes[0].session != new.session and time.monotonic() < deadline:
             time.sleep(0.1)
         while nodes[1].session != new.session and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert [n.session for n in nodes] == [new.session] * 2 and nodes[0].held_stop is None
+        assert [n.session for n in nodes] == [new.session] * 2 and nodes[0].stops.held is None
         assert not any(n.stopped.is_set() for n in nodes)
     finally:
         nodes[0].stop()
