@@ -25,8 +25,8 @@ from torch import nn
 from splitedge.methods.thin import plugins as thin_plugins
 from splitedge.methods.thin.layers import BatchNorm2d, Conv2d, ReLU6, Sequential
 from splitedge.models import ClassifierInput, state_to_numpy
+from torch_parity import GRAD_TOL, both_passes, rel_err
 
-GRAD_TOL = 1e-4
 MODELS = Path(__file__).resolve().parents[1] / "plugin_models"
 MODEL = "tiny_mobilenet:factory"
 
@@ -46,10 +46,6 @@ def tiny(monkeypatch):
 
     thin_plugins.register_thin_model(tiny_mobilenet_thin.THIN)
     return tiny_mobilenet, tiny_mobilenet_thin
-
-
-def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(a - ref).max() / (np.abs(ref).max() + 1e-12))
 
 
 def moved_norms(module: nn.Module, seed: int = 0) -> nn.Module:
@@ -81,18 +77,13 @@ def test_a_grouped_convolution_matches_torch_forward_and_backward(c_in, c_out, g
     net.load(state_to_numpy(nn.Sequential(OrderedDict(conv=ref))))
     rng = np.random.default_rng(1)
     x = rng.standard_normal((20, c_in, side, side)).astype(np.float32)
-    xt = torch.from_numpy(x).requires_grad_()
     # Execute
-    out_t = ref(xt)
-    upstream = rng.standard_normal(tuple(out_t.shape)).astype(np.float32)
-    out_t.backward(torch.from_numpy(upstream))
-    out = net.forward(x, train=True)
-    dx = net.backward(upstream.copy())
+    got = both_passes(ref, net, x, rng)
     # Assert: torch's weight shape, output, input and weight gradients
     assert conv.params["weight"].shape == tuple(ref.weight.shape) == (c_out, c_in // groups, kernel, kernel)
-    assert out.shape == tuple(out_t.shape) and out.dtype == np.float32
-    assert rel_err(out, out_t.detach().numpy()) < GRAD_TOL
-    assert rel_err(dx, xt.grad.numpy()) < GRAD_TOL
+    assert got["out"].shape == got["out_t"].shape and got["out"].dtype == np.float32
+    assert rel_err(got["out"], got["out_t"]) < GRAD_TOL
+    assert rel_err(got["dx"], got["dx_t"]) < GRAD_TOL
     assert rel_err(conv.grads["weight"], ref.weight.grad.numpy()) < GRAD_TOL
 
 

@@ -26,13 +26,9 @@ from splitedge.methods.thin.trainer import SplitTrainer, SupConTrainer
 from splitedge.methods.thin.wc_models import thin_wc
 from splitedge.methods.torch_utils import sgd
 from splitedge.models import create_split, pool, state_to_numpy
+from torch_parity import GRAD_TOL, both_passes, rel_err
 
-GRAD_TOL = 1e-4
 CASES = [("cnn", 3, 32), ("fedcnn", 3, 32), ("fedcnn2", 3, 32), ("cnn", 1, 8), ("fedcnn", 1, 8)]
-
-
-def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(a - ref).max() / (np.abs(ref).max() + 1e-12))
 
 
 def torch_wc(model: str, channels: int, size: int, seed: int = 0) -> nn.Module:
@@ -54,16 +50,11 @@ def test_layers_match_torch_forward_and_backward_in_training_mode(model, channel
     net.load(state_to_numpy(wc))
     rng = np.random.default_rng(1)
     x = rng.standard_normal((16, channels, size, size)).astype(np.float32)
-    xt = torch.from_numpy(x).requires_grad_()
     # Execute
-    out_t = wc(xt)
-    upstream = rng.standard_normal(tuple(out_t.shape)).astype(np.float32)
-    out_t.backward(torch.from_numpy(upstream))
-    out = net.forward(x, train=True)
-    dx = net.backward(upstream.copy())  # backward consumes the gradient it is given
+    got = both_passes(wc, net, x, rng)
     # Assert: output, input gradient, every parameter gradient, updated BatchNorm buffers
-    assert rel_err(out, out_t.detach().numpy()) < GRAD_TOL
-    assert rel_err(dx, xt.grad.numpy()) < GRAD_TOL
+    assert rel_err(got["out"], got["out_t"]) < GRAD_TOL
+    assert rel_err(got["dx"], got["dx_t"]) < GRAD_TOL
     torch_params = dict(wc.named_parameters())
     for name, layer, key in net.parameters():
         assert rel_err(layer.grads[key], torch_params[name].grad.numpy()) < GRAD_TOL, name
