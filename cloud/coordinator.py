@@ -19,7 +19,7 @@ from splitedge.cloud.driver import RoundDriver
 from splitedge.cloud.edges import CloudEdges
 from splitedge.cloud.plans import round_plan
 from splitedge.cloud.settings import CloudSettings
-from splitedge.methods.contract import DEVICES, CloudContext, FederationView, Message, RoundPlan
+from splitedge.methods.contract import DEVICES, CloudContext, CloudPart, FederationView, Message, RoundPlan
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.done import done_info
 from splitedge.protocol.topics import parse, pattern
@@ -41,7 +41,7 @@ __all__ = ["CloudCoordinator", "CloudSettings"]
 log = logging.getLogger(__name__)
 
 
-class CloudCoordinator(Node):
+class CloudCoordinator(Node[CloudPart[Any]]):
     """The cloud's node: it takes the edges' messages and routes the part's, and hands the rest to
     its edges (membership, presence, placement), its driver (rounds) and its committer (state)."""
 

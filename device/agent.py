@@ -20,7 +20,7 @@ import numpy as np
 from splitedge.device.building import build_part, vet
 from splitedge.device.placing import Placing
 from splitedge.methods.compute import CPU, Compute
-from splitedge.methods.contract import DONE, TRAIN_CHUNK, Placement, RoundPlan
+from splitedge.methods.contract import DONE, TRAIN_CHUNK, DevicePart, Placement, RoundPlan
 from splitedge.methods import snapshot
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.done import DoneInfo
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 CONTROL_KINDS = ("status", "round", "assign")  # what the runtime itself reads; the rest is the part's
 
 
-class DeviceAgent(Node):
+class DeviceAgent(Node[DevicePart[Any]]):
     def __init__(self, transport: Transport, *, run: str, node_id: str, edge: str,
                  data: tuple[np.ndarray, np.ndarray], backend: Any = "torch", seed: int = 0,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 EDGE_DEADLINE_FRACTION = 0.8  # an edge closes its round before the cloud's deadline
 
 
-class EdgeAggregator(Node):
+class EdgeAggregator(Node[EdgePart[Any]]):
     def __init__(self, down: Transport, up: Transport | None = None, *, run: str, node_id: str,
                  cloud: str = "cloud", seed: int = 0, state_dir: Path | None = None,
                  host: Callable[..., PartHost] = PartHost, shared_process: bool = False,

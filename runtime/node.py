@@ -9,7 +9,7 @@ import collections
 import logging
 import threading
 import zlib
-from typing import Any, Mapping
+from typing import Any, Generic, Mapping
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from splitedge.protocol.transport import Transport
 from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.inbound import Inbound, NodeInbound, carries_session
 from splitedge.runtime.inbox import IDLE_WAKE_S, QUIET_WARN_S, Inbox
-from splitedge.runtime.parts import Misfit, PartHost
+from splitedge.runtime.parts import Misfit, P, PartHost
 from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import Router
 from splitedge.runtime.stopping import EXIT_INTERRUPTED, INTERRUPTED, Stops
@@ -40,11 +40,12 @@ def topic_kind(kind: str, slot: str | None) -> str:
 __all__ = ["EXIT_INTERRUPTED", "IDLE_WAKE_S", "INTERRUPTED", "QUIET_WARN_S", "Node", "status"]  # re-exported
 
 
-class Node:
-    """A named participant of a run, publishing under `splitedge/<run>/<tier>/<id>/...`."""
+class Node(Generic[P]):
+    """A named participant of a run, publishing under `splitedge/<run>/<tier>/<id>/...`; `P` the
+    part its tier runs (DevicePart, EdgePart, CloudPart)."""
 
     router: Router
-    host: PartHost
+    host: PartHost[P]
 
     def __init__(self, *, run: str, tier: str, node_id: str, quiet_warn_s: float | None = QUIET_WARN_S) -> None:
         self.run_id, self.tier, self.node_id = run, tier, node_id
@@ -62,8 +63,9 @@ class Node:
         self.logs_fatal = True  # False: the caller prints `fatal` itself (a role's CLI: one line, not two)
 
     @property
-    def part(self) -> Any:
-        """The method part this node runs now (its host may rebuild it between rounds)."""
+    def part(self) -> P | None:
+        """The method part this node runs now (its host may rebuild it between rounds); None
+        before a round announcement named a method."""
         return self.host.part
 
     @property

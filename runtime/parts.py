@@ -18,7 +18,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, ContextManager
+from typing import Any, ContextManager, Generic, TypeVar
 
 import numpy as np
 
@@ -33,16 +33,20 @@ class Misfit(ValueError):
     """The node can never take part in this run (e.g. its data does not fit the model)."""
 
 
-class PartHost:
+P = TypeVar("P", bound=Part)
+"""The part a host keeps: a tier's (DevicePart, EdgePart, CloudPart)."""
+
+
+class PartHost(Generic[P]):
     """`build(method)` makes the part; `vet(method)` may raise Misfit before it is built;
     `stopped` is the node's stop flag (a host that waits, e.g. for a simulation's training
     slot, gives up when it is set)."""
 
-    def __init__(self, build: Callable[[Method], Part], *, rng: np.random.Generator | None = None,
+    def __init__(self, build: Callable[[Method], P], *, rng: np.random.Generator | None = None,
                  vet: Callable[[Method], None] | None = None, stopped: threading.Event | None = None,
                  name: str = "node") -> None:
         self.build, self.rng, self.vet, self.stopped, self.name = build, rng, vet, stopped, name
-        self.part: Part | None = None
+        self.part: P | None = None
         self.key: tuple[str, dict] | None = None  # (method, wire config) the part was built with
 
     @property
