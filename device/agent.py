@@ -12,24 +12,23 @@ must wait in the middle of a round has `request` and `gather` in its context (ru
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from splitedge.device.building import build_part, vet
 from splitedge.device.placing import Placing
+from splitedge.device.working import Working
 from splitedge.methods.compute import CPU, Compute
-from splitedge.methods.contract import DONE, TRAIN_CHUNK, DevicePart, Placement, RoundPlan
+from splitedge.methods.contract import TRAIN_CHUNK, DevicePart, Placement, RoundPlan
 from splitedge.methods import snapshot
 from splitedge.protocol.codec import Envelope
-from splitedge.protocol.done import DoneInfo
 from splitedge.protocol.topics import parse
 from splitedge.protocol.transport import Transport
 from splitedge.runtime.exchange import Exchange
-from splitedge.runtime.guard import OverBudget, RoundGuard
+from splitedge.runtime.guard import RoundGuard
 from splitedge.runtime.mods import ModChain, plugin_mods
-from splitedge.runtime.mods.budgets import Guarded, Uplink, phase_name
+from splitedge.runtime.mods.budgets import Guarded, Uplink
 from splitedge.runtime.mods.costs import Costs
 from splitedge.runtime.mods.phases import DevicePhases
 from splitedge.runtime.mods.private import PrivateReports
@@ -37,8 +36,6 @@ from splitedge.runtime.mods.secure import DeviceSecureSum
 from splitedge.runtime.uplink import UplinkBudget
 from splitedge.runtime.node import QUIET_WARN_S, Node, status
 from splitedge.runtime.parts import PartHost
-from splitedge.runtime.phases import device_info
-from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import device_router
 
 log = logging.getLogger(__name__)
@@ -77,6 +74,7 @@ class DeviceAgent(Node[DevicePart[Any]]):
         # RoundPlan.key of the last work done (a resumed cloud's come again, higher)
         self.last: tuple[int, int, int] = (0, 0, 0)
         self.placing = Placing(self, edge)  # where it is placed, and its hello (device/placing.py)
+        self.working = Working(self)  # how it works a phase and says it is done (device/working.py)
         # what cuts across methods, around the part's work (runtime/mods); private reports filter
         # last what every mod before them (the owner's own, --plugin) added to the done info
         self.mods = ModChain([Guarded(self.guard), Uplink(self.uplink, f"device {node_id}"), DevicePhases(self),
@@ -143,7 +141,7 @@ class DeviceAgent(Node[DevicePart[Any]]):
         if self.pending is not None and self.part is not None and self.part.ready(self.pending) and \
                 self.mods.ready(self.pending):
             plan, self.pending = self.pending, None
-            self._run(plan)
+            self.working.run(plan)
 
     def _on_round(self, plan: RoundPlan) -> None:
         self.follow_session(plan)
@@ -181,39 +179,3 @@ class DeviceAgent(Node[DevicePart[Any]]):
         """Every message passes the mods before it leaves (the uplink budget charges it)."""
         self.mods.leaving(direction, kind, body)
         return super().send(transport, direction, kind, body, **kw)
-
-    def _run(self, plan: RoundPlan) -> None:
-        self.round, self.last = plan.round, plan.key
-        part = self.part  # what its statistics withhold and the DP releases it makes are counted afresh
-        part.losses, part.pending_release, part.dp_releases, part.withheld = {}, None, 0, {}
-        self.publish_all(self.mods.opened(plan))
-        phase, sent_done, started, failed = done_phase(plan.phase), False, time.monotonic(), DoneInfo(failed=True)
-        try:
-            for item in self.mods.work(plan, part.run_round):
-                if item is not DONE:
-                    self.mods.send(item, self.publish)
-                elif not sent_done:
-                    self.send(self.transport, "up", "done", {"phase": phase, "info": self.done_info(plan).to_info()})
-                    sent_done = True
-                    self.completed += plan.phase == "train"
-        except OverBudget as exc:  # over its memory ceiling or time budget: the edge counts why
-            failed = failed.but(reason=exc.reason)
-            raise
-        finally:  # even a failed round tells the edge not to wait for us
-            if not sent_done:  # what it released before failing counts too
-                failed = failed.but(dp_releases=int(self.part.dp_releases or 0))
-                self.send(self.transport, "up", "done", {"phase": phase, "info": failed.to_info()})
-            self.mods.closed(plan)
-            status.info("device %s: %s %s; %s", self.node_id, phase_name(plan),
-                        f"done in {time.monotonic() - started:.1f} s" if sent_done else "failed (see the log)",
-                        self.uplink.summary())
-            self.host.end_round()
-
-    def done_info(self, plan: RoundPlan) -> DoneInfo:
-        """The phase's info: the part's own (runtime/phases.py), what it refused (before decoding
-        too: its part's refusals and its transport's, by schema, kind and size) and the samples it
-        holds; then its mods' entries (what the phase cost it, runtime/mods/costs.py), and with
-        private reports only what they let through (runtime/mods/private.py, docs/privacy.md)."""
-        info = device_info(self.part, plan).but(samples=int(len(self.data[1])),
-                                                refused=self.rejections([self.transport]))
-        return self.mods.done(plan, info)

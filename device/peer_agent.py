@@ -131,8 +131,8 @@ class PeerAgent(DeviceAgent):
             self.placing.sync()
             while (event := self.next_event(0)) is not None:  # what arrived between rounds (peer messages)
                 self.dispatch(event)
-            self._run(plan)
-            self.records.append({"round": r, **self.done_info(plan).to_info()})
+            self.working.run(plan)
+            self.records.append({"round": r, **self.working.done_info(plan).to_info()})
         status.info("device %s: run finished after round %d", self.node_id, len(self.records))
         return self.records
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 from splitedge.edge.closing import Closer
 from splitedge.edge.joining import MEMBERS_QUIET_S, Joining
+from splitedge.edge.relaying import Relaying
 from splitedge.methods.calibration.records import Gate
 from splitedge.methods.compute import CPU, Compute
 from splitedge.methods.contract import EdgeContext, EdgePart, Method, RoundPlan
@@ -26,7 +27,6 @@ from splitedge.protocol.topics import ALL_DEVICES, Topic, parse, pattern
 from splitedge.protocol.transport import Transport
 from splitedge.runtime import statefile
 from splitedge.runtime.allowance import Allowance
-from splitedge.runtime.filters import edge_cloud_filters
 from splitedge.runtime.guard import RoundGuard
 from splitedge.runtime.membership import Members
 from splitedge.runtime.mods import ModChain, plugin_mods
@@ -38,7 +38,7 @@ from splitedge.runtime.mods.secure import EdgeSecureSums
 from splitedge.runtime.node import IDLE_WAKE_S, QUIET_WARN_S, Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.rounds import RoundCollector
-from splitedge.runtime.router import edge_router, relay_route, relayed_retained
+from splitedge.runtime.router import edge_router
 from splitedge.runtime.session import clear_retained
 from splitedge.runtime.subscriptions import Subscriptions
 
@@ -64,7 +64,7 @@ class EdgeAggregator(Node[EdgePart[Any]]):
         self.plan: RoundPlan | None = None
         self.roster = Members(node_id, run, Subscriptions(self.down, self.enqueue), listed)
         self.rounds = RoundCollector()
-        self.cloud_subs = Subscriptions(self.up, self.enqueue)  # the cloud's downlink, as far as we need it
+        self.relaying = Relaying(self)  # its cloud's downlink, relayed to its devices (edge/relaying.py)
         self.state_file = Path(state_dir) / f"edge-{node_id}.state" if state_dir is not None else None
         # what cuts across methods, around the part's work (runtime/mods)
         self.mods = ModChain([EdgePhases(self), EdgeSecureSums(self), Releases(self),
@@ -102,10 +102,6 @@ class EdgeAggregator(Node[EdgePart[Any]]):
         status.info("edge %s: up (run %s), waiting for devices and for cloud %s's round", self.node_id, self.run_id,
                     self.cloud)
 
-    def sync_subscriptions(self, fresh: bool = False) -> None:
-        self.cloud_subs.sync(edge_cloud_filters(self.run_id, self.node_id, self.cloud, self.members,
-                                                self.roster.group_addresses(), loaded=self.part is not None), fresh=fresh)
-
     def run_forever(self, poll: float = 0.2) -> None:
         while not self.stopped.is_set():
             self.dispatch(self.next_event(self._wait_s(poll)))
@@ -138,10 +134,6 @@ class EdgeAggregator(Node[EdgePart[Any]]):
         elif env.sender in self.members:
             self._from_device(env)
 
-    def _pass_round_down(self, env: Envelope, *, retain: bool = True) -> None:
-        """The cloud's round announcement (or stop), republished on this edge's downlink."""
-        self.send(self.down, "down", "round", env.body, round_=env.round, retain=retain)
-
     def _from_cloud(self, where: Topic, env: Envelope) -> None:
         if env.kind == "status":
             return  # the cloud's presence: its rounds say all a waiting edge needs (Stops.hold, runtime/stopping.py)
@@ -149,17 +141,10 @@ class EdgeAggregator(Node[EdgePart[Any]]):
             self._on_round(env)
         elif self.current(env):
             if where.to is not None and where.to != self.node_id:
-                self._relay(where, env)
+                self.relaying.relay(where, env)
             if self.part is not None and where.to in (None, self.node_id, ALL_DEVICES) and \
                     self.accepts(self.part, env, "parent"):
                 self.publish_all(self.part.on_message(env))
-
-    def _relay(self, where: Topic, env: Envelope) -> None:
-        """Pass the cloud's message for devices on to ours, under the same address and slot."""
-        route = relay_route(where, self.down, self.members)
-        if route is not None:
-            self.send(route.transport, route.direction, env.kind, env.body, round_=env.round,
-                      retain=relayed_retained(where.kind), topic_kind=where.kind, to=route.to)
 
     def _on_round(self, env: Envelope) -> None:
         plan = RoundPlan.from_body(env.round, env.body)
@@ -167,7 +152,7 @@ class EdgeAggregator(Node[EdgePart[Any]]):
         stop = self.stops.on_stop(plan, started=self.plan is not None,
                                   done=f" after round {self.plan.round}" if self.plan else "")
         if stop in ("finished", "interrupted"):  # an interrupted cloud's stop is retained: restarted devices wait
-            self._pass_round_down(env, retain=not plan.directives.get("reason"))
+            self.relaying.round_down(env, retain=not plan.directives.get("reason"))
         if stop or not plan.newer_than(self.plan) or not self._ensure_part(plan):
             return  # a stop, a retained announcement seen again, or a config we cannot use
         self.plan, self.round = plan, plan.round
@@ -176,7 +161,7 @@ class EdgeAggregator(Node[EdgePart[Any]]):
         self.publish_all(self.mods.opened(plan))
         if not plan.calibrating:
             self.publish_all(self.part.on_round_open(plan, awaited))
-        self._pass_round_down(env)
+        self.relaying.round_down(env)
         self.rounds.open(plan.round, plan.deadline_s * EDGE_DEADLINE_FRACTION, awaited, phase=plan.phase)
         self.closer.opened()
 
@@ -192,7 +177,7 @@ class EdgeAggregator(Node[EdgePart[Any]]):
         if outcome is None:
             self.say_left(self.up, plan)
         if outcome is not None:  # another method: the cloud's retained data again, with its kinds
-            self.sync_subscriptions(fresh=outcome == "replaced")
+            self.relaying.sync(fresh=outcome == "replaced")
         return outcome is not None
 
     def _build_part(self, method: Method) -> EdgePart:

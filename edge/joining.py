@@ -61,7 +61,7 @@ class Joining:
         edge = self.edge
         if self.settling:  # settle() subscribes and announces once they are in
             return
-        edge.sync_subscriptions()
+        edge.relaying.sync()
         self.announce()
         if edge.part is not None:
             edge.part.members_changed(set(edge.members))
