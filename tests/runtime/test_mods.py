@@ -14,7 +14,7 @@ import pytest
 from splitedge.methods.contract import Message, RoundPlan
 from splitedge.protocol.done import DoneInfo
 from splitedge.protocol.transport import LoopbackBus, LoopbackTransport
-from splitedge.runtime.mods import Mod, ModChain, plugin_mods, use_mod
+from splitedge.runtime.mods import Mod, ModChain, plugin_mods
 from splitedge.runtime.mods.private import PrivateReports
 from splitedge.runtime.plugin_args import use_plugins
 from splitedge.runtime.uplink import payload_bytes
