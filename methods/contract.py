@@ -761,10 +761,7 @@ class Method:
 
     # -- parts
     def _part_class(self, key: str) -> Any:
-        import importlib
-
-        module, attr = self.parts[key].split(":")
-        return getattr(importlib.import_module(module), attr)
+        return part_class(self.parts[key])
 
     @classmethod
     def device_backends(cls) -> list[str] | None:
@@ -858,19 +855,17 @@ class Method:
 
     def _check_secure(self) -> None:
         """With secagg on, some statistic of every device part must be securely summable."""
-        if self.config.calibrate == "none" and not all(p.secure_kinds for p in self._device_parts()):
+        if self.config.calibrate == "none" and not SUMMABLE(type(self)):
             raise NotCovered(f"secagg covers the statistics and models a method's devices declare summable "
                              f"(those of {{covered}}) and head statistics; {self.name}'s devices send none of "
-                             f"them (set calibrate=lda for its head statistics, or leave secagg off)",
-                             lambda cls: all(p.secure_kinds for p in device_part_classes(cls)))
+                             f"them (set calibrate=lda for its head statistics, or leave secagg off)", SUMMABLE)
 
     def _check_private(self) -> None:
         """With DP on, every device part must release privately, with the clips it needs set."""
         parts = self._device_parts()
-        if not parts or not all(p.private for p in parts):
+        if not PRIVATE(type(self)):
             raise NotCovered(f"{self.name} has no differentially private form of everything its devices send; "
-                             f"dp_sigma covers {{covered}}: leave dp_sigma at 0",
-                             lambda cls: bool(parts := device_part_classes(cls)) and all(p.private for p in parts))
+                             f"dp_sigma covers {{covered}}: leave dp_sigma at 0", PRIVATE)
         clear = sorted({p.clear_private for p in parts if p.clear_private})
         if self.config.dp_devices > 1 and clear:
             raise ValueError(f"dp_devices={self.config.dp_devices} needs every private release of {self.name} inside "
@@ -880,21 +875,14 @@ class Method:
             raise ValueError(f"dp_unit=device refuses {self.name}: {own[0]} without DP-SGD, so removing one image "
                              f"moves it by more than its clip; use dp_unit=sample (DP-SGD, docs/privacy.md, "
                              f"'The privacy unit') or leave dp_sigma at 0")
-        if self.config.dp_unit == "sample":
-            self._check_sample(parts)
+        if self.config.dp_unit == "sample" and not DP_SGD(type(self)):
+            raise NotCovered(f"{self.name}'s devices have no DP-SGD form: dp_unit=sample covers {{covered}} (H-SFP "
+                             f"with device_target=etf); use dp_unit=device", DP_SGD)
         skip = ("dp_update_clip",) if self.config.dp_unit == "sample" else ()  # DP-SGD clips gradients instead
         unset = sorted({c for p in parts for c in p.private_clips if c not in skip and not getattr(self.config, c) > 0})
         if unset:
             raise ValueError(f"dp_sigma > 0 needs {' and '.join(u + ' > 0' for u in unset)}: the L2 norm each "
                              f"release is clipped to (docs/privacy.md)")
-
-    def _check_sample(self, parts: Sequence[Any]) -> None:
-        """With dp_unit=sample, every device part trains with DP-SGD (methods/privacy/dpsgd.py), so
-        its statistics, even of the model it trained, are bounded at one image."""
-        if not all(p.dp_sgd for p in parts):
-            raise NotCovered(f"{self.name}'s devices have no DP-SGD form: dp_unit=sample covers {{covered}} (H-SFP "
-                             f"with device_target=etf); use dp_unit=device",
-                             lambda cls: bool(parts := device_part_classes(cls)) and all(p.dp_sgd for p in parts))
 
     def loss_terms(self, role: str) -> list[Any]:
         """Everything `role` minimises: objective plus switched-on regularisers."""
@@ -911,12 +899,33 @@ class Method:
         return robust_average(parts, reference=reference, **robust_rule(self.config))
 
 
-def device_part_classes(cls: type) -> list[Any]:
-    """The classes of a Method class's device parts (one per backend), imported from `parts`."""
+def part_class(target: str) -> Any:
+    """The part class a Method's `parts` names ("package.module:Class")."""
     import importlib
 
-    return [getattr(importlib.import_module(target.split(":")[0]), target.split(":")[1])
-            for key, target in cls.parts.items() if key.startswith("device")]
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def device_part_classes(cls: type) -> list[Any]:
+    """The classes of a Method class's device parts (one per backend)."""
+    return [part_class(target) for key, target in cls.parts.items() if key.startswith("device")]
+
+
+def every_device_part(declares: str) -> Callable[[type], bool]:
+    """Whether a Method class has device parts and each declares `declares` (a truthy class
+    attribute): what a run setting needs of them, read by the contract's checks and, through
+    NotCovered, by the registry naming the methods that have it."""
+    return lambda cls: bool(parts := device_part_classes(cls)) and all(getattr(p, declares) for p in parts)
+
+
+SUMMABLE = every_device_part("secure_kinds")
+"""secagg: some kind of every device part's messages is a sum in disguise (DevicePart.secure_kinds)."""
+PRIVATE = every_device_part("private")
+"""dp_sigma: every device part releases privately (DevicePart.private)."""
+DP_SGD = every_device_part("dp_sgd")
+"""dp_unit=sample: every device part trains with DP-SGD (methods/privacy/dpsgd.py), so its
+statistics, even of the model it trained, are bounded at one image (DevicePart.dp_sgd)."""
 
 
 def coarse_samples(held: int) -> int:
