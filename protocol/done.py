@@ -114,11 +114,17 @@ class DoneInfo:
         Record(schema=Schema(), default=None), "edge: what it says of its devices"))
 
     def to_info(self) -> dict[str, Any]:
-        """The wire form: only the fields that say something (a device's done stays small)."""
-        return _plain(self)
+        """The wire form: only the fields that differ from their defaults, as the codec sends
+        any record (schema.Record.wire), so a device's done stays small."""
+        return _RECORD.wire(_as_map(self))
 
     def but(self, **changes: Any) -> "DoneInfo":
         return dataclasses.replace(self, **changes)
+
+    def but_devices(self, **changes: Any) -> "DoneInfo":
+        """This info with some fields of its `devices` changed (an edge's: it has them)."""
+        assert self.devices is not None, "only an edge's done info speaks of devices"
+        return self.but(devices=dataclasses.replace(self.devices, **changes))
 
     def with_mod(self, name: str, entries: Any) -> "DoneInfo":
         """This info with a mod of one's own's entries under its name."""
@@ -143,22 +149,13 @@ DONE_INFO = _schema(DoneInfo)
 """What the codec checks a `done`'s info against (protocol/kinds.py)."""
 
 
-def _plain(record: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(record):
-        value = getattr(record, f.name)
-        if dataclasses.is_dataclass(value):
-            value = _plain(value)
-        if value != _default(f) and value != {}:
-            out[f.name] = value
-    return out
+_RECORD = Record(schema=DONE_INFO)
 
 
-def _default(f: dataclasses.Field) -> Any:
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        made = f.default_factory()  # type: ignore[misc]
-        return _plain(made) if dataclasses.is_dataclass(made) else made
-    return f.default
+def _as_map(record: Any) -> dict[str, Any]:
+    """A record as a map of its fields, nested records as maps (nothing copied)."""
+    return {f.name: _as_map(v) if dataclasses.is_dataclass(v := getattr(record, f.name)) else v
+            for f in dataclasses.fields(record)}
 
 
 def _record(cls: type, info: Mapping[str, Any]) -> Any:

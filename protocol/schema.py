@@ -106,8 +106,7 @@ class Record(Field):
         for key, item in value.items():
             spec = self.schema.fields.get(key)
             item = spec.wire(item) if spec is not None else item
-            default = {} if isinstance(spec, Record) and spec.default is not None else getattr(spec, "default", None)
-            if spec is None or not spec.optional or not _same(item, default):
+            if spec is None or not spec.optional or not _unsaid(spec, item):
                 out[key] = item
         return out
 
@@ -115,9 +114,12 @@ class Record(Field):
         return self._opt("record")
 
 
-def _same(value: Any, default: Any) -> bool:
-    """Whether a wire value is its field's default (arrays never are)."""
-    return type(value) is type(default) and not hasattr(value, "shape") and value == default
+def _unsaid(spec: Field, value: Any) -> bool:
+    """Whether an optional field's wire value says nothing its receiver would not fill in: its
+    default (arrays never are), or for a nested record nothing at all."""
+    if isinstance(spec, Record):
+        return value is None or value == {}
+    return type(value) is type(spec.default) and not hasattr(value, "shape") and value == spec.default
 
 
 _REGISTRY: dict[str, Schema] = {}

@@ -11,7 +11,6 @@ phase merges its devices' head statistics, an evaluation phase merges their scor
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -89,11 +88,10 @@ class EdgePhases(Mod):
     def done(self, plan: RoundPlan, info: DoneInfo, children: Mapping[str, DoneInfo]) -> DoneInfo:
         """A calibration phase: how many devices' records it merged; an evaluation phase: its
         devices' merged scores."""
-        devices = info.devices
-        if devices is None:
+        if info.devices is None:
             return info
         if plan.calibrating and self.calibrated is not None:  # its merge did not fail
-            return info.but(devices=dataclasses.replace(devices, calibrated=self.calibrated))
+            return info.but_devices(calibrated=self.calibrated)
         if plan.evaluating:
-            return info.but(devices=dataclasses.replace(devices, scores=merged_scores([c.scores for c in children.values()])))
+            return info.but_devices(scores=merged_scores([c.scores for c in children.values()]))
         return info

@@ -6,7 +6,6 @@ how much the most of one device grew (`devices.dp_releases`), what the cloud's a
 from __future__ import annotations
 
 import logging
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -48,7 +47,7 @@ class Releases(Mod):
         grew = self.ledger.take()
         if not grew or info.devices is None:
             return info
-        return info.but(devices=dataclasses.replace(info.devices, dp_releases=grew))
+        return info.but_devices(dp_releases=grew)
 
     def state(self) -> Any:
         return self.ledger.state()
