@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping
 from splitedge.methods.contract import FederationView, Placement
 from splitedge.protocol.codec import Envelope
 from splitedge.protocol.done import DoneInfo
-from splitedge.runtime.node import EXIT_INTERRUPTED, status
+from splitedge.runtime.node import status
+from splitedge.runtime.stopping import EXIT_INTERRUPTED
 from splitedge.runtime.presence import Presence
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from splitedge.methods.contract import RoundPlan
-from splitedge.runtime.node import INTERRUPTED
+from splitedge.runtime.stopping import INTERRUPTED
 
 
 def round_plan(cloud: Any, r: int, participants: tuple[str, ...] = ()) -> RoundPlan:

@@ -34,7 +34,8 @@ from splitedge.runtime.mods.phases import DevicePhases
 from splitedge.runtime.mods.private import PrivateReports
 from splitedge.runtime.mods.secure import DeviceSecureSum
 from splitedge.runtime.uplink import UplinkBudget
-from splitedge.runtime.node import QUIET_WARN_S, Node, status
+from splitedge.runtime.inbox import QUIET_WARN_S
+from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.router import device_router
 

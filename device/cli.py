@@ -139,7 +139,7 @@ def run_federated(args: argparse.Namespace, options: dict[str, Any], metrics: me
     if agent.fatal:
         raise ValueError(agent.fatal)
     if agent.stops.interrupted is not None and agent.stopped.is_set():  # the cloud was interrupted: not over
-        from splitedge.runtime.node import EXIT_INTERRUPTED
+        from splitedge.runtime.stopping import EXIT_INTERRUPTED
 
         return EXIT_INTERRUPTED
     return 0

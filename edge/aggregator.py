@@ -35,7 +35,8 @@ from splitedge.runtime.mods.crash import CrashPoints
 from splitedge.runtime.mods.phases import EdgePhases
 from splitedge.runtime.mods.releases import Releases
 from splitedge.runtime.mods.secure import EdgeSecureSums
-from splitedge.runtime.node import IDLE_WAKE_S, QUIET_WARN_S, Node, status
+from splitedge.runtime.inbox import IDLE_WAKE_S, QUIET_WARN_S
+from splitedge.runtime.node import Node, status
 from splitedge.runtime.parts import PartHost
 from splitedge.runtime.rounds import RoundCollector
 from splitedge.runtime.router import edge_router

@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace, metrics: metrics_http.Endpoint) -> int:
     if edge.fatal:
         raise ValueError(edge.fatal)
     if edge.stops.interrupted is not None and edge.stopped.is_set():  # the cloud was interrupted: not over
-        from splitedge.runtime.node import EXIT_INTERRUPTED
+        from splitedge.runtime.stopping import EXIT_INTERRUPTED
 
         return EXIT_INTERRUPTED
     return 0

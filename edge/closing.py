@@ -57,12 +57,11 @@ class Closer:
         reports = edge.rounds.close() + edge.mods.reports(plan)
         failed = self._merge(plan, reports)
         by_device = self._device_infos(plan, reports)
-        for dev, info in by_device.items():
-            if info.left:
-                log.warning("edge %s: device %s left the run: %s", edge.node_id, dev, info.left)
         info = edge_done_info(edge.part, by_device, reported=len(reports), seconds=time.monotonic() - started,
                               errors=edge.errors, refused=edge.rejections([edge.down, edge.up]),
                               trained=plan.phase == "train")
+        for dev, why in info.devices.left.items():
+            log.warning("edge %s: device %s left the run: %s", edge.node_id, dev, why)
         info = edge.mods.done(plan, info.but(failed=bool(failed), reason=failed), by_device)
         edge.send(edge.up, "up", "done", {"phase": done_phase(plan.phase), "info": info.to_info()})
         edge.mods.closed(plan)

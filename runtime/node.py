@@ -20,11 +20,11 @@ from splitedge.protocol.topics import topic
 from splitedge.protocol.transport import Transport
 from splitedge.runtime.allowance import Allowance
 from splitedge.runtime.inbound import Inbound, NodeInbound, carries_session
-from splitedge.runtime.inbox import IDLE_WAKE_S, QUIET_WARN_S, Inbox
+from splitedge.runtime.inbox import QUIET_WARN_S, Inbox
 from splitedge.runtime.parts import Misfit, P, PartHost
 from splitedge.runtime.rounds import done_phase
 from splitedge.runtime.router import Router
-from splitedge.runtime.stopping import EXIT_INTERRUPTED, INTERRUPTED, Stops
+from splitedge.runtime.stopping import Stops
 
 log = logging.getLogger(__name__)
 status = logging.getLogger("splitedge.status")
@@ -35,9 +35,6 @@ plain lines whatever the log level; a library user sees them as ordinary INFO re
 def topic_kind(kind: str, slot: str | None) -> str:
     """The kind segment of a topic: ``<kind>``, or ``<kind>-<slot>`` for a latest-value message."""
     return kind if slot is None else f"{kind}-{slot}"
-
-
-__all__ = ["EXIT_INTERRUPTED", "IDLE_WAKE_S", "INTERRUPTED", "QUIET_WARN_S", "Node", "status"]  # re-exported
 
 
 class Node(Generic[P]):

@@ -149,7 +149,7 @@ def test_an_interrupted_clouds_stop_is_not_logged_as_the_runs_end(tmp_path: Path
         assert any("the cloud was interrupted after round 1" in line and "exit status 75" in line for line in said), said
     assert not alive, alive
     # ... and each leaves with its own exit status (a unit with Restart=on-failure starts it again)
-    from splitedge.runtime.node import EXIT_INTERRUPTED
+    from splitedge.runtime.stopping import EXIT_INTERRUPTED
 
     assert EXIT_INTERRUPTED == 75 and interrupted == {"e0": 1, "d0": 1, "d1": 1}, interrupted
     # the resumed cloud's join timeout says that its interrupt may have made them leave

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from splitedge.runtime.node import IDLE_WAKE_S
+from splitedge.runtime.inbox import IDLE_WAKE_S
 
 
 def _device(quiet_warn_s):
