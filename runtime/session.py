@@ -118,6 +118,7 @@ def _read_status(probe: Any, *, run: str, tier: str, node_id: str, anonymous: bo
         probe.close()
     return echoed, seen
 
+
 def clear_retained(transport: "Transport", filter_: str, settle_s: float = 0.5) -> int:
     """Remove every retained message under `filter_` (a node's own downlink) left by an earlier
     incarnation of the run, so nobody mistakes an old model version or stop for a current one.
