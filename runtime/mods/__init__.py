@@ -9,12 +9,14 @@ phase runs inside `work` and an edge's merge inside `merge`. At a phase's bounda
 hears it open (`opened`) and close (`closed`), may keep it from starting (`ready`) or hold it
 open (`holds`), adds reports (`reports`) and folds the phase's `done` info (`done`: the typed
 record of protocol/done.py), each mod writing the fields it declares in `writes` (the chain
-refuses a mod that writes another's) or, declaring every field, filtering the whole. Every hook passes through by default, so a mod
-overrides only what it changes.
+refuses a mod that writes another's) or, declaring every field, filtering the whole. At the
+cloud, a round's phases are heard (`phase_reports`), what a merged round holds through a crash
+is gathered (`held`) and its record written (`record`). Every hook passes through by default, so
+a mod overrides only what it changes.
 
 No mod names a method: each acts on what a part declares (`DevicePart.secure_kinds`, the run's
-config). A node builds its chain once (device/agent.py, edge/aggregator.py); a mod holds the
-node it serves and reads it, never the other way round. A node's owner adds a mod of their own
+config). A node builds its chain once (device/agent.py, edge/aggregator.py, cloud/coordinator.py);
+a mod holds the node it serves and reads it, never the other way round. A node's owner adds a mod of their own
 with `--plugin package.module:ModSubclass` (runtime/plugin_args.py): it runs on the tiers it
 names in `tiers`, built with the node, after the shipped mods and before a device's private
 reports, which still filter what it adds (docs/plugins.md).
@@ -37,7 +39,7 @@ class Mod:
     """One concern around a node's part; each hook passes through unless overridden."""
 
     name = ""  # its key in the node's saved state (runtime/statefile.py), when it has state
-    tiers: tuple[str, ...] = ()  # a plug-in mod: the tiers it runs on ("device", "edge")
+    tiers: tuple[str, ...] = ()  # a plug-in mod: the tiers it runs on ("device", "edge", "cloud")
     writes: tuple[str, ...] = ("mods",)
     """The done info's fields its `done` writes ("devices.cost": a field of an edge's `devices`);
     a mod of one's own writes its entries under `mods` (`DoneInfo.with_mod`)."""
