@@ -101,6 +101,9 @@ def test_connections_without_connect_are_closed_and_descriptors_return_to_baseli
             # Assert: the broker closes each one at its deadline, and keeps serving
             assert all(closed_by_peer(s, 10) for s in idle)
             assert wait_until(lambda: server_sockets(broker.port) == [], 3), server_sockets(broker.port)
+            # each connection's handler counts itself closed once amqtt's coroutine for it returns, just
+            # after its socket is gone (on a loaded box, later): wait for the count as for the sockets
+            assert wait_until(lambda: broker.guard_stats()["open"] == 0, 3), broker.guard_stats()
             stats = broker.guard_stats()
             assert stats["no_connect"] == 60 and stats["open"] == 0 and stats["pending"] == 0, stats
             mqtt_connect(broker.port, "legit").close()
